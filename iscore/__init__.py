@@ -1,0 +1,20 @@
+"""iscore: replay rollout/trainer logprob dumps through every RL framework's IS correction.
+
+>>> import iscore
+>>> batch = iscore.load("data/dense_bf16.parquet")  # doctest: +SKIP
+"""
+
+from iscore.batch import TokenBatch
+from iscore.dump import Dump, Problem, StepRange, load
+from iscore.errors import ConfigError, DumpError, IscoreError
+
+__all__ = [
+    "ConfigError",
+    "Dump",
+    "DumpError",
+    "IscoreError",
+    "Problem",
+    "StepRange",
+    "TokenBatch",
+    "load",
+]

@@ -1,0 +1,175 @@
+"""`TokenBatch`: a dump in memory as packed tensors, never padded to the longest sequence.
+
+Every per-token quantity is one flat tensor over all tokens of all sequences, back to back;
+`cu_seqlens[i]:cu_seqlens[i + 1]` is sequence i's slice (the layout of FlashAttention's
+varlen kernels). A 9k-token sequence next to a hundred 200-token ones costs 29k slots, not
+909k.
+
+>>> import torch
+>>> b = TokenBatch(
+...     rollout=torch.tensor([-0.1, -2.0, -0.5]),
+...     train=torch.tensor([-0.1, -1.9, -0.6]),
+...     cu_seqlens=torch.tensor([0, 2, 3]),
+... )
+>>> b.num_sequences, b.num_tokens, b.lengths.tolist()
+(2, 3, [2, 1])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TokenBatch:
+    """Packed per-token log-probs of a set of sequences.
+
+    Args:
+        rollout: float32 [N], log-prob of each sampled token under the rollout engine.
+        train: float32 [N], the trainer's recomputed log-prob of the same token.
+        cu_seqlens: int64 [B + 1], sequence offsets into the token tensors; starts at 0.
+        loss_mask: bool [N], whether the token counts in the loss; all true by default.
+        policy: float32 [N] or None, the current policy's log-prob (current-policy IS).
+        step: int64 [B], training step of each sequence; zeros by default.
+        seq_id: Arrow array [B] of the sequences' ids (integers or strings); 0..B-1 by default.
+        pos: int64 [N] or None, each token's position as given in the dump; None means
+            0..T-1 within each sequence.
+    """
+
+    rollout: torch.Tensor
+    train: torch.Tensor
+    cu_seqlens: torch.Tensor
+    loss_mask: torch.Tensor | None = None
+    policy: torch.Tensor | None = None
+    step: torch.Tensor | None = None
+    seq_id: pa.Array | None = None
+    pos: torch.Tensor | None = None
+    _seq_index: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        n = self.rollout.shape[0]
+        b = self.cu_seqlens.shape[0] - 1
+        device = self.rollout.device
+        # Defaults are filled in here so every consumer can rely on the full set of fields.
+        if self.loss_mask is None:
+            object.__setattr__(self, "loss_mask", torch.ones(n, dtype=torch.bool, device=device))
+        if self.step is None:
+            object.__setattr__(self, "step", torch.zeros(b, dtype=torch.int64, device=device))
+        if self.seq_id is None:
+            object.__setattr__(self, "seq_id", pa.array(np.arange(b, dtype=np.int64)))
+        for name in ("rollout", "train", "loss_mask", "policy", "pos"):
+            tensor = getattr(self, name)
+            if tensor is not None and tensor.shape != (n,):
+                raise ValueError(
+                    f"Expected `{name}` of shape ({n},), but got {tuple(tensor.shape)}"
+                )
+        if self.step.shape != (b,) or len(self.seq_id) != b:
+            raise ValueError(
+                f"Expected `step` and `seq_id` of length {b}, but got "
+                f"{tuple(self.step.shape)} and {len(self.seq_id)}"
+            )
+        if b < 0 or int(self.cu_seqlens[0]) != 0 or int(self.cu_seqlens[-1]) != n:
+            raise ValueError(f"Expected `cu_seqlens` to run from 0 to {n}")
+
+    @property
+    def num_tokens(self) -> int:
+        """N, the number of tokens of all sequences together."""
+        return self.rollout.shape[0]
+
+    @property
+    def num_sequences(self) -> int:
+        """B, the number of sequences."""
+        return self.cu_seqlens.shape[0] - 1
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """int64 [B], the number of tokens of each sequence."""
+        return self.cu_seqlens.diff()
+
+    @property
+    def device(self) -> torch.device:
+        """Where the tensors live."""
+        return self.rollout.device
+
+    @property
+    def seq_index(self) -> torch.Tensor:
+        """int64 [N], the sequence each token belongs to (computed once, then cached)."""
+        if not self._seq_index:
+            index = torch.repeat_interleave(
+                torch.arange(self.num_sequences, device=self.device), self.lengths
+            )
+            self._seq_index.append(index)
+        return self._seq_index[0]
+
+    def positions(self) -> torch.Tensor:
+        """int64 [N], `pos` as given in the dump, else 0..T-1 within each sequence."""
+        if self.pos is not None:
+            return self.pos
+        starts = torch.repeat_interleave(self.cu_seqlens[:-1], self.lengths)
+        return torch.arange(self.num_tokens, device=self.device) - starts
+
+    def to(self, device: str | torch.device) -> TokenBatch:
+        """Copy the tensors to `device` ("cuda", "cpu"); ids stay in host memory."""
+        moved = {
+            name: None if getattr(self, name) is None else getattr(self, name).to(device)
+            for name in (
+                "rollout",
+                "train",
+                "cu_seqlens",
+                "loss_mask",
+                "policy",
+                "step",
+                "pos",
+            )
+        }
+        return replace(self, **moved, _seq_index=[])
+
+    def to_arrow(self) -> pa.Table:
+        """The batch as a canonical token-layout table, one row per token, in batch order."""
+        lengths = self.lengths.cpu().numpy()
+        seq_rows = np.repeat(np.arange(self.num_sequences), lengths)
+        columns = {
+            "step": pa.array(np.repeat(self.step.cpu().numpy(), lengths)),
+            "seq_id": self.seq_id.take(pa.array(seq_rows)),
+            "pos": pa.array(self.positions().cpu().numpy()),
+            "rollout_logprob": pa.array(self.rollout.cpu().numpy()),
+            "train_logprob": pa.array(self.train.cpu().numpy()),
+            "loss_mask": pa.array(self.loss_mask.cpu().numpy()),
+        }
+        if self.policy is not None:
+            columns["policy_logprob"] = pa.array(self.policy.cpu().numpy())
+        return pa.table(columns)
+
+    def to_parquet(self, path: str | Path) -> None:
+        """Write the batch as a canonical token-layout Parquet file."""
+        pq.write_table(self.to_arrow(), path, compression="zstd")
+
+    def equal(self, other: TokenBatch) -> bool:
+        """Whether both batches hold the same values in the same order."""
+
+        def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+            if a is None or b is None:
+                return a is b
+            return a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu())
+
+        return (
+            all(
+                same(getattr(self, name), getattr(other, name))
+                for name in (
+                    "rollout",
+                    "train",
+                    "cu_seqlens",
+                    "loss_mask",
+                    "policy",
+                    "step",
+                )
+            )
+            and torch.equal(self.positions().cpu(), other.positions().cpu())
+            and self.seq_id.equals(other.seq_id)
+        )

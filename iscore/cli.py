@@ -1,0 +1,155 @@
+"""The `iscore` command line.
+
+Each subcommand is a thin layer over the Python API: parse arguments, call iscore, print.
+Errors the user can cause are printed as one clear message each, never as a traceback:
+exit 1 for a dump with problems (unreadable files, wrong columns, invalid values), 2 for
+bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from iscore.columns import parse_mapping
+from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange
+from iscore.errors import IscoreError
+from iscore.validate import validate
+
+
+def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dump", nargs="+", help="Parquet file(s), directory or glob")
+    parser.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="CANONICAL=SOURCE",
+        help="read canonical column CANONICAL from the file's column SOURCE (repeatable)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=StepRange.parse,
+        default=None,
+        metavar="RANGE",
+        help="only these training steps: 5, 3:7, 3: or :7 (inclusive)",
+    )
+    parser.add_argument(
+        "--drop-invalid",
+        action="store_true",
+        help="drop sequences with NaN, infinite or positive log-probs instead of failing",
+    )
+
+
+def _open_dump(args: argparse.Namespace) -> Dump:
+    return Dump(
+        args.dump,
+        columns=parse_mapping(args.column),
+        steps=args.steps,
+        drop_invalid=args.drop_invalid,
+    )
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    dump = _open_dump(args)
+    with tqdm(
+        total=dump.num_tokens,
+        unit="tok",
+        unit_scale=True,
+        desc="validate",
+        disable=args.quiet or None,
+        leave=False,
+    ) as bar:
+        report = validate(dump, max_tokens=args.chunk_tokens, progress=bar.update)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    print(report.render())
+    return 0 if report.ok else 1
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from iscore.simulate import REGIMES, SimConfig, write_simulated
+
+    if args.list_regimes:
+        for name, regime in REGIMES.items():
+            print(f"{name:16s} {regime.description}")
+        return 0
+    if args.out is None:
+        raise IscoreError("simulate needs an output path: iscore simulate OUT.parquet")
+    overrides = {
+        name: getattr(args, name)
+        for name in ("sequences", "steps", "seed", "min_len", "max_len", "median_len")
+        if getattr(args, name) is not None
+    }
+    config = SimConfig.for_regime(args.regime, **overrides)
+    truth = write_simulated(args.out, config, layout=args.layout)
+    print(f"{args.out}: {truth.tokens:,} tokens in {truth.sequences:,} sequences ({args.regime})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `iscore` command."""
+    parser = argparse.ArgumentParser(
+        prog="iscore",
+        description="Replay rollout/trainer logprob dumps through RL frameworks' "
+        "importance-sampling corrections.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "validate",
+        help="check a dump and summarize it",
+        description="Read a whole dump (streamed), list every problem or print a summary. "
+        "Exit 0 when valid, 1 when it has problems, 2 for bad arguments.",
+    )
+    _add_dump_arguments(p)
+    p.add_argument("--json", metavar="OUT.json", help="also write the report as JSON")
+    p.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=DEFAULT_CHUNK_TOKENS,
+        help="tokens read per chunk (bounds memory; default %(default)s)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser(
+        "simulate",
+        help="write a realistic dump with known ground truth",
+        description="Write a simulated paired logprob dump; see `iscore simulate --list-regimes`.",
+    )
+    p.add_argument("out", nargs="?", help="output Parquet file")
+    p.add_argument("--regime", default="dense_bf16", help="mismatch regime (default %(default)s)")
+    p.add_argument("--layout", choices=("sequence", "token"), default="sequence")
+    p.add_argument("--sequences", type=int, help="sequences per step")
+    p.add_argument("--steps", type=int, help="training steps")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--min-len", type=int)
+    p.add_argument("--max-len", type=int)
+    p.add_argument("--median-len", type=int)
+    p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
+    p.set_defaults(func=_cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `iscore` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DumpProblems as e:
+        print(f"{len(e.problems)} problem{'s' * (len(e.problems) > 1)}:", file=sys.stderr)
+        for problem in e.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    except IscoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The canonical dump's columns, the frameworks' names for them, and how a file's columns map.
+
+A dump holds one row per token (token layout) or one row per sequence with equal-length
+list columns (sequence layout). Columns are found by their canonical name first, then by
+the names the RL frameworks use for the same quantity (see `ALIASES`); an explicit
+mapping overrides both.
+
+>>> resolve_columns(["seq_id", "rollout_log_probs", "old_log_probs"], {}, "a.parquet").source
+{'seq_id': 'seq_id', 'rollout_logprob': 'rollout_log_probs', 'train_logprob': 'old_log_probs'}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from iscore.errors import DumpError
+
+REQUIRED = ("seq_id", "rollout_logprob", "train_logprob")
+"""Columns every dump must have (in sequence layout `seq_id` defaults to the row number)."""
+
+LOGPROB_COLUMNS = ("rollout_logprob", "train_logprob", "policy_logprob")
+"""Log-probability columns: finite and <= 0 in a valid dump."""
+
+PER_TOKEN = ("pos", "rollout_logprob", "train_logprob", "policy_logprob", "loss_mask")
+"""Per-token columns the engine reads; in sequence layout they are list columns."""
+
+PER_SEQUENCE = ("seq_id", "step")
+"""Per-sequence columns the engine reads; constant within a sequence in token layout."""
+
+EXTRA = ("advantage", "token_id", "group_id", "reward", "entropy")
+"""Optional columns recognized and reported; carried through by readers that need them."""
+
+# Names each framework writes for the same quantity (reference/ecosystem.md, corrections.md
+# section 0.1). Deliberately absent: AReaL's `old_logprobs`/`logprobs`, which hold the
+# *rollout* (behaviour) log-probs there but the trainer's elsewhere; a name that means
+# opposite things in two frameworks must be mapped explicitly.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "seq_id": ("seq_id", "sequence_id", "sample_index", "export_sequence_idx", "uid"),
+    "step": ("step", "global_step", "rollout_id", "train_step"),
+    "pos": ("pos", "position", "token_position"),
+    "rollout_logprob": (
+        "rollout_logprob",
+        "rollout_logprobs",
+        "rollout_log_probs",
+        "generation_logprobs",
+        "inference_logprobs",
+        "sampling_per_token_logps",
+        "vllm_logprobs",
+        "inf_logprobs",
+    ),
+    "train_logprob": (
+        "train_logprob",
+        "train_logprobs",
+        "train_log_probs",
+        "prev_logprobs",
+        "old_log_probs",
+        "old_per_token_logps",
+        "trainer_logprobs",
+        "log_probs",
+        "action_log_probs",
+        "prox_logp",
+    ),
+    "policy_logprob": (
+        "policy_logprob",
+        "policy_logprobs",
+        "curr_logprobs",
+        "cur_log_probs",
+    ),
+    "loss_mask": (
+        "loss_mask",
+        "loss_masks",
+        "response_mask",
+        "token_loss_mask",
+        "completion_mask",
+    ),
+    "advantage": ("advantage", "advantages"),
+    "token_id": ("token_id", "token_ids"),
+    "group_id": ("group_id", "group_index", "prompt_id"),
+    "reward": ("reward", "rewards", "score"),
+    "entropy": ("entropy", "entropies"),
+}
+
+CANONICAL = tuple(ALIASES)
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnMap:
+    """Which source column of a file feeds each canonical column.
+
+    Attributes:
+        source: canonical name -> the file's column name, for every column found.
+    """
+
+    source: dict[str, str]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.source
+
+    def describe(self) -> str:
+        """One line per column, `canonical <- source` where the names differ."""
+        return ", ".join(
+            name if src == name else f"{name} <- {src}" for name, src in self.source.items()
+        )
+
+
+def parse_mapping(items: Sequence[str]) -> dict[str, str]:
+    """Parse CLI `CANONICAL=SOURCE` pairs into an explicit column mapping.
+
+    >>> parse_mapping(["train_logprob=lp_trainer"])
+    {'train_logprob': 'lp_trainer'}
+    """
+    mapping: dict[str, str] = {}
+    for item in items:
+        name, sep, source = item.partition("=")
+        if not sep or not name or not source:
+            raise DumpError(f"Expected a column mapping CANONICAL=SOURCE, but got {item!r}")
+        mapping[name.strip()] = source.strip()
+    return mapping
+
+
+def resolve_columns(
+    names: Sequence[str],
+    mapping: Mapping[str, str],
+    path: str,
+    *,
+    sequence_layout: bool = False,
+) -> ColumnMap:
+    """Map a file's column names onto the canonical columns.
+
+    Args:
+        names: the file's column names.
+        mapping: explicit canonical -> source names; these win over aliases.
+        path: the file, for error messages.
+        sequence_layout: whether `seq_id` may be absent (it defaults to the row number).
+
+    Raises:
+        DumpError: a required column is missing (the message lists the names tried), an
+            explicit mapping names an unknown canonical column or a column the file lacks,
+            or two aliases of one column are both present.
+    """
+    present = set(names)
+    for canonical, source in mapping.items():
+        if canonical not in ALIASES:
+            raise DumpError(
+                f"Unknown canonical column {canonical!r} in the column mapping; "
+                f"expected one of {', '.join(CANONICAL)}"
+            )
+        if source not in present:
+            raise DumpError(
+                f"{path}: the column mapping says {canonical} <- {source!r}, but the file has no "
+                f"column {source!r} (columns: {', '.join(names)})"
+            )
+    source: dict[str, str] = {}
+    taken = set(mapping.values())
+    for canonical, aliases in ALIASES.items():
+        if canonical in mapping:
+            source[canonical] = mapping[canonical]
+            continue
+        if canonical in present and canonical not in taken:
+            source[canonical] = canonical
+            continue
+        found = [alias for alias in aliases if alias in present and alias not in taken]
+        if len(found) > 1:
+            raise DumpError(
+                f"{path}: columns {', '.join(map(repr, found))} could each be {canonical}; "
+                f"say which with --column {canonical}=NAME"
+            )
+        if found:
+            source[canonical] = found[0]
+        elif canonical in REQUIRED and not (sequence_layout and canonical == "seq_id"):
+            raise DumpError(
+                f"{path}: missing required column {canonical}; tried {', '.join(aliases)} "
+                f"(columns: {', '.join(names)}). Map it with --column {canonical}=NAME"
+            )
+    return ColumnMap(source)

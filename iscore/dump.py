@@ -1,0 +1,892 @@
+"""Read canonical logprob dumps (Parquet) into `TokenBatch`es, whole or streamed.
+
+A dump is one Parquet file, a directory of them or a glob, in token layout (one row per
+token) or sequence layout (one row per sequence, equal-length list columns); see
+`iscore.columns` for the columns and the frameworks' names for them. Files are read row
+group by row group, and `Dump.batches` yields whole sequences in chunks of bounded size, so
+a dump larger than memory streams in constant memory.
+
+Everything wrong with a dump is reported as a `Problem` naming the file, the column and the
+first offending rows (0-based row numbers of that file); `DumpError.problems` holds them all.
+
+>>> dump = Dump("data/dense_bf16.parquet")          # doctest: +SKIP
+>>> batch = dump.load()                              # doctest: +SKIP
+>>> for chunk in dump.batches(max_tokens=1_000_000):  # doctest: +SKIP
+...     ...
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+from iscore.batch import TokenBatch
+from iscore.columns import (
+    LOGPROB_COLUMNS,
+    PER_SEQUENCE,
+    PER_TOKEN,
+    ColumnMap,
+    resolve_columns,
+)
+from iscore.errors import DumpError
+
+DEFAULT_CHUNK_TOKENS = 4_000_000
+"""Tokens per streamed chunk: about 100 MB of Arrow and tensor memory."""
+
+_READ_TOKENS = 262_144
+"""Tokens per Parquet read (rows in token layout); chunks are assembled from these."""
+
+_SHOW_ROWS = 5
+"""How many offending rows a problem names."""
+
+Layout = Literal["token", "sequence"]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a dump.
+
+    Attributes:
+        file: the file it is in.
+        column: the canonical column it concerns (with its source name), if any.
+        message: what is wrong and what was expected.
+        rows: the first offending rows, 0-based row numbers within the file.
+        count: how many rows (or tokens, where the message says so) are affected.
+    """
+
+    file: str
+    column: str | None
+    message: str
+    rows: tuple[int, ...] = ()
+    count: int = 0
+
+    def __str__(self) -> str:
+        where = self.file if self.column is None else f"{self.file}, column {self.column}"
+        text = f"{where}: {self.message}"
+        if self.rows:
+            shown = ", ".join(str(r) for r in self.rows)
+            more = (
+                f" (first {len(self.rows)} of {self.count:,})"
+                if self.count > len(self.rows)
+                else ""
+            )
+            text += f" at row{'s' if len(self.rows) > 1 else ''} {shown}{more}"
+        return text
+
+
+class DumpProblems(DumpError):
+    """A dump has problems; `problems` lists every one found."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems = tuple(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+@dataclass(frozen=True, slots=True)
+class StepRange:
+    """Inclusive range of training steps to read; None leaves that side open.
+
+    >>> StepRange.parse("3:7"), StepRange.parse("5"), StepRange.parse(":2")
+    (StepRange(lo=3, hi=7), StepRange(lo=5, hi=5), StepRange(lo=None, hi=2))
+    """
+
+    lo: int | None = None
+    hi: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.lo is not None and self.hi is not None and self.lo > self.hi:
+            raise DumpError(f"Expected a step range with lo <= hi, but got {self.lo}:{self.hi}")
+
+    @classmethod
+    def parse(cls, text: str) -> StepRange:
+        """Parse `N`, `LO:HI`, `LO:` or `:HI`."""
+        lo, sep, hi = text.partition(":")
+        try:
+            if not sep:
+                return cls(int(lo), int(lo))
+            return cls(int(lo) if lo.strip() else None, int(hi) if hi.strip() else None)
+        except ValueError:
+            raise DumpError(
+                f"Expected a step range like 5, 3:7, 3: or :7, but got {text!r}"
+            ) from None
+
+    def row_group_may_match(self, lo: int, hi: int) -> bool:
+        """Whether a row group whose steps span [lo, hi] can hold a selected step."""
+        return (self.lo is None or hi >= self.lo) and (self.hi is None or lo <= self.hi)
+
+    def mask(self, step: pa.Array) -> pa.Array:
+        """Boolean mask of the selected rows."""
+        keep = pa.array(np.ones(len(step), dtype=bool))
+        if self.lo is not None:
+            keep = pc.and_(keep, pc.greater_equal(step, self.lo))
+        if self.hi is not None:
+            keep = pc.and_(keep, pc.less_equal(step, self.hi))
+        return keep
+
+
+@dataclass(frozen=True, slots=True)
+class DumpFile:
+    """One Parquet file of a dump, opened and its columns resolved."""
+
+    path: str
+    layout: Layout
+    columns: ColumnMap
+    num_rows: int
+    num_tokens: int
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """Whole sequences of one file, as flat arrays, before conversion to tensors."""
+
+    file: str
+    per_token: dict[str, pa.Array]
+    seq_id: pa.Array
+    step: np.ndarray
+    lengths: np.ndarray
+    rows: np.ndarray  # file row of each token (in sequence layout: of its sequence)
+
+
+@dataclass(slots=True)
+class DropReport:
+    """Sequences dropped by `drop_invalid`, accumulated while reading."""
+
+    sequences: int = 0
+    tokens: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
+    """Expand a file, a directory (every `*.parquet` below it) or a glob into sorted paths.
+
+    Raises:
+        DumpError: nothing matches.
+    """
+    if isinstance(source, str | Path):
+        sources: Sequence[str | Path] = [source]
+    else:
+        sources = source
+    files: list[str] = []
+    for item in sources:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(str(p) for p in path.rglob("*.parquet"))
+            if not found:
+                raise DumpError(f"{path}: directory holds no *.parquet files")
+        elif glob.has_magic(str(item)):
+            found = sorted(p for p in glob.glob(str(item), recursive=True) if Path(p).is_file())
+            if not found:
+                raise DumpError(f"{item}: the pattern matches no files")
+        elif path.is_file():
+            found = [str(path)]
+        else:
+            raise DumpError(f"{path}: no such file or directory")
+        files.extend(found)
+    return files
+
+
+def _open(path: str, mapping: Mapping[str, str]) -> tuple[pq.ParquetFile, DumpFile]:
+    """Open one file, telling an empty, truncated or non-Parquet file apart."""
+    size = Path(path).stat().st_size
+    if size == 0:
+        raise DumpError(f"{path}: empty file (0 bytes)")
+    with open(path, "rb") as f:
+        head = f.read(4)
+        f.seek(max(size - 4, 0))
+        tail = f.read(4)
+    if head != b"PAR1":
+        hint = {
+            b"{": " (looks like JSON Lines)",
+            b"\x80": " (looks like a pickle)",
+        }.get(
+            head[:1],
+            " (looks like a zip archive, e.g. torch.save)" if head[:2] == b"PK" else "",
+        )
+        raise DumpError(f"{path}: not a Parquet file{hint}; expected the magic bytes PAR1")
+    if tail != b"PAR1":
+        raise DumpError(
+            f"{path}: truncated Parquet file ({size:,} bytes, no footer); "
+            "was the write interrupted?"
+        )
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DumpError(f"{path}: unreadable Parquet footer: {e}") from e
+    if parquet.metadata.num_rows == 0:
+        raise DumpError(f"{path}: empty file (a Parquet schema but no rows)")
+    schema = parquet.schema_arrow
+    columns = resolve_columns(schema.names, mapping, path, sequence_layout=True)
+    rollout_type = schema.field(columns.source["rollout_logprob"]).type
+    layout: Layout = "sequence" if _is_list(rollout_type) else "token"
+    if layout == "token" and "seq_id" not in columns:
+        resolve_columns(schema.names, mapping, path)  # raises: seq_id is required here
+    _check_types(path, schema, columns, layout)
+    meta = parquet.metadata
+    tokens = meta.num_rows
+    if layout == "sequence":
+        # The leaf column's value counts are the token counts.
+        tokens = sum(
+            _leaf(meta.row_group(g), columns.source["rollout_logprob"]).num_values
+            for g in range(meta.num_row_groups)
+        )
+    info = DumpFile(path, layout, columns, meta.num_rows, tokens)
+    return parquet, info
+
+
+def _leaf(row_group: pq.RowGroupMetaData, source: str) -> pq.ColumnChunkMetaData:
+    """The column chunk of a (list) column's leaf values."""
+    for i in range(row_group.num_columns):
+        column = row_group.column(i)
+        if column.path_in_schema.split(".")[0] == source:
+            return column
+    raise KeyError(source)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+_KIND = {
+    "float": (pa.types.is_floating, "a float"),
+    "int": (pa.types.is_integer, "an integer"),
+    "mask": (
+        lambda t: pa.types.is_boolean(t) or pa.types.is_integer(t),
+        "a bool (or 0/1 integer)",
+    ),
+    "id": (
+        lambda t: pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t),
+        "an integer or string",
+    ),
+}
+_COLUMN_KIND = {
+    "rollout_logprob": "float",
+    "train_logprob": "float",
+    "policy_logprob": "float",
+    "loss_mask": "mask",
+    "pos": "int",
+    "step": "int",
+    "seq_id": "id",
+}
+
+
+def _check_types(path: str, schema: pa.Schema, columns: ColumnMap, layout: Layout) -> None:
+    problems = []
+    for name, kind in _COLUMN_KIND.items():
+        if name not in columns:
+            continue
+        source = columns.source[name]
+        t = schema.field(source).type
+        if pa.types.is_dictionary(t):
+            t = t.value_type  # decoded while reading
+        is_kind, expected = _KIND[kind]
+        per_token = name in PER_TOKEN and layout == "sequence"
+        if per_token:
+            ok = _is_list(t) and is_kind(t.value_type)
+            expected = f"a list of {expected.removeprefix('a ').removeprefix('an ')} values"
+        else:
+            ok = is_kind(t)
+            expected += " column"
+        if not ok:
+            problems.append(
+                Problem(
+                    path,
+                    _label(columns, name),
+                    f"expected {expected} ({layout} layout), found {t}",
+                )
+            )
+    if problems:
+        raise DumpProblems(problems)
+
+
+def _label(columns: ColumnMap, name: str) -> str:
+    source = columns.source.get(name, name)
+    return name if source == name else f"{name} (source {source!r})"
+
+
+def _first(mask: np.ndarray, rows: np.ndarray) -> tuple[tuple[int, ...], int]:
+    hits = np.flatnonzero(mask)
+    return tuple(int(r) for r in rows[hits[:_SHOW_ROWS]]), int(hits.size)
+
+
+class Dump:
+    """A logprob dump on disk: one file, a directory or a glob of Parquet files.
+
+    Args:
+        source: a path, a directory, a glob, or a list of those.
+        columns: explicit canonical -> source column names, winning over the aliases.
+        steps: only read sequences whose step lies in this range.
+        drop_invalid: drop sequences with NaN, infinite or positive log-probs (counted in
+            `dropped`) instead of raising.
+
+    Raises:
+        DumpProblems: files that cannot be opened or have the wrong columns (all listed).
+    """
+
+    def __init__(
+        self,
+        source: str | Path | Sequence[str | Path],
+        *,
+        columns: Mapping[str, str] | None = None,
+        steps: StepRange | None = None,
+        drop_invalid: bool = False,
+    ):
+        self._mapping = dict(columns or {})
+        self.steps = steps or StepRange()
+        self.drop_invalid = drop_invalid
+        self.dropped = DropReport()
+        self.files: list[DumpFile] = []
+        self._parquet: list[pq.ParquetFile] = []
+        problems: list[Problem] = []
+        for path in resolve_files(source):
+            try:
+                parquet, info = _open(path, self._mapping)
+            except DumpProblems as e:
+                problems.extend(e.problems)
+                continue
+            except DumpError as e:
+                problems.append(Problem(path, None, str(e).removeprefix(f"{path}: ")))
+                continue
+            self.files.append(info)
+            self._parquet.append(parquet)
+        if problems:
+            raise DumpProblems(problems)
+        layouts = {f.layout for f in self.files}
+        if len(layouts) > 1:
+            raise DumpError(
+                "files mix token and sequence layouts: "
+                + ", ".join(f"{f.path} ({f.layout})" for f in self.files)
+            )
+        self.layout: Layout = self.files[0].layout
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of all files together before any step filter, from the Parquet footers."""
+        return sum(f.num_tokens for f in self.files)
+
+    def load(self, device: str | torch.device = "cpu") -> TokenBatch:
+        """Read the whole dump into one `TokenBatch` on `device`.
+
+        Raises:
+            DumpProblems: the dump has problems (all of them are listed).
+        """
+        parts = list(self.batches(max_tokens=None))
+        if not parts:
+            raise DumpError(f"{self.files[0].path}: no sequences in the selected steps")
+        batch = parts[0] if len(parts) == 1 else _concat(parts)
+        return batch.to(device) if torch.device(device) != batch.device else batch
+
+    def batches(self, max_tokens: int | None = DEFAULT_CHUNK_TOKENS) -> Iterator[TokenBatch]:
+        """Yield whole sequences in batches of about `max_tokens` tokens each.
+
+        A batch overshoots `max_tokens` by at most one read (256k tokens) or one sequence
+        longer than that; `None` yields one batch per file.
+
+        Raises:
+            DumpProblems: the first chunk with problems, listing every problem in it.
+        """
+        seen: set[tuple[int, object]] = set()
+        for info, parquet in zip(self.files, self._parquet, strict=True):
+            for chunk in _reader(info, parquet, self.steps, seen).chunks(max_tokens):
+                problems = _check(chunk, info.columns)
+                if problems:
+                    chunk, problems = self._drop(chunk, problems)
+                if problems:
+                    raise DumpProblems(problems)
+                if chunk.lengths.size:
+                    yield _to_batch(chunk)
+
+    def scan(
+        self, max_tokens: int | None = DEFAULT_CHUNK_TOKENS
+    ) -> Iterator[tuple[list[Problem], TokenBatch | None]]:
+        """Read the whole dump, yielding each chunk's problems and its batch (None if any).
+
+        This is `batches` for validation: a file with a structural problem (duplicate
+        sequences, unequal lists, corrupt pages) is reported and skipped, and reading goes on
+        with the next file; value problems are reported per chunk.
+        """
+        seen: set[tuple[int, object]] = set()
+        for info, parquet in zip(self.files, self._parquet, strict=True):
+            try:
+                for chunk in _reader(info, parquet, self.steps, seen).chunks(max_tokens):
+                    problems = _check(chunk, info.columns)
+                    if problems:
+                        chunk, problems = self._drop(chunk, problems)
+                    batch = _to_batch(chunk) if not problems and chunk.lengths.size else None
+                    yield problems, batch
+            except DumpProblems as e:
+                yield list(e.problems), None
+
+    def _drop(self, chunk: _Chunk, problems: list[Problem]) -> tuple[_Chunk, list[Problem]]:
+        """With `drop_invalid`, remove sequences whose only problems are invalid values."""
+        if not self.drop_invalid or any(not p.message.startswith(_INVALID) for p in problems):
+            return chunk, problems
+        bad_token = np.zeros(int(chunk.lengths.sum()), dtype=bool)
+        for name in LOGPROB_COLUMNS:
+            if name in chunk.per_token:
+                bad_token |= _invalid(chunk.per_token[name])
+        seq_of_token = np.repeat(np.arange(chunk.lengths.size), chunk.lengths)
+        bad_seq = np.zeros(chunk.lengths.size, dtype=bool)
+        bad_seq[seq_of_token[bad_token]] = True
+        for p in problems:
+            key = p.column.split(" ")[0] if p.column else "?"
+            self.dropped.reasons[key] = self.dropped.reasons.get(key, 0) + p.count
+        self.dropped.sequences += int(bad_seq.sum())
+        self.dropped.tokens += int(chunk.lengths[bad_seq].sum())
+        keep_token = pa.array(~bad_seq[seq_of_token])
+        kept = _Chunk(
+            chunk.file,
+            {k: v.filter(keep_token) for k, v in chunk.per_token.items()},
+            chunk.seq_id.filter(pa.array(~bad_seq)),
+            chunk.step[~bad_seq],
+            chunk.lengths[~bad_seq],
+            chunk.rows[~bad_seq[seq_of_token]],
+        )
+        return kept, []
+
+
+_INVALID = "invalid log-prob"
+
+
+def _invalid(values: pa.Array) -> np.ndarray:
+    """NaN, +-inf, > 0 or null entries of a float array."""
+    x = values.to_numpy(zero_copy_only=False)
+    bad = ~np.isfinite(x) | (x > 0)
+    return bad
+
+
+def _check(chunk: _Chunk, columns: ColumnMap) -> list[Problem]:
+    """Value problems of a chunk: invalid log-probs and loss masks other than 0/1."""
+    problems = []
+    token_rows = chunk.rows
+    for name in LOGPROB_COLUMNS:
+        if name not in chunk.per_token:
+            continue
+        x = chunk.per_token[name].to_numpy(zero_copy_only=False)
+        kinds = [
+            ("NaN or null", np.isnan(x)),
+            ("infinite", np.isinf(x)),
+            ("positive (a log-prob must be <= 0)", x > 0),
+        ]
+        for what, mask in kinds:
+            if mask.any():
+                rows, count = _first(mask, token_rows)
+                problems.append(
+                    Problem(
+                        chunk.file,
+                        _label(columns, name),
+                        f"{_INVALID}: {count:,} {what} values",
+                        tuple(dict.fromkeys(rows)),
+                        count,
+                    )
+                )
+    mask = chunk.per_token.get("loss_mask")
+    if mask is not None and not pa.types.is_boolean(mask.type):
+        m = mask.to_numpy(zero_copy_only=False)
+        bad = (m != 0) & (m != 1)
+        if bad.any():
+            rows, count = _first(bad, token_rows)
+            problems.append(
+                Problem(
+                    chunk.file,
+                    _label(columns, "loss_mask"),
+                    f"expected 0 or 1, found other values ({count:,} tokens)",
+                    tuple(dict.fromkeys(rows)),
+                    count,
+                )
+            )
+    return problems
+
+
+class _Reader:
+    """Reads one file row group by row group and assembles chunks of whole sequences."""
+
+    def __init__(self, info: DumpFile, parquet: pq.ParquetFile, steps: StepRange, seen: set):
+        self.info = info
+        self.parquet = parquet
+        self.steps = steps
+        self.seen = seen
+        self.source = {
+            k: v for k, v in info.columns.source.items() if k in PER_TOKEN + PER_SEQUENCE
+        }
+
+    def _row_groups(self) -> list[int]:
+        """Row groups that can hold selected steps, judged by their statistics."""
+        groups = list(range(self.parquet.num_row_groups))
+        if (self.steps.lo is None and self.steps.hi is None) or "step" not in self.source:
+            return groups
+        index = self.parquet.schema_arrow.get_field_index(self.source["step"])
+        keep = []
+        for g in groups:
+            stats = self.parquet.metadata.row_group(g).column(index).statistics
+            if (
+                stats is None
+                or not stats.has_min_max
+                or self.steps.row_group_may_match(stats.min, stats.max)
+            ):
+                keep.append(g)
+        return keep
+
+    def _read_rows(self, group: int) -> int:
+        """Rows per read so that a read holds about `_READ_TOKENS` tokens."""
+        if self.info.layout == "token":
+            return _READ_TOKENS
+        meta = self.parquet.metadata.row_group(group)
+        tokens = _leaf(meta, self.source["rollout_logprob"]).num_values
+        mean_length = max(tokens / max(meta.num_rows, 1), 1.0)
+        return max(1, int(_READ_TOKENS / mean_length))
+
+    def _record_batches(self) -> Iterator[tuple[int, pa.Table]]:
+        """(file row of the first row, canonical-named table) per read, step-filtered later."""
+        groups = self._row_groups()
+        starts = np.concatenate(
+            [
+                [0],
+                np.cumsum(
+                    [
+                        self.parquet.metadata.row_group(g).num_rows
+                        for g in range(self.parquet.num_row_groups)
+                    ]
+                ),
+            ]
+        )
+        names = list(self.source)
+        for g in groups:
+            row = int(starts[g])
+            try:
+                for rb in self.parquet.iter_batches(
+                    batch_size=self._read_rows(g),
+                    row_groups=[g],
+                    columns=list(self.source.values()),
+                    use_threads=True,
+                ):
+                    table = pa.Table.from_batches([rb]).rename_columns(names)
+                    yield row, _decode_dictionaries(table)
+                    row += rb.num_rows
+            except (pa.ArrowException, OSError) as e:
+                raise DumpProblems(
+                    [Problem(self.info.path, None, f"corrupt data in row group {g}: {e}")]
+                ) from e
+
+    def _filter_steps(self, table: pa.Table, rows: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        if self.steps.lo is None and self.steps.hi is None:
+            return table, rows
+        if "step" not in table.column_names:
+            keep = (self.steps.lo is None or self.steps.lo <= 0) and (
+                self.steps.hi is None or self.steps.hi >= 0
+            )
+            return (table, rows) if keep else (table.slice(0, 0), rows[:0])
+        mask = self.steps.mask(table["step"].combine_chunks())
+        return table.filter(mask), rows[mask.to_numpy(zero_copy_only=False)]
+
+    def _null_problems(self, table: pa.Table, rows: np.ndarray) -> list[Problem]:
+        problems = []
+        for name in table.column_names:
+            if name in LOGPROB_COLUMNS and self.info.layout == "token":
+                continue  # reported with the invalid values, so --drop-invalid can drop them
+            column = table[name]
+            if column.null_count:
+                nulls = column.is_null().to_numpy(zero_copy_only=False)
+                r, count = _first(nulls, rows)
+                problems.append(
+                    Problem(
+                        self.info.path,
+                        _label(self.info.columns, name),
+                        f"{count:,} null values",
+                        r,
+                        count,
+                    )
+                )
+        return problems
+
+    def _mark_seen(self, step: np.ndarray, seq_id: pa.Array, first_rows: np.ndarray) -> None:
+        ids = seq_id.to_pylist()
+        for s, i, r in zip(step.tolist(), ids, first_rows.tolist(), strict=True):
+            key = (s, i)
+            if key in self.seen:
+                raise DumpProblems(
+                    [
+                        Problem(
+                            self.info.path,
+                            _label(self.info.columns, "seq_id"),
+                            f"sequence seq_id={i!r} step={s} appears twice or its rows are not "
+                            "contiguous; a dump holds each sequence once, its rows together",
+                            (r,),
+                            1,
+                        )
+                    ]
+                )
+            self.seen.add(key)
+
+
+class _TokenReader(_Reader):
+    """Token layout: one row per token; a sequence is a run of rows with one (step, seq_id)."""
+
+    def chunks(self, max_tokens: int | None) -> Iterator[_Chunk]:
+        pending: list[pa.Table] = []
+        pending_rows: list[np.ndarray] = []
+        count = 0
+        for row, table in self._record_batches():
+            rows = np.arange(row, row + table.num_rows)
+            table, rows = self._filter_steps(table, rows)
+            if not table.num_rows:
+                continue
+            problems = self._null_problems(table, rows)
+            if problems:
+                raise DumpProblems(problems)
+            pending.append(table)
+            pending_rows.append(rows)
+            count += table.num_rows
+            if max_tokens is not None and count >= max_tokens:
+                table = pa.concat_tables(pending)
+                rows = np.concatenate(pending_rows)
+                # Hold back the last sequence: its rows may go on in the next read. A
+                # single sequence longer than max_tokens keeps accumulating until it ends.
+                cut = int(_run_starts(table)[-1])
+                if cut == 0:
+                    pending, pending_rows = [table], [rows]
+                    continue
+                yield self._chunk(table.slice(0, cut), rows[:cut])
+                pending, pending_rows = [table.slice(cut)], [rows[cut:]]
+                count = table.num_rows - cut
+        if count:
+            yield self._chunk(pa.concat_tables(pending), np.concatenate(pending_rows))
+
+    def _chunk(self, table: pa.Table, rows: np.ndarray) -> _Chunk:
+        table = table.combine_chunks()
+        starts = _run_starts(table)
+        lengths = np.diff(np.append(starts, table.num_rows))
+        step = (
+            table["step"].to_numpy()[starts]
+            if "step" in table.column_names
+            else np.zeros(starts.size, dtype=np.int64)
+        ).astype(np.int64)
+        seq_id = table["seq_id"].chunk(0).take(pa.array(starts))
+        self._mark_seen(step, seq_id, rows[starts])
+        per_token = {n: table[n].chunk(0) for n in PER_TOKEN if n in table.column_names}
+        if "pos" in per_token:
+            per_token, rows = _order_by_pos(self.info, per_token, lengths, rows)
+        return _Chunk(self.info.path, per_token, seq_id, step, lengths, rows)
+
+
+def _decode_dictionaries(table: pa.Table) -> pa.Table:
+    """Plain arrays for dictionary-encoded columns (ids written by pandas categoricals)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            table = table.set_column(i, f.name, table[i].cast(f.type.value_type))
+    return table
+
+
+def _run_starts(table: pa.Table) -> np.ndarray:
+    """Row indices where a new (step, seq_id) run begins; always includes 0."""
+    change = np.zeros(table.num_rows, dtype=bool)
+    change[0] = True
+    for name in ("step", "seq_id"):
+        if name in table.column_names:
+            col = table[name].combine_chunks()
+            change[1:] |= pc.not_equal(col.slice(1), col.slice(0, len(col) - 1)).to_numpy(
+                zero_copy_only=False
+            )
+    return np.flatnonzero(change)
+
+
+def _order_by_pos(
+    info: DumpFile,
+    per_token: dict[str, pa.Array],
+    lengths: np.ndarray,
+    rows: np.ndarray,
+) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """Sort tokens by `pos` within each sequence (stable) and reject duplicate positions."""
+    pos = per_token["pos"].to_numpy(zero_copy_only=False).astype(np.int64)
+    seq = np.repeat(np.arange(lengths.size), lengths)
+    same_seq = seq[1:] == seq[:-1]
+    if not (np.diff(pos)[same_seq] > 0).all():
+        order = np.lexsort((pos, seq))
+        index = pa.array(order)
+        per_token = {k: v.take(index) for k, v in per_token.items()}
+        pos, rows = pos[order], rows[order]
+    dup = np.zeros(pos.size, dtype=bool)
+    dup[1:] = same_seq & (pos[1:] == pos[:-1])
+    if dup.any():
+        r, count = _first(dup, rows)
+        raise DumpProblems(
+            [
+                Problem(
+                    info.path,
+                    _label(info.columns, "pos"),
+                    f"duplicate (seq_id, pos): {count:,} tokens repeat a position "
+                    "of their sequence",
+                    tuple(dict.fromkeys(r)),
+                    count,
+                )
+            ]
+        )
+    return per_token, rows
+
+
+class _SequenceReader(_Reader):
+    """Sequence layout: one row per sequence, per-token values in equal-length lists."""
+
+    def chunks(self, max_tokens: int | None) -> Iterator[_Chunk]:
+        pending: list[_Chunk] = []
+        count = 0
+        for row, table in self._record_batches():
+            rows = np.arange(row, row + table.num_rows)
+            table, rows = self._filter_steps(table, rows)
+            if not table.num_rows:
+                continue
+            chunk = self._chunk(table, rows)
+            # Split a large read so chunks stay near max_tokens even for long sequences.
+            pending.append(chunk)
+            count += int(chunk.lengths.sum())
+            if max_tokens is not None and count >= max_tokens:
+                yield _concat_chunks(pending)
+                pending, count = [], 0
+        if pending:
+            yield _concat_chunks(pending)
+
+    def _chunk(self, table: pa.Table, rows: np.ndarray) -> _Chunk:
+        problems = self._null_problems(table, rows)
+        if problems:
+            raise DumpProblems(problems)
+        lists = {n: table[n].combine_chunks() for n in PER_TOKEN if n in table.column_names}
+        lengths = pc.list_value_length(lists["rollout_logprob"]).to_numpy(zero_copy_only=False)
+        for name, values in lists.items():
+            other = pc.list_value_length(values).to_numpy(zero_copy_only=False)
+            differ = other != lengths
+            if name != "rollout_logprob" and differ.any():
+                r, count = _first(differ, rows)
+                example = f"{int(other[differ][0])} vs {int(lengths[differ][0])}"
+                message = f"list lengths differ from rollout_logprob's (e.g. {example})"
+                raise DumpProblems(
+                    [Problem(self.info.path, _label(self.info.columns, name), message, r, count)]
+                )
+        per_token = {n: pc.list_flatten(v) for n, v in lists.items()}
+        seq_id = (
+            table["seq_id"].combine_chunks()
+            if "seq_id" in table.column_names
+            else pa.array(rows.astype(np.int64))
+        )
+        step = (
+            table["step"].to_numpy()
+            if "step" in table.column_names
+            else np.zeros(table.num_rows, dtype=np.int64)
+        ).astype(np.int64)
+        self._mark_seen(step, seq_id, rows)
+        lengths = lengths.astype(np.int64)
+        token_rows = np.repeat(rows, lengths)
+        if "pos" in per_token:
+            per_token, token_rows = _order_by_pos(self.info, per_token, lengths, token_rows)
+        return _Chunk(self.info.path, per_token, seq_id, step, lengths, token_rows)
+
+
+def _reader(info: DumpFile, parquet: pq.ParquetFile, steps: StepRange, seen: set) -> _Reader:
+    reader = _TokenReader if info.layout == "token" else _SequenceReader
+    return reader(info, parquet, steps, seen)
+
+
+def _concat_chunks(chunks: list[_Chunk]) -> _Chunk:
+    if len(chunks) == 1:
+        return chunks[0]
+    return _Chunk(
+        chunks[0].file,
+        {k: pa.concat_arrays([c.per_token[k] for c in chunks]) for k in chunks[0].per_token},
+        pa.concat_arrays([c.seq_id for c in chunks]),
+        np.concatenate([c.step for c in chunks]),
+        np.concatenate([c.lengths for c in chunks]),
+        np.concatenate([c.rows for c in chunks]),
+    )
+
+
+def _tensor(values: pa.Array, dtype: pa.DataType, torch_dtype: torch.dtype) -> torch.Tensor:
+    """Zero-copy view of an Arrow array when its type already fits, else one cast."""
+    if values.type != dtype:
+        values = pc.cast(values, dtype)
+    if values.null_count:
+        values = pc.fill_null(values, 0)
+    data = values.buffers()[1]
+    width = np.dtype(torch.empty((), dtype=torch_dtype).numpy().dtype).itemsize
+    if len(values) == 0:
+        return torch.empty(0, dtype=torch_dtype)
+    return torch.frombuffer(
+        data, dtype=torch_dtype, count=len(values), offset=values.offset * width
+    )
+
+
+def _to_batch(chunk: _Chunk) -> TokenBatch:
+    t = chunk.per_token
+    mask = t.get("loss_mask")
+    lengths = torch.from_numpy(chunk.lengths)
+    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=cu[1:])
+    return TokenBatch(
+        rollout=_tensor(t["rollout_logprob"], pa.float32(), torch.float32),
+        train=_tensor(t["train_logprob"], pa.float32(), torch.float32),
+        cu_seqlens=cu,
+        loss_mask=None
+        if mask is None
+        else torch.from_numpy(mask.to_numpy(zero_copy_only=False).astype(bool)),
+        policy=_tensor(t["policy_logprob"], pa.float32(), torch.float32)
+        if "policy_logprob" in t
+        else None,
+        step=torch.from_numpy(chunk.step),
+        seq_id=chunk.seq_id,
+        pos=_tensor(t["pos"], pa.int64(), torch.int64) if "pos" in t else None,
+    )
+
+
+def _concat(parts: list[TokenBatch]) -> TokenBatch:
+    """Join batches (of different files) into one."""
+
+    def cat(name: str) -> torch.Tensor | None:
+        tensors = [getattr(p, name) for p in parts]
+        if all(t is None for t in tensors):
+            return None
+        if name == "pos":
+            tensors = [p.positions() for p in parts]
+        return torch.cat(tensors)
+
+    lengths = torch.cat([p.lengths for p in parts])
+    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=cu[1:])
+    policies = [p.policy for p in parts]
+    if any(x is None for x in policies) and not all(x is None for x in policies):
+        raise DumpError("some files have policy_logprob and others do not")
+    ids = [p.seq_id for p in parts]
+    if len({a.type for a in ids}) > 1:
+        raise DumpError(
+            "files disagree on the type of seq_id: " + ", ".join(str(a.type) for a in ids)
+        )
+    return TokenBatch(
+        rollout=cat("rollout"),
+        train=cat("train"),
+        cu_seqlens=cu,
+        loss_mask=cat("loss_mask"),
+        policy=cat("policy"),
+        step=cat("step"),
+        seq_id=pa.concat_arrays(ids),
+        pos=cat("pos"),
+    )
+
+
+def load(
+    source: str | Path | Sequence[str | Path],
+    *,
+    columns: Mapping[str, str] | None = None,
+    steps: StepRange | None = None,
+    drop_invalid: bool = False,
+    device: str | torch.device = "cpu",
+) -> TokenBatch:
+    """Read a whole dump into one `TokenBatch`; see `Dump` for the arguments.
+
+    >>> batch = load("data/dense_bf16.parquet")  # doctest: +SKIP
+    """
+    return Dump(source, columns=columns, steps=steps, drop_invalid=drop_invalid).load(device)

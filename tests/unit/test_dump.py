@@ -1,0 +1,385 @@
+"""Reading dumps: layouts, aliases, ordering, streaming, step filters and every bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import iscore.dump
+from iscore import Dump, DumpError, StepRange, TokenBatch, load
+from iscore.dump import DumpProblems
+from tests.conftest import DEVICES, Sequences, make_sequences, write
+
+
+def expected_batch(s: Sequences, keep: list[int] | None = None) -> TokenBatch:
+    """The batch a dump of `s` must load to, built without iscore's reader."""
+    keep = list(range(len(s.seq_id))) if keep is None else keep
+    lengths = [s.lengths[i] for i in keep]
+    return TokenBatch(
+        rollout=torch.tensor(np.concatenate([s.rollout[i] for i in keep]), dtype=torch.float32),
+        train=torch.tensor(np.concatenate([s.train[i] for i in keep]), dtype=torch.float32),
+        cu_seqlens=torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64),
+        loss_mask=torch.tensor(np.concatenate([s.loss_mask[i] for i in keep])),
+        step=torch.tensor([s.step[i] for i in keep], dtype=torch.int64),
+        seq_id=pa.array([s.seq_id[i] for i in keep]),
+    )
+
+
+def same_values(a: TokenBatch, b: TokenBatch) -> bool:
+    """Equal up to how positions are stored (given 0..T-1 vs implied)."""
+    return a.equal(b)
+
+
+ALIASES = {
+    "rollout_logprob": "generation_logprobs",
+    "train_logprob": "prev_logprobs",
+    "loss_mask": "token_loss_mask",
+}
+
+
+class TestLayouts:
+    def test_token_layout(self, tmp_path, sequences):
+        path = write(sequences.token_table(), tmp_path / "t.parquet")
+        assert same_values(load(path), expected_batch(sequences))
+
+    def test_sequence_layout(self, tmp_path, sequences):
+        path = write(sequences.sequence_table(), tmp_path / "s.parquet")
+        assert same_values(load(path), expected_batch(sequences))
+
+    @pytest.mark.parametrize(
+        "names",
+        [
+            ALIASES,
+            {"rollout_logprob": "rollout_log_probs", "train_logprob": "old_log_probs"},
+            {"rollout_logprob": "inference_logprobs", "train_logprob": "trainer_logprobs"},
+            {"rollout_logprob": "rollout_logprobs", "train_logprob": "action_log_probs"},
+            {"rollout_logprob": "sampling_per_token_logps", "train_logprob": "log_probs"},
+        ],
+    )
+    @pytest.mark.parametrize("layout", ["token", "sequence"])
+    def test_aliases_load_identically(self, tmp_path, sequences, names, layout):
+        table = getattr(sequences, f"{layout}_table")(names)
+        batch = load(write(table, tmp_path / "a.parquet"))
+        assert same_values(batch, expected_batch(sequences))
+
+    def test_explicit_mapping_wins(self, tmp_path, sequences):
+        table = sequences.token_table({"rollout_logprob": "lp_a", "train_logprob": "lp_b"})
+        path = write(table, tmp_path / "m.parquet")
+        batch = load(path, columns={"rollout_logprob": "lp_a", "train_logprob": "lp_b"})
+        assert same_values(batch, expected_batch(sequences))
+        swapped = load(path, columns={"rollout_logprob": "lp_b", "train_logprob": "lp_a"})
+        assert torch.equal(swapped.rollout, batch.train)
+
+    def test_optional_columns_default(self, tmp_path):
+        s = make_sequences([2, 3])
+        table = pa.table(
+            {
+                "seq_id": [7, 7, 9, 9, 9],
+                "rollout_logprob": np.concatenate(s.rollout).astype(np.float32),
+                "train_logprob": np.concatenate(s.train).astype(np.float32),
+            }
+        )
+        batch = load(write(table, tmp_path / "min.parquet"))
+        assert batch.loss_mask.all() and batch.step.tolist() == [0, 0]
+        assert batch.positions().tolist() == [0, 1, 0, 1, 2]
+        assert batch.seq_id.to_pylist() == [7, 9] and batch.policy is None
+
+    def test_sequence_layout_without_seq_id_uses_row_number(self, tmp_path, sequences):
+        table = sequences.sequence_table().drop_columns(["seq_id"])
+        batch = load(write(table, tmp_path / "noid.parquet"))
+        assert batch.seq_id.to_pylist() == list(range(6))
+
+    def test_float64_and_int_mask_are_converted(self, tmp_path, sequences):
+        table = sequences.token_table()
+        table = table.set_column(
+            table.schema.get_field_index("rollout_logprob"),
+            "rollout_logprob",
+            pa.array(np.concatenate(sequences.rollout)),  # float64
+        )
+        table = table.set_column(
+            table.schema.get_field_index("loss_mask"),
+            "loss_mask",
+            pa.array(np.concatenate(sequences.loss_mask).astype(np.int8)),
+        )
+        batch = load(write(table, tmp_path / "f64.parquet"))
+        assert same_values(batch, expected_batch(sequences))
+
+    def test_policy_logprob_is_read(self, tmp_path, sequences):
+        table = sequences.token_table()
+        policy = np.concatenate(sequences.train).astype(np.float32) - 0.5
+        batch = load(
+            write(table.append_column("curr_logprobs", pa.array(policy)), tmp_path / "p.pq")
+        )
+        assert torch.equal(batch.policy, torch.from_numpy(policy))
+
+
+class TestOrder:
+    def test_pos_orders_tokens_within_a_sequence(self, tmp_path, sequences):
+        table = sequences.token_table()
+        rng = np.random.default_rng(1)
+        # Shuffle the rows of each sequence; pos must restore the order.
+        starts = np.concatenate([[0], np.cumsum(sequences.lengths)])
+        order = np.concatenate(
+            [rng.permutation(np.arange(a, b)) for a, b in itertools.pairwise(starts)]
+        )
+        batch = load(write(table.take(order), tmp_path / "shuffled.parquet"))
+        assert torch.equal(batch.rollout, expected_batch(sequences).rollout)
+        assert (
+            batch.positions().tolist()
+            == np.concatenate([np.arange(n) for n in sequences.lengths]).tolist()
+        )
+
+    def test_without_pos_file_order_is_kept(self, tmp_path, sequences):
+        path = write(sequences.token_table(pos=False), tmp_path / "nopos.parquet")
+        assert same_values(load(path), expected_batch(sequences))
+
+    @pytest.mark.parametrize("layout", ["token", "sequence"])
+    def test_round_trip(self, tmp_path, sequences, layout):
+        table = getattr(sequences, f"{layout}_table")()
+        first = load(write(table, tmp_path / "in.parquet"))
+        first.to_parquet(tmp_path / "out.parquet")
+        again = load(tmp_path / "out.parquet")
+        assert again.equal(first)
+        assert again.seq_id.to_pylist() == sequences.seq_id
+
+    def test_round_trip_keeps_given_positions(self, tmp_path):
+        table = pa.table(
+            {
+                "seq_id": [1, 1, 1],
+                "pos": [10, 20, 15],
+                "rollout_logprob": np.float32([-1, -2, -3]),
+                "train_logprob": np.float32([-1, -2, -3]),
+            }
+        )
+        first = load(write(table, tmp_path / "gap.parquet"))
+        assert first.positions().tolist() == [10, 15, 20]
+        assert first.rollout.tolist() == [-1, -3, -2]
+        first.to_parquet(tmp_path / "again.parquet")
+        assert load(tmp_path / "again.parquet").equal(first)
+
+
+class TestStreaming:
+    @pytest.mark.parametrize("max_tokens", [1, 6, 13, 1000])
+    @pytest.mark.parametrize("layout", ["token", "sequence"])
+    def test_chunks_hold_whole_sequences_and_equal_whole_load(
+        self, tmp_path, monkeypatch, layout, max_tokens
+    ):
+        monkeypatch.setattr(iscore.dump, "_READ_TOKENS", 4)  # sequences straddle reads
+        s = make_sequences([5, 1, 40, 7, 3, 12, 2, 9], steps=[0, 0, 0, 1, 1, 1, 2, 2])
+        table = getattr(s, f"{layout}_table")()
+        path = write(table, tmp_path / "d.parquet", row_group_size=3 if layout == "token" else 2)
+        chunks = list(Dump(path).batches(max_tokens=max_tokens))
+        ids = [i for c in chunks for i in c.seq_id.to_pylist()]
+        assert ids == s.seq_id  # each sequence exactly once, whole, in order
+        lengths = [n for c in chunks for n in c.lengths.tolist()]
+        assert lengths == s.lengths
+        whole = torch.cat([c.rollout for c in chunks])
+        assert torch.equal(whole, load(path).rollout)
+        for c in chunks[:-1]:
+            # A chunk overshoots by at most one read, unless one sequence is longer.
+            assert c.num_tokens <= max_tokens + 40 + 4
+
+    def test_step_filter_skips_row_groups(self, tmp_path):
+        s = make_sequences([4, 4, 4, 4], steps=[0, 1, 2, 3])
+        path = write(s.sequence_table(), tmp_path / "steps.parquet", row_group_size=1)
+        batch = load(path, steps=StepRange(1, 2))
+        assert batch.step.tolist() == [1, 2]
+        assert same_values(batch, expected_batch(s, keep=[1, 2]))
+        assert load(path, steps=StepRange.parse("3:")).step.tolist() == [3]
+        with pytest.raises(DumpError, match="no sequences in the selected steps"):
+            load(path, steps=StepRange(9, 9))
+
+    def test_directory_and_glob(self, tmp_path):
+        a, b = make_sequences([3, 2], seed=1), make_sequences([4], seed=2, ids=[500])
+        write(a.token_table(), tmp_path / "part-0.parquet")
+        write(b.token_table(), tmp_path / "part-1.parquet")
+        by_dir = load(tmp_path)
+        by_glob = load(str(tmp_path / "part-*.parquet"))
+        assert by_dir.equal(by_glob)
+        assert by_dir.seq_id.to_pylist() == [100, 101, 500]
+        assert by_dir.num_tokens == 9
+
+
+def problems_of(path, **kwargs) -> str:
+    with pytest.raises(DumpError) as info:
+        load(path, **kwargs)
+    return str(info.value)
+
+
+class TestBadInput:
+    def test_missing_required_column_lists_aliases(self, tmp_path, sequences):
+        table = sequences.token_table().drop_columns(["train_logprob"])
+        msg = problems_of(write(table, tmp_path / "miss.parquet"))
+        assert "miss.parquet" in msg and "missing required column train_logprob" in msg
+        assert "prev_logprobs" in msg and "old_log_probs" in msg and "--column" in msg
+
+    def test_ambiguous_aliases(self, tmp_path, sequences):
+        table = sequences.token_table({"train_logprob": "old_log_probs"})
+        table = table.append_column("prev_logprobs", table["old_log_probs"])
+        msg = problems_of(write(table, tmp_path / "amb.parquet"))
+        assert "'prev_logprobs', 'old_log_probs' could each be train_logprob" in msg
+
+    def test_unequal_list_lengths(self, tmp_path, sequences):
+        table = sequences.sequence_table()
+        train = table["train_logprob"].to_pylist()
+        train[2] = train[2][:-1]
+        table = table.set_column(3, "train_logprob", pa.array(train, pa.list_(pa.float32())))
+        msg = problems_of(write(table, tmp_path / "uneq.parquet"))
+        assert "uneq.parquet, column train_logprob: list lengths differ" in msg
+        assert "(e.g. 39 vs 40) at row 2" in msg
+
+    @pytest.mark.parametrize(
+        ("value", "what"),
+        [(np.nan, "NaN or null"), (np.inf, "infinite"), (-np.inf, "infinite"), (0.5, "positive")],
+    )
+    def test_invalid_logprobs(self, tmp_path, sequences, value, what):
+        table = sequences.token_table({"train_logprob": "prev_logprobs"})
+        train = table["prev_logprobs"].to_numpy().copy()
+        train[[6, 30]] = value
+        table = table.set_column(3, "prev_logprobs", pa.array(train))
+        path = write(table, tmp_path / "bad.parquet")
+        msg = problems_of(path)
+        assert "column train_logprob (source 'prev_logprobs')" in msg
+        assert f"2 {what}" in msg and "at rows 6, 30" in msg
+        batch = load(path, drop_invalid=True)  # rows 6 and 30 are both in sequence "c"
+        assert batch.seq_id.to_pylist() == ["a", "b", "d", "e", "f"]
+        assert same_values(batch, expected_batch(sequences, keep=[0, 1, 3, 4, 5]))
+
+    def test_drop_invalid_reports_counts(self, tmp_path, sequences):
+        table = sequences.sequence_table()
+        rollout = table["rollout_logprob"].to_pylist()
+        rollout[0][1] = float("nan")
+        rollout[4][0] = 3.0
+        table = table.set_column(2, "rollout_logprob", pa.array(rollout, pa.list_(pa.float32())))
+        dump = Dump(write(table, tmp_path / "drop.parquet"), drop_invalid=True)
+        batch = dump.load()
+        assert batch.seq_id.to_pylist() == ["b", "c", "d", "f"]
+        assert dump.dropped.sequences == 2 and dump.dropped.tokens == 5 + 3
+
+    def test_null_logprob_is_invalid(self, tmp_path):
+        table = pa.table(
+            {
+                "seq_id": [1, 1],
+                "rollout_logprob": pa.array([-1.0, None], pa.float32()),
+                "train_logprob": pa.array([-1.0, -1.0], pa.float32()),
+            }
+        )
+        msg = problems_of(write(table, tmp_path / "null.parquet"))
+        assert "column rollout_logprob: invalid log-prob: 1 NaN or null values at row 1" in msg
+
+    @pytest.mark.parametrize("layout", ["token", "sequence"])
+    def test_duplicate_seq_id_pos(self, tmp_path, sequences, layout):
+        if layout == "token":
+            table = sequences.token_table()
+            pos = table["pos"].to_numpy().copy()
+            pos[8] = pos[7]  # two tokens of sequence "c" at one position
+            table = table.set_column(table.schema.get_field_index("pos"), "pos", pa.array(pos))
+        else:
+            table = sequences.sequence_table()
+            pos = [list(range(n)) for n in sequences.lengths]
+            pos[2][3] = 2
+            table = table.append_column("pos", pa.array(pos))
+        msg = problems_of(write(table, tmp_path / "dup.parquet"))
+        assert "column pos: duplicate (seq_id, pos): 1 tokens repeat a position" in msg
+
+    def test_sequence_repeated_or_split(self, tmp_path, sequences):
+        table = sequences.token_table()
+        table = pa.concat_tables([table, table.slice(0, 2)])
+        msg = problems_of(write(table, tmp_path / "twice.parquet"))
+        assert "sequence seq_id='a' step=0 appears twice or its rows are not contiguous" in msg
+        assert "at row 68" in msg
+
+    def test_empty_file(self, tmp_path):
+        (tmp_path / "empty.parquet").write_bytes(b"")
+        assert "empty.parquet: empty file (0 bytes)" in problems_of(tmp_path / "empty.parquet")
+
+    def test_parquet_without_rows(self, tmp_path, sequences):
+        path = write(sequences.token_table().slice(0, 0), tmp_path / "norows.parquet")
+        assert "empty file (a Parquet schema but no rows)" in problems_of(path)
+
+    def test_truncated_file(self, tmp_path, sequences):
+        path = write(sequences.token_table(), tmp_path / "full.parquet")
+        data = path.read_bytes()
+        (tmp_path / "cut.parquet").write_bytes(data[: len(data) // 2])
+        msg = problems_of(tmp_path / "cut.parquet")
+        assert "cut.parquet: truncated Parquet file" in msg and "no footer" in msg
+
+    @pytest.mark.parametrize(
+        ("content", "hint"),
+        [(b'{"a": 1}\n', "JSON Lines"), (b"\x80\x04K\x01.", "pickle"), (b"hello", "")],
+    )
+    def test_not_parquet(self, tmp_path, content, hint):
+        (tmp_path / "x.parquet").write_bytes(content)
+        msg = problems_of(tmp_path / "x.parquet")
+        assert "x.parquet: not a Parquet file" in msg and hint in msg
+
+    def test_wrong_column_type(self, tmp_path, sequences):
+        table = sequences.token_table()
+        table = table.set_column(
+            table.schema.get_field_index("train_logprob"),
+            "train_logprob",
+            pa.array([str(x) for x in table["train_logprob"].to_pylist()]),
+        )
+        msg = problems_of(write(table, tmp_path / "typ.parquet"))
+        assert "typ.parquet, column train_logprob: expected a float column" in msg
+        assert "found string" in msg
+
+    def test_sequence_layout_scalar_where_list_expected(self, tmp_path, sequences):
+        table = sequences.sequence_table().append_column("pos", pa.array(range(6)))
+        msg = problems_of(write(table, tmp_path / "typ2.parquet"))
+        assert "column pos: expected a list of integer values (sequence layout)" in msg
+
+    def test_mixed_layouts(self, tmp_path, sequences):
+        write(sequences.token_table(), tmp_path / "a.parquet")
+        write(sequences.sequence_table(), tmp_path / "b.parquet")
+        assert "files mix token and sequence layouts" in problems_of(tmp_path)
+
+    def test_all_open_problems_are_listed(self, tmp_path):
+        (tmp_path / "a.parquet").write_bytes(b"")
+        (tmp_path / "b.parquet").write_bytes(b"nope")
+        with pytest.raises(DumpProblems) as info:
+            Dump(tmp_path)
+        assert len(info.value.problems) == 2
+
+    def test_missing_path(self, tmp_path):
+        assert "no such file or directory" in problems_of(tmp_path / "nope.parquet")
+        assert "matches no files" in problems_of(str(tmp_path / "*.parquet"))
+
+    def test_corrupt_pages(self, tmp_path):
+        table = pa.table(
+            {
+                "seq_id": np.arange(2000) // 10,
+                "rollout_logprob": -np.linspace(0.1, 5, 2000, dtype=np.float32),
+                "train_logprob": -np.linspace(0.1, 5, 2000, dtype=np.float32),
+            }
+        )
+        path = write(table, tmp_path / "ok.parquet", compression="zstd")
+        data = bytearray(path.read_bytes())
+        data[200:600] = bytes(400)  # zero out the middle of the column data
+        (tmp_path / "corrupt.parquet").write_bytes(bytes(data))
+        msg = problems_of(tmp_path / "corrupt.parquet")
+        assert "corrupt.parquet: corrupt data in row group 0" in msg
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_to_device(tmp_path, sequences, device):
+    batch = load(write(sequences.token_table(), tmp_path / "d.parquet"), device=device)
+    assert batch.device.type == device
+    assert batch.to("cpu").equal(expected_batch(sequences))
+    assert batch.seq_index.device.type == device
+
+
+def test_parquet_metadata_is_not_needed(tmp_path, sequences):
+    """Files written by other tools (no pandas metadata, dictionary ids) read the same."""
+    table = sequences.token_table().replace_schema_metadata(None)
+    table = table.set_column(
+        table.schema.get_field_index("seq_id"), "seq_id", table["seq_id"].dictionary_encode()
+    )
+    path = tmp_path / "dict.parquet"
+    pq.write_table(table, path, use_dictionary=True)
+    assert load(path).seq_id.to_pylist() == sequences.seq_id

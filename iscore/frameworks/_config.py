@@ -1,0 +1,164 @@
+"""Reading a framework's config mapping with typed getters and exact error messages.
+
+>>> s = Section({"cap": 2, "level": "token"}, "tis")
+>>> s.float("cap", 5.0, gt=0), s.choice("level", "token", ("token", "sequence"))
+(2.0, 'token')
+>>> s.done()
+>>> Section({"cap": "x"}, "tis").float("cap", 5.0)
+Traceback (most recent call last):
+...
+iscore.errors.ConfigError: Expected `tis.cap` to be a float, but got 'x'
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from iscore.errors import ConfigError
+
+_MISSING = object()
+
+
+class Section:
+    """A mapping being parsed: typed getters that record the keys read.
+
+    Args:
+        data: the mapping (None counts as empty).
+        path: its dotted location in the config, for messages.
+    """
+
+    def __init__(self, data: Mapping[str, Any] | None, path: str = ""):
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"Expected `{path}` to be a mapping, but got {type(data).__name__}: {data!r}"
+            )
+        self.data = data
+        self.path = path
+        self.read: set[str] = set()
+
+    def key(self, key: str) -> str:
+        """The dotted path of `key`, for messages."""
+        return f"{self.path}.{key}" if self.path else key
+
+    def raw(self, key: str, default: Any = _MISSING) -> Any:
+        """The value as given; required when no default."""
+        self.read.add(key)
+        if key in self.data:
+            return self.data[key]
+        if default is _MISSING:
+            raise ConfigError(f"Missing required key `{self.key(key)}`")
+        return default
+
+    def section(self, key: str) -> Section:
+        """A nested mapping (empty if absent or null)."""
+        return Section(self.raw(key, None), self.key(key))
+
+    def bool(self, key: str, default: bool | None) -> bool | None:
+        value = self.raw(key, default)
+        if value is None and default is None:
+            return None
+        if not isinstance(value, bool):
+            raise ConfigError(f"Expected `{self.key(key)}` to be a bool, but got {value!r}")
+        return value
+
+    def float(
+        self,
+        key: str,
+        default: float | None,
+        *,
+        gt: float | None = None,
+        ge: float | None = None,
+        nullable: bool = False,
+    ) -> float | None:
+        """A number (ints and numeric strings such as "2.0" accepted, as YAML/OmegaConf do)."""
+        value = self.raw(key, default)
+        if value is None and (nullable or default is None):
+            return None
+        return as_float(value, self.key(key), gt=gt, ge=ge)
+
+    def int(self, key: str, default: int | None, *, ge: int | None = None) -> int | None:
+        value = self.raw(key, default)
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or (ge is not None and value < ge):
+            bound = f" >= {ge}" if ge is not None else ""
+            raise ConfigError(f"Expected `{self.key(key)}` to be an int{bound}, but got {value!r}")
+        return value
+
+    def choice(self, key: str, default: str | None, choices: Sequence[str | None]) -> str | None:
+        value = self.raw(key, default)
+        if value not in choices:
+            allowed = ", ".join("null" if c is None else repr(c) for c in choices)
+            raise ConfigError(
+                f"Expected `{self.key(key)}` to be one of {allowed}, but got {value!r}"
+            )
+        return value
+
+    def done(self, ignore: Sequence[str] = ()) -> None:
+        """Reject keys that were never read (typos, keys of another framework or version)."""
+        unknown = [k for k in self.data if k not in self.read and k not in ignore]
+        if unknown:
+            raise ConfigError(
+                f"Unknown key{'s' * (len(unknown) > 1)} "
+                + ", ".join(f"`{self.key(k)}`" for k in unknown)
+                + (f"; expected {', '.join(sorted(self.read))}" if self.read else "")
+            )
+
+
+def as_float(value: Any, key: str, *, gt: float | None = None, ge: float | None = None) -> float:
+    """`value` as a float, checked against the bounds; the message names `key`."""
+    bound = f" > {gt}" if gt is not None else f" >= {ge}" if ge is not None else ""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {value!r}") from None
+    if (gt is not None and not number > gt) or (ge is not None and not number >= ge):
+        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {value!r}")
+    return number
+
+
+def top_level(config: Mapping[str, Any], framework: str) -> tuple[Section, str]:
+    """The config's top-level section and the setting's display name.
+
+    `framework:` and `name:` are iscore's own top-level keys; everything else belongs to
+    the framework.
+    """
+    section = Section(config, "")
+    section.raw("framework")
+    name = section.raw("name", None)
+    if name is not None and not isinstance(name, str):
+        raise ConfigError(f"Expected `name` to be a string, but got {name!r}")
+    return section, name or framework
+
+
+class _FlagParser(argparse.ArgumentParser):
+    """argparse that raises ConfigError instead of printing and exiting."""
+
+    def error(self, message: str):
+        raise ConfigError(f"`args`: {message}")
+
+
+def flag_parser(framework: str) -> argparse.ArgumentParser:
+    """An argparse parser for a framework's CLI flags given as one `args:` string."""
+    return _FlagParser(prog=framework, add_help=False, allow_abbrev=False, exit_on_error=False)
+
+
+def parse_flags(parser: argparse.ArgumentParser, args: Any) -> argparse.Namespace:
+    """Parse `args` (one shell-quoted string or a list of strings); unknown flags raise."""
+    if isinstance(args, str):
+        argv = shlex.split(args)
+    elif isinstance(args, Sequence) and all(isinstance(a, str) for a in args):
+        argv = list(args)
+    else:
+        raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {args!r}")
+    try:
+        return parser.parse_args(argv)
+    except argparse.ArgumentError as e:
+        raise ConfigError(f"`args`: {e}") from e

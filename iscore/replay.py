@@ -1,0 +1,158 @@
+"""Replay a framework's correction over a batch: parse its config, then compute per token.
+
+A config is the framework's own (same keys and nesting as its config file) plus a top-level
+`framework:` and an optional `name:`. Parsing validates it once into a frozen spec; a spec
+can also be built directly from Python (typed fields, no string mini-languages).
+
+>>> import iscore, torch
+>>> b = iscore.TokenBatch(
+...     rollout=torch.tensor([-1.0, -1.0]), train=torch.tensor([-0.2, -1.1]),
+...     cu_seqlens=torch.tensor([0, 2]),
+... )
+>>> rc = {"rollout_is": "token", "rollout_is_threshold": 2.0}
+>>> cfg = {"framework": "verl", "algorithm": {"rollout_correction": rc}}
+>>> [round(w, 4) for w in iscore.replay(b, cfg).weight.tolist()]  # doctest: +SKIP
+[2.0, 0.9048]
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import yaml
+
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+
+FRAMEWORKS = ("verl", "skyrl", "nemo_rl", "slime", "areal", "openrlhf", "trl", "fireworks")
+"""Frameworks whose corrections iscore replays; each has a module in `iscore.frameworks`."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Replay:
+    """What a correction does to each token of a batch.
+
+    Attributes:
+        weight: float32 [N], the detached factor multiplying each token's loss term; 0 where
+            the method zeroes the weight and wherever `keep` is false, so `weight` is exactly
+            what each token's gradient is scaled by.
+        keep: bool [N], the token's loss mask after the correction: false where the method
+            removes it from the loss mask and where `loss_mask` was already false.
+        raw: float32 [N], the importance ratio the method starts from before truncating or
+            masking (per token, or the sequence ratio broadcast for sequence-level methods).
+        seq_raw: float32 [B] or None, the per-sequence ratio of sequence-level methods.
+        seq_weight: float32 [B] or None, the per-sequence weight applied (after truncation).
+    """
+
+    weight: torch.Tensor
+    keep: torch.Tensor
+    raw: torch.Tensor
+    seq_raw: torch.Tensor | None = None
+    seq_weight: torch.Tensor | None = None
+
+    @classmethod
+    def build(
+        cls,
+        batch: TokenBatch,
+        weight: torch.Tensor,
+        keep: torch.Tensor,
+        raw: torch.Tensor,
+        seq_raw: torch.Tensor | None = None,
+        seq_weight: torch.Tensor | None = None,
+    ) -> Replay:
+        """Assemble a result: AND `keep` with the loss mask, zero dropped weights, cast."""
+        keep = keep & batch.loss_mask
+        weight = torch.where(keep, weight.float(), 0.0)
+        return cls(
+            weight=weight,
+            keep=keep,
+            raw=raw.float(),
+            seq_raw=None if seq_raw is None else seq_raw.float(),
+            seq_weight=None if seq_weight is None else seq_weight.float(),
+        )
+
+    def to_arrow(self, batch: TokenBatch) -> pa.Table:
+        """One row per token: seq_id, pos, step, weight, keep (the `iscore replay` output)."""
+        lengths = batch.lengths.cpu().numpy()
+        seq_rows = pa.array(
+            torch.repeat_interleave(torch.arange(batch.num_sequences), batch.lengths.cpu()).numpy()
+        )
+        return pa.table(
+            {
+                "seq_id": batch.seq_id.take(seq_rows),
+                "pos": pa.array(batch.positions().cpu().numpy()),
+                "step": pa.array(batch.step.cpu().numpy().repeat(lengths)),
+                "weight": pa.array(self.weight.cpu().numpy()),
+                "keep": pa.array(self.keep.cpu().numpy()),
+            }
+        )
+
+
+class Spec(Protocol):
+    """A parsed, validated correction setting of one framework."""
+
+    framework: str
+    name: str
+
+    def replay(self, batch: TokenBatch) -> Replay: ...
+
+
+def framework_module(name: str) -> Any:
+    """The module of framework `name` (parse, replay, presets)."""
+    if name not in FRAMEWORKS:
+        raise ConfigError(
+            f"Expected `framework` to be one of {', '.join(FRAMEWORKS)}, but got {name!r}"
+        )
+    return importlib.import_module(f"iscore.frameworks.{name}")
+
+
+def parse_config(config: Mapping[str, Any] | str | Path) -> Spec:
+    """Parse a framework config (a mapping, or a YAML file's path) into its frozen spec.
+
+    Raises:
+        ConfigError: unknown framework, unknown key, wrong type, or a combination the
+            framework itself rejects; the message names the key.
+    """
+    source = None
+    if isinstance(config, str | Path):
+        source = str(config)
+        try:
+            config = yaml.safe_load(Path(config).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"{source}: cannot read the config: {e}") from e
+    if not isinstance(config, Mapping) or "framework" not in config:
+        where = f"{source}: " if source else ""
+        raise ConfigError(
+            f"{where}Expected a mapping with a top-level `framework:` "
+            f"(one of {', '.join(FRAMEWORKS)}), but got {type(config).__name__}"
+        )
+    module = framework_module(config["framework"])
+    try:
+        return module.parse(config)
+    except ConfigError as e:
+        if source is None:
+            raise
+        raise ConfigError(f"{source}: {e}") from e
+
+
+def replay(batch: TokenBatch, config: Spec | Mapping[str, Any] | str | Path) -> Replay:
+    """Replay one correction setting over `batch`.
+
+    Args:
+        batch: the packed dump (any device).
+        config: a spec, a framework config mapping, or the path of a YAML config.
+    """
+    spec = config if hasattr(config, "replay") else parse_config(config)
+    return spec.replay(batch)
+
+
+def write_replay(batch: TokenBatch, result: Replay, path: str | Path) -> None:
+    """Write `result` as Parquet, one row per token in batch order."""
+    pq.write_table(result.to_arrow(batch), path, compression="zstd")

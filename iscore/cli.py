@@ -10,16 +10,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from iscore.columns import parse_mapping
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange
 from iscore.errors import IscoreError
+from iscore.replay import parse_config, replay
 from iscore.validate import validate
+
+
+def _step_range(text: str) -> StepRange:
+    try:
+        return StepRange.parse(text)
+    except IscoreError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +45,7 @@ def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--steps",
-        type=StepRange.parse,
+        type=_step_range,
         default=None,
         metavar="RANGE",
         help="only these training steps: 5, 3:7, 3: or :7 (inclusive)",
@@ -43,6 +55,13 @@ def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="drop sequences with NaN, infinite or positive log-probs instead of failing",
     )
+    parser.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=DEFAULT_CHUNK_TOKENS,
+        help="tokens per streamed chunk; bounds memory (default %(default)s)",
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 def _open_dump(args: argparse.Namespace) -> Dump:
@@ -69,6 +88,54 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     print(report.render())
     return 0 if report.ok else 1
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    spec = parse_config(args.config)
+    dump = _open_dump(args)
+    tokens = kept = 0
+    with (
+        _atomic_output(args.out) as tmp,
+        tqdm(
+            total=dump.num_tokens,
+            unit="tok",
+            unit_scale=True,
+            desc="replay",
+            disable=args.quiet or None,
+            leave=False,
+        ) as bar,
+    ):
+        writer = None
+        for batch in dump.batches(max_tokens=args.chunk_tokens):
+            table = replay(batch, spec).to_arrow(batch)
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
+            writer.write_table(table)
+            tokens += batch.num_tokens
+            kept += int(table["keep"].true_count)
+            bar.update(batch.num_tokens)
+        if writer is None:
+            raise IscoreError("no sequences in the selected steps; nothing written")
+        writer.close()
+    print(
+        f"{args.out}: {tokens:,} tokens replayed with {spec.name} ({spec.framework}); "
+        f"{kept:,} kept in the loss"
+    )
+    return 0
+
+
+@contextmanager
+def _atomic_output(path: str) -> Iterator[str]:
+    """A temporary path beside `path`, renamed to it only if the block succeeds."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -108,14 +175,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_dump_arguments(p)
     p.add_argument("--json", metavar="OUT.json", help="also write the report as JSON")
-    p.add_argument(
-        "--chunk-tokens",
-        type=int,
-        default=DEFAULT_CHUNK_TOKENS,
-        help="tokens read per chunk (bounds memory; default %(default)s)",
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser(
+        "replay",
+        help="replay one framework config over a dump, one row per token",
+        description="Replay a framework's correction config over a dump and write one row "
+        "per input token: seq_id, pos, step, weight (the factor multiplying the token's loss; "
+        "0 where zeroed) and keep (the token's loss mask after the correction).",
+    )
+    _add_dump_arguments(p)
+    p.add_argument(
+        "--config",
+        required=True,
+        metavar="CFG.yaml",
+        help="the framework's own config plus a top-level `framework:`",
+    )
+    p.add_argument("--out", required=True, metavar="OUT.parquet", help="output Parquet file")
+    p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser(
         "simulate",

@@ -380,6 +380,11 @@ class Dump:
         """
         parts = list(self.batches(max_tokens=None))
         if not parts:
+            if self.dropped.sequences:
+                raise DumpError(
+                    f"{self.files[0].path}: all {self.dropped.sequences:,} sequences were "
+                    "dropped as invalid"
+                )
             raise DumpError(f"{self.files[0].path}: no sequences in the selected steps")
         batch = parts[0] if len(parts) == 1 else _concat(parts)
         return batch.to(device) if torch.device(device) != batch.device else batch

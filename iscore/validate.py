@@ -139,9 +139,12 @@ def validate(
             progress(batch.num_tokens)
     if not lengths:
         if not report.problems:
-            report.problems.append(
-                Problem(report.files[0], None, "no sequences in the selected steps")
+            what = (
+                f"all {dump.dropped.sequences:,} sequences were dropped as invalid"
+                if dump.dropped.sequences
+                else "no sequences in the selected steps"
             )
+            report.problems.append(Problem(report.files[0], None, what))
         return report
     all_lengths = np.concatenate(lengths)
     report.steps = sorted(steps)

@@ -1,0 +1,105 @@
+"""The `iscore` command line: exit codes, messages, outputs, and nothing written elsewhere."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from iscore.cli import main
+from tests.conftest import make_sequences, write
+
+
+@pytest.fixture
+def dump(tmp_path):
+    s = make_sequences([5, 1, 40, 7], steps=[0, 0, 1, 1])
+    return write(s.sequence_table({"train_logprob": "old_log_probs"}), tmp_path / "d.parquet")
+
+
+def test_validate_summary(dump, capsys, tmp_path):
+    assert main(["validate", str(dump), "-q", "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "d.parquet: OK" in out
+    assert "sequences   4" in out and "tokens      53" in out
+    assert "train_logprob <- old_log_probs" in out
+    assert "min 1" in out and "max 40" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ok"] and report["steps"] == [0, 1] and report["tokens"] == 53
+    assert report["columns"]["train_logprob"] == ["old_log_probs"]
+
+
+def test_validate_lists_problems_and_fails(tmp_path, capsys):
+    table = pa.table(
+        {
+            "seq_id": [1, 1, 2, 3],
+            "rollout_logprob": np.float32([-1, np.nan, -1, -1]),
+            "train_logprob": np.float32([-1, -1, 0.5, -1]),
+        }
+    )
+    path = write(table, tmp_path / "bad.parquet")
+    assert main(["validate", str(path), "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "bad.parquet: 2 problems" in out
+    assert "column rollout_logprob: invalid log-prob: 1 NaN or null values at row 1" in out
+    assert "column train_logprob: invalid log-prob: 1 positive" in out
+    assert main(["validate", str(path), "-q", "--drop-invalid"]) == 0
+    assert "dropped     2 sequences (3 tokens)" in capsys.readouterr().out
+
+
+def test_validate_reports_every_bad_file(tmp_path, capsys):
+    (tmp_path / "a.parquet").write_bytes(b"")
+    (tmp_path / "b.parquet").write_bytes(b"PAR1 but cut")
+    assert main(["validate", str(tmp_path), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "2 problems" in err and "empty file" in err and "truncated Parquet file" in err
+
+
+def test_step_filter_and_mapping(dump, capsys):
+    assert main(["validate", str(dump), "-q", "--steps", "1"]) == 0
+    assert "sequences   2" in capsys.readouterr().out
+    swap = [
+        "--column",
+        "train_logprob=rollout_logprob",
+        "--column",
+        "rollout_logprob=old_log_probs",
+    ]
+    assert main(["validate", str(dump), "-q", *swap]) == 0
+    assert "rollout_logprob <- old_log_probs, train_logprob <- rollout_logprob" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["validate", "nope.parquet"], "error: nope.parquet: no such file or directory"),
+        (["validate", "x.parquet", "--column", "oops"], "Expected a column mapping"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_step_range_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["validate", "x.parquet", "--steps", "a:b"])
+    assert info.value.code == 2
+    assert "Expected a step range like 5, 3:7, 3: or :7, but got 'a:b'" in capsys.readouterr().err
+
+
+def test_no_traceback_from_the_console_script(tmp_path):
+    (tmp_path / "x.parquet").write_text("not parquet")
+    result = subprocess.run(
+        [sys.executable, "-m", "iscore.cli", "validate", str(tmp_path / "x.parquet")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and "not a Parquet file" in result.stderr

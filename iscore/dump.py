@@ -39,8 +39,8 @@ from iscore.columns import (
 )
 from iscore.errors import DumpError
 
-DEFAULT_CHUNK_TOKENS = 4_000_000
-"""Tokens per streamed chunk: about 100 MB of Arrow and tensor memory."""
+DEFAULT_CHUNK_TOKENS = 2_000_000
+"""Tokens per streamed chunk: about 300 MB of working memory while a chunk is processed."""
 
 _READ_TOKENS = 262_144
 """Tokens per Parquet read (rows in token layout); chunks are assembled from these."""
@@ -709,31 +709,37 @@ def _order_by_pos(
     lengths: np.ndarray,
     rows: np.ndarray,
 ) -> tuple[dict[str, pa.Array], np.ndarray]:
-    """Sort tokens by `pos` within each sequence (stable) and reject duplicate positions."""
-    pos = per_token["pos"].to_numpy(zero_copy_only=False).astype(np.int64)
-    seq = np.repeat(np.arange(lengths.size), lengths)
-    same_seq = seq[1:] == seq[:-1]
-    if not (np.diff(pos)[same_seq] > 0).all():
+    """Sort tokens by `pos` within each sequence (stable) and reject duplicate positions.
+
+    `pos` is dropped when it is just 0..T-1 in every sequence (the common case), so the
+    batch carries no redundant int64 per token.
+    """
+    pos = per_token["pos"].to_numpy(zero_copy_only=False)
+    step = np.diff(pos)  # in pos's own dtype: no int64 copy of a sorted column
+    first = np.cumsum(lengths)[:-1] - 1  # index into `step` of each sequence boundary
+    step[first[first < step.size]] = 1
+    if (step <= 0).any():
+        seq = np.repeat(np.arange(lengths.size), lengths)
         order = np.lexsort((pos, seq))
         index = pa.array(order)
         per_token = {k: v.take(index) for k, v in per_token.items()}
         pos, rows = pos[order], rows[order]
-    dup = np.zeros(pos.size, dtype=bool)
-    dup[1:] = same_seq & (pos[1:] == pos[:-1])
-    if dup.any():
+        step = np.diff(pos)
+        step[first[first < step.size]] = 1
+    if (step == 0).any():
+        dup = np.concatenate([[False], step == 0])
         r, count = _first(dup, rows)
+        message = f"duplicate (seq_id, pos): {count:,} tokens repeat a position of their sequence"
         raise DumpProblems(
             [
                 Problem(
-                    info.path,
-                    _label(info.columns, "pos"),
-                    f"duplicate (seq_id, pos): {count:,} tokens repeat a position "
-                    "of their sequence",
-                    tuple(dict.fromkeys(r)),
-                    count,
+                    info.path, _label(info.columns, "pos"), message, tuple(dict.fromkeys(r)), count
                 )
             ]
         )
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    if (step == 1).all() and (pos[starts[lengths > 0]] == 0).all():
+        del per_token["pos"]
     return per_token, rows
 
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-import torch
 
 from iscore.dump import DEFAULT_CHUNK_TOKENS, DropReport, Dump, Problem
+from iscore.ops import k3, log_ratio
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
@@ -129,11 +129,13 @@ def validate(
             continue
         lengths.append(batch.lengths.numpy())
         steps.update(batch.step.unique().tolist())
-        d = (batch.train.double() - batch.rollout.double())[batch.loss_mask]
-        abs_sum += d.abs().sum().item()
-        k3_sum += torch.special.expm1(d).sub_(d).sum().item()
+        d = log_ratio(batch)
+        if not batch.loss_mask.all():
+            d = d[batch.loss_mask]
         if d.numel():
+            abs_sum += d.abs().sum().item()
             abs_max = max(abs_max, d.abs().max().item())
+            k3_sum += k3(d).sum().item()
         report.loss_tokens += d.numel()
         if progress is not None:
             progress(batch.num_tokens)

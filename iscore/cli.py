@@ -152,7 +152,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         for name in ("sequences", "steps", "seed", "min_len", "max_len", "median_len")
         if getattr(args, name) is not None
     }
-    config = SimConfig.for_regime(args.regime, **overrides)
+    config = SimConfig(regime=args.regime, **overrides)
     truth = write_simulated(args.out, config, layout=args.layout)
     print(f"{args.out}: {truth.tokens:,} tokens in {truth.sequences:,} sequences ({args.regime})")
     return 0
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--min-len", type=int)
     p.add_argument("--max-len", type=int)
-    p.add_argument("--median-len", type=int)
+    p.add_argument("--median-len", type=int, help="median sequence length (default: the regime's)")
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=_cmd_simulate)
     return parser

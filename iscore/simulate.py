@@ -1,0 +1,824 @@
+"""Simulate paired rollout/trainer logprob dumps whose mismatch is known exactly.
+
+No public dataset pairs rollout and trainer log-probs token by token (see
+reference/ecosystem.md, section 4), so tests, demos and the app use simulated dumps whose
+ground truth is exact rather than estimated.
+
+The model, at every position of every sequence:
+
+* The rollout engine has logits z over `vocab` candidates: candidate 0 gets a margin m over
+  N(0, 1) logits for the others. Three quarters of positions are peaked (m = 6 +
+  Gamma(2, 2), capped at 30; about 76% of sampled tokens have probability > 0.9), a
+  quarter are forking (m ~ U(-1, 6)); the mean sampled log-prob is about -0.48.
+* The trainer's logits are z + eps, eps_k = sigma_t * e_k with e_k Student-t (4 degrees of
+  freedom, unit variance; one Gamma scale per position, so noisy positions are noisy on
+  every candidate). sigma_t is the regime's sigma, times 30 on a rare outlier token
+  (probability 5e-5) and times 15 inside a routing-flip span, capped at 4 nats.
+* The rollout distribution mu is softmax(z), or softmax(z / temperature) restricted and
+  renormalized to the top-p nucleus when the regime says so; the trainer's is
+  pi = softmax(z + eps). The token a is sampled from mu (inverse CDF on a uniform), and
+  `rollout_logprob` = log mu[a], `train_logprob` = log pi[a], d = train - rollout.
+
+Because a is drawn from mu, E_mu[exp(d)] = sum of pi over mu's support: exactly 1 unless
+the rollout truncated to a nucleus; the spread of d grows for low-probability tokens on its
+own (d ~ eps_a - E_pi[eps]). The exact KL(mu || pi) and KL(pi || mu) of each position are
+computed from the full distributions and token-averaged per step in float64 (`StepTruth`).
+
+Regimes and what they give at the default `SimConfig` (256 sequences, seed 0, ~250k
+tokens; k3 = mean(exp(d) - 1 - d), KL = exact mean KL(rollout || trainer)):
+
+===============  =============================================  =======  ======  ======
+regime           parameters                                     mean|d|  k3      KL
+===============  =============================================  =======  ======  ======
+dense_bf16       sigma 0.07                                     0.0097   4.5e-4  4.6e-4
+fp8              sigma 0.75                                     0.12     0.052   0.052
+moe_routing      sigma 0.07; 10% of sequences get a span        0.011    1.3e-3  1.4e-3
+                 (5-30% of the sequence) with sigma x 15
+offset_bug       sigma 0.07; rollout reports top-p 0.9          0.030    1.5e-3  0.029
+                 processed log-probs; E[exp(d)] = 0.972
+temperature_bug  sigma 0.07; rollout at temperature 0.7         0.073    0.023   0.023
+drift            sigma 0.07 x 1.5 per step; steps 0, 1, 2, 3    0.0097   4.5e-4  4.6e-4
+                                                                0.015    9.6e-4  9.8e-4
+                                                                0.022    2.2e-3  2.2e-3
+                                                                0.033    5.2e-3  5.2e-3
+long_collapse    sigma 0.09; median length 4000 (1.5M tokens);  0.0125   7.5e-4  7.5e-4
+                 median exp(sum d) per sequence 0.05, 15% of
+                 them in [0.5, 2] (dense_bf16: 0.75, 64%)
+===============  =============================================  =======  ======  ======
+
+Rare outliers remain in every regime: max |d| over those ~250k tokens is 1.3 nats for
+dense_bf16, 1.4 to 15 for the others. `SimConfig.median_len=None` takes the regime's
+median length (4000 for `long_collapse`, 600 otherwise); an explicit value always wins.
+Columns are `SEQUENCE_SCHEMA` (what `simulate` yields) or `TOKEN_SCHEMA`.
+
+Generation is vectorized numpy in chunks of bounded scratch memory: about 2.8M tokens/s on
+one core at vocab 16 (1.8M for offset_bug, which sorts for its nucleus). `write_simulated`
+streams a step at a time, so a 50M-token dump (200 default steps) takes about half a minute
+and under 0.5 GB of memory. The same seed gives identical output; every regime draws the
+same random streams, so one seed gives the same lengths, rewards and contexts in every
+regime.
+
+>>> batch = next(simulate(SimConfig("fp8", sequences=16)))
+>>> truth = json.loads(batch.schema.metadata[STEP_METADATA_KEY])
+>>> truth["expected_ratio"], 0.01 < truth["kl_rollout_train"] < 0.1
+(1.0, True)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from numbers import Integral, Real
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from iscore.errors import ConfigError, DumpError
+
+METADATA_KEY = b"iscore.simulate"
+"""Parquet key-value metadata key of the file's `SimTruth` (JSON, see `SimTruth.to_dict`)."""
+
+STEP_METADATA_KEY = b"iscore.simulate.step"
+"""Schema metadata key of each batch `simulate` yields: that step's `StepTruth` as JSON."""
+
+_SCRATCH_ELEMENTS = 1 << 21
+"""Candidates x tokens per generation chunk: each (vocab, tokens) float32 scratch array is
+8 MiB whatever the vocab, so memory is bounded and the arrays stay cache friendly."""
+
+_FORKING_FRACTION = 0.25
+"""Fraction of positions that are uncertain ("forking" tokens)."""
+
+_FORKING_MARGIN = (-1.0, 6.0)
+"""Uniform range of the top candidate's logit margin at a forking position."""
+
+_PEAKED_MARGIN = (6.0, 2.0, 2.0)
+"""Peaked positions: margin = offset + Gamma(shape, scale)."""
+
+_T_SHAPE = 2.0
+"""Gamma shape whose inverse square root scales a position's noise: Student-t with 4
+degrees of freedom and unit variance."""
+
+_MAX_MARGIN = 30.0
+"""Cap on the top candidate's margin (nats)."""
+
+_MAX_NOISE = 4.0
+"""Cap on a position's trainer-noise scale (nats): with |normal| <= 5.77 it bounds every
+logit difference well inside float32 exp's range."""
+
+_FLIP_SPAN = (0.05, 0.3)
+"""Uniform range of a routing-flip span's length, as a fraction of its sequence."""
+
+
+@dataclass(frozen=True, slots=True)
+class Regime:
+    """A kind of rollout/trainer mismatch and its parameters.
+
+    Attributes:
+        name: key in `REGIMES`.
+        description: one line saying what it models.
+        sigma: scale (nats) of the noise added to the trainer's logits at step 0.
+        sigma_growth: factor by which `sigma` grows per step (drift); 1 keeps it constant.
+        outlier_prob: per-token probability that the noise scale is multiplied by
+            `outlier_scale` (rare heavy outliers).
+        outlier_scale: noise multiplier of an outlier token.
+        flip_fraction: fraction of sequences with one contiguous span of routing-flip noise.
+        flip_scale: noise multiplier inside a routing-flip span.
+        top_p: nucleus the rollout engine samples from and renormalizes its reported
+            log-probs over; 1 disables it. Below 1 the trainer's raw log-probs disagree by
+            about log(kept mass): the processed-vs-raw logprob bug.
+        temperature: temperature the rollout samples and reports log-probs at; the trainer
+            always reports temperature 1.
+        median_len: the regime's default median sequence length, used when `SimConfig`
+            gets none.
+    """
+
+    name: str
+    description: str
+    sigma: float
+    sigma_growth: float = 1.0
+    outlier_prob: float = 5e-5
+    outlier_scale: float = 30.0
+    flip_fraction: float = 0.0
+    flip_scale: float = 15.0
+    top_p: float = 1.0
+    temperature: float = 1.0
+    median_len: int = 600
+
+    @property
+    def unbiased(self) -> bool:
+        """Whether E_rollout[exp(d)] = 1: the rollout's support is the trainer's."""
+        return self.top_p >= 1.0
+
+
+_BF16_SIGMA = 0.07
+
+REGIMES: dict[str, Regime] = {
+    r.name: r
+    for r in (
+        Regime("dense_bf16", "Dense model, bf16 rollout vs bf16 trainer.", sigma=_BF16_SIGMA),
+        Regime("fp8", "FP8-quantized rollout vs bf16 trainer.", sigma=0.75),
+        Regime(
+            "moe_routing",
+            "MoE: bf16 noise plus routing-flip spans in a tenth of the sequences.",
+            sigma=_BF16_SIGMA,
+            flip_fraction=0.1,
+        ),
+        Regime(
+            "offset_bug",
+            "Rollout reports top-p 0.9 processed log-probs, trainer raw ones (biased).",
+            sigma=_BF16_SIGMA,
+            top_p=0.9,
+        ),
+        Regime(
+            "temperature_bug",
+            "Rollout samples and reports at temperature 0.7, trainer at 1.",
+            sigma=_BF16_SIGMA,
+            temperature=0.7,
+        ),
+        Regime(
+            "drift",
+            "bf16 mismatch growing 1.5x per step.",
+            sigma=_BF16_SIGMA,
+            sigma_growth=1.5,
+        ),
+        Regime(
+            "long_collapse",
+            "Long responses with MoE-level per-token KL: product weights collapse.",
+            sigma=0.09,
+            median_len=4000,
+        ),
+    )
+}
+"""The simulated regimes by name."""
+
+
+def _check_int(name: str, value: Any, low: int, low_name: str = "") -> int:
+    """Return `value` as an int, or raise if it is not an integer >= low."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        bound = f"{low_name}={low}" if low_name else str(low)
+        raise ConfigError(f"Expected argument `{name}` to be an int >= {bound}, but got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """What to simulate: regime, sizes, lengths and seed.
+
+    Sequence lengths are log-normal around `median_len` with log-sd `length_sigma`,
+    rounded and clipped to [min_len, max_len]. `median_len=None` takes the regime's
+    default (4000 for `long_collapse`, 600 otherwise); an explicit value always wins.
+
+    Args:
+        regime: a key of `REGIMES`.
+        sequences: sequences per step.
+        steps: training steps (one Parquet row group each).
+        seed: seed of the whole dump; each step draws from its own stream.
+        min_len: shortest sequence.
+        max_len: longest sequence.
+        median_len: median sequence length, or None for the regime's default.
+        length_sigma: log-normal sigma of the lengths; 0 makes every length `median_len`.
+        vocab: candidate tokens per position.
+        group_size: sequences per prompt group (advantages are normalized per group).
+
+    Raises:
+        ConfigError: a value is of the wrong type or out of range.
+
+    >>> SimConfig("long_collapse").median_len
+    4000
+    >>> SimConfig(sequences=0)
+    Traceback (most recent call last):
+    ...
+    iscore.errors.ConfigError: Expected argument `sequences` to be an int >= 1, but got 0
+    """
+
+    regime: str = "dense_bf16"
+    sequences: int = 256
+    steps: int = 1
+    seed: int = 0
+    min_len: int = 16
+    max_len: int = 16384
+    median_len: int | None = None
+    length_sigma: float = 1.0
+    vocab: int = 16
+    group_size: int = 8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.regime, str) or self.regime not in REGIMES:
+            raise ConfigError(
+                f"Expected argument `regime` to be one of {', '.join(map(repr, REGIMES))}, "
+                f"but got {self.regime!r}"
+            )
+        # Normalized through object.__setattr__ so numpy integers become plain ints and
+        # the config stays hashable and JSON-serializable.
+        for name, low in (
+            ("sequences", 1),
+            ("steps", 1),
+            ("seed", 0),
+            ("min_len", 1),
+            ("vocab", 2),
+            ("group_size", 1),
+        ):
+            object.__setattr__(self, name, _check_int(name, getattr(self, name), low))
+        object.__setattr__(
+            self, "max_len", _check_int("max_len", self.max_len, self.min_len, "min_len")
+        )
+        median = REGIMES[self.regime].median_len if self.median_len is None else self.median_len
+        median = _check_int("median_len", median, self.min_len, "min_len")
+        if median > self.max_len:
+            raise ConfigError(
+                f"Expected argument `median_len` to be an int <= max_len={self.max_len}, "
+                f"but got {median}"
+            )
+        object.__setattr__(self, "median_len", median)
+        sigma = self.length_sigma
+        if isinstance(sigma, bool) or not isinstance(sigma, Real) or not 0 <= sigma <= 4:
+            raise ConfigError(
+                f"Expected argument `length_sigma` to be a float in [0, 4], but got {sigma!r}"
+            )
+        object.__setattr__(self, "length_sigma", float(sigma))
+
+
+@dataclass(frozen=True, slots=True)
+class StepTruth:
+    """Exact mismatch of one simulated step, averaged over its tokens.
+
+    Attributes:
+        step: the step.
+        sequences: sequences in the step.
+        tokens: tokens in the step.
+        sigma: the regime's trainer-noise scale at this step (nats).
+        kl_rollout_train: token mean of KL(rollout || trainer) at each position; the
+            quantity k1 = mean(-d) and k3 = mean(exp(d) - 1 - d) estimate.
+        kl_train_rollout: token mean of KL(trainer || rollout); infinite when the rollout
+            renormalized over a top-p nucleus (the trainer has mass it cannot sample).
+        expected_ratio: token mean of E_rollout[exp(d)], the trainer's mass on the
+            rollout's support; exactly 1 unless the regime is biased (top-p).
+    """
+
+    step: int
+    sequences: int
+    tokens: int
+    sigma: float
+    kl_rollout_train: float
+    kl_train_rollout: float
+    expected_ratio: float
+
+
+def _json_float(value: float) -> float | None:
+    # Strict JSON has no Infinity; None (null) stands for an infinite KL.
+    return value if math.isfinite(value) else None
+
+
+@dataclass(frozen=True, slots=True)
+class SimTruth:
+    """Ground truth of a simulated dump: its config, regime and exact per-step mismatch.
+
+    Attributes:
+        config: the config simulated.
+        regime: the regime's parameters.
+        steps: one `StepTruth` per step.
+    """
+
+    config: SimConfig
+    regime: Regime
+    steps: tuple[StepTruth, ...]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in the whole dump."""
+        return sum(s.tokens for s in self.steps)
+
+    @property
+    def sequences(self) -> int:
+        """Sequences in the whole dump."""
+        return sum(s.sequences for s in self.steps)
+
+    def _token_mean(self, name: str) -> float:
+        return math.fsum(getattr(s, name) * s.tokens for s in self.steps) / self.tokens
+
+    @property
+    def kl_rollout_train(self) -> float:
+        """Token mean of KL(rollout || trainer) over the whole dump."""
+        return self._token_mean("kl_rollout_train")
+
+    @property
+    def kl_train_rollout(self) -> float:
+        """Token mean of KL(trainer || rollout) over the whole dump (may be infinite)."""
+        return self._token_mean("kl_train_rollout")
+
+    @property
+    def expected_ratio(self) -> float:
+        """Token mean of E_rollout[exp(d)] over the whole dump."""
+        return self._token_mean("expected_ratio")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; an infinite KL is None.
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     truth = write_simulated(Path(tmp) / "sim.parquet", SimConfig(sequences=4))
+        >>> d = truth.to_dict()
+        >>> d["regime"]["name"], d["tokens"] == truth.tokens, SimTruth.from_dict(d) == truth
+        ('dense_bf16', True, True)
+        """
+        return {
+            "config": asdict(self.config),
+            "regime": asdict(self.regime),
+            "tokens": self.tokens,
+            "sequences": self.sequences,
+            "kl_rollout_train": self.kl_rollout_train,
+            "kl_train_rollout": _json_float(self.kl_train_rollout),
+            "expected_ratio": self.expected_ratio,
+            "steps": [_step_dict(s) for s in self.steps],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SimTruth:
+        """Rebuild a `SimTruth` from `to_dict`'s output (e.g. parsed from a file's metadata)."""
+        steps = []
+        for s in data["steps"]:
+            reverse = s["kl_train_rollout"]
+            steps.append(
+                StepTruth(**{**s, "kl_train_rollout": math.inf if reverse is None else reverse})
+            )
+        return cls(SimConfig(**data["config"]), Regime(**data["regime"]), tuple(steps))
+
+
+def read_truth(path: str | Path) -> SimTruth:
+    """Read the ground truth `write_simulated` stored in a Parquet file's metadata.
+
+    Raises:
+        DumpError: the file cannot be read as Parquet or holds no simulation metadata.
+    """
+    try:
+        metadata = pq.read_metadata(path).metadata or {}
+    except (OSError, pa.ArrowException) as e:
+        raise DumpError(f"{path}: cannot read the Parquet metadata: {e}") from e
+    if METADATA_KEY not in metadata:
+        raise DumpError(
+            f"{path}: expected key {METADATA_KEY.decode()!r} in the Parquet metadata of a "
+            f"simulated dump, but found keys {sorted(k.decode() for k in metadata)}"
+        )
+    return SimTruth.from_dict(json.loads(metadata[METADATA_KEY]))
+
+
+def _normals(rng: np.random.Generator, rows: int, n: int) -> np.ndarray:
+    """float32 [rows, n] standard normals by Box-Muller, ~2.5x faster than numpy's."""
+    half = (rows + 1) // 2
+    u = rng.random((2, half, n), dtype=np.float32)
+    # 1 - u lies in (0, 1], so the log is finite; |values| <= sqrt(2 * 24 * ln 2) = 5.77.
+    radius = np.sqrt(np.float32(-2.0) * np.log1p(-u[0]))
+    angle = u[1] * np.float32(2.0 * np.pi)
+    out = np.empty((2 * half, n), dtype=np.float32)
+    np.multiply(radius, np.cos(angle), out=out[:half])
+    np.multiply(radius, np.sin(angle), out=out[half:])
+    return out[:rows]
+
+
+def _margins(rng: np.random.Generator, n: int) -> np.ndarray:
+    """float32 [n] logit margin of candidate 0: mostly peaked, a quarter forking."""
+    forking = rng.random(n, dtype=np.float32) < _FORKING_FRACTION
+    lo, hi = _FORKING_MARGIN
+    fork = rng.random(n, dtype=np.float32) * np.float32(hi - lo) + np.float32(lo)
+    offset, shape, scale = _PEAKED_MARGIN
+    peak = rng.standard_gamma(shape, n, dtype=np.float32) * np.float32(scale) + np.float32(offset)
+    # Beyond ~30 nats the top probability is 1 in float32 anyway; the cap keeps the
+    # temperature regime's logit differences far from float32 exp overflow.
+    return np.minimum(np.where(forking, fork, peak), np.float32(_MAX_MARGIN))
+
+
+def _outside_nucleus(weights: np.ndarray, top_p: float) -> np.ndarray:
+    """bool [K, n]: candidates outside the top-p nucleus of each column's distribution.
+
+    A candidate is kept when the probability mass ranked strictly above it is < top_p, so
+    the nucleus is the smallest top set reaching top_p and always holds the argmax.
+    """
+    probs = weights / weights.sum(axis=0)
+    vocab, n = probs.shape
+    # Sorting rows of the transpose is ~3x faster than sorting along axis 0.
+    ascending = np.ascontiguousarray(np.sort(probs.T, axis=1).T)
+    above = np.zeros_like(ascending)
+    for k in range(vocab - 2, -1, -1):
+        np.add(above[k + 1], ascending[k + 1], out=above[k])
+    kept = np.count_nonzero(above < top_p, axis=0)
+    smallest_kept = ascending[vocab - kept, np.arange(n)]
+    return probs < smallest_kept
+
+
+def _expm1_minus_x(x: np.ndarray) -> np.ndarray:
+    """float32 exp(x) - 1 - x to ~1e-5 relative precision, also where expm1(x) - x cancels."""
+    # Series on x clipped to [-0.03, 0.03] (first omitted term < 5e-7 relative), plus the
+    # direct form's excess beyond the clip, which is exactly 0 inside it; branch-free,
+    # because np.where over a random mask is slower than the arithmetic.
+    clipped = np.clip(x, np.float32(-0.03), np.float32(0.03))
+    out = clipped * np.float32(1 / 24)
+    out += np.float32(1 / 6)
+    out *= clipped
+    out += np.float32(0.5)
+    out *= clipped
+    out *= clipped
+    out -= np.expm1(clipped) - clipped
+    out += np.expm1(x) - x
+    return out
+
+
+@dataclass(slots=True)
+class _Positions:
+    """Sampled tokens of a chunk of positions and their exact per-position truth."""
+
+    token_id: np.ndarray  # int32 [n], the sampled candidate
+    rollout: np.ndarray  # float32 [n], log mu[a]
+    train: np.ndarray  # float32 [n], log pi[a]
+    kl_forward: np.ndarray  # float32 [n], KL(mu || pi)
+    kl_reverse: np.ndarray  # float32 [n], KL(pi || mu)
+    ratio: np.ndarray  # float32 [n], E_mu[pi / mu]
+
+
+def _sample_positions(
+    rng: np.random.Generator, noise: np.ndarray, regime: Regime, vocab: int
+) -> _Positions:
+    """Draw rollout/trainer distributions at n positions, sample from the rollout, score both.
+
+    Arrays are [vocab, n] so every reduction over candidates is a vectorized sum of rows.
+
+    Args:
+        rng: the step's generator.
+        noise: float32 [n], scale of the trainer's logit noise at each position.
+        regime: the mismatch regime.
+        vocab: candidates per position.
+    """
+    n = noise.size
+    logits = _normals(rng, vocab, n)
+    logits[0] += _margins(rng, n)
+    delta = _normals(rng, vocab, n)  # trainer minus rollout logits, filled in below
+    delta *= noise
+    uniform = rng.random(n, dtype=np.float32)
+
+    if regime.temperature != 1.0:
+        rollout_logits = logits * np.float32(1.0 / regime.temperature)
+        delta += logits - rollout_logits
+    else:
+        rollout_logits = logits
+    shifted = rollout_logits - rollout_logits.max(axis=0)
+    weights = np.exp(shifted)
+    if regime.top_p < 1.0:
+        outside = _outside_nucleus(weights, regime.top_p)
+        weights_outside = np.where(outside, weights, np.float32(0.0))
+        weights[outside] = 0.0
+    total = weights.sum(axis=0)
+    mu = weights / total
+
+    # With delta centred on its rollout mean, KL(mu || pi) = log E_mu[exp(delta)] =
+    # log1p(E_mu[expm1(delta) - delta]): a sum of non-negative terms, accurate in float32
+    # down to the 1e-10 KLs of peaked positions, where a difference of two log-sum-exps or
+    # of E_mu[expm1(delta)] and E_mu[delta] would cancel catastrophically.
+    delta -= (mu * delta).sum(axis=0)
+    curvature = _expm1_minus_x(delta)
+    inside = (mu * curvature).sum(axis=0)
+    if regime.top_p < 1.0:
+        escaped = (weights_outside / total * np.exp(delta)).sum(axis=0)
+        excess = inside + escaped
+    else:
+        escaped = None
+        excess = inside
+    # log_norm = lse(trainer logits) - lse(rollout logits) - E_mu[delta] = KL(mu || pi).
+    log_norm = np.log1p(excess)
+    ratio = (np.float32(1.0) + inside) / (np.float32(1.0) + excess)
+    # KL(pi || mu) = E_pi[delta] - log_norm, with E_pi[delta] = E_mu[expm1(delta) delta] / Z.
+    spread = (mu * (curvature + delta) * delta).sum(axis=0)
+    kl_reverse = spread / (np.float32(1.0) + excess) - log_norm
+    if escaped is not None:
+        # The trainer puts mass on candidates the rollout cannot sample.
+        kl_reverse[escaped > 0] = np.inf
+
+    # Inverse-CDF sampling; capping the target just below the total means the first
+    # candidate whose CDF exceeds it always has positive mass.
+    cdf = np.empty_like(mu)
+    cdf[0] = mu[0]
+    for k in range(1, vocab):
+        np.add(cdf[k - 1], mu[k], out=cdf[k])
+    target = np.minimum(uniform * cdf[-1], np.nextafter(cdf[-1], np.float32(0.0)))
+    token = np.count_nonzero(cdf <= target, axis=0).astype(np.int32)
+
+    columns = np.arange(n)
+    rollout = shifted[token, columns] - np.log(total)
+    train = np.minimum(rollout + (delta[token, columns] - log_norm), np.float32(0.0))
+    return _Positions(token, rollout, train, log_norm, kl_reverse, ratio)
+
+
+@dataclass(slots=True)
+class _Step:
+    """One simulated step as flat numpy arrays, before it becomes Arrow."""
+
+    truth: StepTruth
+    lengths: np.ndarray  # int64 [S]
+    offsets: np.ndarray  # int32 [S + 1]
+    seq_id: np.ndarray  # int64 [S]
+    group_id: np.ndarray  # int64 [S]
+    reward: np.ndarray  # float32 [S]
+    advantage: np.ndarray  # float32 [S]
+    token_id: np.ndarray  # int32 [N]
+    rollout: np.ndarray  # float32 [N]
+    train: np.ndarray  # float32 [N]
+
+
+def _lengths(rng: np.random.Generator, config: SimConfig) -> np.ndarray:
+    """int64 [S] log-normal sequence lengths clipped to [min_len, max_len]."""
+    raw = config.median_len * np.exp(config.length_sigma * rng.standard_normal(config.sequences))
+    return np.clip(np.rint(raw), config.min_len, config.max_len).astype(np.int64)
+
+
+def _rewards(rng: np.random.Generator, config: SimConfig) -> tuple[np.ndarray, np.ndarray]:
+    """float32 [S] 0/1 rewards and their group-normalized (GRPO) advantages."""
+    group = np.arange(config.sequences) // config.group_size
+    success = rng.random(group[-1] + 1)  # each prompt's solve rate
+    reward = (rng.random(config.sequences) < success[group]).astype(np.float64)
+    count = np.bincount(group)
+    mean = np.bincount(group, reward) / count
+    std = np.sqrt(np.bincount(group, (reward - mean[group]) ** 2) / count)
+    advantage = (reward - mean[group]) / (std[group] + 1e-6)
+    return reward.astype(np.float32), advantage.astype(np.float32)
+
+
+def _flip_mask(rng: np.random.Generator, lengths: np.ndarray, fraction: float) -> np.ndarray:
+    """bool [N]: tokens inside a routing-flip span (one span in `fraction` of sequences)."""
+    flipped = rng.random(lengths.size) < fraction
+    lo, hi = _FLIP_SPAN
+    span = np.maximum(1, np.rint(lengths * rng.uniform(lo, hi, lengths.size))).astype(np.int64)
+    span = np.minimum(span, lengths) * flipped
+    start = np.floor(rng.random(lengths.size) * (lengths - span + 1)).astype(np.int64)
+    # Each sequence is three runs: before, inside and after its span.
+    runs = np.stack([start, span, lengths - start - span], axis=1).ravel()
+    return np.repeat(np.tile(np.array([False, True, False]), lengths.size), runs)
+
+
+def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
+    """Generate one step, in chunks of bounded scratch memory."""
+    # Seeding by (seed, step) lets any step be regenerated alone; all regimes draw the same
+    # streams, so one seed gives the same lengths, rewards and contexts in every regime.
+    rng = np.random.default_rng([config.seed, step])
+    lengths = _lengths(rng, config)
+    tokens = int(lengths.sum())
+    if tokens > np.iinfo(np.int32).max:
+        raise ConfigError(
+            f"Expected at most {np.iinfo(np.int32).max} tokens per step (Arrow list offsets "
+            f"are int32), but step {step} drew {tokens}; lower `sequences` or `median_len`"
+        )
+    offsets = np.zeros(config.sequences + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    reward, advantage = _rewards(rng, config)
+    flips = _flip_mask(rng, lengths, regime.flip_fraction)
+
+    sigma = regime.sigma * regime.sigma_growth**step
+    token_id = np.empty(tokens, dtype=np.int32)
+    rollout = np.empty(tokens, dtype=np.float32)
+    train = np.empty(tokens, dtype=np.float32)
+    kl_forward = kl_reverse = ratio = 0.0
+    chunk = max(1, _SCRATCH_ELEMENTS // config.vocab)
+    for lo in range(0, tokens, chunk):
+        hi = min(lo + chunk, tokens)
+        n = hi - lo
+        # Student-t scale mixture: one Gamma draw per position makes every logit's noise
+        # t(4)-distributed with unit variance, and some positions much noisier than others.
+        noise = np.float32(sigma) / np.sqrt(rng.standard_gamma(_T_SHAPE, n, dtype=np.float32))
+        outlier = rng.random(n, dtype=np.float32) < regime.outlier_prob
+        noise[outlier] *= np.float32(regime.outlier_scale)
+        noise[flips[lo:hi]] *= np.float32(regime.flip_scale)
+        np.minimum(noise, np.float32(_MAX_NOISE), out=noise)
+        pos = _sample_positions(rng, noise, regime, config.vocab)
+        token_id[lo:hi] = pos.token_id
+        rollout[lo:hi] = pos.rollout
+        train[lo:hi] = pos.train
+        kl_forward += float(pos.kl_forward.sum(dtype=np.float64))
+        kl_reverse += float(pos.kl_reverse.sum(dtype=np.float64))
+        ratio += float(pos.ratio.sum(dtype=np.float64))
+
+    first = step * config.sequences
+    groups_per_step = -(-config.sequences // config.group_size)
+    truth = StepTruth(
+        step=step,
+        sequences=config.sequences,
+        tokens=tokens,
+        sigma=sigma,
+        kl_rollout_train=kl_forward / tokens,
+        kl_train_rollout=kl_reverse / tokens,
+        expected_ratio=ratio / tokens,
+    )
+    return _Step(
+        truth=truth,
+        lengths=lengths,
+        offsets=offsets,
+        seq_id=np.arange(first, first + config.sequences, dtype=np.int64),
+        group_id=step * groups_per_step
+        + np.arange(config.sequences, dtype=np.int64) // config.group_size,
+        reward=reward,
+        advantage=advantage,
+        token_id=token_id,
+        rollout=rollout,
+        train=train,
+    )
+
+
+SEQUENCE_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("seq_id", pa.int64()),
+        ("group_id", pa.int64()),
+        ("rollout_logprob", pa.list_(pa.float32())),
+        ("train_logprob", pa.list_(pa.float32())),
+        ("loss_mask", pa.list_(pa.bool_())),
+        ("token_id", pa.list_(pa.int32())),
+        ("advantage", pa.float32()),
+        ("reward", pa.float32()),
+    ]
+)
+"""Columns of a simulated dump in sequence layout (one row per sequence)."""
+
+TOKEN_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("seq_id", pa.int64()),
+        ("group_id", pa.int64()),
+        ("pos", pa.int32()),
+        ("rollout_logprob", pa.float32()),
+        ("train_logprob", pa.float32()),
+        ("loss_mask", pa.bool_()),
+        ("token_id", pa.int32()),
+        ("advantage", pa.float32()),
+        ("reward", pa.float32()),
+    ]
+)
+"""Columns of a simulated dump in token layout (one row per token)."""
+
+
+def _sequence_batch(s: _Step) -> pa.RecordBatch:
+    """A step in sequence layout, its truth in the schema metadata."""
+    offsets = pa.array(s.offsets)
+
+    def lists(values: np.ndarray) -> pa.Array:
+        return pa.ListArray.from_arrays(offsets, pa.array(values))
+
+    step = np.full(s.seq_id.size, s.truth.step, dtype=np.int64)
+    columns = [
+        step,
+        s.seq_id,
+        s.group_id,
+        lists(s.rollout),
+        lists(s.train),
+        lists(np.ones(s.rollout.size, dtype=bool)),
+        lists(s.token_id),
+        s.advantage,
+        s.reward,
+    ]
+    schema = SEQUENCE_SCHEMA.with_metadata({STEP_METADATA_KEY: json.dumps(_step_dict(s.truth))})
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c) if isinstance(c, np.ndarray) else c for c in columns], schema=schema
+    )
+
+
+def _token_batch(s: _Step) -> pa.RecordBatch:
+    """A step in token layout: sequence values repeated per token, plus `pos`."""
+
+    def per_token(values: np.ndarray) -> np.ndarray:
+        return np.repeat(values, s.lengths)
+
+    pos = np.arange(s.rollout.size, dtype=np.int32) - per_token(s.offsets[:-1])
+    columns = [
+        np.full(s.rollout.size, s.truth.step, dtype=np.int64),
+        per_token(s.seq_id),
+        per_token(s.group_id),
+        pos,
+        s.rollout,
+        s.train,
+        np.ones(s.rollout.size, dtype=bool),
+        s.token_id,
+        per_token(s.advantage),
+        per_token(s.reward),
+    ]
+    return pa.RecordBatch.from_arrays([pa.array(c) for c in columns], schema=TOKEN_SCHEMA)
+
+
+def _step_dict(truth: StepTruth) -> dict[str, Any]:
+    """A step's truth as a strict-JSON-ready dict."""
+    return {**asdict(truth), "kl_train_rollout": _json_float(truth.kl_train_rollout)}
+
+
+def simulate(config: SimConfig) -> Iterator[pa.RecordBatch]:
+    """Yield a simulated dump step by step, one sequence-layout `RecordBatch` per step.
+
+    Each batch's schema metadata holds that step's `StepTruth` as JSON under
+    `STEP_METADATA_KEY`; otherwise its schema is `SEQUENCE_SCHEMA`.
+
+    Args:
+        config: what to simulate.
+
+    Yields:
+        One batch per step, `config.sequences` rows.
+
+    >>> batch = next(simulate(SimConfig(sequences=2, median_len=32)))
+    >>> batch.num_rows, batch.schema.names[:3]
+    (2, ['step', 'seq_id', 'group_id'])
+    >>> json.loads(batch.schema.metadata[STEP_METADATA_KEY])["tokens"] > 0
+    True
+    """
+    regime = REGIMES[config.regime]
+    for step in range(config.steps):
+        yield _sequence_batch(_simulate_step(config, regime, step))
+
+
+def write_simulated(
+    path: str | Path,
+    config: SimConfig,
+    *,
+    layout: Literal["sequence", "token"] = "sequence",
+) -> SimTruth:
+    """Write a simulated dump to Parquet (zstd, one row group per step) and return its truth.
+
+    Steps are generated and written one at a time, so memory is bounded by the largest
+    step, not the dump. The `SimTruth` (with the config) is stored as JSON under
+    `METADATA_KEY` in the file's key-value metadata; `read_truth` reads it back.
+
+    Args:
+        path: the Parquet file to write (overwritten).
+        config: what to simulate.
+        layout: "sequence" (one row per sequence, list columns) or "token" (one row per
+            token with a `pos` column).
+
+    Returns:
+        The exact per-step mismatch of what was written.
+
+    Raises:
+        ConfigError: `layout` is neither "sequence" nor "token".
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = Path(tmp) / "sim.parquet"
+    ...     truth = write_simulated(path, SimConfig(steps=2, sequences=8), layout="token")
+    ...     pq.ParquetFile(path).num_row_groups, len(truth.steps), read_truth(path) == truth
+    (2, 2, True)
+    """
+    if layout not in ("sequence", "token"):
+        raise ConfigError(
+            f"Expected argument `layout` to be 'sequence' or 'token', but got {layout!r}"
+        )
+    regime = REGIMES[config.regime]
+    schema = SEQUENCE_SCHEMA if layout == "sequence" else TOKEN_SCHEMA
+    steps = []
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for step in range(config.steps):
+            s = _simulate_step(config, regime, step)
+            batch = _sequence_batch(s) if layout == "sequence" else _token_batch(s)
+            # One explicit row group per step: readers filter steps by row group.
+            writer.write_table(
+                pa.Table.from_batches([batch.replace_schema_metadata(None)]),
+                row_group_size=batch.num_rows,
+            )
+            steps.append(s.truth)
+        truth = SimTruth(config, regime, tuple(steps))
+        writer.add_key_value_metadata({METADATA_KEY: json.dumps(truth.to_dict(), allow_nan=False)})
+    return truth

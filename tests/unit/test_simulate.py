@@ -1,0 +1,322 @@
+"""Tests of `iscore.simulate`: columns, exact ground truth, magnitudes, seeds and files."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from iscore.errors import ConfigError, DumpError
+from iscore.simulate import (
+    METADATA_KEY,
+    REGIMES,
+    SEQUENCE_SCHEMA,
+    STEP_METADATA_KEY,
+    TOKEN_SCHEMA,
+    SimConfig,
+    SimTruth,
+    _margins,
+    _normals,
+    _sample_positions,
+    read_truth,
+    simulate,
+    write_simulated,
+)
+
+Z = 4.0
+"""Width of the confidence bounds, in standard errors (seeds are fixed, so no flakes)."""
+
+MAGNITUDES = {
+    "dense_bf16": {"mean_abs": (0.005, 0.015), "k3": (1e-4, 1e-3)},
+    "fp8": {"mean_abs": (0.1, 0.3), "k3": (0.01, 0.06)},
+}
+"""Ranges the module docstring documents (reference/ecosystem.md section 2)."""
+
+LIST_COLUMNS = ("rollout_logprob", "train_logprob", "loss_mask", "token_id")
+
+
+def _log_ratio(batch: pa.RecordBatch) -> np.ndarray:
+    """float64 [N] d = train - rollout over a batch's tokens."""
+    train = pc.list_flatten(batch["train_logprob"]).to_numpy().astype(np.float64)
+    return train - pc.list_flatten(batch["rollout_logprob"]).to_numpy()
+
+
+@functools.cache
+def _sample(regime: str) -> tuple[np.ndarray, dict]:
+    """About 200k tokens of one regime in one step: d and the step's truth."""
+    (batch,) = simulate(SimConfig(regime, sequences=128, median_len=1000, seed=3))
+    return _log_ratio(batch), json.loads(batch.schema.metadata[STEP_METADATA_KEY])
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_every_regime_yields_valid_columns(regime):
+    config = SimConfig(regime, sequences=20, steps=2, min_len=8, median_len=64, max_len=256)
+    batches = list(simulate(config))
+    assert len(batches) == config.steps
+    groups_per_step = 3  # ceil(20 / 8)
+    seq_ids = []
+    for step, batch in enumerate(batches):
+        assert batch.schema.equals(SEQUENCE_SCHEMA)
+        assert batch.num_rows == config.sequences
+        assert pc.all(pc.equal(batch["step"], step)).as_py()
+        lengths = pc.list_value_length(batch["rollout_logprob"]).to_numpy()
+        for name in LIST_COLUMNS:
+            np.testing.assert_array_equal(pc.list_value_length(batch[name]).to_numpy(), lengths)
+        assert lengths.min() >= config.min_len and lengths.max() <= config.max_len
+        for name in ("rollout_logprob", "train_logprob"):
+            values = pc.list_flatten(batch[name]).to_numpy()
+            assert values.dtype == np.float32
+            assert np.isfinite(values).all() and (values <= 0).all()
+        tokens = pc.list_flatten(batch["token_id"]).to_numpy()
+        assert tokens.min() >= 0 and tokens.max() < config.vocab
+        assert pc.all(pc.list_flatten(batch["loss_mask"])).as_py()
+        within = np.arange(config.sequences) // config.group_size
+        expected_group = step * groups_per_step + within
+        np.testing.assert_array_equal(batch["group_id"].to_numpy(), expected_group)
+        advantage = batch["advantage"].to_numpy()
+        assert np.isfinite(advantage).all()
+        # GRPO advantages are centred within each prompt group.
+        group_means = np.bincount(within, advantage)
+        np.testing.assert_allclose(group_means, 0.0, atol=1e-5)
+        assert set(np.unique(batch["reward"].to_numpy())) <= {0.0, 1.0}
+        truth = json.loads(batch.schema.metadata[STEP_METADATA_KEY])
+        assert truth["step"] == step and truth["tokens"] == lengths.sum()
+        seq_ids.extend(batch["seq_id"].to_pylist())
+    assert sorted(seq_ids) == list(range(config.steps * config.sequences))
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_expected_ratio_matches_truth(regime):
+    """E_rollout[exp(d)] is 1 for unbiased regimes and the kept mass (< 1) for offset_bug."""
+    d, truth = _sample(regime)
+    ratio = np.exp(d)
+    bound = Z * ratio.std() / math.sqrt(ratio.size)
+    assert abs(ratio.mean() - truth["expected_ratio"]) <= bound
+    if REGIMES[regime].unbiased:
+        assert truth["expected_ratio"] == pytest.approx(1.0, abs=1e-6)
+    else:
+        assert ratio.mean() + bound < 1.0
+        assert truth["expected_ratio"] < 0.99
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_k1_matches_exact_kl(regime):
+    d, truth = _sample(regime)
+    bound = Z * d.std() / math.sqrt(d.size)
+    assert abs(-d.mean() - truth["kl_rollout_train"]) <= bound
+
+
+@pytest.mark.parametrize("regime", list(MAGNITUDES))
+def test_documented_magnitudes(regime):
+    d, truth = _sample(regime)
+    ranges = MAGNITUDES[regime]
+    lo, hi = ranges["mean_abs"]
+    assert lo <= np.abs(d).mean() <= hi
+    lo, hi = ranges["k3"]
+    assert lo <= np.mean(np.expm1(d) - d) <= hi
+    assert lo <= truth["kl_rollout_train"] <= hi
+
+
+def test_regimes_have_their_signatures():
+    def kl(regime):
+        return _sample(regime)[1]["kl_rollout_train"]
+
+    assert kl("moe_routing") > 2 * kl("dense_bf16")
+    assert kl("temperature_bug") > 20 * kl("dense_bf16")
+    # The trainer has mass outside the rollout's nucleus: KL(train || rollout) is infinite.
+    assert _sample("offset_bug")[1]["kl_train_rollout"] is None
+    assert _sample("dense_bf16")[1]["kl_train_rollout"] > 0
+
+
+def test_truth_round_trips_through_strict_json(tmp_path):
+    truth = write_simulated(tmp_path / "x.parquet", SimConfig("offset_bug", sequences=8, steps=2))
+    assert math.isinf(truth.kl_train_rollout)
+    text = json.dumps(truth.to_dict(), allow_nan=False)
+    assert SimTruth.from_dict(json.loads(text)) == truth
+    assert truth.tokens == sum(s.tokens for s in truth.steps)
+    assert truth.sequences == 16
+
+
+def test_drift_grows_geometrically():
+    truth = [
+        json.loads(b.schema.metadata[STEP_METADATA_KEY])
+        for b in simulate(SimConfig("drift", sequences=32, steps=3, median_len=500))
+    ]
+    sigmas = [t["sigma"] for t in truth]
+    assert sigmas == pytest.approx([0.07, 0.105, 0.1575])
+    kls = [t["kl_rollout_train"] for t in truth]
+    assert kls[0] < kls[1] < kls[2]
+
+
+def test_long_collapse_product_weights_collapse():
+    config = SimConfig("long_collapse", sequences=48)
+    assert config.median_len == 4000
+    batch = next(simulate(config))
+    truth = json.loads(batch.schema.metadata[STEP_METADATA_KEY])
+    assert 5e-4 <= truth["kl_rollout_train"] <= 1e-3
+    d = _log_ratio(batch)
+    lengths = pc.list_value_length(batch["train_logprob"]).to_numpy()
+    log_weight = np.add.reduceat(d, np.concatenate([[0], np.cumsum(lengths)[:-1]]))
+    assert np.median(np.exp(log_weight)) < 0.2
+
+
+def test_explicit_median_len_overrides_the_regime():
+    assert SimConfig("long_collapse", median_len=300).median_len == 300
+    assert SimConfig("dense_bf16").median_len == 600
+
+
+@pytest.mark.parametrize(("regime", "vocab"), [(r, 16) for r in REGIMES] + [("offset_bug", 5)])
+def test_positions_match_float64_reference(regime, vocab):
+    """Per-position truth and log-probs against a plain float64 softmax of the same draws."""
+    n = 4000
+    noise = np.random.default_rng(1).lognormal(-1.5, 1.0, n).clip(0.01, 4.0).astype(np.float32)
+    got = _sample_positions(np.random.default_rng(2), noise, REGIMES[regime], vocab)
+
+    # Replay the draws in the order `_sample_positions` makes them.
+    rng = np.random.default_rng(2)
+    z = _normals(rng, vocab, n)
+    z[0] += _margins(rng, n)
+    eps = _normals(rng, vocab, n) * noise
+    uniform = rng.random(n, dtype=np.float32)
+    z, trainer = z.astype(np.float64), z.astype(np.float64) + eps
+
+    def log_softmax(logits):
+        shifted = logits - logits.max(axis=0)
+        return shifted - np.log(np.exp(shifted).sum(axis=0))
+
+    log_mu = log_softmax(z / REGIMES[regime].temperature)
+    top_p = REGIMES[regime].top_p
+    if top_p < 1:
+        order = np.argsort(-log_mu, axis=0)
+        ranked = np.take_along_axis(np.exp(log_mu), order, axis=0)
+        above = np.cumsum(ranked, axis=0) - ranked
+        inside = np.zeros_like(log_mu, dtype=bool)
+        np.put_along_axis(inside, order, above < top_p, axis=0)
+        log_mu = np.where(inside, log_mu, -np.inf)
+        log_mu -= np.log(np.exp(log_mu).sum(axis=0))
+    log_pi = log_softmax(trainer)
+    mu, pi = np.exp(log_mu), np.exp(log_pi)
+    support = mu > 0
+    with np.errstate(invalid="ignore"):  # 0 * -inf outside the nucleus, masked out
+        kl_forward = np.where(support, mu * (log_mu - log_pi), 0.0).sum(axis=0)
+        kl_reverse = np.where(support, pi * (log_pi - log_mu), np.inf).sum(axis=0)
+    ratio = np.where(support, pi, 0.0).sum(axis=0)
+    cdf = np.cumsum(mu, axis=0)
+    token = np.count_nonzero(cdf <= uniform * cdf[-1], axis=0)
+
+    np.testing.assert_array_equal(got.token_id, token)
+    cols = np.arange(n)
+    # Logit noise up to ~20 nats leaves a few float32 ulps of that size in the log-probs.
+    np.testing.assert_allclose(got.rollout, log_mu[token, cols], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.train, log_pi[token, cols], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.kl_forward, kl_forward, rtol=1e-5, atol=1e-12)
+    np.testing.assert_allclose(got.kl_reverse, kl_reverse, rtol=1e-5, atol=1e-12)
+    np.testing.assert_allclose(got.ratio, ratio, rtol=1e-5)
+
+
+def test_same_seed_same_output_other_seed_differs():
+    config = SimConfig("moe_routing", sequences=16, steps=2, median_len=100)
+    first = pa.Table.from_batches(list(simulate(config)))
+    again = pa.Table.from_batches(list(simulate(config)))
+    other = pa.Table.from_batches(
+        list(simulate(SimConfig("moe_routing", sequences=16, steps=2, median_len=100, seed=1)))
+    )
+    assert first.equals(again)
+    assert not first.equals(other)
+
+
+def test_token_and_sequence_files_hold_the_same_values(tmp_path):
+    config = SimConfig("offset_bug", sequences=24, steps=3, median_len=80)
+    truth = write_simulated(tmp_path / "seq.parquet", config)
+    assert write_simulated(tmp_path / "tok.parquet", config, layout="token") == truth
+
+    for name in ("seq.parquet", "tok.parquet"):
+        file = pq.ParquetFile(tmp_path / name)
+        assert file.num_row_groups == config.steps
+        for step in range(config.steps):
+            steps = file.read_row_group(step, columns=["step"])["step"]
+            assert pc.all(pc.equal(steps, step)).as_py()
+        stored = json.loads(file.metadata.metadata[METADATA_KEY])
+        assert stored == json.loads(json.dumps(truth.to_dict()))
+        assert read_truth(tmp_path / name) == truth
+
+    seq = pq.read_table(tmp_path / "seq.parquet")
+    tok = pq.read_table(tmp_path / "tok.parquet")
+    assert tok.schema.equals(TOKEN_SCHEMA)
+    # Parquet renames list items to "element"; names and value types are what matter.
+    assert seq.schema.names == SEQUENCE_SCHEMA.names
+    for field, expected in zip(seq.schema, SEQUENCE_SCHEMA, strict=True):
+        if pa.types.is_list(expected.type):
+            assert field.type.value_type == expected.type.value_type
+        else:
+            assert field.type == expected.type
+    assert tok.num_rows == truth.tokens
+    lengths = pc.list_value_length(seq["rollout_logprob"]).to_numpy()
+    for name in LIST_COLUMNS:
+        np.testing.assert_array_equal(
+            pc.list_flatten(seq[name]).to_numpy(), tok[name].to_numpy(), err_msg=name
+        )
+    for name in ("step", "seq_id", "group_id", "advantage", "reward"):
+        np.testing.assert_array_equal(
+            np.repeat(seq[name].to_numpy(), lengths), tok[name].to_numpy(), err_msg=name
+        )
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    np.testing.assert_array_equal(tok["pos"].to_numpy(), np.arange(tok.num_rows) - starts)
+
+
+def test_read_truth_needs_simulation_metadata(tmp_path):
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"x": [1]}), path)
+    with pytest.raises(DumpError, match=r"iscore\.simulate"):
+        read_truth(path)
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(DumpError, match="cannot read"):
+        read_truth(tmp_path / "junk.parquet")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"sequences": 0}, "Expected argument `sequences` to be an int >= 1, but got 0"),
+        ({"sequences": 2.5}, "Expected argument `sequences` to be an int >= 1, but got 2.5"),
+        ({"sequences": True}, "Expected argument `sequences` to be an int >= 1, but got True"),
+        ({"steps": 0}, "Expected argument `steps` to be an int >= 1, but got 0"),
+        ({"seed": -1}, "Expected argument `seed` to be an int >= 0, but got -1"),
+        ({"min_len": 0}, "Expected argument `min_len` to be an int >= 1, but got 0"),
+        ({"max_len": 8}, "Expected argument `max_len` to be an int >= min_len=16, but got 8"),
+        (
+            {"median_len": 8},
+            "Expected argument `median_len` to be an int >= min_len=16, but got 8",
+        ),
+        (
+            {"median_len": 20000},
+            "Expected argument `median_len` to be an int <= max_len=16384, but got 20000",
+        ),
+        (
+            {"regime": "long_collapse", "max_len": 1000},
+            "Expected argument `median_len` to be an int <= max_len=1000, but got 4000",
+        ),
+        ({"vocab": 1}, "Expected argument `vocab` to be an int >= 2, but got 1"),
+        ({"group_size": 0}, "Expected argument `group_size` to be an int >= 1, but got 0"),
+        (
+            {"length_sigma": -0.5},
+            "Expected argument `length_sigma` to be a float in [0, 4], but got -0.5",
+        ),
+        ({"regime": "bf16"}, "Expected argument `regime` to be one of 'dense_bf16', 'fp8'"),
+    ],
+)
+def test_bad_config_raises(kwargs, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        SimConfig(**kwargs)
+
+
+def test_bad_layout_raises(tmp_path):
+    with pytest.raises(ConfigError, match="Expected argument `layout` to be 'sequence' or"):
+        write_simulated(tmp_path / "x.parquet", SimConfig(sequences=2), layout="rows")

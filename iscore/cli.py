@@ -107,12 +107,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     ):
         writer = None
         for batch in dump.batches(max_tokens=args.chunk_tokens):
-            table = replay(batch, spec).to_arrow(batch)
+            result = replay(batch, spec)
+            table = result.to_arrow(batch)
             if writer is None:
                 writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
             writer.write_table(table)
             tokens += batch.num_tokens
-            kept += int(table["keep"].true_count)
+            kept += int(result.keep.sum())
             bar.update(batch.num_tokens)
         if writer is None:
             raise IscoreError("no sequences in the selected steps; nothing written")

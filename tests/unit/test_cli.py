@@ -103,3 +103,59 @@ def test_no_traceback_from_the_console_script(tmp_path):
     )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr and "not a Parquet file" in result.stderr
+
+
+VERL_GEO = """\
+framework: verl
+name: geo
+algorithm:
+  rollout_correction:
+    rollout_is: token
+    rollout_is_threshold: 2.0
+    rollout_rs: seq_mean_k1
+    rollout_rs_threshold: "0.999_1.001"
+"""
+
+
+def test_replay_writes_one_row_per_token(dump, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from iscore import load
+    from iscore.replay import replay
+
+    config = tmp_path / "geo.yaml"
+    config.write_text(VERL_GEO)
+    out = tmp_path / "w.parquet"
+    assert main(["replay", str(dump), "--config", str(config), "--out", str(out), "-q"]) == 0
+    table = pq.read_table(out)
+    assert table.column_names == ["seq_id", "pos", "step", "weight", "keep"]
+    batch = load(dump)
+    expected = replay(batch, config)
+    assert table.num_rows == batch.num_tokens
+    assert table["weight"].to_numpy().tolist() == expected.weight.tolist()
+    assert table["keep"].to_numpy().tolist() == expected.keep.tolist()
+    assert table["pos"].to_pylist()[:6] == [0, 1, 2, 3, 4, 0]
+    assert "53 tokens replayed with geo (verl)" in capsys.readouterr().out
+
+
+def test_replay_writes_nothing_on_failure(tmp_path, capsys):
+    table = pa.table(
+        {
+            "seq_id": np.repeat(np.arange(4), 3),
+            "rollout_logprob": np.float32([-1] * 11 + [np.nan]),
+            "train_logprob": np.float32([-1] * 12),
+        }
+    )
+    path = write(table, tmp_path / "bad.parquet")
+    config = tmp_path / "geo.yaml"
+    config.write_text(VERL_GEO)
+    out = tmp_path / "out" / "w.parquet"
+    out.parent.mkdir()
+    argv = ["replay", str(path), "--config", str(config), "--out", str(out), "-q"]
+    assert main([*argv, "--chunk-tokens", "3"]) == 1
+    assert "NaN or null values at row 11" in capsys.readouterr().err
+    assert list(out.parent.iterdir()) == []  # no partial or temporary file left behind
+    config.write_text("framework: verl\nalgorithm: {rollout_correction: {rollout_is: tokn}}\n")
+    assert main(argv) == 2
+    assert "rollout_is" in capsys.readouterr().err
+    assert list(out.parent.iterdir()) == []

@@ -1,0 +1,607 @@
+"""verl's "Rollout Correction" (Gen-3 config, `algorithm.rollout_correction`).
+
+Replays `verl/trainer/ppo/rollout_corr_helper.py` at verl-project/verl@1dda039b (2026-08-22):
+`compute_rollout_correction_and_rejection_mask`, `compute_rollout_correction_weights`,
+`compute_rollout_rejection_mask`, and the bypass loss `compute_policy_loss_bypass_mode` in
+`verl/trainer/ppo/core_algos.py`.
+
+What verl computes, in its order (decoupled mode, `bypass_mode: false`):
+
+1. d = old_log_probs - rollout_log_probs (the trainer's recompute over the rollout engine's).
+2. IS weights (`rollout_is: token | sequence`), over the ORIGINAL `response_mask`:
+   token: raw_t = e^{clamp(d_t, +-20)}; sequence: raw = e^{clamp(S, +-20)} with S the masked sum
+   of the UNCLAMPED d, broadcast. `rollout_is_threshold` U (float or numeric string): truncate,
+   w = min(raw, U), no lower clamp; `"L_U"` (IcePop): w = raw * 1[L <= raw <= U] (inclusive).
+3. `rollout_is_batch_normalize`: after truncation, w /= mean(w), the mean taken over every token of
+   the original mask (token level) or over the per-sequence weights of the sequences with at least
+   one mask token (sequence level). Tokens and sequences that step 4 rejects still count in the
+   mean. Skipped when the mean is <= 1e-8.
+4. RS (`rollout_rs`, comma-separated options, AND-combined), also over the ORIGINAL mask and
+   independent of step 2: d~ = clamp(d, +-20), k1 = -d~, k2 = d~^2 / 2, k3 = e^{d~} - 1 - d~;
+   `token_kX` per token, `seq_sum_kX` / `seq_mean_kX` / `seq_max_kX` the masked sum / mean / max
+   per sequence (0 for a sequence without mask tokens). k1 keeps log L <= stat <= log U, which,
+   because the statistic is -d, keeps the ratio in [1/U, 1/L] (not [L, U]: "0.5_1.5" keeps
+   [0.667, 2.0]); k2/k3 keep stat <= U. The result multiplies `response_mask`.
+5. The loss multiplies each token's term by w (1 when `rollout_is` is null) under the RS mask.
+
+Bypass mode (`bypass_mode: true`) skips the recompute; inside the loss it runs the same steps with
+the CURRENT policy's log-probs in place of old_log_probs (e = policy - rollout, needs the
+`policy_logprob` column). `loss_type: reinforce` applies the IS weight and the RS mask;
+`loss_type: ppo_clip` applies the RS mask and NO IS weight (verl computes it for metrics only), so
+the replayed weight is 1 and `raw` is the PPO ratio e^{clamp(e, +-20)} the clip acts on.
+
+Config keys (verl's own nesting): `algorithm.rollout_correction.{rollout_is, rollout_is_threshold,
+rollout_is_batch_normalize, rollout_rs, rollout_rs_threshold, bypass_mode, loss_type}`. A config
+file is read with the YAML semantics of `verl/trainer/config/algorithm/rollout_correction.yaml`:
+a missing key takes the YAML default (`rollout_is: null`, threshold 2.0, no RS, decoupled,
+`ppo_clip`), NOT the Python dataclass default (`RolloutCorrectionConfig().rollout_is` is
+"sequence"). The other keys of verl's `algorithm` section (gamma, adv_estimator, ...) are accepted
+and ignored. iscore's own top-level keys: `framework: verl`, `name:` and `preset:` (one of
+`PRESETS`, verl's `RolloutCorrectionConfig` classmethods with their default arguments); keys under
+`algorithm.rollout_correction` then override the preset's values.
+
+Where the spec (corrections.md section 2.1) and verl's code differ, or the spec is silent, the code
+is followed:
+
+- `rollout_rs` must be a string: a YAML list raises in verl (`rollout_corr_helper.py:235`), so it
+  is a ConfigError here; `rollout_rs_threshold` likewise only takes a number or a string (:138).
+- `rollout_is_threshold: null` disables IS weights even when `rollout_is` is set (:854).
+- verl validates a threshold only when it is used (IS threshold when `rollout_is` is set, RS
+  thresholds when `rollout_rs` is set); so does this parser. A NaN threshold, which verl's
+  `<= 0` checks let through, is rejected here.
+- Batch normalization and the RS statistics include every token of the original mask, rejected
+  ones included (both helpers receive the original `response_mask`, :854-880).
+- verl computes in float32 with `masked_mean = sum / (count + 1e-8)`; in float32 the 1e-8 vanishes
+  for count >= 1, so this replay's float64 sum / count matches it, up to float32 rounding of the
+  statistics (verl's float32 k3 = e^d - 1 - d cancels badly for |d| < 1e-3; the float64 replay
+  uses the exact value).
+- verl raises when a batch has no mask token at all (:837); the replay returns zero weights.
+- In bypass mode the helper runs per micro-batch inside the loss, so verl's batch normalization
+  averages over one micro-batch (all-reduced over data-parallel ranks); the replay averages over
+  the whole dump, as in decoupled mode where the driver normalizes over the full batch.
+- `geo_mean` (GMPO) policy losses turn the token weights into a per-sequence geometric mean; this
+  module replays the weights every other policy loss applies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, get_args
+
+import torch
+
+from iscore import ops
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks._config import as_float, top_level
+from iscore.replay import Replay
+
+FRAMEWORK = "verl"
+
+RSOption = Literal[
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+]
+RS_OPTIONS: tuple[str, ...] = get_args(RSOption)
+"""verl's `SUPPORTED_ROLLOUT_RS_OPTIONS`, in its documented order."""
+
+_KEY = "algorithm.rollout_correction"
+_IS_THRESHOLD_KEY = f"{_KEY}.rollout_is_threshold"
+_RS_KEY = f"{_KEY}.rollout_rs"
+_RS_THRESHOLD_KEY = f"{_KEY}.rollout_rs_threshold"
+
+# verl's `AlgoConfig` fields beside `rollout_correction` (plus Hydra's `_target_`): accepted so a
+# real `algorithm:` block parses; none of them changes the correction.
+_ALGORITHM_SIBLINGS = (
+    "_target_",
+    "gamma",
+    "lam",
+    "adv_estimator",
+    "norm_adv_by_std_in_grpo",
+    "use_kl_in_reward",
+    "kl_penalty",
+    "kl_ctrl",
+    "use_pf_ppo",
+    "pf_ppo",
+    "filter_groups",
+    "gdpo_reward_keys",
+    "gdpo_reward_weights",
+)
+
+# Below this batch mean verl leaves the weights unnormalized.
+_BATCH_NORM_EPS = 1e-8
+
+
+def _check_positive(value: Any, key: str) -> float:
+    """`value` as a float > 0 (NaN rejected); ints accepted, bools not."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"Expected `{key}` to be a float > 0, but got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RSCriterion:
+    """One `rollout_rs` option with its threshold, in the units verl compares against.
+
+    Args:
+        option: the verl option, e.g. "seq_mean_k1" (aggregate `token`/`seq_sum`/`seq_mean`/
+            `seq_max`, estimator k1/k2/k3).
+        upper: k1: the upper RATIO bound U as written in the config (compared as log U against
+            the statistic -d, so it bounds the ratio from BELOW at 1/U); k2/k3: the upper bound
+            on the statistic.
+        lower: k1 only: the lower ratio bound L (`"L_U"`, or 1/U for a single float), which
+            bounds the ratio from ABOVE at 1/L; None for k2/k3.
+
+    >>> RSCriterion("token_k1", upper=1.5, lower=0.5).kept_ratio
+    (0.6666666666666666, 2.0)
+    """
+
+    option: RSOption
+    upper: float
+    lower: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.option not in RS_OPTIONS:
+            raise ConfigError(
+                f"Expected `option` to be one of {', '.join(RS_OPTIONS)}, but got {self.option!r}"
+            )
+        object.__setattr__(self, "upper", _check_positive(self.upper, f"{self.option}.upper"))
+        if self.estimator == "k1":
+            if self.lower is None:
+                raise ConfigError(f"Expected `{self.option}.lower` to be a float > 0, but got None")
+            lower = _check_positive(self.lower, f"{self.option}.lower")
+            if lower > self.upper:
+                raise ConfigError(
+                    f"Expected `{self.option}.lower` <= `upper` ({self.upper!r}), but got {lower!r}"
+                )
+            object.__setattr__(self, "lower", lower)
+        elif self.lower is not None:
+            raise ConfigError(
+                f"Expected `{self.option}.lower` to be None (k2/k3 take an upper bound only), "
+                f"but got {self.lower!r}"
+            )
+
+    @property
+    def aggregate(self) -> Literal["token", "seq_sum", "seq_mean", "seq_max"]:
+        """How the per-token statistic is reduced: per token, or per-sequence sum/mean/max."""
+        return self.option.rsplit("_", 1)[0]  # type: ignore[return-value]
+
+    @property
+    def estimator(self) -> Literal["k1", "k2", "k3"]:
+        """The per-token statistic: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d."""
+        return self.option.rsplit("_", 1)[1]  # type: ignore[return-value]
+
+    @property
+    def kept_ratio(self) -> tuple[float, float] | None:
+        """k1: the ratio (per token, sequence product or geometric mean) interval kept,
+        [1/U, 1/L]; None for k2/k3."""
+        if self.lower is None:
+            return None
+        return 1.0 / self.upper, 1.0 / self.lower
+
+    def threshold_entry(self) -> str:
+        """This criterion's entry of `rollout_rs_threshold` ("L_U" for k1, "U" otherwise)."""
+        if self.lower is None:
+            return repr(self.upper)
+        return f"{self.lower!r}_{self.upper!r}"
+
+    def keep(self, d: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+        """bool [N], the tokens this criterion keeps, given the log-ratio d (float64 [N]).
+
+        Sequence statistics run over the batch's loss mask, as verl's run over the original
+        `response_mask`.
+        """
+        clamped = d.clamp(-ops.SAFETY_BOUND, ops.SAFETY_BOUND)
+        stat = {"k1": ops.k1, "k2": ops.k2, "k3": ops.k3}[self.estimator](clamped)
+        mask = batch.loss_mask
+        if self.aggregate == "seq_sum":
+            stat = ops.broadcast(ops.segment_sum(stat, batch, mask), batch)
+        elif self.aggregate == "seq_mean":
+            # segment_mean gives 0 for a sequence without mask tokens, as verl's 0 / 1e-8 does.
+            stat = ops.broadcast(ops.segment_mean(stat, batch, mask), batch)
+        elif self.aggregate == "seq_max":
+            seq_max = ops.segment_max(stat, batch, mask)
+            # verl maps the -inf of a sequence without mask tokens to 0.
+            seq_max = torch.where(torch.isneginf(seq_max), 0.0, seq_max)
+            stat = ops.broadcast(seq_max, batch)
+        if self.lower is None:
+            return ops.band(stat, upper=self.upper)
+        # k1 bounds are compared in log space against the statistic -d (the sign trap).
+        return ops.band(stat, math.log(self.lower), math.log(self.upper))
+
+
+@dataclass(frozen=True, slots=True)
+class VerlSpec:
+    """A validated verl rollout-correction setting.
+
+    Args:
+        name: display name.
+        is_level: `rollout_is`: "token", "sequence", or None for no IS weight.
+        is_upper: the IS threshold U (truncation cap, or IcePop upper bound); None iff
+            `is_level` is None.
+        is_lower: the IcePop lower bound L; None for truncation (TIS).
+        batch_normalize: `rollout_is_batch_normalize` (only with an IS level).
+        rs: the `rollout_rs` criteria, AND-combined, distinct options in config order.
+        bypass: `bypass_mode`: ratios against the current policy instead of the recompute.
+        loss_type: bypass mode's loss, "ppo_clip" (no IS weight) or "reinforce".
+
+    >>> spec = VerlSpec(is_level="token", is_upper=5.0, is_lower=0.5)
+    >>> spec.is_mode, spec.to_config()["algorithm"]["rollout_correction"]["rollout_is_threshold"]
+    ('icepop', '0.5_5.0')
+    """
+
+    framework: ClassVar[str] = FRAMEWORK
+
+    name: str = FRAMEWORK
+    is_level: Literal["token", "sequence"] | None = None
+    is_upper: float | None = None
+    is_lower: float | None = None
+    batch_normalize: bool = False
+    rs: tuple[RSCriterion, ...] = ()
+    bypass: bool = False
+    loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"Expected `name` to be a string, but got {self.name!r}")
+        if self.is_level not in (None, "token", "sequence"):
+            raise ConfigError(
+                f"Expected `is_level` to be one of null, 'token', 'sequence', "
+                f"but got {self.is_level!r}"
+            )
+        if self.is_level is None:
+            for field in ("is_upper", "is_lower"):
+                if getattr(self, field) is not None:
+                    raise ConfigError(
+                        f"Expected `{field}` to be None without an IS level, "
+                        f"but got {getattr(self, field)!r}"
+                    )
+            if self.batch_normalize:
+                raise ConfigError(
+                    "Expected `batch_normalize` to be False without an IS level, but got True"
+                )
+        else:
+            upper = _check_positive(self.is_upper, "is_upper")
+            object.__setattr__(self, "is_upper", upper)
+            if self.is_lower is not None:
+                lower = _check_positive(self.is_lower, "is_lower")
+                if lower > upper:
+                    raise ConfigError(
+                        f"Expected `is_lower` <= `is_upper` ({upper!r}), but got {lower!r}"
+                    )
+                object.__setattr__(self, "is_lower", lower)
+        for field in ("batch_normalize", "bypass"):
+            if not isinstance(getattr(self, field), bool):
+                raise ConfigError(
+                    f"Expected `{field}` to be a bool, but got {getattr(self, field)!r}"
+                )
+        if self.loss_type not in ("ppo_clip", "reinforce"):
+            raise ConfigError(
+                f"Expected `loss_type` to be one of 'ppo_clip', 'reinforce', "
+                f"but got {self.loss_type!r}"
+            )
+        rs = tuple(self.rs)
+        if not all(isinstance(c, RSCriterion) for c in rs):
+            raise ConfigError(f"Expected `rs` to be a tuple of RSCriterion, but got {self.rs!r}")
+        options = [c.option for c in rs]
+        if len(set(options)) != len(options):
+            raise ConfigError(f"Expected `rs` to name each option once, but got {options}")
+        object.__setattr__(self, "rs", rs)
+
+    @property
+    def is_mode(self) -> Literal["truncate", "icepop"]:
+        """ "icepop" (zero weights outside [L, U]) when a lower bound is set, else "truncate"."""
+        return "truncate" if self.is_lower is None else "icepop"
+
+    @property
+    def applies_is_weight(self) -> bool:
+        """Whether the loss is multiplied by the IS weight (bypass PPO-clip only logs it)."""
+        return self.is_level is not None and not (self.bypass and self.loss_type == "ppo_clip")
+
+    def to_config(self) -> dict[str, Any]:
+        """The iscore config of this setting: `framework`, `name` and verl's own
+        `algorithm.rollout_correction` mapping (all seven keys), the inverse of `parse`."""
+        if self.is_level is None:
+            threshold: float | str = 2.0  # the YAML default; unused without an IS level
+        elif self.is_lower is None:
+            threshold = self.is_upper
+        else:
+            threshold = f"{self.is_lower!r}_{self.is_upper!r}"
+        rs_threshold: float | str | None = None
+        if len(self.rs) == 1 and self.rs[0].lower is None:
+            rs_threshold = self.rs[0].upper
+        elif self.rs:
+            rs_threshold = ",".join(c.threshold_entry() for c in self.rs)
+        correction = {
+            "rollout_is": self.is_level,
+            "rollout_is_threshold": threshold,
+            "rollout_is_batch_normalize": self.batch_normalize,
+            "rollout_rs": ",".join(c.option for c in self.rs) or None,
+            "rollout_rs_threshold": rs_threshold,
+            "bypass_mode": self.bypass,
+            "loss_type": self.loss_type,
+        }
+        return {
+            "framework": FRAMEWORK,
+            "name": self.name,
+            "algorithm": {"rollout_correction": correction},
+        }
+
+    def replay(self, batch: TokenBatch) -> Replay:
+        """Per-token weight and keep mask of this setting over `batch`.
+
+        Without an applied IS weight (no `rollout_is`, or bypass PPO-clip) the weight is 1 and
+        `raw` is the per-token ratio e^{clamp(d, +-20)}; `seq_raw` / `seq_weight` are set for
+        sequence-level weights only.
+
+        Raises:
+            ConfigError: bypass mode on a batch without the `policy_logprob` column.
+        """
+        if self.bypass and batch.policy is None:
+            raise ConfigError(
+                "`algorithm.rollout_correction.bypass_mode: true` computes its ratios against the "
+                "current policy and needs the `policy_logprob` column, which the dump lacks"
+            )
+        d = ops.log_ratio(batch, "policy" if self.bypass else "train")
+        keep = torch.ones_like(batch.loss_mask)
+        for criterion in self.rs:
+            keep &= criterion.keep(d, batch)
+        if not self.applies_is_weight:
+            return Replay.build(batch, torch.ones_like(d), keep, ops.exp(d))
+        return self._weighted(batch, d, keep)
+
+    def _weighted(self, batch: TokenBatch, d: torch.Tensor, keep: torch.Tensor) -> Replay:
+        """IS weights over the original loss mask, then (optionally) batch normalization."""
+        mask = batch.loss_mask
+        seq_raw = seq_weight = None
+        if self.is_level == "token":
+            raw = ops.exp(d)
+            weight = self._bound(raw)
+            if self.batch_normalize:
+                # Every token of the original mask counts, RS-rejected ones included.
+                weight = _normalized(weight, ops.masked_mean(weight, mask))
+        else:
+            # S sums the unclamped d; only the sum is clamped before exponentiating.
+            seq_raw = ops.exp(ops.segment_sum(d, batch, mask))
+            seq_weight = self._bound(seq_raw)
+            if self.batch_normalize:
+                # One weight per sequence with at least one mask token, RS-rejected ones included.
+                valid = ops.segment_count(batch, mask) > 0
+                seq_weight = _normalized(seq_weight, seq_weight[valid].mean())
+            raw = ops.broadcast(seq_raw, batch)
+            weight = ops.broadcast(seq_weight, batch)
+        return Replay.build(batch, weight, keep, raw, seq_raw=seq_raw, seq_weight=seq_weight)
+
+    def _bound(self, raw: torch.Tensor) -> torch.Tensor:
+        """Truncate at U (TIS), or zero outside [L, U] keeping the raw ratio (IcePop)."""
+        if self.is_lower is None:
+            return ops.truncate(raw, upper=self.is_upper)
+        return torch.where(ops.band(raw, self.is_lower, self.is_upper), raw, 0.0)
+
+
+def _normalized(weight: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """`weight / mean`, unless the mean is <= 1e-8 (or NaN, for an empty batch) as verl skips."""
+    if bool(mean > _BATCH_NORM_EPS):
+        return weight / mean
+    return weight
+
+
+def _parse_is_threshold(value: Any) -> tuple[float | None, float]:
+    """(lower, upper) from `rollout_is_threshold`: U, a numeric string, or "L_U" (IcePop)."""
+    expected = (
+        f"Expected `{_IS_THRESHOLD_KEY}` to be a float > 0 or a 'lower_upper' string "
+        f"with 0 < lower <= upper, but got {value!r}"
+    )
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(expected)
+    if isinstance(value, str):
+        text = value.strip()
+        if "_" in text:
+            lower_text, upper_text = text.split("_", 1)
+            lower = as_float(lower_text, _IS_THRESHOLD_KEY, gt=0.0)
+            upper = as_float(upper_text, _IS_THRESHOLD_KEY, gt=0.0)
+            if lower > upper:
+                raise ConfigError(expected)
+            return lower, upper
+        if not text:
+            raise ConfigError(expected)
+    return None, as_float(value, _IS_THRESHOLD_KEY, gt=0.0)
+
+
+def _parse_rs(options_value: Any, threshold_value: Any) -> tuple[RSCriterion, ...]:
+    """The criteria of `rollout_rs` and `rollout_rs_threshold`, with verl's validation."""
+    if not isinstance(options_value, str):
+        raise ConfigError(
+            f"Expected `{_RS_KEY}` to be a comma-separated string of options (verl rejects "
+            f"lists), but got {options_value!r}"
+        )
+    options: list[str] = []
+    for option in (part.strip() for part in options_value.split(",")):
+        if not option:
+            continue
+        if option not in RS_OPTIONS:
+            raise ConfigError(
+                f"Expected `{_RS_KEY}` options to be among {', '.join(RS_OPTIONS)}, "
+                f"but got {option!r}"
+            )
+        if option not in options:  # verl drops repeated options
+            options.append(option)
+    if not options:
+        raise ConfigError(
+            f"Expected `{_RS_KEY}` to name at least one option, but got {options_value!r}"
+        )
+    if threshold_value is None:
+        raise ConfigError(
+            f"Missing `{_RS_THRESHOLD_KEY}`: verl requires it when `{_RS_KEY}` is set"
+        )
+    if isinstance(threshold_value, bool) or not isinstance(threshold_value, int | float | str):
+        raise ConfigError(
+            f"Expected `{_RS_THRESHOLD_KEY}` to be a number or a comma-separated string, "
+            f"but got {threshold_value!r}"
+        )
+    if isinstance(threshold_value, str):
+        entries = [part.strip() for part in threshold_value.split(",") if part.strip()]
+    else:
+        entries = [str(threshold_value)]
+    if len(entries) not in (1, len(options)):
+        raise ConfigError(
+            f"Expected `{_RS_THRESHOLD_KEY}` to hold 1 entry or {len(options)} (one per distinct "
+            f"`rollout_rs` option), but got {len(entries)}: {threshold_value!r}"
+        )
+    if len(entries) == 1:
+        entries = entries * len(options)
+    return tuple(_parse_rs_entry(o, e) for o, e in zip(options, entries, strict=True))
+
+
+def _parse_rs_entry(option: str, entry: str) -> RSCriterion:
+    """One option's threshold: k1 "L_U" or U (L = 1/U); k2/k3 a single upper bound."""
+    key = f"{_RS_THRESHOLD_KEY}` entry for `{option}"
+    if option.endswith("k1"):
+        if "_" in entry:
+            lower_text, upper_text = entry.split("_", 1)
+            lower = as_float(lower_text, key, gt=0.0)
+            upper = as_float(upper_text, key, gt=0.0)
+        else:
+            upper = as_float(entry, key, gt=0.0)
+            lower = 1.0 / upper
+            if not lower > 0:  # U = inf gives L = 0, which verl rejects
+                raise ConfigError(f"Expected `{key}` to be a finite float > 0, but got {entry!r}")
+        if lower > upper:
+            raise ConfigError(
+                f"Expected `{key}` to be 'lower_upper' with lower <= upper, but got {entry!r}"
+            )
+        return RSCriterion(option, upper=upper, lower=lower)  # type: ignore[arg-type]
+    if "_" in entry:
+        raise ConfigError(
+            f"Expected `{key}` to be a single upper bound (verl accepts 'lower_upper' only for "
+            f"k1 options), but got {entry!r}"
+        )
+    return RSCriterion(option, upper=as_float(entry, key, gt=0.0))  # type: ignore[arg-type]
+
+
+def parse(config: Mapping[str, Any]) -> VerlSpec:
+    """Parse a verl config (plus `framework: verl`, optional `name:` and `preset:`).
+
+    Missing keys take the YAML defaults of verl's `rollout_correction.yaml` (or, with
+    `preset:`, the preset's values).
+
+    >>> rc = {"rollout_is": "token", "rollout_rs": "seq_mean_k1"}
+    >>> rc["rollout_rs_threshold"] = "0.999_1.001"
+    >>> spec = parse({"framework": "verl", "algorithm": {"rollout_correction": rc}})
+    >>> spec.is_level, spec.is_upper, spec.rs
+    ('token', 2.0, (RSCriterion(option='seq_mean_k1', upper=1.001, lower=0.999),))
+    >>> parse({"framework": "verl", "preset": "decoupled_geo_rs"}) == PRESETS["decoupled_geo_rs"]
+    True
+
+    Raises:
+        ConfigError: an unknown key or preset, a wrong type or value, or a combination verl
+            rejects; the message names the key.
+    """
+    top, name = top_level(config, FRAMEWORK)
+    preset = top.raw("preset", None)
+    defaults = _YAML_DEFAULTS
+    if preset is not None:
+        if not isinstance(preset, str) or preset not in PRESETS:
+            raise ConfigError(
+                f"Expected `preset` to be one of {', '.join(PRESETS)}, but got {preset!r}"
+            )
+        defaults = PRESETS[preset].to_config()["algorithm"]["rollout_correction"]
+        if config.get("name") is None:
+            name = preset
+    algorithm = top.section("algorithm")
+    correction = algorithm.section("rollout_correction")
+    algorithm.done(ignore=_ALGORITHM_SIBLINGS)
+    top.done()
+
+    is_level = correction.choice("rollout_is", defaults["rollout_is"], (None, "token", "sequence"))
+    threshold = correction.raw("rollout_is_threshold", defaults["rollout_is_threshold"])
+    batch_normalize = correction.bool(
+        "rollout_is_batch_normalize", defaults["rollout_is_batch_normalize"]
+    )
+    rs_options = correction.raw("rollout_rs", defaults["rollout_rs"])
+    rs_threshold = correction.raw("rollout_rs_threshold", defaults["rollout_rs_threshold"])
+    bypass = correction.bool("bypass_mode", defaults["bypass_mode"])
+    loss_type = correction.choice("loss_type", defaults["loss_type"], ("ppo_clip", "reinforce"))
+    correction.done()
+
+    is_lower = is_upper = None
+    if is_level is not None and threshold is not None:
+        is_lower, is_upper = _parse_is_threshold(threshold)
+    else:
+        # verl computes no IS weight unless both `rollout_is` and its threshold are set, and
+        # then never reads the threshold or the batch-normalize flag.
+        is_level, batch_normalize = None, False
+    rs = () if rs_options is None else _parse_rs(rs_options, rs_threshold)
+    return VerlSpec(
+        name=name,
+        is_level=is_level,
+        is_upper=is_upper,
+        is_lower=is_lower,
+        batch_normalize=batch_normalize,
+        rs=rs,
+        bypass=bypass,
+        loss_type=loss_type,
+    )
+
+
+_YAML_DEFAULTS: dict[str, Any] = {
+    "rollout_is": None,
+    "rollout_is_threshold": 2.0,
+    "rollout_is_batch_normalize": False,
+    "rollout_rs": None,
+    "rollout_rs_threshold": None,
+    "bypass_mode": False,
+    "loss_type": "ppo_clip",
+}
+"""`verl/trainer/config/algorithm/rollout_correction.yaml`."""
+
+
+def _presets() -> dict[str, VerlSpec]:
+    """verl's `RolloutCorrectionConfig` classmethods with their default arguments."""
+    geo = (RSCriterion("seq_mean_k1", upper=1.001, lower=0.999),)
+    k3 = (RSCriterion("seq_mean_k3", upper=0.01),)
+    token_tis = {"is_level": "token", "is_upper": 2.0}
+    seq_tis = {"is_level": "sequence", "is_upper": 2.0}
+    icepop = {"is_level": "token", "is_upper": 5.0, "is_lower": 0.5}
+    ppo_clip = {"bypass": True, "loss_type": "ppo_clip"}
+    reinforce = {"bypass": True, "loss_type": "reinforce"}
+    table: dict[str, dict[str, Any]] = {
+        "decoupled_token_is": token_tis,
+        "decoupled_seq_is": seq_tis,
+        "decoupled_token_icepop": icepop,
+        "decoupled_seq_is_rs": {
+            **seq_tis,
+            "rs": (RSCriterion("seq_sum_k1", upper=2.0, lower=0.5),),
+        },
+        "decoupled_geo_rs": {"rs": geo},
+        "decoupled_geo_rs_seq_tis": {**seq_tis, "rs": geo},
+        "decoupled_geo_rs_token_tis": {**token_tis, "rs": geo},
+        "decoupled_k3_rs": {"rs": k3},
+        "decoupled_k3_rs_seq_tis": {**seq_tis, "rs": k3},
+        "decoupled_k3_rs_token_tis": {**token_tis, "rs": k3},
+        "bypass_ppo_clip": ppo_clip,
+        "bypass_ppo_clip_geo_rs": {**ppo_clip, "rs": geo},
+        "bypass_ppo_clip_k3_rs": {**ppo_clip, "rs": k3},
+        "bypass_pg_is": {**seq_tis, **reinforce},
+        "bypass_pg_token_icepop": {**icepop, **reinforce},
+        "bypass_pg_geo_rs": {**reinforce, "rs": geo},
+        "bypass_pg_geo_rs_seq_tis": {**seq_tis, **reinforce, "rs": geo},
+        "bypass_pg_geo_rs_token_tis": {**token_tis, **reinforce, "rs": geo},
+        "disabled": {},
+    }
+    return {name: VerlSpec(name=name, **fields) for name, fields in table.items()}
+
+
+PRESETS: dict[str, VerlSpec] = _presets()
+"""verl's named presets (`RolloutCorrectionConfig.<name>()`), selectable with `preset: <name>`."""

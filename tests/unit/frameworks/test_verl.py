@@ -1,0 +1,755 @@
+"""verl rollout correction: replay vs an independent float64 reference, traps, config parsing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import iscore.replay
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks import verl
+from iscore.frameworks.verl import PRESETS, RSCriterion, VerlSpec, parse
+from tests.conftest import DEVICES
+from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
+
+# ---------------------------------------------------------------------------------------------
+# Reference: verl's rollout_corr_helper written from the formulas, one sequence at a time.
+
+
+def _rs_stat(option: str, d: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Per-token values of an RS statistic (sequence statistics broadcast)."""
+    dc = np.clip(d, -20.0, 20.0)
+    est = option[-2:]
+    stat = {"k1": -dc, "k2": 0.5 * dc**2, "k3": np.exp(dc) - 1.0 - dc}[est]
+    if option.startswith("token"):
+        return stat
+    if option.startswith("seq_sum"):
+        value = stat[m].sum()
+    elif option.startswith("seq_mean"):
+        value = stat[m].mean() if m.any() else 0.0
+    else:
+        value = stat[m].max() if m.any() else 0.0
+    return np.full(len(d), value)
+
+
+def reference(
+    batch: TokenBatch,
+    *,
+    level: str | None = None,
+    lower: float | None = None,
+    upper: float | None = None,
+    bn: bool = False,
+    rs: tuple[tuple[str, float | None, float], ...] = (),
+    bypass: bool = False,
+    loss_type: str = "ppo_clip",
+):
+    """(weight, keep, raw, seq_raw, seq_weight) as numpy float64 / bool."""
+    seqs = list(sequences(batch))
+    ds = [(p if bypass else t) - r for r, t, p, _ in seqs]
+    masks = [m for *_, m in seqs]
+    keeps = []
+    for d, m in zip(ds, masks, strict=True):
+        keep = m.copy()
+        for option, lo, hi in rs:
+            stat = _rs_stat(option, d, m)
+            if option.endswith("k1"):
+                keep &= (stat >= math.log(lo)) & (stat <= math.log(hi))
+            else:
+                keep &= stat <= hi
+        keeps.append(keep)
+    keep = np.concatenate(keeps)
+    if level is None or (bypass and loss_type == "ppo_clip"):
+        raw = np.exp(np.clip(np.concatenate(ds), -20, 20))
+        return keep.astype(float), keep, raw, None, None
+
+    def bound(x):
+        if lower is None:
+            return np.minimum(x, upper)
+        return np.where((x >= lower) & (x <= upper), x, 0.0)
+
+    if level == "token":
+        raws = [np.exp(np.clip(d, -20, 20)) for d in ds]
+        ws = [bound(x) for x in raws]
+        if bn:
+            mean = sum(w[m].sum() for w, m in zip(ws, masks, strict=True)) / sum(
+                m.sum() for m in masks
+            )
+            if mean > 1e-8:
+                ws = [w / mean for w in ws]
+        seq_raw = seq_w = None
+    else:
+        seq_raw = np.array(
+            [np.exp(np.clip(d[m].sum(), -20, 20)) for d, m in zip(ds, masks, strict=True)]
+        )
+        seq_w = bound(seq_raw)
+        if bn:
+            valid = np.array([m.any() for m in masks])
+            mean = seq_w[valid].mean() if valid.any() else 0.0
+            if mean > 1e-8:
+                seq_w = seq_w / mean
+        raws = [np.full(len(d), x) for d, x in zip(ds, seq_raw, strict=True)]
+        ws = [np.full(len(d), x) for d, x in zip(ds, seq_w, strict=True)]
+    weight = np.where(keep, np.concatenate(ws), 0.0)
+    return weight, keep, np.concatenate(raws), seq_raw, seq_w
+
+
+def check(result, expected) -> None:
+    weight, keep, raw, seq_raw, seq_weight = expected
+    np.testing.assert_array_equal(result.keep.cpu().numpy(), keep)
+    np.testing.assert_allclose(result.weight.cpu().numpy(), weight, rtol=1e-6, atol=1e-30)
+    np.testing.assert_allclose(result.raw.cpu().numpy(), raw, rtol=1e-6, atol=1e-30)
+    if seq_raw is None:
+        assert result.seq_raw is None and result.seq_weight is None
+    else:
+        np.testing.assert_allclose(result.seq_raw.cpu().numpy(), seq_raw, rtol=1e-6, atol=1e-30)
+        np.testing.assert_allclose(result.seq_weight.cpu().numpy(), seq_weight, rtol=1e-6)
+
+
+def cfg(**rc) -> dict:
+    return {"framework": "verl", "algorithm": {"rollout_correction": rc}}
+
+
+@pytest.fixture(params=["random", "edges"])
+def batch(request, random_batch) -> TokenBatch:
+    return random_batch if request.param == "random" else edge_batch()
+
+
+# ---------------------------------------------------------------------------------------------
+# Every option against the reference.
+
+IS_CASES = [
+    # (rollout_is, rollout_is_threshold, batch_normalize, reference lower, reference upper)
+    ("token", 2.0, False, None, 2.0),
+    ("sequence", 2.0, False, None, 2.0),
+    ("token", "1.0", False, None, 1.0),  # cap hit exactly by d = 0
+    ("sequence", 5, False, None, 5.0),
+    ("token", "0.5_5.0", False, 0.5, 5.0),
+    ("sequence", "0.5_2.0", False, 0.5, 2.0),
+    ("token", "1.0_1.0", False, 1.0, 1.0),  # IcePop keeping only ratio 1 exactly
+    ("token", 2.0, True, None, 2.0),
+    ("sequence", 2.0, True, None, 2.0),
+    ("token", "0.5_5.0", True, 0.5, 5.0),
+    ("sequence", "0.5_5.0", True, 0.5, 5.0),
+]
+
+
+@pytest.mark.parametrize(("level", "threshold", "bn", "lower", "upper"), IS_CASES)
+def test_is_weights(batch, level, threshold, bn, lower, upper):
+    spec = parse(
+        cfg(rollout_is=level, rollout_is_threshold=threshold, rollout_is_batch_normalize=bn)
+    )
+    expected = reference(batch, level=level, lower=lower, upper=upper, bn=bn)
+    check(spec.replay(batch), expected)
+
+
+RS_CASES = [
+    # (rollout_rs, rollout_rs_threshold, reference criteria as (option, L, U))
+    ("token_k1", "0.5_1.5", [("token_k1", 0.5, 1.5)]),
+    ("token_k1", 1.0, [("token_k1", 1.0, 1.0)]),  # float U: L = 1/U; keeps d = 0 only
+    ("token_k1", "1.05", [("token_k1", 1 / 1.05, 1.05)]),
+    ("token_k2", 0.001, [("token_k2", None, 0.001)]),
+    ("token_k3", "0.001", [("token_k3", None, 0.001)]),
+    ("seq_sum_k1", "0.5_2.0", [("seq_sum_k1", 0.5, 2.0)]),
+    ("seq_sum_k1", "1e-9_1e9", [("seq_sum_k1", 1e-9, 1e9)]),  # +-20 clamp decides d = 30
+    ("seq_sum_k2", 0.05, [("seq_sum_k2", None, 0.05)]),
+    ("seq_sum_k3", 0.05, [("seq_sum_k3", None, 0.05)]),
+    ("seq_mean_k1", "0.999_1.001", [("seq_mean_k1", 0.999, 1.001)]),
+    ("seq_mean_k1", "0.9_1.02", [("seq_mean_k1", 0.9, 1.02)]),
+    ("seq_mean_k2", 0.005, [("seq_mean_k2", None, 0.005)]),
+    ("seq_mean_k3", 0.005, [("seq_mean_k3", None, 0.005)]),
+    ("seq_max_k2", 0.1, [("seq_max_k2", None, 0.1)]),
+    ("seq_max_k3", 0.1, [("seq_max_k3", None, 0.1)]),
+    ("token_k1,seq_max_k3", "0.5_1.5,0.1", [("token_k1", 0.5, 1.5), ("seq_max_k3", None, 0.1)]),
+    (
+        " seq_mean_k1 , token_k2,seq_mean_k1",  # spaces and a repeat: 2 distinct options
+        "1.01",
+        [("seq_mean_k1", 1 / 1.01, 1.01), ("token_k2", None, 1.01)],
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "threshold", "criteria"), RS_CASES)
+def test_rejection(batch, options, threshold, criteria):
+    spec = parse(cfg(rollout_rs=options, rollout_rs_threshold=threshold))
+    check(spec.replay(batch), reference(batch, rs=tuple(criteria)))
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("bypass", [False, True])
+def test_is_rs_and_batch_normalize_together(random_batch, level, bypass):
+    """IS over the original mask; the normalization mean includes RS-rejected tokens."""
+    rc = {
+        "rollout_is": level,
+        "rollout_is_threshold": 1.5,
+        "rollout_is_batch_normalize": True,
+        "rollout_rs": "seq_mean_k1,token_k2",
+        "rollout_rs_threshold": "0.98_1.02,0.002",
+        "bypass_mode": bypass,
+        "loss_type": "reinforce",
+    }
+    rs = (("seq_mean_k1", 0.98, 1.02), ("token_k2", None, 0.002))
+    expected = reference(
+        random_batch, level=level, upper=1.5, bn=True, rs=rs, bypass=bypass, loss_type="reinforce"
+    )
+    check(parse(cfg(**rc)).replay(random_batch), expected)
+
+
+@pytest.mark.parametrize("level", [None, "token", "sequence"])
+def test_bypass_ppo_clip_applies_rs_but_no_weight(batch, level):
+    rc = {
+        "rollout_is": level,
+        "rollout_rs": "token_k3",
+        "rollout_rs_threshold": 0.001,
+        "bypass_mode": True,
+    }
+    expected = reference(
+        batch, level=level, upper=2.0, rs=(("token_k3", None, 0.001),), bypass=True
+    )
+    result = parse(cfg(**rc)).replay(batch)
+    check(result, expected)
+    assert torch.equal(result.weight, result.keep.float())
+
+
+@pytest.mark.parametrize(
+    ("level", "threshold", "lower", "upper"),
+    [("token", 2.0, None, 2.0), ("sequence", 3.0, None, 3.0), ("token", "0.5_5.0", 0.5, 5.0)],
+)
+def test_bypass_reinforce_uses_policy(batch, level, threshold, lower, upper):
+    rc = {
+        "rollout_is": level,
+        "rollout_is_threshold": threshold,
+        "rollout_rs": "seq_max_k2",
+        "rollout_rs_threshold": 0.05,
+        "bypass_mode": True,
+        "loss_type": "reinforce",
+    }
+    rs = (("seq_max_k2", None, 0.05),)
+    expected = reference(
+        batch, level=level, lower=lower, upper=upper, rs=rs, bypass=True, loss_type="reinforce"
+    )
+    check(parse(cfg(**rc)).replay(batch), expected)
+
+
+# verl's RolloutCorrectionConfig classmethods with their default arguments, as written in
+# verl/trainer/config/algorithm.py: (rollout_is, threshold, rollout_rs, rs threshold, bypass,
+# loss_type); rows without an IS level carry the dataclass default threshold 2.0.
+VERL_PRESETS = {
+    "decoupled_token_is": ("token", 2.0, None, None, False, "ppo_clip"),
+    "decoupled_seq_is": ("sequence", 2.0, None, None, False, "ppo_clip"),
+    "decoupled_token_icepop": ("token", "0.5_5.0", None, None, False, "ppo_clip"),
+    "decoupled_seq_is_rs": ("sequence", 2.0, "seq_sum_k1", "0.5_2.0", False, "ppo_clip"),
+    "decoupled_geo_rs": (None, 2.0, "seq_mean_k1", "0.999_1.001", False, "ppo_clip"),
+    "decoupled_geo_rs_seq_tis": ("sequence", 2.0, "seq_mean_k1", "0.999_1.001", False, "ppo_clip"),
+    "decoupled_geo_rs_token_tis": ("token", 2.0, "seq_mean_k1", "0.999_1.001", False, "ppo_clip"),
+    "decoupled_k3_rs": (None, 2.0, "seq_mean_k3", 0.01, False, "ppo_clip"),
+    "decoupled_k3_rs_seq_tis": ("sequence", 2.0, "seq_mean_k3", 0.01, False, "ppo_clip"),
+    "decoupled_k3_rs_token_tis": ("token", 2.0, "seq_mean_k3", 0.01, False, "ppo_clip"),
+    "bypass_ppo_clip": (None, 2.0, None, None, True, "ppo_clip"),
+    "bypass_ppo_clip_geo_rs": (None, 2.0, "seq_mean_k1", "0.999_1.001", True, "ppo_clip"),
+    "bypass_ppo_clip_k3_rs": (None, 2.0, "seq_mean_k3", 0.01, True, "ppo_clip"),
+    "bypass_pg_is": ("sequence", 2.0, None, None, True, "reinforce"),
+    "bypass_pg_token_icepop": ("token", "0.5_5.0", None, None, True, "reinforce"),
+    "bypass_pg_geo_rs": (None, 2.0, "seq_mean_k1", "0.999_1.001", True, "reinforce"),
+    "bypass_pg_geo_rs_seq_tis": ("sequence", 2.0, "seq_mean_k1", "0.999_1.001", True, "reinforce"),
+    "bypass_pg_geo_rs_token_tis": ("token", 2.0, "seq_mean_k1", "0.999_1.001", True, "reinforce"),
+    "disabled": (None, 2.0, None, None, False, "ppo_clip"),
+}
+PRESET_REFERENCE = {
+    # name: reference kwargs for the same preset, written from the table above by hand
+    "decoupled_token_is": {"level": "token", "upper": 2.0},
+    "decoupled_seq_is": {"level": "sequence", "upper": 2.0},
+    "decoupled_token_icepop": {"level": "token", "lower": 0.5, "upper": 5.0},
+    "decoupled_seq_is_rs": {
+        "level": "sequence",
+        "upper": 2.0,
+        "rs": (("seq_sum_k1", 0.5, 2.0),),
+    },
+    "decoupled_geo_rs": {"rs": (("seq_mean_k1", 0.999, 1.001),)},
+    "decoupled_geo_rs_seq_tis": {
+        "level": "sequence",
+        "upper": 2.0,
+        "rs": (("seq_mean_k1", 0.999, 1.001),),
+    },
+    "decoupled_geo_rs_token_tis": {
+        "level": "token",
+        "upper": 2.0,
+        "rs": (("seq_mean_k1", 0.999, 1.001),),
+    },
+    "decoupled_k3_rs": {"rs": (("seq_mean_k3", None, 0.01),)},
+    "decoupled_k3_rs_seq_tis": {
+        "level": "sequence",
+        "upper": 2.0,
+        "rs": (("seq_mean_k3", None, 0.01),),
+    },
+    "decoupled_k3_rs_token_tis": {
+        "level": "token",
+        "upper": 2.0,
+        "rs": (("seq_mean_k3", None, 0.01),),
+    },
+    "bypass_ppo_clip": {"bypass": True},
+    "bypass_ppo_clip_geo_rs": {"bypass": True, "rs": (("seq_mean_k1", 0.999, 1.001),)},
+    "bypass_ppo_clip_k3_rs": {"bypass": True, "rs": (("seq_mean_k3", None, 0.01),)},
+    "bypass_pg_is": {"level": "sequence", "upper": 2.0, "bypass": True, "loss_type": "reinforce"},
+    "bypass_pg_token_icepop": {
+        "level": "token",
+        "lower": 0.5,
+        "upper": 5.0,
+        "bypass": True,
+        "loss_type": "reinforce",
+    },
+    "bypass_pg_geo_rs": {
+        "bypass": True,
+        "loss_type": "reinforce",
+        "rs": (("seq_mean_k1", 0.999, 1.001),),
+    },
+    "bypass_pg_geo_rs_seq_tis": {
+        "level": "sequence",
+        "upper": 2.0,
+        "bypass": True,
+        "loss_type": "reinforce",
+        "rs": (("seq_mean_k1", 0.999, 1.001),),
+    },
+    "bypass_pg_geo_rs_token_tis": {
+        "level": "token",
+        "upper": 2.0,
+        "bypass": True,
+        "loss_type": "reinforce",
+        "rs": (("seq_mean_k1", 0.999, 1.001),),
+    },
+    "disabled": {},
+}
+
+
+def test_preset_names_match_verl():
+    assert set(PRESETS) == set(VERL_PRESETS) == set(PRESET_REFERENCE)
+
+
+@pytest.mark.parametrize("name", list(VERL_PRESETS))
+def test_preset_equals_verl_classmethod(name):
+    level, threshold, rs, rs_threshold, bypass, loss_type = VERL_PRESETS[name]
+    rc = {
+        "rollout_is": level,
+        "rollout_is_threshold": threshold,
+        "rollout_rs": rs,
+        "rollout_rs_threshold": rs_threshold,
+        "bypass_mode": bypass,
+        "loss_type": loss_type,
+    }
+    assert parse({**cfg(**rc), "name": name}) == PRESETS[name]
+    assert parse({"framework": "verl", "preset": name}) == PRESETS[name]
+    assert PRESETS[name].name == name
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_round_trip(name):
+    spec = PRESETS[name]
+    assert parse(spec.to_config()) == spec
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        VerlSpec(
+            name="x",
+            is_level="sequence",
+            is_upper=3.0,
+            is_lower=0.25,
+            batch_normalize=True,
+            rs=(
+                RSCriterion("token_k1", upper=1.5, lower=0.5),
+                RSCriterion("seq_max_k2", upper=2.5),
+                RSCriterion("seq_sum_k3", upper=1e-3),
+            ),
+            bypass=True,
+            loss_type="reinforce",
+        ),
+        VerlSpec(is_level="token", is_upper=1.1, rs=(RSCriterion("token_k1", 1.05, 1 / 1.05),)),
+        VerlSpec(is_level="token", is_upper=float("inf")),
+        VerlSpec(),
+    ],
+)
+def test_round_trip(spec):
+    assert parse(spec.to_config()) == spec
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_replays(random_batch, name):
+    check(PRESETS[name].replay(random_batch), reference(random_batch, **PRESET_REFERENCE[name]))
+
+
+def test_presets_replay_on_edges():
+    batch = edge_batch()
+    for name, spec in PRESETS.items():
+        check(spec.replay(batch), reference(batch, **PRESET_REFERENCE[name]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-computed traps.
+
+
+def ratio_batch(
+    ratios: list[list[float]], policy_ratios: list[list[float]] | None = None
+) -> TokenBatch:
+    """Sequences whose train / rollout probability ratios are `ratios`."""
+    flat = np.concatenate([np.asarray(r, dtype=np.float64) for r in ratios])
+    rollout = np.full(len(flat), -1.0, dtype=np.float32)
+    train = (rollout + np.log(flat)).astype(np.float32)
+    policy = train.copy()
+    if policy_ratios is not None:
+        policy = (rollout + np.log(np.concatenate(policy_ratios))).astype(np.float32)
+    return TokenBatch(
+        rollout=torch.from_numpy(rollout),
+        train=torch.from_numpy(train),
+        cu_seqlens=torch.tensor([0, *np.cumsum([len(r) for r in ratios]).tolist()]),
+        policy=torch.from_numpy(policy),
+    )
+
+
+def test_k1_asymmetric_bounds_keep_inverted_interval():
+    """verl's k1 statistic is -d: "0.5_1.5" keeps ratios in [1/1.5, 1/0.5] = [0.667, 2.0]."""
+    batch = ratio_batch([[0.6, 0.67, 1.0, 1.6, 1.99, 2.1, 0.55]])
+    spec = parse(cfg(rollout_rs="token_k1", rollout_rs_threshold="0.5_1.5"))
+    assert spec.rs[0].kept_ratio == pytest.approx((2 / 3, 2.0))
+    assert spec.replay(batch).keep.tolist() == [False, True, True, True, True, False, False]
+
+
+def test_k1_geometric_mean_bounds_inverted():
+    """seq_mean_k1 "0.5_1.5" keeps a sequence whose geometric-mean ratio is 1.8, rejects 0.6."""
+    batch = ratio_batch([[1.8, 1.8], [0.6, 0.6, 0.6], [1.2]])
+    spec = parse(cfg(rollout_rs="seq_mean_k1", rollout_rs_threshold="0.5_1.5"))
+    assert spec.replay(batch).keep.tolist() == [True, True, False, False, False, True]
+
+
+def test_k1_float_threshold_is_symmetric():
+    batch = ratio_batch([[0.49, 0.51, 1.99, 2.01]])
+    spec = parse(cfg(rollout_rs="token_k1", rollout_rs_threshold=2.0))
+    assert spec.rs == (RSCriterion("token_k1", upper=2.0, lower=0.5),)
+    assert spec.replay(batch).keep.tolist() == [False, True, True, False]
+
+
+def test_icepop_token_and_sequence():
+    batch = ratio_batch([[0.4, 1.0, 6.0, 3.0], [2.0, 2.0], [1.5]])
+    token = parse(cfg(rollout_is="token", rollout_is_threshold="0.5_5.0")).replay(batch)
+    np.testing.assert_allclose(token.weight, [0, 1, 0, 3, 2, 2, 1.5], rtol=1e-5)
+    assert token.keep.all()  # IcePop zeroes weights, never the mask
+    seq = parse(cfg(rollout_is="sequence", rollout_is_threshold="0.5_3.5")).replay(batch)
+    # products: 0.4 * 1 * 6 * 3 = 7.2 (out), 4.0 (out), 1.5 (in)
+    np.testing.assert_allclose(seq.seq_raw, [7.2, 4.0, 1.5], rtol=1e-5)
+    np.testing.assert_allclose(seq.weight, [0, 0, 0, 0, 0, 0, 1.5], rtol=1e-5)
+
+
+def test_sequence_is_clamps_the_sum_and_rs_clamps_tokens():
+    """S = 30 gives e^20 (sum clamped); seq_sum_k1 sees -20 (tokens clamped) and keeps it."""
+    rollout = torch.tensor([-31.0, -1.0, -1.0], dtype=torch.float32)
+    train = torch.tensor([-1.0, -1.0, -1.0], dtype=torch.float32)
+    batch = TokenBatch(rollout=rollout, train=train, cu_seqlens=torch.tensor([0, 1, 3]))
+    rc = {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 1e10,
+        "rollout_rs": "seq_sum_k1",
+        "rollout_rs_threshold": "1e-9_1e9",  # log 1e-9 = -20.7 <= -20, but > -30
+    }
+    result = parse(cfg(**rc)).replay(batch)
+    np.testing.assert_allclose(result.weight, [math.exp(20), 1.0, 1.0], rtol=1e-6)
+    assert result.keep.all()
+
+
+def test_sequence_is_sums_unclamped_tokens():
+    """d = [+30, -15]: S = 15 (the +-20 clamp applies to the sum, not to each token)."""
+    rollout = torch.tensor([-31.0, -1.0], dtype=torch.float32)
+    train = torch.tensor([-1.0, -16.0], dtype=torch.float32)
+    batch = TokenBatch(rollout=rollout, train=train, cu_seqlens=torch.tensor([0, 2]))
+    result = parse(cfg(rollout_is="sequence", rollout_is_threshold=1e10)).replay(batch)
+    np.testing.assert_allclose(result.seq_raw, [math.exp(15)], rtol=1e-6)
+
+
+def test_batch_normalize_counts_rejected_tokens():
+    """Token level: mean over all three tokens (7/6), although token_k1 rejects the second."""
+    batch = ratio_batch([[1.0, 3.0, 0.5]])
+    rc = {
+        "rollout_is": "token",
+        "rollout_is_threshold": 2.0,
+        "rollout_is_batch_normalize": True,
+        "rollout_rs": "token_k1",
+        "rollout_rs_threshold": 2.5,  # keeps ratios in [0.4, 2.5]
+    }
+    result = parse(cfg(**rc)).replay(batch)
+    assert result.keep.tolist() == [True, False, True]
+    np.testing.assert_allclose(result.weight, [6 / 7, 0.0, 3 / 7], rtol=1e-5)
+
+
+def test_batch_normalize_sequence_level_averages_sequences_not_tokens():
+    """Sequence weights 1, 2 (ratio 3 capped), 0.5 over 1, 3, 2 tokens: mean 7/6, not 8/6."""
+    batch = ratio_batch([[1.0], [3.0, 1.0, 1.0], [0.5, 1.0]])
+    rc = {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 2.0,
+        "rollout_is_batch_normalize": True,
+        "rollout_rs": "seq_sum_k1",
+        "rollout_rs_threshold": 2.5,
+    }
+    result = parse(cfg(**rc)).replay(batch)
+    np.testing.assert_allclose(result.seq_weight, [6 / 7, 12 / 7, 3 / 7], rtol=1e-5)
+    np.testing.assert_allclose(result.weight, [6 / 7, 0, 0, 0, 3 / 7, 3 / 7], rtol=1e-5)
+
+
+def test_batch_normalize_skipped_when_all_weights_zero():
+    batch = ratio_batch([[10.0, 0.1]])
+    rc = {
+        "rollout_is": "token",
+        "rollout_is_threshold": "0.5_5.0",
+        "rollout_is_batch_normalize": True,
+    }
+    result = parse(cfg(**rc)).replay(batch)
+    assert result.weight.tolist() == [0.0, 0.0]
+
+
+def test_bypass_ratio_uses_policy_not_train():
+    batch = ratio_batch([[1.0, 1.0, 1.0]], policy_ratios=[[1.5, 3.0, 0.8]])
+    rc = {"rollout_is": "token", "rollout_is_threshold": 2.0, "bypass_mode": True}
+    reinforce = parse(cfg(**rc, loss_type="reinforce")).replay(batch)
+    np.testing.assert_allclose(reinforce.weight, [1.5, 2.0, 0.8], rtol=1e-5)
+    decoupled = parse(cfg(rollout_is="token", rollout_is_threshold=2.0)).replay(batch)
+    np.testing.assert_allclose(decoupled.weight, [1.0, 1.0, 1.0])
+    # ppo_clip: no weight, but the RS mask (on the policy ratio) applies
+    rs = {"rollout_rs": "token_k1", "rollout_rs_threshold": 2.0}
+    ppo = parse(cfg(**rc, **rs, loss_type="ppo_clip")).replay(batch)
+    assert ppo.keep.tolist() == [True, False, True]
+    assert ppo.weight.tolist() == [1.0, 0.0, 1.0]
+    np.testing.assert_allclose(ppo.raw, [1.5, 3.0, 0.8], rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["bypass_ppo_clip", "bypass_pg_is", "bypass_pg_geo_rs"])
+def test_bypass_needs_policy_column(name):
+    batch = make_batch([3, 4], policy=False)
+    with pytest.raises(ConfigError, match="policy_logprob"):
+        PRESETS[name].replay(batch)
+    PRESETS["decoupled_seq_is"].replay(batch)  # decoupled mode does not need it
+
+
+# ---------------------------------------------------------------------------------------------
+# Config parsing.
+
+YAML_CONFIG = """
+framework: verl
+name: my run
+algorithm:
+  gamma: 1.0
+  adv_estimator: grpo
+  rollout_correction:
+    rollout_is: token
+    rollout_is_threshold: 2.0
+    rollout_rs: token_k1,seq_max_k2
+    rollout_rs_threshold: "0.5_2.0,2.5"
+    bypass_mode: true
+    loss_type: ppo_clip
+    rollout_is_batch_normalize: false
+"""
+
+
+def test_yaml_layout(tmp_path):
+    path = tmp_path / "verl.yaml"
+    path.write_text(YAML_CONFIG)
+    spec = iscore.replay.parse_config(path)
+    assert spec == VerlSpec(
+        name="my run",
+        is_level="token",
+        is_upper=2.0,
+        rs=(RSCriterion("token_k1", upper=2.0, lower=0.5), RSCriterion("seq_max_k2", upper=2.5)),
+        bypass=True,
+    )
+
+
+def test_missing_keys_take_yaml_defaults():
+    """YAML default `rollout_is: null` (the Python dataclass default would be "sequence")."""
+    for config in ({"framework": "verl"}, cfg(), {"framework": "verl", "algorithm": {}}):
+        assert parse(config) == VerlSpec()
+    assert parse(cfg(rollout_is="sequence")).is_upper == 2.0
+    assert parse({"framework": "verl", "algorithm": {"rollout_correction": None}}) == VerlSpec()
+
+
+@pytest.mark.parametrize(
+    ("threshold", "lower", "upper"),
+    [
+        (3, None, 3.0),
+        ("3.5", None, 3.5),
+        (" 0.5_5.0 ", 0.5, 5.0),
+        ("2_2", 2.0, 2.0),
+        ("inf", None, math.inf),
+    ],
+)
+def test_is_threshold_formats(threshold, lower, upper):
+    spec = parse(cfg(rollout_is="token", rollout_is_threshold=threshold))
+    assert (spec.is_lower, spec.is_upper) == (lower, upper)
+    assert spec.is_mode == ("truncate" if lower is None else "icepop")
+
+
+def test_null_threshold_or_level_disables_is():
+    assert parse(cfg(rollout_is="token", rollout_is_threshold=None)).is_level is None
+    # verl never reads the threshold (or the normalize flag) without a level
+    spec = parse(cfg(rollout_is=None, rollout_is_threshold="abc", rollout_is_batch_normalize=True))
+    assert spec == VerlSpec()
+    assert parse(cfg(rollout_rs=None, rollout_rs_threshold="abc")) == VerlSpec()
+
+
+def test_rs_threshold_formats():
+    spec = parse(cfg(rollout_rs="seq_sum_k1,token_k3", rollout_rs_threshold="0.25_4, 0.01"))
+    assert spec.rs == (
+        RSCriterion("seq_sum_k1", upper=4.0, lower=0.25),
+        RSCriterion("token_k3", upper=0.01),
+    )
+    assert parse(cfg(rollout_rs="token_k1", rollout_rs_threshold=4)).rs == (
+        RSCriterion("token_k1", upper=4.0, lower=0.25),
+    )
+
+
+def test_preset_with_overrides_and_name():
+    spec = parse(
+        {
+            "framework": "verl",
+            "preset": "decoupled_seq_is_rs",
+            "algorithm": {"rollout_correction": {"rollout_is_threshold": 3.0}},
+        }
+    )
+    assert spec.name == "decoupled_seq_is_rs"
+    assert spec.is_upper == 3.0 and spec.rs == PRESETS["decoupled_seq_is_rs"].rs
+    named = parse({"framework": "verl", "preset": "disabled", "name": "mine"})
+    assert named.name == "mine"
+
+
+RC = "algorithm.rollout_correction"
+INVALID = [
+    (cfg(rollout_is_level="token"), f"{RC}.rollout_is_level"),
+    ({"framework": "verl", "trainer": {}}, "`trainer`"),
+    ({"framework": "verl", "algorithm": {"gama": 1.0}}, "algorithm.gama"),
+    ({"framework": "verl", "algorithm": {"rollout_correction": [1]}}, RC),
+    (cfg(rollout_is="geometric"), f"{RC}.rollout_is"),
+    (cfg(rollout_is="token", rollout_is_threshold="abc"), f"{RC}.rollout_is_threshold"),
+    (cfg(rollout_is="token", rollout_is_threshold=""), f"{RC}.rollout_is_threshold"),
+    (cfg(rollout_is="token", rollout_is_threshold="5.0_0.5"), f"{RC}.rollout_is_threshold"),
+    (cfg(rollout_is="token", rollout_is_threshold="0_1"), f"{RC}.rollout_is_threshold"),
+    (cfg(rollout_is="token", rollout_is_threshold="0.5_x"), f"{RC}.rollout_is_threshold"),
+    (cfg(rollout_is="sequence", rollout_is_threshold=-1), f"{RC}.rollout_is_threshold"),
+    (cfg(rollout_is="sequence", rollout_is_threshold=0), f"{RC}.rollout_is_threshold"),
+    (cfg(rollout_is="sequence", rollout_is_threshold=True), f"{RC}.rollout_is_threshold"),
+    (cfg(rollout_is="sequence", rollout_is_threshold="nan"), f"{RC}.rollout_is_threshold"),
+    (cfg(rollout_is="sequence", rollout_is_threshold=[0.5, 2]), f"{RC}.rollout_is_threshold"),
+    (cfg(rollout_rs=["token_k1"], rollout_rs_threshold=2.0), f"{RC}.rollout_rs"),
+    (cfg(rollout_rs="token_k4", rollout_rs_threshold=2.0), f"{RC}.rollout_rs"),
+    (cfg(rollout_rs="", rollout_rs_threshold=2.0), f"{RC}.rollout_rs"),
+    (cfg(rollout_rs=" , ", rollout_rs_threshold=2.0), f"{RC}.rollout_rs"),
+    (cfg(rollout_rs="token_k1"), f"{RC}.rollout_rs_threshold"),
+    (
+        cfg(rollout_rs="token_k1,token_k2", rollout_rs_threshold="1,2,3"),
+        f"{RC}.rollout_rs_threshold",
+    ),
+    (cfg(rollout_rs="token_k1,token_k1", rollout_rs_threshold="2,2"), f"{RC}.rollout_rs_threshold"),
+    (cfg(rollout_rs="token_k2", rollout_rs_threshold="0.5_2.0"), f"{RC}.rollout_rs_threshold"),
+    (cfg(rollout_rs="seq_max_k3", rollout_rs_threshold="0.5_2.0"), f"{RC}.rollout_rs_threshold"),
+    # "1_0" is 10.0 to Python's float(), but verl rejects any "_" in a k2/k3 entry
+    (cfg(rollout_rs="token_k2", rollout_rs_threshold="1_0"), f"{RC}.rollout_rs_threshold"),
+    (
+        cfg(rollout_rs="token_k1,token_k3", rollout_rs_threshold="0.5_2.0"),
+        f"{RC}.rollout_rs_threshold",
+    ),
+    (cfg(rollout_rs="token_k1", rollout_rs_threshold="0"), f"{RC}.rollout_rs_threshold"),
+    (cfg(rollout_rs="token_k1", rollout_rs_threshold="inf"), f"{RC}.rollout_rs_threshold"),
+    (cfg(rollout_rs="token_k1", rollout_rs_threshold="2.0_0.5"), f"{RC}.rollout_rs_threshold"),
+    (cfg(rollout_rs="seq_mean_k1", rollout_rs_threshold="-1_2"), f"{RC}.rollout_rs_threshold"),
+    (cfg(rollout_rs="token_k3", rollout_rs_threshold=-0.1), f"{RC}.rollout_rs_threshold"),
+    (cfg(rollout_rs="token_k3", rollout_rs_threshold=True), f"{RC}.rollout_rs_threshold"),
+    (cfg(rollout_rs="token_k3", rollout_rs_threshold=[0.1]), f"{RC}.rollout_rs_threshold"),
+    (cfg(rollout_rs="token_k3", rollout_rs_threshold=""), f"{RC}.rollout_rs_threshold"),
+    (cfg(bypass_mode="true"), f"{RC}.bypass_mode"),
+    (cfg(loss_type="ppo"), f"{RC}.loss_type"),
+    (cfg(rollout_is_batch_normalize=1), f"{RC}.rollout_is_batch_normalize"),
+    ({"framework": "verl", "preset": "nope"}, "preset"),
+    ({"framework": "verl", "preset": 3}, "preset"),
+    ({"framework": "verl", "name": 3}, "name"),
+]
+
+
+@pytest.mark.parametrize(("config", "key"), INVALID)
+def test_invalid_config(config, key):
+    with pytest.raises(ConfigError) as info:
+        parse(config)
+    assert key in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"is_level": "token"}, "is_upper"),
+        ({"is_level": "token", "is_upper": 1.0, "is_lower": 2.0}, "is_lower"),
+        ({"is_upper": 2.0}, "is_upper"),
+        ({"batch_normalize": True}, "batch_normalize"),
+        ({"is_level": "geometric", "is_upper": 2.0}, "is_level"),
+        ({"loss_type": "vanilla"}, "loss_type"),
+        ({"bypass": 1}, "bypass"),
+        ({"rs": (RSCriterion("token_k2", 1.0), RSCriterion("token_k2", 2.0))}, "rs"),
+        ({"rs": ("token_k2",)}, "rs"),
+    ],
+)
+def test_invalid_spec(kwargs, field):
+    with pytest.raises(ConfigError, match=f"`{field}`"):
+        VerlSpec(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("token_k4", 1.0), "option"),
+        (("token_k2", 1.0, 0.5), "token_k2.lower"),
+        (("token_k1", 1.0), "token_k1.lower"),
+        (("token_k1", 1.0, 2.0), "token_k1.lower"),
+        (("seq_max_k3", 0.0), "seq_max_k3.upper"),
+    ],
+)
+def test_invalid_criterion(args, field):
+    with pytest.raises(ConfigError, match=f"`{field}`"):
+        RSCriterion(*args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices and the public entry point.
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "name", ["decoupled_seq_is_rs", "decoupled_k3_rs_token_tis", "bypass_pg_is"]
+)
+def test_device_matches_cpu(device, name):
+    batch = make_batch([1, 7, 300, 2000, 40], seed=5, sigma=0.05)
+    spec = VerlSpec(
+        is_level=PRESETS[name].is_level,
+        is_upper=PRESETS[name].is_upper,
+        batch_normalize=True,
+        rs=(*PRESETS[name].rs, RSCriterion("seq_max_k2", upper=0.01)),
+        bypass=PRESETS[name].bypass,
+        loss_type=PRESETS[name].loss_type,
+    )
+    cpu = spec.replay(batch)
+    other = spec.replay(batch.to(device))
+    assert torch.equal(other.keep.cpu(), cpu.keep)
+    torch.testing.assert_close(other.weight.cpu(), cpu.weight, rtol=1e-6, atol=0)
+    torch.testing.assert_close(other.raw.cpu(), cpu.raw, rtol=1e-6, atol=0)
+    if cpu.seq_weight is not None:
+        torch.testing.assert_close(other.seq_weight.cpu(), cpu.seq_weight, rtol=1e-6, atol=0)
+
+
+def test_replay_dispatch(random_batch):
+    config = cfg(
+        rollout_is="token",
+        rollout_is_threshold=2.0,
+        rollout_rs="seq_mean_k3",
+        rollout_rs_threshold=0.001,
+    )
+    result = iscore.replay.replay(random_batch, config)
+    expected = reference(random_batch, level="token", upper=2.0, rs=(("seq_mean_k3", None, 1e-3),))
+    check(result, expected)
+    assert iscore.replay.framework_module("verl") is verl
+    assert verl.FRAMEWORK == VerlSpec.framework == "verl"

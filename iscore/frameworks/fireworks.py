@@ -1,0 +1,240 @@
+"""Fireworks cookbook (`fw-ai/cookbook`): the TIS weight of its RL recipes, now and in PR #169.
+
+Sources read: `fw-ai/cookbook` @ 76821fa1 (2026-08-19), `training/utils/rl/tis.py` (`TISConfig`,
+`compute_tis_weight`), `training/utils/rl/common.py` (`run_loss_loop`),
+`training/recipes/rl_loop.py` (`Config.tis`, `Config.anchor_logp`); PR #169 as merged
+(227d25a2, 2026-03-05), `training/utils/rl/importance_sampling.py` (`ISConfig`) and
+`training/utils/rl/grpo.py`.
+
+**Current form** (`FireworksTIS`), per sequence, restricted to the active tokens (loss mask
+> 0.5; masked bridge/tool tokens are left out of the sequence mean):
+
+1. z_t = clamp(old_policy - rollout, -20, 20) (old_policy = the trainer's forward, `train`).
+2. `level: token`: raw_t = e^{z_t}; `level: sequence`: raw = e^{mean_active z}, broadcast (a
+   geometric mean, not the product).
+3. w = clamp(raw, 0, cap).
+4. `icepop_threshold: tau` (token level only): w <- w * 1[1/tau <= raw <= tau] (inclusive), so kept
+   tokens carry min(raw, cap), not the raw ratio.
+5. The weight multiplies each token's policy term (GRPO, DAPO, GSPO, CISPO, IS, DRO); the loss
+   mask is not changed, so `keep` is the loss mask.
+
+`anchor_logp: rollout` skips the trainer forward and uses the rollout log-probs as old_policy
+(bypass: the PPO ratio is anchored on the rollout). Then z = 0 and the weight is
+clamp(1, 0, cap) = min(1, cap): 1 for every cap >= 1 (corrections.md says "TIS weight 1"; the
+code gives `cap` when cap < 1, and so does the replay).
+
+Config keys: `tis: {cap: 5.0, level: token, icepop_threshold: null}` (`TISConfig`: cap >= 0;
+icepop only at token level; tau >= 1) and `anchor_logp: old_policy | rollout`, both top level.
+
+**PR #169 form** (`FireworksISCorrection`, cookbook 2026-03-05 until `TISConfig` replaced it):
+`is_correction: {eps_clip: 0.2, eps_clip_high: null, tis_cap: 5.0, tis_level: token}`. Same math
+as steps 1-3 without IcePop, but the PR-era loss had no loss mask: the sequence mean runs over
+**every** response token (loss-masked ones included). `eps_clip`/`eps_clip_high` are the PPO clip
+of the same config; they do not change the IS weight and are kept only so the setting can be
+written back. The PR-era `ISConfig` validated nothing (any `tis_level` other than "sequence" meant
+token, a negative cap clamped everything to it); the replay rejects those instead.
+
+Where corrections.md §2.6 and the code differ: `anchor_logp: rollout` gives min(1, cap), not 1
+(above). Everything else matches; the bounds compare in float64 here (the cookbook compares its
+float32 ratios with a Python float), which only matters for a ratio within float32 rounding of
+1/tau.
+
+>>> import torch
+>>> from iscore.batch import TokenBatch
+>>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0]), train=torch.tensor([1.0, -1.1]),
+...                cu_seqlens=torch.tensor([0, 2]))
+>>> r = parse({"framework": "fireworks", "tis": {"cap": 5.0, "icepop_threshold": 2.0}}).replay(b)
+>>> [round(w, 4) for w in r.weight.tolist()]  # e^2 is outside [0.5, 2]
+[0.0, 0.9048]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from iscore import ops
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks._config import top_level
+from iscore.replay import Replay
+
+FRAMEWORK = "fireworks"
+
+Level = Literal["token", "sequence"]
+Anchor = Literal["old_policy", "rollout"]
+
+_LEVELS = ("token", "sequence")
+_ANCHORS = ("old_policy", "rollout")
+
+
+def _check_number(key: str, value: Any, *, ge: float | None = None, nullable: bool = False) -> None:
+    """Raise ConfigError naming `key` unless `value` is a number (>= ge), or None if nullable."""
+    if value is None and nullable:
+        return
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and not math.isnan(value)
+        and (ge is None or value >= ge)
+    )
+    if not ok:
+        bound = f" >= {ge}" if ge is not None else ""
+        null = " or null" if nullable else ""
+        raise ConfigError(f"Expected `{key}` to be a float{bound}{null}, but got {value!r}")
+
+
+def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(
+            f"Expected `{key}` to be one of {', '.join(map(repr, choices))}, but got {value!r}"
+        )
+
+
+def _tis_weight(
+    batch: TokenBatch, z: torch.Tensor, mean_mask: torch.Tensor, level: Level, cap: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Steps 2-3 shared by both forms: (weight, raw, seq_raw, seq_weight) from clamped z."""
+    if level == "token":
+        raw = torch.exp(z)
+        return ops.truncate(raw, 0.0, cap), raw, None, None
+    seq_raw = torch.exp(ops.segment_mean(z, batch, mean_mask))
+    seq_weight = ops.truncate(seq_raw, 0.0, cap)
+    return ops.broadcast(seq_weight, batch), ops.broadcast(seq_raw, batch), seq_raw, seq_weight
+
+
+@dataclass(frozen=True, slots=True)
+class FireworksTIS:
+    """The cookbook's current TIS weight (`TISConfig` plus the recipe's `anchor_logp`).
+
+    Args:
+        cap: `tis.cap`, the upper clamp (>= 0).
+        level: `tis.level`; "sequence" is the geometric mean over active tokens.
+        icepop_threshold: `tis.icepop_threshold` tau (>= 1, token level only): zero the weight
+            of tokens whose raw ratio is outside [1/tau, tau].
+        anchor_logp: `anchor_logp`; "rollout" uses the rollout log-probs as old policy.
+        name: display name.
+    """
+
+    framework: ClassVar[str] = FRAMEWORK
+    cap: float = 5.0
+    level: Level = "token"
+    icepop_threshold: float | None = None
+    anchor_logp: Anchor = "old_policy"
+    name: str = FRAMEWORK
+
+    def __post_init__(self) -> None:
+        _check_number("tis.cap", self.cap, ge=0.0)
+        _check_choice("tis.level", self.level, _LEVELS)
+        _check_number("tis.icepop_threshold", self.icepop_threshold, ge=1.0, nullable=True)
+        if self.icepop_threshold is not None and self.level != "token":
+            raise ConfigError(
+                "Expected `tis.icepop_threshold` to be null with `tis.level: sequence`: "
+                "the cookbook supports IcePop at token level only"
+            )
+        _check_choice("anchor_logp", self.anchor_logp, _ANCHORS)
+
+    def replay(self, batch: TokenBatch) -> Replay:
+        """Per-token weights as `run_loss_loop` hands them to the policy loss."""
+        active = batch.loss_mask
+        if self.anchor_logp == "rollout":
+            z = torch.zeros(batch.num_tokens, dtype=torch.float64, device=batch.device)
+        else:
+            z = ops.log_ratio(batch).clamp(-ops.SAFETY_BOUND, ops.SAFETY_BOUND)
+        weight, raw, seq_raw, seq_weight = _tis_weight(batch, z, active, self.level, self.cap)
+        if self.icepop_threshold is not None:
+            tau = self.icepop_threshold
+            weight = torch.where(ops.band(raw, 1.0 / tau, tau), weight, 0.0)
+        return Replay.build(batch, weight, active, raw, seq_raw=seq_raw, seq_weight=seq_weight)
+
+
+@dataclass(frozen=True, slots=True)
+class FireworksISCorrection:
+    """The TIS weight of PR #169's `ISConfig` (`is_correction:`), cookbook of 2026-03.
+
+    Args:
+        tis_cap: `is_correction.tis_cap`, the upper clamp (>= 0).
+        tis_level: `is_correction.tis_level`; "sequence" is the geometric mean over the whole
+            response (the PR-era loss had no loss mask).
+        eps_clip: `is_correction.eps_clip`, PPO clip (does not change the IS weight).
+        eps_clip_high: `is_correction.eps_clip_high`, asymmetric PPO upper clip (likewise).
+        name: display name.
+    """
+
+    framework: ClassVar[str] = FRAMEWORK
+    tis_cap: float = 5.0
+    tis_level: Level = "token"
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    name: str = FRAMEWORK
+
+    def __post_init__(self) -> None:
+        _check_number("is_correction.tis_cap", self.tis_cap, ge=0.0)
+        _check_choice("is_correction.tis_level", self.tis_level, _LEVELS)
+        _check_number("is_correction.eps_clip", self.eps_clip)
+        _check_number("is_correction.eps_clip_high", self.eps_clip_high, nullable=True)
+
+    def replay(self, batch: TokenBatch) -> Replay:
+        """Per-token weights as PR #169's losses multiply them (no IcePop, no anchor choice)."""
+        z = ops.log_ratio(batch).clamp(-ops.SAFETY_BOUND, ops.SAFETY_BOUND)
+        everything = torch.ones_like(batch.loss_mask)
+        weight, raw, seq_raw, seq_weight = _tis_weight(
+            batch, z, everything, self.tis_level, self.tis_cap
+        )
+        return Replay.build(
+            batch, weight, batch.loss_mask, raw, seq_raw=seq_raw, seq_weight=seq_weight
+        )
+
+
+def parse(config: Mapping[str, Any]) -> FireworksTIS | FireworksISCorrection:
+    """Parse `tis:` + `anchor_logp:` (current) or `is_correction:` (PR #169) into a spec.
+
+    Raises:
+        ConfigError: an unknown key, a wrong type or range, or both forms at once.
+
+    >>> spec = parse({"framework": "fireworks", "tis": {"cap": 2.0, "level": "sequence"}})
+    >>> spec.cap, spec.level, spec.icepop_threshold, spec.anchor_logp
+    (2.0, 'sequence', None, 'old_policy')
+    >>> parse({"framework": "fireworks", "is_correction": {"tis_cap": 10}}).tis_cap
+    10.0
+    """
+    top, name = top_level(config, FRAMEWORK)
+    if "is_correction" in config:
+        newer = [k for k in ("tis", "anchor_logp") if k in config]
+        if newer:
+            raise ConfigError(
+                f"Expected either `is_correction` (cookbook PR #169) or `tis`/`anchor_logp` "
+                f"(current cookbook), but got both `is_correction` and `{newer[0]}`"
+            )
+        s = top.section("is_correction")
+        values = {
+            "tis_cap": s.float("tis_cap", 5.0),
+            "tis_level": s.choice("tis_level", "token", _LEVELS),
+            "eps_clip": s.float("eps_clip", 0.2),
+            "eps_clip_high": s.float("eps_clip_high", None),
+        }
+        s.done()
+        top.done()
+        return FireworksISCorrection(**values, name=name)
+    s = top.section("tis")
+    values = {
+        "cap": s.float("cap", 5.0),
+        "level": s.choice("level", "token", _LEVELS),
+        "icepop_threshold": s.float("icepop_threshold", None),
+    }
+    anchor = top.choice("anchor_logp", "old_policy", _ANCHORS)
+    s.done()
+    top.done()
+    return FireworksTIS(**values, anchor_logp=anchor, name=name)
+
+
+PRESETS: dict[str, FireworksTIS] = {
+    "fireworks_default": FireworksTIS(name="fireworks_default"),
+    # `training/examples/rl/deepmath/train_deepmath.py`: TISConfig(cap=2.0).
+    "fireworks_deepmath": FireworksTIS(cap=2.0, name="fireworks_deepmath"),
+}
+"""The recipes' default `TISConfig()` (token, cap 5) and the deepmath example's cap 2."""

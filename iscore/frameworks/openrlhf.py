@@ -1,0 +1,290 @@
+"""OpenRLHF: the vLLM importance-sampling correction of `PolicyLoss` (`openrlhf/models/loss.py`).
+
+Source read: `OpenRLHF/OpenRLHF` @ 3c3be623 (2026-08-13), `openrlhf/models/loss.py`
+(`PolicyLoss.forward`), `openrlhf/cli/train_ppo_ray.py` (flags) and
+`openrlhf/trainer/ray/ppo_actor.py`; older flag names from the history of `train_ppo_ray.py`
+(renamed in ed62d0e2, 2026-04-19).
+
+What OpenRLHF computes, in its order, with d_t = train - rollout (`old_log_probs -
+rollout_log_probs`) and rho_t = e^{d_t} with **no** +-20 safety clamp:
+
+- `tis` (default): w_t = clamp(rho_t, LOW, HIGH), two-sided, [0.5, 5.0] by default, so
+  ratios below 0.5 are *lifted* to 0.5.
+- `icepop`: w_t = rho_t * 1[LOW <= rho_t <= HIGH] (inclusive; kept tokens carry the raw ratio).
+- `seq-mask-tis`: w_t = rho_t * 1[LOW <= e^G <= HIGH] with G the mean of d over the action
+  mask: raw, untruncated token weights inside a geometric-mean sequence mask. It shares the
+  threshold pair with `tis`, so the default [0.5, 5.0] hardly ever masks anything.
+- The weight multiplies the PPO / dual-clip loss; the action mask (the loss denominator) is
+  never changed, so `keep` is the loss mask in every mode.
+- With `--actor.policy_loss_type gspo` no weight is applied at all: the correction instead
+  anchors GSPO's sequence ratio on the rollout log-probs (exp(mean_t(policy - rollout)), a
+  PPO ratio, not an IS weight). The replay gives weight 1 there.
+
+Config: `args:` holds the launch command's flags as one shell string or a list of strings
+(a whole pasted `python -m openrlhf.cli.train_ppo_ray ...` command is fine). The IS flags are
+parsed strictly; every other token is collected in the spec's `ignored_flags`:
+
+| current flag (since 2026-04-19) | before | default |
+|---|---|---|
+| `--algo.advantage.is_correction_enable` | `--enable_vllm_is_correction` | off |
+| `--algo.advantage.is_correction_threshold LOW HIGH` | `--vllm_is_truncated_threshold` | 0.5 5.0 |
+| `--algo.advantage.is_correction_type` | `--vllm_is_correction_type` | tis |
+| `--actor.policy_loss_type` | `--policy_loss_type` | ppo |
+
+The type is one of `tis`, `icepop`, `seq-mask-tis`; the policy loss type `ppo` or `gspo`.
+
+Older forms also parse: `--use_icepop` (2025-12-11 to 2026-02-05, the forerunner of
+`--vllm_is_correction_type icepop`) and a single `--vllm_is_truncated_threshold HIGH`
+(2025-08 to 2025-12: w_t = min(rho_t, HIGH), no lower bound). No OpenRLHF version accepts old
+and new names together, so mixing them is an error, as is an unknown flag that looks like an IS
+flag (a typo would otherwise land silently in `ignored_flags`).
+
+Where corrections.md §2.7 and the code differ: nowhere in the math. Details it leaves out,
+read in the code: G is a plain masked mean (sum / count, float32), so a fully masked
+sequence gets G = NaN and a false mask (irrelevant: none of its tokens is in the loss; the
+replay reports e^0 = 1 for it); the thresholds are not validated (LOW > HIGH is accepted; for
+`tis` torch's clamp then returns HIGH everywhere, and the replay does the same).
+
+>>> import torch
+>>> from iscore.batch import TokenBatch
+>>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0]), train=torch.tensor([-2.0, -0.9]),
+...                cu_seqlens=torch.tensor([0, 2]))
+>>> spec = parse({"framework": "openrlhf", "args": "--algo.advantage.is_correction_enable"})
+>>> [round(w, 4) for w in spec.replay(b).weight.tolist()]  # e^-1 is lifted to 0.5
+[0.5, 1.1052]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from iscore import ops
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks._config import flag_parser, top_level
+from iscore.replay import Replay
+
+FRAMEWORK = "openrlhf"
+
+CorrectionType = Literal["tis", "icepop", "seq-mask-tis"]
+PolicyLossType = Literal["ppo", "gspo"]
+
+_TYPES = ("tis", "icepop", "seq-mask-tis")
+_LOSS_TYPES = ("ppo", "gspo")
+
+# Flag names per setting: (current, pre-2026-04-19). `use_icepop` only ever existed in the old form.
+_FLAGS = {
+    "enable": ("--algo.advantage.is_correction_enable", "--enable_vllm_is_correction"),
+    "threshold": ("--algo.advantage.is_correction_threshold", "--vllm_is_truncated_threshold"),
+    "type": ("--algo.advantage.is_correction_type", "--vllm_is_correction_type"),
+    "loss": ("--actor.policy_loss_type", "--policy_loss_type"),
+    "use_icepop": (None, "--use_icepop"),
+}
+_THRESHOLD = _FLAGS["threshold"][0]
+
+# Substrings of OpenRLHF's IS flag names; an unparsed flag containing one is most likely a typo.
+_IS_LIKE = ("is_correction", "vllm_is", "policy_loss_type", "icepop")
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRLHFCorrection:
+    """OpenRLHF's vLLM IS correction, as set by its launch flags.
+
+    Args:
+        enable: `--algo.advantage.is_correction_enable`; False applies no weight.
+        type: `--algo.advantage.is_correction_type`.
+        lower: LOW of `--algo.advantage.is_correction_threshold`; None only for the 2025
+            single-value form (no lower clamp).
+        upper: HIGH of the threshold pair.
+        policy_loss_type: `--actor.policy_loss_type`; with "gspo" no weight is applied.
+        ignored_flags: the launch command's tokens that are not IS flags (the command itself,
+            unrelated flags and their values; `--` separators are dropped), kept so a user
+            can see what was skipped.
+        name: display name.
+    """
+
+    framework: ClassVar[str] = FRAMEWORK
+    enable: bool = False
+    type: CorrectionType = "tis"
+    lower: float | None = 0.5
+    upper: float = 5.0
+    policy_loss_type: PolicyLossType = "ppo"
+    ignored_flags: tuple[str, ...] = ()
+    name: str = FRAMEWORK
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable, bool):
+            raise ConfigError(
+                f"Expected `{_FLAGS['enable'][0]}` to be a bool, but got {self.enable!r}"
+            )
+        if self.type not in _TYPES:
+            raise ConfigError(
+                f"Expected `{_FLAGS['type'][0]}` to be one of {', '.join(_TYPES)}, "
+                f"but got {self.type!r}"
+            )
+        if self.policy_loss_type not in _LOSS_TYPES:
+            raise ConfigError(
+                f"Expected `{_FLAGS['loss'][0]}` to be one of {', '.join(_LOSS_TYPES)}, "
+                f"but got {self.policy_loss_type!r}"
+            )
+        for side, value in (("LOW", self.lower), ("HIGH", self.upper)):
+            if value is None and side == "LOW":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+                raise ConfigError(
+                    f"Expected {side} of `{_THRESHOLD}` to be a number, but got {value!r}"
+                )
+
+    def replay(self, batch: TokenBatch) -> Replay:
+        """Per-token weights as `PolicyLoss.forward` multiplies them into the PPO loss."""
+        mask = batch.loss_mask
+        if not self.enable or self.policy_loss_type == "gspo":
+            # Correction off, or GSPO: the loss carries no IS weight (GSPO moves its ratio's
+            # anchor to the rollout log-probs instead).
+            ones = torch.ones(batch.num_tokens, dtype=torch.float64, device=batch.device)
+            return Replay.build(batch, ones, mask, ones)
+        d = ops.log_ratio(batch)
+        rho = ops.exp(d, bound=None)  # OpenRLHF has no safety clamp on the exponent
+        if self.type == "tis":
+            return Replay.build(batch, ops.truncate(rho, self.lower, self.upper), mask, rho)
+        if self.type == "icepop":
+            weight = torch.where(ops.band(rho, self.lower, self.upper), rho, 0.0)
+            return Replay.build(batch, weight, mask, rho)
+        seq_raw = torch.exp(ops.segment_mean(d, batch, mask))
+        seq_keep = ops.band(seq_raw, self.lower, self.upper)
+        weight = torch.where(ops.broadcast(seq_keep, batch), rho, 0.0)
+        return Replay.build(batch, weight, mask, rho, seq_raw=seq_raw, seq_weight=seq_keep.double())
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The IS flags of every OpenRLHF version, all defaulting to None to see which were given."""
+    parser = flag_parser(FRAMEWORK)
+    for dest, (current, old) in _FLAGS.items():
+        for generation, flag in (("current", current), ("old", old)):
+            if flag is None:
+                continue
+            kwargs: dict[str, Any] = {"dest": f"{generation}_{dest}", "default": None}
+            if dest in ("enable", "use_icepop"):
+                kwargs["action"] = "store_true"
+            elif dest == "threshold":
+                # The old flag took one value until 2025-12-11, then two.
+                kwargs.update(type=float, nargs=2 if generation == "current" else "+")
+            else:
+                kwargs["choices"] = _TYPES if dest == "type" else _LOSS_TYPES
+            parser.add_argument(flag, **kwargs)
+    return parser
+
+
+def _argv(args: Any) -> list[str]:
+    """The launch command as tokens, minus bare newlines (left by pasted line continuations)
+    and `--` separators (`ray job submit ... -- python3 -m ...`), which would end argparse's
+    option parsing before the trainer's flags."""
+    if isinstance(args, str):
+        tokens = shlex.split(args)
+    elif (
+        isinstance(args, Sequence)
+        and not isinstance(args, bytes)
+        and all(isinstance(a, str) for a in args)
+    ):
+        tokens = list(args)
+    else:
+        raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {args!r}")
+    return [t for t in tokens if t.strip() and t != "--"]
+
+
+def _parse_known(parser: argparse.ArgumentParser, argv: list[str]):
+    """`parse_known_args` with argparse's errors as ConfigError (flag_parser raises on the rest)."""
+    try:
+        return parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        raise ConfigError(f"`args`: {e}") from e
+
+
+def parse(config: Mapping[str, Any]) -> OpenRLHFCorrection:
+    """Parse `{framework: openrlhf, name?, args: "<launch flags>"}` into a spec.
+
+    Raises:
+        ConfigError: a malformed IS flag, a typo of one, or old and new flag names mixed.
+
+    >>> spec = parse({"framework": "openrlhf", "args": "python3 -m openrlhf.cli.train_ppo_ray "
+    ...     "--algo.advantage.is_correction_enable --algo.advantage.is_correction_type icepop"})
+    >>> spec.type, spec.lower, spec.upper, spec.ignored_flags
+    ('icepop', 0.5, 5.0, ('python3', '-m', 'openrlhf.cli.train_ppo_ray'))
+    """
+    section, name = top_level(config, FRAMEWORK)
+    args = section.raw("args", "")
+    section.done()
+    ns, rest = _parse_known(_parser(), _argv(args))
+
+    typos = [t for t in rest if t.startswith("-") and any(s in t for s in _IS_LIKE)]
+    if typos:
+        raise ConfigError(
+            f"`args`: unknown OpenRLHF IS flag{'s' * (len(typos) > 1)} {', '.join(typos)}; "
+            f"expected {', '.join(f for pair in _FLAGS.values() for f in pair if f)}"
+        )
+    given = {k: v for k, v in vars(ns).items() if v is not None}
+    flag_of = {
+        f"{generation}_{key}": flag
+        for key, pair in _FLAGS.items()
+        for generation, flag in zip(("current", "old"), pair, strict=True)
+    }
+    current = sorted(flag_of[k] for k in given if k.startswith("current_"))
+    old = sorted(flag_of[k] for k in given if k.startswith("old_"))
+    if current and old:
+        raise ConfigError(
+            f"`args`: {', '.join(old)} (OpenRLHF before 2026-04-19) cannot be mixed with "
+            f"{', '.join(current)} (the renamed flags); no OpenRLHF version accepts both"
+        )
+    prefix = "old_" if old else "current_"
+
+    def get(key: str, default: Any) -> Any:
+        return given.get(prefix + key, default)
+
+    threshold = get("threshold", [0.5, 5.0])
+    correction_type = get("type", "tis")
+    if get("use_icepop", False):
+        if "old_type" in given:
+            raise ConfigError(
+                "`args`: --use_icepop was replaced by --vllm_is_correction_type (2026-02-05); "
+                "give only one of them"
+            )
+        correction_type = "icepop"
+    if len(threshold) == 1:
+        lower, upper = None, threshold[0]
+        if "old_type" in given or "old_use_icepop" in given:
+            raise ConfigError(
+                "`args`: a single --vllm_is_truncated_threshold value (OpenRLHF before "
+                "2025-12-11) cannot be combined with --vllm_is_correction_type or --use_icepop, "
+                "which take the LOW HIGH pair"
+            )
+    elif len(threshold) == 2:
+        lower, upper = threshold
+    else:
+        raise ConfigError(
+            f"`args`: expected one or two values for --vllm_is_truncated_threshold, "
+            f"but got {len(threshold)}"
+        )
+    return OpenRLHFCorrection(
+        enable=get("enable", False),
+        type=correction_type,
+        lower=lower,
+        upper=upper,
+        policy_loss_type=get("loss", "ppo"),
+        ignored_flags=tuple(rest),
+        name=name,
+    )
+
+
+PRESETS: dict[str, OpenRLHFCorrection] = {
+    "openrlhf_tis": OpenRLHFCorrection(enable=True, name="openrlhf_tis"),
+    # The ProRL v2 example script (`examples/scripts/train_prorlv2_math_hybrid_engine.sh`).
+    "openrlhf_icepop": OpenRLHFCorrection(enable=True, type="icepop", name="openrlhf_icepop"),
+}
+"""OpenRLHF's documented settings: the README default (TIS [0.5, 5]) and its IcePop recipes."""

@@ -1,0 +1,276 @@
+"""TRL: `GRPOTrainer`'s vLLM importance-sampling correction (`vllm_importance_sampling_*`).
+
+Source read: `huggingface/trl` @ f2cd5771 (2026-07-24, 1.10.0.dev0), `trl/trainer/grpo_config.py`
+(`GRPOConfig`, its `__post_init__`) and `trl/trainer/grpo_trainer.py`
+(`_generate_and_score_completions`, `_compute_loss`).
+
+What TRL computes, in its order, when `use_vllm` and `vllm_importance_sampling_correction`:
+
+1. d_t = (train - rollout) * mask, the mask being `completion_mask * tool_mask` (the loss mask).
+2. Token modes: rho_t = e^{d_t}; sequence modes: rho = e^{S}, S = sum_t d_t, the **product**
+   ratio. No safety clamp: in TRL's float32 e^S overflows to inf for S > 88.72 and underflows
+   to 0 for S < -103.97. The replay computes in float64 and casts the ratio to float32 to
+   reproduce exactly that, then applies the bounds in float32 as TRL does.
+3. `*_truncate`: w = clamp(rho, clip_min, clip_max), None leaving a side open (an overflowed
+   sequence gets clip_max). `*_mask`: w = rho * 1[clip_min <= rho <= clip_max] (inclusive,
+   None = -inf / +inf; an overflowed sequence is masked to 0, or weighted inf if clip_max is
+   None). The weight multiplies the per-token loss; the loss mask and the denominator are
+   left alone, so `keep` is the loss mask in every mode.
+
+Config: `GRPOConfig` keys, at the top level or under `grpo_config:`.
+
+| key | default |
+|---|---|
+| `use_vllm` | TRL: false; **here: true** (below) |
+| `vllm_importance_sampling_correction` | true |
+| `vllm_importance_sampling_mode` | `sequence_mask`; or `token_truncate`, `token_mask`, |
+| | `sequence_truncate` |
+| `vllm_importance_sampling_clip_max` | 3.0 (null = no upper bound) |
+| `vllm_importance_sampling_clip_min` | null |
+| `vllm_importance_sampling_cap` | deprecated: overrides `clip_max` with a FutureWarning |
+| `off_policy_mask_threshold` | null (OPSM; needs advantages, not replayable yet) |
+| `loss_type` | `dapo`; `vespo` folds the ratio into its gamma weights (not replayable) |
+
+Every other field declared in `grpo_config.py` (and the six that its base `_BaseConfig`
+redeclares) is accepted and ignored; anything else (including `TrainingArguments` keys that
+`GRPOConfig` only inherits, and `ScriptArguments` / `ModelConfig` keys of a `trl grpo` YAML) is
+an unknown-key error, because that set cannot be pinned to one TRL commit.
+
+`use_vllm`: TRL only corrects when generation ran in vLLM, and `GRPOConfig` defaults
+`use_vllm` to false. A dump replayed here holds an inference engine's log-probs, so it came from
+a `use_vllm: true` run (without vLLM TRL records no sampling log-probs at all). A config that
+omits `use_vllm` is therefore read as `use_vllm: true`; an explicit `use_vllm: false` is
+honoured as TRL would (no weight), so a complete config dumped from a run replays literally.
+
+Validation follows TRL: clip_min >= clip_max is an error (TRL checks it even with the
+correction off, after applying the deprecated cap); a truncate mode needs at least one bound;
+`vespo` with a sequence mode is rejected (by TRL, with use_vllm and the correction on).
+
+Where corrections.md §2.8 and the code differ: nowhere in the math. The docstring of
+`GRPOConfig` still calls `token_truncate` the default (grpo_config.py:339) while the field
+default is `sequence_mask` (grpo_config.py:925), as the spec notes.
+
+>>> import torch
+>>> from iscore.batch import TokenBatch
+>>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0, -1.0]), train=torch.tensor([0.5, -1.0, -1.5]),
+...                cu_seqlens=torch.tensor([0, 1, 3]))
+>>> r = parse({"framework": "trl"}).replay(b)  # sequence_mask, clip_max 3: e^1.5 > 3 is masked
+>>> [round(w, 4) for w in r.weight.tolist()]
+[0.0, 0.6065, 0.6065]
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from iscore import ops
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks._config import top_level
+from iscore.replay import Replay
+
+FRAMEWORK = "trl"
+
+Mode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
+
+_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+
+_OTHER_GRPO_KEYS = frozenset(
+    """
+    learning_rate model_init_kwargs trust_remote_code router_aux_loss_coef disable_dropout
+    cast_lm_head_to_fp32 remove_unused_columns num_generations num_generations_eval
+    max_completion_length ds3_gather_for_generation shuffle_dataset pad_to_multiple_of
+    generation_batch_size steps_per_generation temperature top_p top_k min_p generation_kwargs
+    chat_template_kwargs repetition_penalty cache_implementation vllm_mode vllm_model_impl
+    vllm_enable_sleep_mode vllm_structured_outputs_regex vllm_server_base_url vllm_server_host
+    vllm_server_port vllm_server_timeout vllm_group_port vllm_gpu_memory_utilization
+    vllm_max_model_length vllm_tensor_parallel_size beta num_iterations epsilon delta
+    epsilon_high sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos
+    vespo_k_neg vespo_lambda_neg importance_sampling_level reward_weights
+    multi_objective_aggregation scale_rewards mask_truncated_completions sync_ref_model
+    ref_model_mixup_alpha ref_model_sync_steps top_entropy_quantile entropy_coef
+    use_adaptive_entropy entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target
+    max_tool_calling_iterations use_bias_correction_kl log_completions log_multimodal
+    num_completions_to_print log_unique_prompts log_completions_hub_repo
+    use_transformers_continuous_batching transformers_continuous_batching_config
+    use_transformers_paged logging_steps gradient_checkpointing bf16 lr_scheduler_kwargs
+    use_liger_kernel torch_empty_cache_steps
+    """.split()  # noqa: SIM905 (one field name per word reads better than 85 quoted strings)
+)
+"""The `GRPOConfig` fields (grpo_config.py @ f2cd5771) and `_BaseConfig` fields (base_config.py)
+that do not change the IS weight: accepted in a pasted config and ignored."""
+
+
+@dataclass(frozen=True, slots=True)
+class TRLCorrection:
+    """TRL's vLLM IS correction, as set by `GRPOConfig`.
+
+    Args:
+        use_vllm: `use_vllm`; the correction only acts with vLLM generation.
+        enabled: `vllm_importance_sampling_correction`.
+        mode: `vllm_importance_sampling_mode`.
+        clip_min: `vllm_importance_sampling_clip_min`; None leaves the lower side open.
+        clip_max: `vllm_importance_sampling_clip_max` (after the deprecated cap); None is open.
+        off_policy_mask_threshold: OPSM delta; must be None (replaying it needs advantages).
+        loss_type: `loss_type`; only `vespo` changes how the ratio is used.
+        name: display name.
+    """
+
+    framework: ClassVar[str] = FRAMEWORK
+    use_vllm: bool = True
+    enabled: bool = True
+    mode: Mode = "sequence_mask"
+    clip_min: float | None = None
+    clip_max: float | None = 3.0
+    off_policy_mask_threshold: float | None = None
+    loss_type: LossType = "dapo"
+    name: str = FRAMEWORK
+
+    def __post_init__(self) -> None:
+        for key, value in (
+            ("use_vllm", self.use_vllm),
+            ("vllm_importance_sampling_correction", self.enabled),
+        ):
+            if not isinstance(value, bool):
+                raise ConfigError(f"Expected `{key}` to be a bool, but got {value!r}")
+        if self.mode not in _MODES:
+            raise ConfigError(
+                f"Expected `vllm_importance_sampling_mode` to be one of {', '.join(_MODES)}, "
+                f"but got {self.mode!r}"
+            )
+        if self.loss_type not in _LOSS_TYPES:
+            raise ConfigError(
+                f"Expected `loss_type` to be one of {', '.join(_LOSS_TYPES)}, "
+                f"but got {self.loss_type!r}"
+            )
+        for key, value in (
+            ("vllm_importance_sampling_clip_min", self.clip_min),
+            ("vllm_importance_sampling_clip_max", self.clip_max),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)
+            ):
+                raise ConfigError(f"Expected `{key}` to be a float or null, but got {value!r}")
+        both = self.clip_min is not None and self.clip_max is not None
+        if both and self.clip_min >= self.clip_max:
+            raise ConfigError(
+                f"Expected `vllm_importance_sampling_clip_min` ({self.clip_min}) to be less than "
+                f"`vllm_importance_sampling_clip_max` ({self.clip_max}), as TRL requires"
+            )
+        truncate = self.mode.endswith("_truncate")
+        if self.enabled and truncate and self.clip_min is None and self.clip_max is None:
+            raise ConfigError(
+                "Expected `vllm_importance_sampling_clip_min` or "
+                f"`vllm_importance_sampling_clip_max` to be set: TRL requires a bound for "
+                f"`vllm_importance_sampling_mode: {self.mode}`"
+            )
+        if self.off_policy_mask_threshold is not None:
+            raise ConfigError(
+                "`off_policy_mask_threshold` (OPSM) keeps a sequence iff its advantage is >= 0 or "
+                "mean_t(rollout - policy) <= delta; replaying it needs per-sequence advantages, "
+                "which iscore does not support yet. Set it to null."
+            )
+        if self.loss_type == "vespo" and self.active:
+            if not self.mode.startswith("token_"):
+                raise ConfigError(
+                    "Expected `vllm_importance_sampling_mode` to be token_truncate or token_mask "
+                    f"with `loss_type: vespo` (TRL rejects {self.mode!r})"
+                )
+            raise ConfigError(
+                "`loss_type: vespo` folds the vLLM IS ratio into VESPO's gamma weights, which "
+                "depend on advantages and the current policy; iscore cannot replay it"
+            )
+
+    @property
+    def active(self) -> bool:
+        """Whether TRL applies a weight at all (vLLM generation and the correction on)."""
+        return self.use_vllm and self.enabled
+
+    def _constrain(self, rho: torch.Tensor) -> torch.Tensor:
+        """Truncate or mask float32 ratios with TRL's bounds (compared in float32, as TRL does)."""
+        if self.mode.endswith("_truncate"):
+            return ops.truncate(rho, self.clip_min, self.clip_max)
+        return torch.where(ops.band(rho, self.clip_min, self.clip_max), rho, 0.0)
+
+    def replay(self, batch: TokenBatch) -> Replay:
+        """Per-token weights as `GRPOTrainer` multiplies them into the per-token loss."""
+        mask = batch.loss_mask
+        if not self.active:
+            ones = torch.ones(batch.num_tokens, dtype=torch.float64, device=batch.device)
+            return Replay.build(batch, ones, mask, ones)
+        # TRL zeroes d outside the mask before summing or exponentiating.
+        d = torch.where(mask, ops.log_ratio(batch), 0.0)
+        if self.mode.startswith("token_"):
+            rho = torch.exp(d).float()  # float32 like TRL's; no safety clamp
+            return Replay.build(batch, self._constrain(rho), mask, rho)
+        # float64 sum, then TRL's float32 e^S: overflow -> inf, underflow -> 0.
+        seq_raw = torch.exp(ops.segment_sum(d, batch)).float()
+        seq_weight = self._constrain(seq_raw)
+        return Replay.build(
+            batch,
+            ops.broadcast(seq_weight, batch),
+            mask,
+            ops.broadcast(seq_raw, batch),
+            seq_raw=seq_raw,
+            seq_weight=seq_weight,
+        )
+
+
+def parse(config: Mapping[str, Any]) -> TRLCorrection:
+    """Parse `GRPOConfig` keys (top level or under `grpo_config:`) into a spec.
+
+    Raises:
+        ConfigError: an unknown key, a wrong type, or a combination TRL rejects.
+
+    >>> spec = parse({"framework": "trl", "grpo_config": {
+    ...     "use_vllm": True, "vllm_importance_sampling_mode": "token_truncate",
+    ...     "vllm_importance_sampling_clip_max": 2.0, "learning_rate": 1e-6}})
+    >>> spec.mode, spec.clip_min, spec.clip_max
+    ('token_truncate', None, 2.0)
+    """
+    top, name = top_level(config, FRAMEWORK)
+    s = top.section("grpo_config") if "grpo_config" in config else top
+    if s is not top:
+        top.done()
+    clip_max = s.float("vllm_importance_sampling_clip_max", 3.0, nullable=True)
+    cap = s.float("vllm_importance_sampling_cap", None)
+    if cap is not None:
+        # TRL warns and lets the deprecated cap override clip_max, even when both are set.
+        overridden = (
+            f"; it overrides `{s.key('vllm_importance_sampling_clip_max')}` ({clip_max})"
+            if "vllm_importance_sampling_clip_max" in s.data
+            else ""
+        )
+        warnings.warn(
+            f"`{s.key('vllm_importance_sampling_cap')}` is deprecated in TRL (removed in v2.0.0); "
+            f"use `vllm_importance_sampling_clip_max`{overridden}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        clip_max = cap
+    values = {
+        "use_vllm": s.bool("use_vllm", True),
+        "enabled": s.bool("vllm_importance_sampling_correction", True),
+        "mode": s.choice("vllm_importance_sampling_mode", "sequence_mask", _MODES),
+        "clip_min": s.float("vllm_importance_sampling_clip_min", None),
+        "off_policy_mask_threshold": s.float("off_policy_mask_threshold", None),
+        "loss_type": s.choice("loss_type", "dapo", _LOSS_TYPES),
+    }
+    s.done(ignore=_OTHER_GRPO_KEYS)
+    return TRLCorrection(**values, clip_max=clip_max, name=name)
+
+
+PRESETS: dict[str, TRLCorrection] = {
+    "trl_default": TRLCorrection(name="trl_default"),
+    # The setting of TRL's PR #3867 (2025-09), token TIS at 2.0, now spelled with clip_max.
+    "trl_token_tis": TRLCorrection(mode="token_truncate", clip_max=2.0, name="trl_token_tis"),
+}
+"""TRL's default (sequence product masked above 3) and the original token TIS setting."""

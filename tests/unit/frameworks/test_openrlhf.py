@@ -1,0 +1,288 @@
+"""OpenRLHF: replay vs a float64 reference written from `PolicyLoss.forward`; flag parsing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import iscore.replay
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks import openrlhf
+from iscore.frameworks.openrlhf import PRESETS, OpenRLHFCorrection, parse
+from tests.conftest import DEVICES
+from tests.unit.frameworks.conftest import make_batch, sequences
+
+NEW = "--algo.advantage.is_correction"
+
+
+def reference(batch: TokenBatch, kind: str, lower: float | None, upper: float):
+    """Per token (weight, raw) and per sequence (seq_raw, seq_keep), one sequence at a time."""
+    weight, raw, seq_raw, seq_keep = [], [], [], []
+    lo = -np.inf if lower is None else lower
+    for rollout, train, _, mask in sequences(batch):
+        d = train - rollout
+        rho = np.exp(d)
+        if kind == "tis":
+            w = np.minimum(np.maximum(rho, lo), upper)
+        elif kind == "icepop":
+            w = np.where((rho >= lo) & (rho <= upper), rho, 0.0)
+        else:
+            g = d[mask].mean() if mask.any() else 0.0
+            seq_raw.append(np.exp(g))
+            seq_keep.append(lo <= np.exp(g) <= upper)
+            w = rho * seq_keep[-1]
+        weight.append(np.where(mask, w, 0.0))
+        raw.append(rho)
+    return np.concatenate(weight), np.concatenate(raw), np.array(seq_raw), np.array(seq_keep)
+
+
+def check(batch: TokenBatch, spec: OpenRLHFCorrection) -> None:
+    result = spec.replay(batch)
+    weight, raw, seq_raw, seq_keep = reference(batch, spec.type, spec.lower, spec.upper)
+    np.testing.assert_allclose(result.weight.numpy(), weight, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(result.raw.numpy(), raw, rtol=1e-6, atol=0)
+    assert torch.equal(result.keep, batch.loss_mask)
+    if spec.type == "seq-mask-tis":
+        np.testing.assert_allclose(result.seq_raw.numpy(), seq_raw, rtol=1e-6, atol=0)
+        np.testing.assert_array_equal(result.seq_weight.numpy(), seq_keep.astype(np.float32))
+    else:
+        assert result.seq_raw is None and result.seq_weight is None
+
+
+SETTINGS = [
+    pytest.param(kind, lower, upper, id=f"{kind}-{lower}-{upper}")
+    for kind in ("tis", "icepop", "seq-mask-tis")
+    for lower, upper in [(0.5, 5.0), (1.0, 2.0), (0.5, 1.0), (0.999, 1.002), (2.0, 0.5)]
+] + [pytest.param("tis", None, 2.0, id="tis-legacy-single-value")]
+
+
+@pytest.mark.parametrize(("kind", "lower", "upper"), SETTINGS)
+def test_replay_matches_reference(random_batch, edges, kind, lower, upper):
+    spec = OpenRLHFCorrection(enable=True, type=kind, lower=lower, upper=upper)
+    check(random_batch, spec)
+    check(edges, spec)
+
+
+def test_default_tis_is_two_sided_and_lifts_small_ratios():
+    batch = TokenBatch(
+        rollout=torch.tensor([-1.0, -1.0, -1.0, -1.0]),
+        train=torch.tensor([-3.0, 1.0, -0.9, -1.0]),
+        cu_seqlens=torch.tensor([0, 4]),
+    )
+    spec = parse({"framework": "openrlhf", "args": f"{NEW}_enable"})
+    assert (spec.type, spec.lower, spec.upper) == ("tis", 0.5, 5.0)
+    result = spec.replay(batch)
+    # e^-2 = 0.135 is lifted to 0.5 (verl / SkyRL would keep 0.135); e^2 = 7.39 is cut to 5.
+    expected = [0.5, 5.0, float(np.float32(np.exp(0.1))), 1.0]
+    assert result.weight.tolist() == pytest.approx(expected, rel=1e-6)
+
+
+def test_icepop_keeps_the_raw_ratio_inside_the_band():
+    batch = TokenBatch(
+        rollout=torch.tensor([-1.0, -1.0, -1.0]),
+        train=torch.tensor([-3.0, 1.0, 0.0]),
+        cu_seqlens=torch.tensor([0, 3]),
+    )
+    spec = OpenRLHFCorrection(enable=True, type="icepop")
+    assert spec.replay(batch).weight.tolist() == pytest.approx([0.0, 0.0, np.e], rel=1e-6)
+
+
+def test_seq_mask_tis_default_thresholds_mask_almost_nothing():
+    batch = make_batch([50] * 20, seed=7, sigma=0.1)
+    d = (batch.train.double() - batch.rollout.double()).numpy()
+    rho = np.where(batch.loss_mask.numpy(), np.exp(d), 0.0)
+    loose = OpenRLHFCorrection(enable=True, type="seq-mask-tis").replay(batch)
+    # [0.5, 5] on a geometric mean: every sequence kept, raw untruncated token weights.
+    assert loose.seq_weight.tolist() == [1.0] * 20
+    np.testing.assert_allclose(loose.weight.numpy(), rho, rtol=1e-6)
+    assert loose.weight.max() > 1.2  # no token-level clamp, despite the code comment
+    tight = OpenRLHFCorrection(enable=True, type="seq-mask-tis", lower=0.999, upper=1.002)
+    assert tight.replay(batch).seq_weight.sum() < 20
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        "",
+        f"{NEW}_type icepop",  # a type without the enable flag does nothing
+        f"{NEW}_enable --actor.policy_loss_type gspo",
+        "--enable_vllm_is_correction --policy_loss_type gspo",
+    ],
+)
+def test_no_weight_when_disabled_or_gspo(edges, args):
+    result = parse({"framework": "openrlhf", "args": args}).replay(edges)
+    assert torch.equal(result.keep, edges.loss_mask)
+    assert torch.equal(result.weight, edges.loss_mask.float())
+    assert torch.equal(result.raw, torch.ones(edges.num_tokens))
+
+
+LAUNCH = f"""ray job submit --address="http://127.0.0.1:8265" \\
+   -- python3 -m openrlhf.cli.train_ppo_ray \\
+   --actor.model_name_or_path Qwen/Qwen3-8B \\
+   --algo.kl.use_loss \\
+   --algo.kl.estimator k2 \\
+   {NEW}_enable \\
+   {NEW}_threshold 0.999 1.002 \\
+   {NEW}_type seq-mask-tis \\
+   --actor.policy_loss_type ppo \\
+   --train.max_tokens_per_gpu 32768
+"""
+
+
+def test_parse_pasted_launch_command_collects_unrelated_flags():
+    spec = parse({"framework": "openrlhf", "name": "prorl", "args": LAUNCH})
+    assert spec == OpenRLHFCorrection(
+        enable=True,
+        type="seq-mask-tis",
+        lower=0.999,
+        upper=1.002,
+        policy_loss_type="ppo",
+        ignored_flags=spec.ignored_flags,
+        name="prorl",
+    )
+    assert spec.ignored_flags == (
+        "ray",
+        "job",
+        "submit",
+        "--address=http://127.0.0.1:8265",
+        "python3",
+        "-m",
+        "openrlhf.cli.train_ppo_ray",
+        "--actor.model_name_or_path",
+        "Qwen/Qwen3-8B",
+        "--algo.kl.use_loss",
+        "--algo.kl.estimator",
+        "k2",
+        "--train.max_tokens_per_gpu",
+        "32768",
+    )
+
+
+def test_parse_list_of_flags_and_equals_syntax():
+    spec = parse(
+        {
+            "framework": "openrlhf",
+            "args": [f"{NEW}_enable", f"{NEW}_type=icepop", f"{NEW}_threshold", "0.2", "5"],
+        }
+    )
+    assert (spec.enable, spec.type, spec.lower, spec.upper) == (True, "icepop", 0.2, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            "--enable_vllm_is_correction --vllm_is_truncated_threshold 0.5 2 "
+            "--vllm_is_correction_type icepop --policy_loss_type ppo",
+            OpenRLHFCorrection(enable=True, type="icepop", lower=0.5, upper=2.0),
+        ),
+        (
+            "--enable_vllm_is_correction --use_icepop",  # 2025-12 .. 2026-02
+            OpenRLHFCorrection(enable=True, type="icepop"),
+        ),
+        (
+            "--enable_vllm_is_correction --vllm_is_truncated_threshold 2",  # 2025-08 .. 2025-12
+            OpenRLHFCorrection(enable=True, type="tis", lower=None, upper=2.0),
+        ),
+        ("--enable_vllm_is_correction", OpenRLHFCorrection(enable=True)),
+    ],
+)
+def test_parse_pre_2026_04_flag_names(args, expected):
+    assert parse({"framework": "openrlhf", "args": args}) == expected
+
+
+def test_legacy_single_threshold_has_no_lower_bound():
+    batch = TokenBatch(
+        rollout=torch.tensor([-1.0, -1.0]),
+        train=torch.tensor([-4.0, 1.0]),
+        cu_seqlens=torch.tensor([0, 2]),
+    )
+    spec = parse(
+        {
+            "framework": "openrlhf",
+            "args": "--enable_vllm_is_correction --vllm_is_truncated_threshold 2",
+        }
+    )
+    assert spec.replay(batch).weight.tolist() == pytest.approx([np.exp(-3.0), 2.0], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (f"{NEW}_enable --vllm_is_correction_type icepop", "--vllm_is_correction_type"),
+        (f"--enable_vllm_is_correction {NEW}_threshold 0.5 2", f"{NEW}_threshold"),
+        ("--enable_vllm_is_correction --actor.policy_loss_type gspo", "--actor.policy_loss_type"),
+        (f"{NEW}_type mis", f"{NEW}_type"),
+        (f"{NEW}_type", f"{NEW}_type"),
+        (f"{NEW}_threshold 0.5", f"{NEW}_threshold"),
+        (f"{NEW}_threshold 0.5 abc", f"{NEW}_threshold"),
+        (f"{NEW}_threshold nan 5", f"{NEW}_threshold"),
+        (f"{NEW}_enable=true", f"{NEW}_enable"),
+        (f"{NEW}_enabled", f"{NEW}_enabled"),  # a typo must not be silently ignored
+        ("--vllm_is_threshold 0.5 5", "--vllm_is_threshold"),
+        ("--actor.policy_loss_type reinforce", "--actor.policy_loss_type"),
+        ("--use_icepop --vllm_is_correction_type tis", "--use_icepop"),
+        (
+            "--vllm_is_truncated_threshold 2 --vllm_is_correction_type icepop",
+            "--vllm_is_truncated_threshold",
+        ),
+        ("--vllm_is_truncated_threshold 1 2 3", "--vllm_is_truncated_threshold"),
+        ("--vllm_is_truncated_threshold", "--vllm_is_truncated_threshold"),
+    ],
+)
+def test_invalid_flags_raise_naming_the_flag(args, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        parse({"framework": "openrlhf", "args": args})
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ({"framework": "openrlhf", "argz": f"{NEW}_enable"}, "argz"),
+        ({"framework": "openrlhf", "args": 3}, "args"),
+        ({"framework": "openrlhf", "args": ["--x", 1]}, "args"),
+        ({"framework": "openrlhf", "name": 3}, "name"),
+    ],
+)
+def test_invalid_config_raises_naming_the_key(config, named):
+    with pytest.raises(ConfigError, match=f"`{named}`"):
+        parse(config)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"type": "mis"}, f"{NEW}_type"),
+        ({"policy_loss_type": "reinforce"}, "--actor.policy_loss_type"),
+        ({"enable": 1}, f"{NEW}_enable"),
+        ({"lower": float("nan")}, f"{NEW}_threshold"),
+        ({"upper": None}, f"{NEW}_threshold"),
+        ({"upper": "5"}, f"{NEW}_threshold"),
+    ],
+)
+def test_spec_validation_names_the_flag(kwargs, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        OpenRLHFCorrection(**kwargs)
+
+
+def test_presets_and_end_to_end_dispatch(edges):
+    assert PRESETS["openrlhf_tis"] == OpenRLHFCorrection(enable=True, name="openrlhf_tis")
+    check(edges, PRESETS["openrlhf_icepop"])
+    config = {"framework": "openrlhf", "args": f"{NEW}_enable {NEW}_type icepop"}
+    via_dispatch = iscore.replay.replay(edges, config)
+    direct = OpenRLHFCorrection(enable=True, type="icepop").replay(edges)
+    assert torch.equal(via_dispatch.weight, direct.weight)
+    assert iscore.replay.framework_module("openrlhf") is openrlhf
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["tis", "icepop", "seq-mask-tis"])
+def test_device_replay_equals_cpu(random_batch, device, kind):
+    spec = OpenRLHFCorrection(enable=True, type=kind, lower=0.9, upper=1.1)
+    cpu = spec.replay(random_batch)
+    other = spec.replay(random_batch.to(device))
+    assert torch.equal(other.keep.cpu(), cpu.keep)
+    np.testing.assert_allclose(other.weight.cpu().numpy(), cpu.weight.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(other.raw.cpu().numpy(), cpu.raw.numpy(), rtol=1e-6)

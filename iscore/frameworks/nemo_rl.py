@@ -1,0 +1,404 @@
+"""NeMo-RL's off-policy importance-sampling correction (`loss_fn.*`, `ClippedPGLossConfig`).
+
+Replays `ClippedPGLossFn` in `nemo_rl/algorithms/loss/loss_functions.py` at
+NVIDIA-NeMo/RL@7ea279ab (2026-08-22), plus the open, unmerged PR #2269 (head c7b1b01d,
+`is_correction_level`).
+
+What NeMo-RL computes, in its order, with d = prev_logprobs - generation_logprobs (the trainer's
+recompute over the rollout engine's log-probs, both float32):
+
+1. The IS weight, with NO safety clamp, exponentiated in float32 and then
+   `nan_to_num(nan=0, posinf=0, neginf=0)`: a weight that overflows float32 (exponent above
+   ln(FLT_MAX) = 88.72) becomes 0, not a large number.
+   - token level (default): w_t = e^{d_t};
+   - `sequence_level_importance_ratios: true` (GSPO; needs `token_level_loss: false`):
+     w = e^{S}, S the sum of d over token_mask * sample_mask (a PRODUCT of ratios, although
+     GSPO's own PPO ratio uses the geometric mean), broadcast;
+   - PR #2269 `is_correction_level` overrides the level of the weight only (the PPO ratio still
+     follows `sequence_level_importance_ratios`): `token`, `sequence` (e^{S}) or `sequence_mean`
+     (e^{G}, G the mean of d over token_mask).
+2. `truncated_importance_sampling_type` with U = `truncated_importance_sampling_ratio` and
+   L = `truncated_importance_sampling_ratio_min`:
+   - `tis`: w = clamp(w, L or 0, U); an overflowed weight is already 0 here, so it is raised to
+     L (or stays 0), never capped to U;
+   - `icepop`: w = w * 1[L <= w <= U] (inclusive);
+   - `seq-mask-tis` (token level only): w_t = e^{d_t} * 1[L <= e^{G} <= U], G the mean over
+     token_mask of the nan-cleaned d: raw, untruncated token weights inside a geometric mask.
+3. Only with `use_importance_sampling_correction: true` is w multiplied into the PPO/CISPO term;
+   otherwise NeMo computes w for its metrics and the loss uses 1. The loss mask never changes:
+   zeroed weights stay in the token / sequence denominators.
+
+The replay computes in float64 and reproduces the float32 overflow explicitly (a weight whose
+float32 cast is infinite is set to 0). `raw` is NeMo's weight before step 2, i.e. after the
+overflow-to-0 (what NeMo's `sampling_importance_ratio` metric averages when the correction is
+off); `seq_raw` / `seq_weight` are the per-sequence weight before / after step 2 for the sequence
+levels, and e^{G} / 1[kept] for `seq-mask-tis`.
+
+Config keys, under `loss_fn`: `use_importance_sampling_correction`,
+`truncated_importance_sampling_type`, `truncated_importance_sampling_ratio`,
+`truncated_importance_sampling_ratio_min`, `sequence_level_importance_ratios`, `token_level_loss`,
+PR #2269's `is_correction_level`; and, type-checked with NeMo's own assertions but not changing
+the weight, every other `ClippedPGLossConfig` key: `disable_ppo_ratio`, `ratio_clip_min`,
+`ratio_clip_max`, `ratio_clip_c`, `reference_policy_kl_penalty`, `reference_policy_kl_type`,
+`kl_input_clamp_value`, `kl_output_clamp_value`, `use_kl_in_reward`,
+`use_on_policy_kl_approximation`, `force_on_policy_ratio`, `use_cispo`,
+`positive_example_nll_weight`. Values follow pydantic's lax parsing (bools from "true"/"1"/1,
+floats from numeric strings).
+
+Where corrections.md section 2.3 and NeMo's code differ, or the spec is silent, the code wins:
+
+- `ClippedPGLossConfig` is a pydantic model with `extra="allow"` (loss_functions.py:111): NeMo
+  silently ignores unknown keys, and on main that includes `is_correction_level`, which only
+  PR #2269 reads. iscore rejects unknown keys and replays `is_correction_level` with the PR's
+  semantics; the PR lets `is_correction_level: sequence` run with `token_level_loss: true`.
+- A ratio with `type: null` is rejected at the first loss call, not at construction (:596, :668);
+  here it is a ConfigError. `truncated_importance_sampling_ratio_min` without a ratio and type is
+  silently unused by NeMo; the parser warns and drops it.
+- S runs over token_mask * sample_mask (:570) but G (seq-mask-tis, sequence_mean) over token_mask
+  alone (:645); iscore's single loss mask stands for both, so they agree on any dump.
+- NeMo's masked mean divides by (count + 1e-8); in float32 the 1e-8 vanishes for count >= 1, so the
+  replay divides by the count (G = 0 for a sequence without mask tokens).
+- `force_on_policy_ratio: true` makes NeMo skip the recompute and use the training forward pass
+  as prev_logprobs; with the one update per rollout it requires, that is the dump's trainer
+  log-prob, so the replay is unchanged.
+- NeMo compares float32 weights with the bounds; the float64 replay may decide a weight within one
+  float32 ulp of a bound differently.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from iscore import ops
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks._config import Section, as_float, top_level
+from iscore.replay import Replay
+
+FRAMEWORK = "nemo_rl"
+
+_LOSS_FN = "loss_fn"
+_ENABLED = f"{_LOSS_FN}.use_importance_sampling_correction"
+_TYPE = f"{_LOSS_FN}.truncated_importance_sampling_type"
+_RATIO = f"{_LOSS_FN}.truncated_importance_sampling_ratio"
+_RATIO_MIN = f"{_LOSS_FN}.truncated_importance_sampling_ratio_min"
+_SEQ_LEVEL = f"{_LOSS_FN}.sequence_level_importance_ratios"
+_TOKEN_LOSS = f"{_LOSS_FN}.token_level_loss"
+_IS_LEVEL = f"{_LOSS_FN}.is_correction_level"
+
+_TRUNCATION_TYPES = (None, "tis", "icepop", "seq-mask-tis")
+_IS_LEVELS = (None, "sequence", "sequence_mean", "token")
+
+# Pydantic's lax bool parsing, which NeMo's config models use.
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+@dataclass(frozen=True, slots=True)
+class NemoRLSpec:
+    """A validated NeMo-RL IS-correction setting; fields carry NeMo's own `loss_fn` key names.
+
+    Args:
+        name: display name.
+        use_importance_sampling_correction: whether the weight multiplies the loss.
+        truncated_importance_sampling_type: "tis", "icepop", "seq-mask-tis", or None.
+        truncated_importance_sampling_ratio: the upper bound U (> 0), with a type only.
+        truncated_importance_sampling_ratio_min: the lower bound L (<= U); required for
+            icepop and seq-mask-tis, optional for tis (0 when None).
+        sequence_level_importance_ratios: GSPO: sequence-level PPO ratio and IS weight e^{S}.
+        token_level_loss: token-mean loss (False: mean of per-sequence token means).
+        is_correction_level: PR #2269 (not on main): the IS weight's level, overriding
+            `sequence_level_importance_ratios` for the weight only; None derives it.
+
+    >>> spec = PRESETS["nemo_icepop"]
+    >>> spec.level, spec.to_config()["loss_fn"]["truncated_importance_sampling_ratio_min"]
+    ('token', 0.5)
+    """
+
+    framework: ClassVar[str] = FRAMEWORK
+
+    name: str = FRAMEWORK
+    use_importance_sampling_correction: bool = False
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
+    truncated_importance_sampling_ratio: float | None = None
+    truncated_importance_sampling_ratio_min: float | None = None
+    sequence_level_importance_ratios: bool = False
+    token_level_loss: bool = True
+    is_correction_level: Literal["sequence", "sequence_mean", "token"] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"Expected `name` to be a string, but got {self.name!r}")
+        for field, key in (
+            ("use_importance_sampling_correction", _ENABLED),
+            ("sequence_level_importance_ratios", _SEQ_LEVEL),
+            ("token_level_loss", _TOKEN_LOSS),
+        ):
+            if not isinstance(getattr(self, field), bool):
+                raise ConfigError(
+                    f"Expected `{key}` to be a bool, but got {getattr(self, field)!r}"
+                )
+        _check_choice(self.truncated_importance_sampling_type, _TYPE, _TRUNCATION_TYPES)
+        _check_choice(self.is_correction_level, _IS_LEVEL, _IS_LEVELS)
+        if self.sequence_level_importance_ratios and self.token_level_loss:
+            raise ConfigError(
+                f"Expected `{_SEQ_LEVEL}: true` to come with `{_TOKEN_LOSS}: false` (NeMo makes "
+                "sequence-level importance ratios exclusive with the token-level loss)"
+            )
+        kind = self.truncated_importance_sampling_type
+        upper = self.truncated_importance_sampling_ratio
+        lower = self.truncated_importance_sampling_ratio_min
+        if kind is None:
+            if upper is not None:
+                raise ConfigError(
+                    f"Expected `{_TYPE}` to be one of 'tis', 'icepop', 'seq-mask-tis' when "
+                    f"`{_RATIO}` is set ({upper!r}), but got None (NeMo raises 'Invalid truncated "
+                    "importance sampling type: None')"
+                )
+            if lower is not None:
+                raise ConfigError(
+                    f"Expected `{_RATIO_MIN}` to be None without `{_TYPE}`, but got {lower!r}"
+                )
+            return
+        if not self.use_importance_sampling_correction:
+            raise ConfigError(
+                f"Expected `{_ENABLED}: true` with `{_TYPE}: {kind}` (NeMo supports truncated "
+                "importance sampling only with the correction on), but got false"
+            )
+        if upper is None:
+            raise ConfigError(f"Expected `{_RATIO}` to be a float > 0 with `{_TYPE}: {kind}`")
+        upper = as_float(upper, _RATIO, gt=0.0)
+        object.__setattr__(self, "truncated_importance_sampling_ratio", upper)
+        if lower is None:
+            if kind != "tis":
+                raise ConfigError(
+                    f"Missing `{_RATIO_MIN}`: NeMo requires it with `{_TYPE}: {kind}`"
+                )
+        else:
+            lower = as_float(lower, _RATIO_MIN)
+            if not lower <= upper:
+                raise ConfigError(
+                    f"Expected `{_RATIO_MIN}` <= `{_RATIO}` ({upper!r}), but got {lower!r}"
+                )
+            object.__setattr__(self, "truncated_importance_sampling_ratio_min", lower)
+        if kind == "seq-mask-tis" and self.level != "token":
+            key = _IS_LEVEL if self.is_correction_level is not None else _SEQ_LEVEL
+            raise ConfigError(
+                f"Expected token-level IS weights with `{_TYPE}: seq-mask-tis` (raw token "
+                f"weights inside a sequence mask), but `{key}` makes them {self.level!r}"
+            )
+
+    @property
+    def level(self) -> Literal["token", "sequence", "sequence_mean"]:
+        """The IS weight's level: `is_correction_level`, else from the GSPO flag."""
+        if self.is_correction_level is not None:
+            return self.is_correction_level
+        return "sequence" if self.sequence_level_importance_ratios else "token"
+
+    def to_config(self) -> dict[str, Any]:
+        """The iscore config of this setting in NeMo's `loss_fn` keys, the inverse of `parse`
+        (`is_correction_level` only when set, as main does not know it)."""
+        loss_fn: dict[str, Any] = {
+            "use_importance_sampling_correction": self.use_importance_sampling_correction,
+            "truncated_importance_sampling_type": self.truncated_importance_sampling_type,
+            "truncated_importance_sampling_ratio": self.truncated_importance_sampling_ratio,
+            "truncated_importance_sampling_ratio_min": self.truncated_importance_sampling_ratio_min,
+            "sequence_level_importance_ratios": self.sequence_level_importance_ratios,
+            "token_level_loss": self.token_level_loss,
+        }
+        if self.is_correction_level is not None:
+            loss_fn["is_correction_level"] = self.is_correction_level
+        return {"framework": FRAMEWORK, "name": self.name, "loss_fn": loss_fn}
+
+    def replay(self, batch: TokenBatch) -> Replay:
+        """Per-token weight (and the unchanged keep mask) of this setting over `batch`."""
+        d = ops.log_ratio(batch)
+        mask = batch.loss_mask
+        if self.level == "token":
+            seq_raw = None
+            raw = _float32_exp(d)
+        else:
+            if self.level == "sequence":
+                exponent = ops.segment_sum(d, batch, mask)
+            else:
+                exponent = ops.segment_mean(d, batch, mask)
+            seq_raw = _float32_exp(exponent)
+            raw = ops.broadcast(seq_raw, batch)
+
+        if self.truncated_importance_sampling_type == "seq-mask-tis":
+            # Token level only: raw token weights, zeroed outside the geometric-mean band.
+            cleaned = torch.nan_to_num(d, nan=0.0, posinf=0.0, neginf=0.0)
+            seq_raw = torch.exp(ops.segment_mean(cleaned, batch, mask))
+            seq_weight = ops.band(
+                seq_raw,
+                self.truncated_importance_sampling_ratio_min,
+                self.truncated_importance_sampling_ratio,
+            ).double()
+            weight = raw * ops.broadcast(seq_weight, batch)
+        elif seq_raw is None:
+            seq_weight = None
+            weight = self._truncate(raw)
+        else:
+            seq_weight = self._truncate(seq_raw)
+            weight = ops.broadcast(seq_weight, batch)
+
+        if not self.use_importance_sampling_correction:
+            # NeMo still computes the weights (for its metrics) but multiplies the loss by 1.
+            weight = torch.ones_like(raw)
+            seq_weight = None if seq_weight is None else torch.ones_like(seq_weight)
+        return Replay.build(batch, weight, mask, raw, seq_raw=seq_raw, seq_weight=seq_weight)
+
+    def _truncate(self, w: torch.Tensor) -> torch.Tensor:
+        """`tis`: clamp into [L or 0, U]; `icepop`: zero outside [L, U]; else unchanged."""
+        upper = self.truncated_importance_sampling_ratio
+        lower = self.truncated_importance_sampling_ratio_min
+        if self.truncated_importance_sampling_type == "tis":
+            return ops.truncate(w, 0.0 if lower is None else lower, upper)
+        if self.truncated_importance_sampling_type == "icepop":
+            return torch.where(ops.band(w, lower, upper), w, 0.0)
+        return w
+
+
+def _float32_exp(x: torch.Tensor) -> torch.Tensor:
+    """e^x as NeMo gets it: float32 exp, where overflow to inf (and NaN) becomes 0.
+
+    Computed in float64; values whose float32 cast is not finite are zeroed, reproducing
+    `torch.nan_to_num(torch.exp(x_fp32), nan=0, posinf=0, neginf=0)`.
+    """
+    w = torch.exp(x.double())
+    return torch.where(torch.isfinite(w.float()), w, 0.0)
+
+
+def _check_choice(value: Any, key: str, choices: tuple[str | None, ...]) -> None:
+    if value not in choices:
+        allowed = ", ".join("null" if c is None else repr(c) for c in choices)
+        raise ConfigError(f"Expected `{key}` to be one of {allowed}, but got {value!r}")
+
+
+def _lax_bool(section: Section, key: str, default: bool) -> bool:
+    """A bool as pydantic's lax mode reads it: bools, 0/1, and "true"/"false"-like strings."""
+    value = section.raw(key, default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(f"Expected `{section.key(key)}` to be a bool, but got {value!r}")
+
+
+def parse(config: Mapping[str, Any]) -> NemoRLSpec:
+    """Parse a NeMo-RL config (its `loss_fn` section, plus `framework: nemo_rl` and `name:`).
+
+    >>> loss_fn = {"use_importance_sampling_correction": True}
+    >>> loss_fn |= {"truncated_importance_sampling_type": "seq-mask-tis"}
+    >>> loss_fn |= {"truncated_importance_sampling_ratio": 1.002}
+    >>> loss_fn |= {"truncated_importance_sampling_ratio_min": 0.999}
+    >>> spec = parse({"framework": "nemo_rl", "loss_fn": loss_fn})
+    >>> spec.level, spec.truncated_importance_sampling_ratio_min
+    ('token', 0.999)
+
+    Raises:
+        ConfigError: an unknown key, a wrong type or value, or a combination NeMo-RL rejects;
+            the message names the key.
+    """
+    top, name = top_level(config, FRAMEWORK)
+    loss = top.section("loss_fn")
+    top.done()
+
+    enabled = _lax_bool(loss, "use_importance_sampling_correction", False)
+    kind = loss.choice("truncated_importance_sampling_type", None, _TRUNCATION_TYPES)
+    upper = loss.float("truncated_importance_sampling_ratio", None)
+    lower = loss.float("truncated_importance_sampling_ratio_min", None)
+    seq_level = _lax_bool(loss, "sequence_level_importance_ratios", False)
+    token_level_loss = _lax_bool(loss, "token_level_loss", True)
+    is_level = loss.choice("is_correction_level", None, _IS_LEVELS)
+    _parse_other_keys(loss, seq_level=seq_level, token_level_loss=token_level_loss)
+    loss.done()
+
+    if kind is None and upper is None and lower is not None:
+        warnings.warn(
+            f"NeMo-RL ignores `{_RATIO_MIN}` without `{_TYPE}` and `{_RATIO}`; it is dropped",
+            UserWarning,
+            stacklevel=2,
+        )
+        lower = None
+    return NemoRLSpec(
+        name=name,
+        use_importance_sampling_correction=enabled,
+        truncated_importance_sampling_type=kind,
+        truncated_importance_sampling_ratio=upper,
+        truncated_importance_sampling_ratio_min=lower,
+        sequence_level_importance_ratios=seq_level,
+        token_level_loss=token_level_loss,
+        is_correction_level=is_level,
+    )
+
+
+def _parse_other_keys(loss: Section, *, seq_level: bool, token_level_loss: bool) -> None:
+    """Type-check the `ClippedPGLossConfig` keys that do not change the IS weight, with the
+    assertions NeMo's `ClippedPGLossFn` makes on them."""
+    loss.float("ratio_clip_min", 0.2)
+    loss.float("ratio_clip_max", 0.2)
+    clip_c = loss.float("ratio_clip_c", None)
+    if clip_c is not None and not clip_c > 1:
+        raise ConfigError(
+            f"Expected `{loss.key('ratio_clip_c')}` to be a float > 1 or null, but got {clip_c!r}"
+        )
+    loss.float("reference_policy_kl_penalty", 0.01)
+    loss.choice("reference_policy_kl_type", "k3", ("k1", "k2", "k3"))
+    loss.float("kl_input_clamp_value", 20.0, nullable=True)
+    loss.float("kl_output_clamp_value", 10.0, nullable=True)
+    loss.float("positive_example_nll_weight", 0.0)
+    for key in ("use_kl_in_reward", "use_on_policy_kl_approximation"):
+        _lax_bool(loss, key, False)
+    disable_ppo_ratio = _lax_bool(loss, "disable_ppo_ratio", False)
+    force_on_policy_ratio = _lax_bool(loss, "force_on_policy_ratio", False)
+    if not _lax_bool(loss, "use_cispo", False):
+        return
+    conflicts = {
+        "disable_ppo_ratio": disable_ppo_ratio,
+        "force_on_policy_ratio": force_on_policy_ratio,
+        "sequence_level_importance_ratios": seq_level,
+        "ratio_clip_c": clip_c is not None,
+        "token_level_loss": not token_level_loss,
+    }
+    for key, conflict in conflicts.items():
+        if conflict:
+            wanted = "true" if key == "token_level_loss" else "false or null"
+            raise ConfigError(
+                f"Expected `{loss.key(key)}` to be {wanted} with `{loss.key('use_cispo')}: true` "
+                "(NeMo rejects the combination)"
+            )
+
+
+def _presets() -> dict[str, NemoRLSpec]:
+    """NeMo-RL's documented reference settings (loss_functions.py comments, ProRL guide)."""
+    ratio, ratio_min = (
+        "truncated_importance_sampling_ratio",
+        "truncated_importance_sampling_ratio_min",
+    )
+    kind = "truncated_importance_sampling_type"
+    table: dict[str, dict[str, Any]] = {
+        # Raw, untruncated token weights e^d.
+        "nemo_is": {},
+        "nemo_tis": {kind: "tis", ratio: 2.0},
+        "nemo_icepop": {kind: "icepop", ratio: 5.0, ratio_min: 0.5},
+        # ProRL v2.1's recommendation for reasoning.
+        "nemo_seq_mask_tis": {kind: "seq-mask-tis", ratio: 1.002, ratio_min: 0.999},
+        # GSPO's product weight e^S.
+        "nemo_gspo_is": {"sequence_level_importance_ratios": True, "token_level_loss": False},
+    }
+    return {
+        name: NemoRLSpec(name=name, use_importance_sampling_correction=True, **fields)
+        for name, fields in table.items()
+    }
+
+
+PRESETS: dict[str, NemoRLSpec] = _presets()
+"""NeMo-RL's reference settings, under descriptive iscore names (all with the correction on)."""

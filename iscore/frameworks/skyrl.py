@@ -1,0 +1,598 @@
+"""SkyRL's off-policy correction (`trainer.algorithm.off_policy_correction`) and its two
+rollout-anchored policy losses (`policy_loss_type: rollout_is`, `cispo` with
+`cispo.cispo_anchor: rollout`).
+
+Replays NovaSky-AI/SkyRL@a9564572 (2026-08-21):
+`skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py` (`compute_off_policy_correction`),
+the policy losses of `skyrl/backends/skyrl_train/utils/ppo_utils.py`, the config dataclasses of
+`skyrl/train/config/config.py` (`OffPolicyCorrectionConfig`, `AlgorithmConfig`, `CISPOConfig`) and
+the checks of `validate_cfg` in `skyrl/train/utils/utils.py`.
+
+What SkyRL computes, in its order, inside every policy loss that applies the correction (`regular`,
+`dual_clip`, `gspo`, `sapo`, `cispo`, `rollout_is`, `dppo`), after the loss's own per-token term:
+
+0. d = old_log_probs - rollout_logprobs, rho = e^{clamp(d, +-20)}.
+1. Outlier sequence mask (`outlier_token_is_threshold_low` / `_high`, either alone enables it): a
+   sequence is dropped from the loss mask if any of its loss-mask tokens has rho > high or
+   rho < low (bounds inclusive: a token exactly at a bound is in range).
+2. Token mask (`token_mask_is_threshold_low` AND `_high`; SkyRL ignores a lone one): a token leaves
+   the loss mask unless low <= rho <= high. A pure mask: kept tokens get no ratio weight.
+3. TIS (`tis_ratio_type`), detached, multiplying the loss term: token: w_t = min(rho_t,
+   `token_tis_ratio_clip_high`); sequence: w = min(e^{clamp(S', +-20)},
+   `sequence_tis_ratio_clip_high`), S' the sum of d over the loss mask AS UPDATED by steps 1-2. No
+   lower clamp.
+4. Sequence mask (`sequence_mask_metric`) over the same updated mask: geometric:
+   G' = S' / max(T', 1), keep iff geo_mask_low <= e^{clamp(G', +-20)} <= geo_mask_high (a row
+   with no token left has G' = 0, ratio 1, and passes the default bounds); product: keep iff
+   product_mask_low <= e^{clamp(S', +-20)} <= product_mask_high.
+5. loss = sum(term * w * mask); the denominators (advantage pre-scaling by token counts) come from
+   the ORIGINAL mask, so masked tokens simply contribute nothing.
+
+The policy loss's own detached factor, replayed as part of `weight` (it needs `policy_logprob`):
+
+- `rollout_is` (GLM-5 agentic loss): r = e^{clamp(policy - rollout, +-20)},
+  w = r * 1[1 - eps_clip_low < r < 1 + eps_clip_high] (STRICT bounds, hard zero, mask unchanged).
+- `cispo` with `cispo.cispo_anchor: rollout`: w = clamp(r, 1 - cispo_eps_clip_low,
+  1 + cispo_eps_clip_high) ([0, 5] by default). The off-policy masks still apply on top; TIS is
+  refused (it would count the mismatch twice).
+- every other loss (and `cispo` anchored on `old`) multiplies by a PPO-side ratio against the
+  trainer's own log-probs, which is not a mismatch correction: the replayed factor is 1.
+
+`weight` is that factor times the TIS weight; `keep` is the updated loss mask. `raw` is r for
+`rollout_is` / rollout-anchored `cispo`, the broadcast sequence ratio e^{clamp(S', +-20)} for
+sequence TIS, and rho otherwise. `seq_raw` / `seq_weight` are set when a sequence-level stage runs:
+the sequence TIS ratio and its truncated value, or (mask only) the mask statistic and 1; both
+times 1[the sequence survives the outlier and sequence masks] for `seq_weight`.
+
+Config keys: `trainer.algorithm.off_policy_correction.*` (all twelve), `trainer.algorithm.
+{policy_loss_type, eps_clip_low, eps_clip_high, use_tis, tis_imp_ratio_cap}` and
+`trainer.algorithm.cispo.{cispo_anchor, cispo_eps_clip_low, cispo_eps_clip_high}`. The other
+`AlgorithmConfig` keys are type-checked and ignored, so a whole `trainer.algorithm` block parses.
+Missing keys take the dataclass defaults (SkyRL's YAML and dataclass agree).
+
+Where corrections.md section 2.2 and SkyRL's code differ, or the spec is silent, the code wins:
+
+- Legacy `use_tis: true` (utils.py:400-406) ALWAYS overwrites `tis_ratio_type` with "token" and
+  `token_tis_ratio_clip_high` with `tis_imp_ratio_cap`, even when the new keys are set; SkyRL only
+  logs a warning. `tis_imp_ratio_cap` defaults to -1.0 and SkyRL never checks it, so
+  `use_tis: true` without a cap makes every weight min(rho, -1) = -1; iscore rejects a cap <= 0.
+- A lone `token_mask_is_threshold_low` or `_high` is silently ignored by SkyRL
+  (off_policy_correction_utils.py:17-20); the parser warns and replays no token mask.
+- `clip_cov` / `kl_cov` never call the correction; `validate_cfg` (utils.py:438) rejects them only
+  when `tis_ratio_type` or `sequence_mask_metric` is set, so outlier / token masks alone are
+  accepted and silently do nothing (replayed as no correction). `cross_entropy` and
+  `importance_sampling` likewise never apply it and are not rejected.
+- `cispo_anchor: rollout` with `tis_ratio_type` raises only when the loss runs (ppo_utils.py:772);
+  here it is a ConfigError at parse time.
+- SkyRL never checks that caps are > 0, bounds >= 0, low <= high or eps >= 0; iscore does (a
+  negative cap flips the gradient's sign, low > high masks everything).
+- SkyRL exponentiates in float32 (`safe_exp_delta` casts to float32) and sums S in the log-probs'
+  dtype; the replay works in float64, so a ratio within one float32 ulp of a bound may be decided
+  differently (e.g. d = float32(ln 2): float32 gives rho = 2.0 exactly, float64 2.0000000038).
+- The docs write the sequence and outlier masks with strict inequalities; the code keeps ratios
+  equal to a bound (`>`/`<` reject), as replayed here.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, get_args
+
+import torch
+
+from iscore import ops
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks._config import Section, as_float, top_level
+from iscore.replay import Replay
+
+FRAMEWORK = "skyrl"
+
+PolicyLossType = Literal[
+    "regular",
+    "dual_clip",
+    "gspo",
+    "sapo",
+    "cispo",
+    "rollout_is",
+    "dppo",
+    "clip_cov",
+    "kl_cov",
+    "cross_entropy",
+    "importance_sampling",
+]
+POLICY_LOSS_TYPES: tuple[str, ...] = get_args(PolicyLossType)
+"""SkyRL's built-in `PolicyLossRegistry` entries (custom registered losses cannot be replayed)."""
+
+_WITHOUT_CORRECTION = ("clip_cov", "kl_cov", "cross_entropy", "importance_sampling")
+"""Losses that never call `apply_off_policy_correction`."""
+
+_ALGORITHM = "trainer.algorithm"
+_OPC = f"{_ALGORITHM}.off_policy_correction"
+_CISPO = f"{_ALGORITHM}.cispo"
+
+# Field -> full SkyRL key, for messages.
+_KEYS: dict[str, str] = {
+    **{
+        field: f"{_OPC}.{field}"
+        for field in (
+            "tis_ratio_type",
+            "token_tis_ratio_clip_high",
+            "sequence_tis_ratio_clip_high",
+            "sequence_mask_metric",
+            "geo_mask_high",
+            "geo_mask_low",
+            "product_mask_high",
+            "product_mask_low",
+            "outlier_token_is_threshold_low",
+            "outlier_token_is_threshold_high",
+            "token_mask_is_threshold_low",
+            "token_mask_is_threshold_high",
+        )
+    },
+    "policy_loss_type": f"{_ALGORITHM}.policy_loss_type",
+    "eps_clip_low": f"{_ALGORITHM}.eps_clip_low",
+    "eps_clip_high": f"{_ALGORITHM}.eps_clip_high",
+    "cispo_anchor": f"{_CISPO}.cispo_anchor",
+    "cispo_eps_clip_low": f"{_CISPO}.cispo_eps_clip_low",
+    "cispo_eps_clip_high": f"{_CISPO}.cispo_eps_clip_high",
+}
+
+# (low, high) field pairs that must satisfy low <= high when both are set.
+_BOUND_PAIRS = (
+    ("geo_mask_low", "geo_mask_high"),
+    ("product_mask_low", "product_mask_high"),
+    ("outlier_token_is_threshold_low", "outlier_token_is_threshold_high"),
+    ("token_mask_is_threshold_low", "token_mask_is_threshold_high"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SkyRLSpec:
+    """A validated SkyRL off-policy correction setting; fields carry SkyRL's own key names.
+
+    Args:
+        name: display name.
+        tis_ratio_type: "token", "sequence", or None (no TIS weight).
+        token_tis_ratio_clip_high: token TIS cap.
+        sequence_tis_ratio_clip_high: sequence TIS cap.
+        sequence_mask_metric: "geometric", "product", or None (no sequence mask).
+        geo_mask_low: lower bound on the geometric-mean ratio.
+        geo_mask_high: upper bound on the geometric-mean ratio.
+        product_mask_low: lower bound on the sequence product ratio.
+        product_mask_high: upper bound on the sequence product ratio.
+        outlier_token_is_threshold_low: drop a sequence with any token ratio below it; None: off.
+        outlier_token_is_threshold_high: drop a sequence with any token ratio above it; None: off.
+        token_mask_is_threshold_low: token mask lower bound; applied only with `_high` set.
+        token_mask_is_threshold_high: token mask upper bound; applied only with `_low` set.
+        policy_loss_type: `trainer.algorithm.policy_loss_type`.
+        eps_clip_low: `rollout_is` keeps ratios above 1 - eps_clip_low.
+        eps_clip_high: `rollout_is` keeps ratios below 1 + eps_clip_high.
+        cispo_anchor: "old" or "rollout": what CISPO's ratio is taken against.
+        cispo_eps_clip_low: CISPO clamps its ratio at 1 - cispo_eps_clip_low from below.
+        cispo_eps_clip_high: CISPO clamps its ratio at 1 + cispo_eps_clip_high from above.
+
+    >>> spec = SkyRLSpec(sequence_mask_metric="geometric")
+    >>> opc = spec.to_config()["trainer"]["algorithm"]["off_policy_correction"]
+    >>> spec.corrects, opc["geo_mask_low"], opc["geo_mask_high"]
+    (True, 0.99, 1.01)
+    """
+
+    framework: ClassVar[str] = FRAMEWORK
+
+    name: str = FRAMEWORK
+    tis_ratio_type: Literal["token", "sequence"] | None = None
+    token_tis_ratio_clip_high: float = 2.0
+    sequence_tis_ratio_clip_high: float = 5.0
+    sequence_mask_metric: Literal["product", "geometric"] | None = None
+    geo_mask_low: float = 0.99
+    geo_mask_high: float = 1.01
+    product_mask_low: float = 0.5
+    product_mask_high: float = 2.0
+    outlier_token_is_threshold_low: float | None = None
+    outlier_token_is_threshold_high: float | None = None
+    token_mask_is_threshold_low: float | None = None
+    token_mask_is_threshold_high: float | None = None
+    policy_loss_type: PolicyLossType = "regular"
+    eps_clip_low: float = 0.2
+    eps_clip_high: float = 0.2
+    cispo_anchor: Literal["old", "rollout"] = "old"
+    cispo_eps_clip_low: float = 1.0
+    cispo_eps_clip_high: float = 4.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"Expected `name` to be a string, but got {self.name!r}")
+        _check_choice(self, "tis_ratio_type", (None, "token", "sequence"))
+        _check_choice(self, "sequence_mask_metric", (None, "product", "geometric"))
+        _check_choice(self, "policy_loss_type", POLICY_LOSS_TYPES)
+        _check_choice(self, "cispo_anchor", ("old", "rollout"))
+        for field in ("token_tis_ratio_clip_high", "sequence_tis_ratio_clip_high"):
+            _set_float(self, field, gt=0.0)
+        for field in ("eps_clip_low", "eps_clip_high", "cispo_eps_clip_low", "cispo_eps_clip_high"):
+            _set_float(self, field, ge=0.0)
+        for low, high in _BOUND_PAIRS:
+            optional = low.startswith(("outlier", "token"))
+            for field in (low, high):
+                if not optional or getattr(self, field) is not None:
+                    _set_float(self, field, ge=0.0)
+            lo, hi = getattr(self, low), getattr(self, high)
+            if lo is not None and hi is not None and lo > hi:
+                raise ConfigError(
+                    f"Expected `{_KEYS[low]}` <= `{_KEYS[high]}` ({hi!r}), but got {lo!r} "
+                    "(SkyRL would mask every token)"
+                )
+        uses_weight_or_seq_mask = (
+            self.tis_ratio_type is not None or self.sequence_mask_metric is not None
+        )
+        if self.policy_loss_type in ("clip_cov", "kl_cov") and uses_weight_or_seq_mask:
+            raise ConfigError(
+                f"Expected `{_KEYS['policy_loss_type']}` to support off_policy_correction, but got "
+                f"{self.policy_loss_type!r}: SkyRL rejects `tis_ratio_type` / "
+                "`sequence_mask_metric` with clip_cov and kl_cov"
+            )
+        if self.rollout_anchored_cispo and self.tis_ratio_type is not None:
+            raise ConfigError(
+                f"Expected `{_KEYS['tis_ratio_type']}` to be null with `{_KEYS['cispo_anchor']}: "
+                f"rollout` (the CISPO ratio already corrects the mismatch; TIS would count it "
+                f"twice), but got {self.tis_ratio_type!r}"
+            )
+
+    @property
+    def rollout_anchored_cispo(self) -> bool:
+        """Whether the loss is CISPO with its ratio taken against the rollout log-probs."""
+        return self.policy_loss_type == "cispo" and self.cispo_anchor == "rollout"
+
+    @property
+    def needs_policy(self) -> bool:
+        """Whether replaying needs the current policy's log-probs (`policy_logprob`)."""
+        return self.policy_loss_type == "rollout_is" or self.rollout_anchored_cispo
+
+    @property
+    def token_mask_enabled(self) -> bool:
+        """SkyRL applies the token mask only when both thresholds are set."""
+        return (
+            self.token_mask_is_threshold_low is not None
+            and self.token_mask_is_threshold_high is not None
+        )
+
+    @property
+    def outlier_mask_enabled(self) -> bool:
+        """Either outlier threshold alone enables the outlier sequence mask."""
+        return (
+            self.outlier_token_is_threshold_low is not None
+            or self.outlier_token_is_threshold_high is not None
+        )
+
+    @property
+    def corrects(self) -> bool:
+        """Whether the off-policy correction runs at all (some stage on, a loss that calls it)."""
+        enabled = (
+            self.tis_ratio_type is not None
+            or self.sequence_mask_metric is not None
+            or self.outlier_mask_enabled
+            or self.token_mask_enabled
+        )
+        return enabled and self.policy_loss_type not in _WITHOUT_CORRECTION
+
+    def to_config(self) -> dict[str, Any]:
+        """The iscore config of this setting in SkyRL's nesting, the inverse of `parse`."""
+        opc = {field: getattr(self, field) for field in _KEYS if _KEYS[field].startswith(_OPC)}
+        return {
+            "framework": FRAMEWORK,
+            "name": self.name,
+            "trainer": {
+                "algorithm": {
+                    "policy_loss_type": self.policy_loss_type,
+                    "eps_clip_low": self.eps_clip_low,
+                    "eps_clip_high": self.eps_clip_high,
+                    "off_policy_correction": opc,
+                    "cispo": {
+                        "cispo_anchor": self.cispo_anchor,
+                        "cispo_eps_clip_low": self.cispo_eps_clip_low,
+                        "cispo_eps_clip_high": self.cispo_eps_clip_high,
+                    },
+                }
+            },
+        }
+
+    def replay(self, batch: TokenBatch) -> Replay:
+        """Per-token weight and keep mask of this setting over `batch`.
+
+        Raises:
+            ConfigError: `rollout_is` or rollout-anchored `cispo` on a batch without the
+                `policy_logprob` column.
+        """
+        if self.needs_policy and batch.policy is None:
+            setting = f"`{_KEYS['policy_loss_type']}: {self.policy_loss_type}`"
+            if self.rollout_anchored_cispo:
+                setting += f" with `{_KEYS['cispo_anchor']}: rollout`"
+            raise ConfigError(
+                f"{setting} weights tokens by the current policy over the rollout and needs the "
+                "`policy_logprob` column, which the dump lacks"
+            )
+        d = ops.log_ratio(batch)
+        rho = ops.exp(d)
+        loss_weight, raw = self._loss_factor(batch, rho)
+        keep = batch.loss_mask
+        if not self.corrects:
+            return Replay.build(batch, loss_weight, keep, raw)
+
+        # Steps 1-2 shrink the loss mask; steps 3-4 read the shrunk mask.
+        seq_keep = torch.ones(batch.num_sequences, dtype=torch.bool, device=batch.device)
+        if self.outlier_mask_enabled:
+            in_range = ops.band(
+                rho, self.outlier_token_is_threshold_low, self.outlier_token_is_threshold_high
+            )
+            seq_keep = ops.segment_all(in_range | ~keep, batch)
+            keep = keep & ops.broadcast(seq_keep, batch)
+        if self.token_mask_enabled:
+            keep = keep & ops.band(
+                rho, self.token_mask_is_threshold_low, self.token_mask_is_threshold_high
+            )
+        seq_sum = ops.segment_sum(d, batch, keep)
+
+        tis_weight = torch.ones_like(rho)
+        seq_raw = seq_factor = None
+        if self.tis_ratio_type == "token":
+            tis_weight = ops.truncate(rho, upper=self.token_tis_ratio_clip_high)
+        elif self.tis_ratio_type == "sequence":
+            seq_raw = ops.exp(seq_sum)
+            seq_factor = ops.truncate(seq_raw, upper=self.sequence_tis_ratio_clip_high)
+            tis_weight = ops.broadcast(seq_factor, batch)
+            if not self.needs_policy:
+                raw = ops.broadcast(seq_raw, batch)
+
+        if self.sequence_mask_metric is not None:
+            if self.sequence_mask_metric == "geometric":
+                # max(T', 1): a row with no token left gets G' = 0, i.e. ratio 1.
+                count = ops.segment_count(batch, keep).clamp(min=1.0)
+                statistic = ops.exp(seq_sum / count)
+                in_bounds = ops.band(statistic, self.geo_mask_low, self.geo_mask_high)
+            else:
+                statistic = ops.exp(seq_sum)
+                in_bounds = ops.band(statistic, self.product_mask_low, self.product_mask_high)
+            seq_keep = seq_keep & in_bounds
+            keep = keep & ops.broadcast(in_bounds, batch)
+            if seq_raw is None:
+                seq_raw, seq_factor = statistic, torch.ones_like(statistic)
+
+        seq_weight = None if seq_factor is None else torch.where(seq_keep, seq_factor, 0.0)
+        return Replay.build(
+            batch, loss_weight * tis_weight, keep, raw, seq_raw=seq_raw, seq_weight=seq_weight
+        )
+
+    def _loss_factor(
+        self, batch: TokenBatch, rho: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy loss's own detached factor and the ratio it starts from (else 1 and rho)."""
+        if not self.needs_policy:
+            return torch.ones_like(rho), rho
+        ratio = ops.exp(ops.log_ratio(batch, "policy"))
+        if self.policy_loss_type == "rollout_is":
+            # Strict bounds: a ratio exactly at 1 +- eps is zeroed.
+            inside = (ratio > 1.0 - self.eps_clip_low) & (ratio < 1.0 + self.eps_clip_high)
+            return torch.where(inside, ratio, 0.0), ratio
+        bounded = ops.truncate(ratio, 1.0 - self.cispo_eps_clip_low, 1.0 + self.cispo_eps_clip_high)
+        return bounded, ratio
+
+
+def _check_choice(spec: SkyRLSpec, field: str, choices: tuple[str | None, ...]) -> None:
+    value = getattr(spec, field)
+    if value not in choices:
+        allowed = ", ".join("null" if c is None else repr(c) for c in choices)
+        raise ConfigError(f"Expected `{_KEYS[field]}` to be one of {allowed}, but got {value!r}")
+
+
+def _set_float(
+    spec: SkyRLSpec, field: str, *, gt: float | None = None, ge: float | None = None
+) -> None:
+    """Validate a float field (ints and numeric strings accepted; NaN fails the bound) and
+    store it as a float."""
+    object.__setattr__(spec, field, as_float(getattr(spec, field), _KEYS[field], gt=gt, ge=ge))
+
+
+def _ignored(section: Section, key: str, kind: str) -> None:
+    """Type-check an `AlgorithmConfig` key that does not change the correction."""
+    if kind == "bool":
+        section.bool(key, False)
+    elif kind == "float":
+        section.float(key, 0.0)
+    elif kind == "float?":
+        section.float(key, None, nullable=True)
+    elif kind == "int":
+        section.int(key, 0)
+    else:
+        value = section.raw(key, None)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"Expected `{section.key(key)}` to be a string, but got {value!r}")
+
+
+# `AlgorithmConfig` keys that do not change the correction, with their types.
+_IGNORED_ALGORITHM_KEYS = {
+    "advantage_estimator": "str",
+    "use_kl_in_reward": "bool",
+    "use_kl_loss": "bool",
+    "kl_loss_coef": "float",
+    "use_entropy_loss": "bool",
+    "entropy_loss_coef": "float",
+    "temperature": "float?",
+    "advantage_batch_normalize": "bool",
+    "value_head_prefix": "str",
+    "grpo_norm_by_std": "bool",
+    "zero_variance_filter": "bool",
+    "zero_variance_filter_tol": "float",
+    "lambd": "float",
+    "gamma": "float",
+    "clip_ratio_c": "float",
+    "value_clip": "float",
+}
+_IGNORED_SUBSECTIONS = {
+    "kl_ctrl": {"kl_target": "float", "horizon": "int"},
+    "sapo": {"tau_pos": "float", "tau_neg": "float"},
+    "dynamic_sampling": {"max_sample_batches": "int", "min_replace_ratio": "float"},
+    "clip_cov": {"clip_ratio": "float", "clip_cov_lb": "float", "clip_cov_ub": "float"},
+    "kl_cov": {"kl_cov_frac": "float", "ppo_kl_coef": "float"},
+    "dppo": {"delta_low": "float", "delta_high": "float"},
+}
+_LOSS_REDUCTIONS = (
+    "token_mean",
+    "token_mean_legacy",
+    "sequence_mean",
+    "seq_mean_token_sum_norm",
+    "prompt_mean",
+)
+
+
+def _parse_ignored(algorithm: Section) -> None:
+    """Type-check the rest of `trainer.algorithm`, with the checks `validate_cfg` makes."""
+    for key, kind in _IGNORED_ALGORITHM_KEYS.items():
+        _ignored(algorithm, key, kind)
+    for name, keys in _IGNORED_SUBSECTIONS.items():
+        section = algorithm.section(name)
+        for key, kind in keys.items():
+            _ignored(section, key, kind)
+        if name == "kl_ctrl":
+            section.choice("type", "fixed", ("fixed", "adaptive"))
+        elif name == "dynamic_sampling":
+            section.choice("type", None, (None, "filter", "replace"))
+        elif name == "dppo":
+            section.choice("dppo_type", "binary_tv", ("binary_tv", "binary_kl"))
+        section.done()
+    algorithm.choice("kl_estimator_type", "k3", ("k1", "k2", "k3", "abs"))
+    reduction = algorithm.choice("loss_reduction", "token_mean", _LOSS_REDUCTIONS)
+    max_seq_len = algorithm.int("max_seq_len", None, ge=1)
+    if reduction == "seq_mean_token_sum_norm" and max_seq_len is None:
+        raise ConfigError(
+            f"Missing `{_ALGORITHM}.max_seq_len`: SkyRL requires it with "
+            f"`{_ALGORITHM}.loss_reduction: seq_mean_token_sum_norm`"
+        )
+    if algorithm.data.get("use_kl_in_reward") and algorithm.data.get("use_kl_loss", True):
+        raise ConfigError(
+            f"Expected `{_ALGORITHM}.use_kl_in_reward` and `{_ALGORITHM}.use_kl_loss` not to be "
+            "both true (SkyRL makes them mutually exclusive; `use_kl_loss` defaults to true)"
+        )
+
+
+def parse(config: Mapping[str, Any]) -> SkyRLSpec:
+    """Parse a SkyRL config (`trainer.algorithm...`, plus `framework: skyrl` and `name:`).
+
+    >>> opc = {"sequence_mask_metric": "geometric", "tis_ratio_type": "token"}
+    >>> algorithm = {"off_policy_correction": opc}
+    >>> spec = parse({"framework": "skyrl", "trainer": {"algorithm": algorithm}})
+    >>> spec.sequence_mask_metric, spec.tis_ratio_type, spec.token_tis_ratio_clip_high
+    ('geometric', 'token', 2.0)
+
+    Raises:
+        ConfigError: an unknown key, a wrong type or value, or a combination SkyRL rejects; the
+            message names the key.
+    """
+    top, name = top_level(config, FRAMEWORK)
+    trainer = top.section("trainer")
+    top.done()
+    algorithm = trainer.section("algorithm")
+    trainer.done()
+
+    opc = algorithm.section("off_policy_correction")
+    fields: dict[str, Any] = {
+        "tis_ratio_type": opc.choice("tis_ratio_type", None, (None, "token", "sequence")),
+        "sequence_mask_metric": opc.choice(
+            "sequence_mask_metric", None, (None, "product", "geometric")
+        ),
+    }
+    for field in SkyRLSpec.__dataclass_fields__:
+        if _KEYS.get(field, "").startswith(_OPC) and field not in fields:
+            default = SkyRLSpec.__dataclass_fields__[field].default
+            fields[field] = opc.float(field, default, nullable=default is None)
+    opc.done()
+
+    cispo = algorithm.section("cispo")
+    fields["cispo_anchor"] = cispo.choice("cispo_anchor", "old", ("old", "rollout"))
+    fields["cispo_eps_clip_low"] = cispo.float("cispo_eps_clip_low", 1.0)
+    fields["cispo_eps_clip_high"] = cispo.float("cispo_eps_clip_high", 4.0)
+    cispo.done()
+
+    fields["policy_loss_type"] = algorithm.choice("policy_loss_type", "regular", POLICY_LOSS_TYPES)
+    fields["eps_clip_low"] = algorithm.float("eps_clip_low", 0.2)
+    fields["eps_clip_high"] = algorithm.float("eps_clip_high", 0.2)
+    _apply_legacy_tis(algorithm, fields)
+    _parse_ignored(algorithm)
+    algorithm.done()
+
+    if (fields["token_mask_is_threshold_low"] is None) != (
+        fields["token_mask_is_threshold_high"] is None
+    ):
+        warnings.warn(
+            f"SkyRL applies the token mask only when both `{_OPC}.token_mask_is_threshold_low` "
+            "and `_high` are set; the one given is ignored",
+            UserWarning,
+            stacklevel=2,
+        )
+    spec = SkyRLSpec(name=name, **fields)
+    if spec.policy_loss_type in _WITHOUT_CORRECTION and (
+        spec.outlier_mask_enabled or spec.token_mask_enabled
+    ):
+        warnings.warn(
+            f"SkyRL's `{spec.policy_loss_type}` loss never applies `{_OPC}`; "
+            "the outlier / token masks configured do nothing",
+            UserWarning,
+            stacklevel=2,
+        )
+    return spec
+
+
+def _apply_legacy_tis(algorithm: Section, fields: dict[str, Any]) -> None:
+    """Rewrite deprecated `use_tis` + `tis_imp_ratio_cap` into token TIS, as `validate_cfg` does
+    (overriding `tis_ratio_type` and `token_tis_ratio_clip_high` even when they are set)."""
+    use_tis = algorithm.bool("use_tis", False)
+    cap = algorithm.float("tis_imp_ratio_cap", -1.0)
+    if not use_tis:
+        return
+    if not cap > 0:
+        raise ConfigError(
+            f"Expected `{_ALGORITHM}.tis_imp_ratio_cap` to be a float > 0 with "
+            f"`{_ALGORITHM}.use_tis: true`, but got {cap!r} (SkyRL would clamp every TIS weight "
+            "to it)"
+        )
+    overridden = [
+        f"`{_KEYS[field]}: {fields[field]!r}`"
+        for field, value in (("tis_ratio_type", "token"), ("token_tis_ratio_clip_high", cap))
+        if fields[field] not in (value, SkyRLSpec.__dataclass_fields__[field].default)
+    ]
+    warnings.warn(
+        f"`{_ALGORITHM}.use_tis` is deprecated in SkyRL: it is rewritten to "
+        f"`{_OPC}.tis_ratio_type: token` and `{_OPC}.token_tis_ratio_clip_high: {cap!r}`"
+        + (f", overriding {' and '.join(overridden)}" if overridden else ""),
+        UserWarning,
+        stacklevel=3,
+    )
+    fields["tis_ratio_type"] = "token"
+    fields["token_tis_ratio_clip_high"] = cap
+
+
+def _presets() -> dict[str, SkyRLSpec]:
+    """SkyRL's documented settings (docs/content/docs/algorithms/off_policy_correction.mdx)."""
+    geo = {"sequence_mask_metric": "geometric"}
+    token_tis = {"tis_ratio_type": "token", "token_tis_ratio_clip_high": 2.0}
+    token_mask = {"token_mask_is_threshold_low": 0.5, "token_mask_is_threshold_high": 2.0}
+    outlier = {"outlier_token_is_threshold_low": 1e-4, "outlier_token_is_threshold_high": 100.0}
+    table: dict[str, dict[str, Any]] = {
+        # The TL;DR's first recommendation, and the examples' default since 2026-05-13.
+        "skyrl_geo_mask": geo,
+        "skyrl_token_tis": token_tis,
+        "skyrl_sequence_tis": {"tis_ratio_type": "sequence"},
+        "skyrl_product_mask": {"sequence_mask_metric": "product"},
+        "skyrl_token_mask": token_mask,
+        "skyrl_outlier_mask": outlier,
+        # Everything the TL;DR lists, stacked.
+        "skyrl_tldr_stack": {**geo, **token_tis, **token_mask, **outlier},
+        "skyrl_rollout_is": {"policy_loss_type": "rollout_is"},
+        "skyrl_cispo_rollout": {"policy_loss_type": "cispo", "cispo_anchor": "rollout"},
+    }
+    return {name: SkyRLSpec(name=name, **fields) for name, fields in table.items()}
+
+
+PRESETS: dict[str, SkyRLSpec] = _presets()
+"""SkyRL's documented recommendations, under descriptive iscore names."""

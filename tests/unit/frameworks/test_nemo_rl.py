@@ -1,0 +1,392 @@
+"""NeMo-RL's IS correction against a float64 reference written from its formulas."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks import nemo_rl
+from iscore.replay import replay
+from tests.conftest import DEVICES
+from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+DEFAULTS = {
+    "use_importance_sampling_correction": False,
+    "truncated_importance_sampling_type": None,
+    "truncated_importance_sampling_ratio": None,
+    "truncated_importance_sampling_ratio_min": None,
+    "sequence_level_importance_ratios": False,
+    "token_level_loss": True,
+    "is_correction_level": None,
+}
+
+
+def config(**loss_fn) -> dict:
+    return {"framework": "nemo_rl", "loss_fn": loss_fn}
+
+
+def nemo_exp(x):
+    """e^x as NeMo's float32 exp + nan_to_num(posinf=0) gives it: 0 past float32's range."""
+    w = np.exp(np.asarray(x, dtype=np.float64))
+    return np.where(w > FLOAT32_MAX, 0.0, w)
+
+
+def reference(batch: TokenBatch, options: dict):
+    """Per-token (weight, keep, raw) and per-sequence (seq_raw, seq_weight) in float64."""
+    o = {**DEFAULTS, **options}
+    level = o["is_correction_level"] or (
+        "sequence" if o["sequence_level_importance_ratios"] else "token"
+    )
+    kind = o["truncated_importance_sampling_type"]
+    upper = o["truncated_importance_sampling_ratio"]
+    lower = o["truncated_importance_sampling_ratio_min"]
+
+    def truncate(w):
+        if kind == "tis":
+            return np.clip(w, 0.0 if lower is None else lower, upper)
+        if kind == "icepop":
+            return np.where((w >= lower) & (w <= upper), w, 0.0)
+        return w
+
+    out = {name: [] for name in ("weight", "keep", "raw", "seq_raw", "seq_weight")}
+    for rollout, train, _, mask in sequences(batch):
+        d = train - rollout
+        seq_raw = seq_weight = None
+        if level == "token":
+            raw = nemo_exp(d)
+        else:
+            exponent = (
+                d[mask].sum() if level == "sequence" else (d[mask].mean() if mask.any() else 0.0)
+            )
+            seq_raw = float(nemo_exp(exponent))
+            raw = np.full_like(d, seq_raw)
+        if kind == "seq-mask-tis":
+            geo = math.exp(d[mask].mean()) if mask.any() else 1.0
+            seq_raw, seq_weight = geo, float(lower <= geo <= upper)
+            weight = raw * seq_weight
+        else:
+            weight = truncate(raw)
+            if seq_raw is not None:
+                seq_weight = float(truncate(np.array(seq_raw)))
+        if not o["use_importance_sampling_correction"]:
+            weight = np.ones_like(d)
+            seq_weight = None if seq_weight is None else 1.0
+        out["weight"].append(np.where(mask, weight, 0.0))
+        out["keep"].append(mask)
+        out["raw"].append(raw)
+        out["seq_raw"].append(seq_raw)
+        out["seq_weight"].append(seq_weight)
+    result = {k: np.concatenate(out[k]) for k in ("weight", "keep", "raw")}
+    for k in ("seq_raw", "seq_weight"):
+        result[k] = None if out[k][0] is None else np.array(out[k], dtype=np.float64)
+    return result
+
+
+def assert_matches(result, expected) -> None:
+    np.testing.assert_array_equal(result.keep.cpu().numpy(), expected["keep"])
+    # atol covers weights below float32's range (e^-150), which the float32 outputs hold as 0.
+    tol = {"rtol": 1e-6, "atol": 1e-37}
+    np.testing.assert_allclose(result.weight.cpu().numpy(), expected["weight"], **tol)
+    np.testing.assert_allclose(result.raw.cpu().numpy(), expected["raw"], **tol)
+    for k in ("seq_raw", "seq_weight"):
+        got = getattr(result, k)
+        if expected[k] is None:
+            assert got is None, k
+        else:
+            np.testing.assert_allclose(got.cpu().numpy(), expected[k], err_msg=k, **tol)
+
+
+ON = {"use_importance_sampling_correction": True}
+GSPO = {"sequence_level_importance_ratios": True, "token_level_loss": False}
+TIS = "truncated_importance_sampling_type"
+U = "truncated_importance_sampling_ratio"
+L = "truncated_importance_sampling_ratio_min"
+CASES = {
+    "disabled": {},
+    "disabled_gspo": GSPO,
+    "raw": ON,
+    "tis": {**ON, TIS: "tis", U: 1.05},
+    "tis_lower": {**ON, TIS: "tis", U: 1.05, L: 0.97},
+    "icepop": {**ON, TIS: "icepop", U: 5.0, L: 0.5},
+    "icepop_tight": {**ON, TIS: "icepop", U: 1.03, L: 0.97},
+    "seq_mask_tis": {**ON, TIS: "seq-mask-tis", U: 1.002, L: 0.999},
+    "seq_mask_tis_wide": {**ON, TIS: "seq-mask-tis", U: 1.02, L: 0.98},
+    "gspo_raw": {**ON, **GSPO},
+    "gspo_tis": {**ON, **GSPO, TIS: "tis", U: 1.2, L: 0.8},
+    "gspo_icepop": {**ON, **GSPO, TIS: "icepop", U: 1.5, L: 0.7},
+    "pr_sequence_mean": {**ON, "is_correction_level": "sequence_mean"},
+    "pr_sequence_mean_tis": {**ON, "is_correction_level": "sequence_mean", TIS: "tis", U: 1.01},
+    "pr_sequence_token_loss": {**ON, "is_correction_level": "sequence", TIS: "tis", U: 2.0},
+    "pr_token_under_gspo": {
+        **ON,
+        **GSPO,
+        "is_correction_level": "token",
+        TIS: "seq-mask-tis",
+        U: 1.02,
+        L: 0.98,
+    },
+}
+EDGE_CASES = {
+    "tis_at_one": {**ON, TIS: "tis", U: 1.0, L: 1.0},
+    "icepop_at_one": {**ON, TIS: "icepop", U: 1.0, L: 1.0},
+    "seq_mask_tis_at_one": {**ON, TIS: "seq-mask-tis", U: 1.0, L: 1.0},
+    "gspo_tis_default_lower": {**ON, **GSPO, TIS: "tis", U: 5.0},
+    "gspo_tis_lower": {**ON, **GSPO, TIS: "tis", U: 5.0, L: 0.5},
+    "gspo_icepop_zero_lower": {**ON, **GSPO, TIS: "icepop", U: 5.0, L: 0.0},
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_replay_matches_reference_random(random_batch, case):
+    result = nemo_rl.parse(config(**CASES[case])).replay(random_batch)
+    assert_matches(result, reference(random_batch, CASES[case]))
+
+
+@pytest.mark.parametrize("case", {**CASES, **EDGE_CASES})
+def test_replay_matches_reference_edges(edges, case):
+    options = {**CASES, **EDGE_CASES}[case]
+    assert_matches(nemo_rl.parse(config(**options)).replay(edges), reference(edges, options))
+
+
+def test_random_cases_are_not_vacuous(random_batch):
+    """Guard the parametrized comparisons: each truncation changes some weight on every seed."""
+    for case, base in (
+        ("tis", "raw"),
+        ("tis_lower", "tis"),
+        ("icepop_tight", "raw"),
+        ("seq_mask_tis", "raw"),
+        ("gspo_tis", "gspo_raw"),
+        ("gspo_icepop", "gspo_raw"),
+        ("pr_sequence_mean_tis", "pr_sequence_mean"),
+    ):
+        changed = reference(random_batch, CASES[case])["weight"]
+        assert not np.allclose(changed, reference(random_batch, CASES[base])["weight"]), case
+
+
+def test_overflow_zeroes_weight_before_truncation(edges):
+    """Sequence 4 has S = 100 > ln(FLT_MAX): e^S overflows to inf, nan_to_num makes it 0, and
+    truncation then starts from 0, so TIS does not cap it to U."""
+    tis = nemo_rl.NemoRLSpec(
+        use_importance_sampling_correction=True,
+        sequence_level_importance_ratios=True,
+        token_level_loss=False,
+        truncated_importance_sampling_type="tis",
+        truncated_importance_sampling_ratio=5.0,
+    )
+    result = tis.replay(edges)
+    assert result.seq_raw[4].item() == 0.0 and result.seq_weight[4].item() == 0.0
+    start, stop = edges.cu_seqlens[4].item(), edges.cu_seqlens[5].item()
+    assert result.weight[start:stop].eq(0.0).all()
+    # Sequence 1 (S = +30) fits in float32 and is capped to U as usual.
+    assert result.seq_weight[1].item() == 5.0
+    # With a lower bound, the zeroed weight is raised to it (S = +100 and S = -150 alike).
+    lower = dataclasses.replace(tis, truncated_importance_sampling_ratio_min=0.5)
+    seq_weight = lower.replay(edges).seq_weight
+    assert seq_weight[4].item() == 0.5 and seq_weight[5].item() == 0.5
+    # At token level d = 0.5 does not overflow: the same tokens get min(e^0.5, 5).
+    token = nemo_rl.parse(config(**ON, **{TIS: "tis", U: 5.0}))
+    assert token.replay(edges).weight[start].item() == pytest.approx(math.exp(0.5), rel=1e-6)
+
+
+def test_token_overflow_zeroes_weight():
+    """A token with d = 100 (no +-20 clamp in NeMo) gets weight 0, not the cap."""
+    rollout = torch.tensor([-100.0, -1.0, -1.0])
+    batch = TokenBatch(
+        rollout=rollout,
+        train=torch.tensor([0.0, -0.5, -1.0]),
+        cu_seqlens=torch.tensor([0, 3]),
+    )
+    spec = nemo_rl.parse(config(**ON, **{TIS: "tis", U: 2.0}))
+    assert spec.replay(batch).weight.tolist() == pytest.approx([0.0, math.exp(0.5), 1.0])
+
+
+def test_seq_mask_tis_keeps_raw_token_weights():
+    """Inside the geometric band the token weights are raw e^d, far above U."""
+    batch = TokenBatch(
+        rollout=torch.tensor([-4.0, -1.0, -2.0, -2.0]),
+        train=torch.tensor([-1.0, -4.0, -1.5, -2.0]),
+        cu_seqlens=torch.tensor([0, 2, 4]),
+    )
+    spec = nemo_rl.parse(config(**ON, **{TIS: "seq-mask-tis", U: 1.002, L: 0.999}))
+    result = spec.replay(batch)
+    # Sequence 0: d = [3, -3], G = 0, kept; sequence 1: d = [0.5, 0], G = 0.25, rejected.
+    assert result.seq_weight.tolist() == [1.0, 0.0]
+    assert result.weight.tolist() == pytest.approx([math.exp(3), math.exp(-3), 0.0, 0.0])
+    assert result.keep.all()
+
+
+def test_icepop_bounds_inclusive_and_mask_unchanged(edges):
+    result = nemo_rl.parse(config(**EDGE_CASES["icepop_at_one"])).replay(edges)
+    # Sequence 0's ratio is exactly 1.0: kept; zeroed tokens stay in the loss mask.
+    assert result.weight[0].item() == 1.0
+    assert result.weight[1].item() == 0.0 and result.keep[1].item() is True
+    assert torch.equal(result.keep, edges.loss_mask)
+
+
+def test_disabled_correction_reports_raw_but_weighs_one(edges):
+    result = nemo_rl.parse(config()).replay(edges)
+    assert torch.equal(result.weight, edges.loss_mask.float())
+    assert result.raw[1].item() == pytest.approx(math.exp(30.0), rel=1e-6)
+
+
+# examples/configs/grpo_math_1B.yaml's `loss_fn:` at NeMo-RL@7ea279ab.
+GRPO_MATH_1B = {
+    "reference_policy_kl_penalty": 0.01,
+    "reference_policy_kl_type": "k3",
+    "kl_input_clamp_value": 20.0,
+    "kl_output_clamp_value": 10.0,
+    "ratio_clip_min": 0.2,
+    "ratio_clip_max": 0.2,
+    "ratio_clip_c": None,
+    "use_on_policy_kl_approximation": False,
+    "use_importance_sampling_correction": False,
+    "truncated_importance_sampling_type": None,
+    "truncated_importance_sampling_ratio": None,
+    "truncated_importance_sampling_ratio_min": None,
+    "sequence_level_importance_ratios": False,
+    "token_level_loss": True,
+    "force_on_policy_ratio": False,
+    "use_kl_in_reward": False,
+    "use_cispo": False,
+    "disable_ppo_ratio": False,
+    "positive_example_nll_weight": 0.0,
+}
+
+
+def test_real_layouts_parse():
+    assert nemo_rl.parse(config(**GRPO_MATH_1B)) == nemo_rl.NemoRLSpec()
+    prorl = {
+        **GRPO_MATH_1B,
+        "use_importance_sampling_correction": True,
+        "truncated_importance_sampling_type": "seq-mask-tis",
+        "truncated_importance_sampling_ratio": 1.002,
+        "truncated_importance_sampling_ratio_min": 0.999,
+        "force_on_policy_ratio": True,
+    }
+    expected = nemo_rl.PRESETS["nemo_seq_mask_tis"]
+    assert nemo_rl.parse(config(**prorl) | {"name": "nemo_seq_mask_tis"}) == expected
+    # Pydantic's lax values: bools from strings and 0/1, floats from numeric strings.
+    lax = config(use_importance_sampling_correction="true", token_level_loss=1)
+    lax["loss_fn"] |= {TIS: "icepop", U: "5", L: "0.5"}
+    assert nemo_rl.parse(lax | {"name": "nemo_icepop"}) == nemo_rl.PRESETS["nemo_icepop"]
+
+
+def test_cispo_config_parses():
+    cfg = config(**GRPO_MATH_1B | {"use_cispo": True, "use_importance_sampling_correction": True})
+    assert nemo_rl.parse(cfg).use_importance_sampling_correction
+
+
+def test_pr_2269_level_parses():
+    spec = nemo_rl.parse(config(**ON, is_correction_level="sequence_mean", **{TIS: "tis", U: 2}))
+    assert spec.level == "sequence_mean"
+    assert spec.to_config()["loss_fn"]["is_correction_level"] == "sequence_mean"
+    assert "is_correction_level" not in nemo_rl.NemoRLSpec().to_config()["loss_fn"]
+
+
+def test_lone_ratio_min_warns_and_is_dropped():
+    with pytest.warns(UserWarning, match="truncated_importance_sampling_ratio_min"):
+        spec = nemo_rl.parse(config(**ON, **{L: 0.5}))
+    assert spec == nemo_rl.NemoRLSpec(use_importance_sampling_correction=True)
+
+
+@pytest.mark.parametrize("name", nemo_rl.PRESETS)
+def test_to_config_round_trips(name):
+    spec = nemo_rl.PRESETS[name]
+    assert nemo_rl.parse(spec.to_config()) == spec
+
+
+INVALID = {
+    "unknown_key": (
+        config(truncated_importance_sampling="tis"),
+        "loss_fn.truncated_importance_sampling`",
+    ),
+    "unknown_top_key": (config() | {"grpo": {}}, "`grpo`"),
+    "loss_fn_not_mapping": ({"framework": "nemo_rl", "loss_fn": [1]}, "loss_fn"),
+    "ratio_without_type": (config(**ON, **{U: 2.0}), TIS),
+    "ratio_without_type_disabled": (config(**{U: 2.0}), TIS),
+    "type_without_enabled": (config(**{TIS: "tis", U: 2.0}), "use_importance_sampling_correction"),
+    "type_without_ratio": (config(**ON, **{TIS: "tis"}), U),
+    "ratio_not_positive": (config(**ON, **{TIS: "tis", U: 0.0}), U),
+    "ratio_type": (config(**ON, **{TIS: "tis", U: "abc"}), U),
+    "icepop_without_min": (config(**ON, **{TIS: "icepop", U: 5.0}), L),
+    "seq_mask_tis_without_min": (config(**ON, **{TIS: "seq-mask-tis", U: 1.002}), L),
+    "min_above_ratio": (config(**ON, **{TIS: "tis", U: 2.0, L: 3.0}), L),
+    "type_value": (config(**ON, **{TIS: "truncate", U: 2.0}), TIS),
+    "gspo_token_loss": (
+        config(**ON, sequence_level_importance_ratios=True),
+        "sequence_level_importance_ratios",
+    ),
+    "seq_mask_tis_gspo": (
+        config(**ON, **GSPO, **{TIS: "seq-mask-tis", U: 1.002, L: 0.999}),
+        "sequence_level_importance_ratios",
+    ),
+    "seq_mask_tis_pr_level": (
+        config(
+            **ON, is_correction_level="sequence_mean", **{TIS: "seq-mask-tis", U: 1.002, L: 0.999}
+        ),
+        "is_correction_level",
+    ),
+    "pr_level_value": (config(is_correction_level="geometric"), "is_correction_level"),
+    "bool_type": (
+        config(use_importance_sampling_correction="maybe"),
+        "use_importance_sampling_correction",
+    ),
+    "bool_int": (config(token_level_loss=2), "token_level_loss"),
+    "ratio_clip_min_null": (config(ratio_clip_min=None), "ratio_clip_min"),
+    "ratio_clip_c": (config(ratio_clip_c=0.5), "ratio_clip_c"),
+    "kl_type": (config(reference_policy_kl_type="k4"), "reference_policy_kl_type"),
+    "cispo_disable_ppo": (config(use_cispo=True, disable_ppo_ratio=True), "disable_ppo_ratio"),
+    "cispo_force_on_policy": (
+        config(use_cispo=True, force_on_policy_ratio=True),
+        "force_on_policy_ratio",
+    ),
+    "cispo_dual_clip": (config(use_cispo=True, ratio_clip_c=3.0), "ratio_clip_c"),
+    "cispo_gspo": (config(use_cispo=True, **GSPO), "sequence_level_importance_ratios"),
+    "cispo_sequence_loss": (config(use_cispo=True, token_level_loss=False), "token_level_loss"),
+    "name_type": (config() | {"name": ["x"]}, "name"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID)
+def test_invalid_configs_raise_naming_the_key(case):
+    cfg, key = INVALID[case]
+    with pytest.raises(ConfigError) as excinfo, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        nemo_rl.parse(cfg)
+    assert key in str(excinfo.value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_replay_matches_cpu(device):
+    batch = make_batch([1, 5, 300, 40, 3000], seed=3, sigma=0.1)
+    for case in (
+        "tis_lower",
+        "icepop_tight",
+        "seq_mask_tis_wide",
+        "gspo_tis",
+        "pr_sequence_mean_tis",
+    ):
+        spec = nemo_rl.parse(config(**CASES[case]))
+        cpu = spec.replay(batch)
+        other = spec.replay(batch.to(device))
+        assert other.weight.device.type == device
+        assert torch.equal(other.keep.cpu(), cpu.keep)
+        torch.testing.assert_close(other.weight.cpu(), cpu.weight, rtol=1e-6, atol=0)
+        if cpu.seq_raw is not None:
+            torch.testing.assert_close(other.seq_raw.cpu(), cpu.seq_raw, rtol=1e-6, atol=0)
+
+
+def test_replay_dispatches_by_framework():
+    batch = edge_batch()
+    options = EDGE_CASES["gspo_tis_lower"]
+    result = replay(batch, config(**options) | {"name": "gspo"})
+    assert_matches(result, reference(batch, options))

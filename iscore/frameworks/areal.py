@@ -1,0 +1,480 @@
+"""AReaL: the behaviour importance weight of decoupled PPO (`actor.rejection_sampling`).
+
+Source read: `inclusionAI/AReaL` @ 4aef98d8 (2026-05-21): `areal/api/cli_args.py`
+(`RejectionSamplingConfig`, `PPOActorConfig`, `_migrate_legacy_rejection_sampling`),
+`areal/utils/functional/functional.py` (`apply_rejection_sampling`, `ppo_actor_loss_fn`),
+`areal/trainer/ppo/actor.py` (which log-probs play prox and behave), `areal/utils/data.py`
+(`KLEstimator`); history: 03d71153a (PR #930, `behave_imp_weight_cap` / `_mode`) and its parent
+(`behav_imp_weight_cap`).
+
+AReaL names the rollout engine's log-probs `old_logp` / `logprobs` (pi_behave) and the trainer's
+recompute `prox_logp` (pi_prox). With `use_decoupled_loss: true`, prox = train and behave =
+rollout. Without it, prox IS behave (the rollout log-probs, or the recompute with
+`recompute_logprob: true`) and `rejection_sampling` still runs, on d = 0 (AReaL warns that the
+filter "will be ignored"; it is, except for bounds that reject a ratio of 1 or a KL of 0).
+
+`ppo_actor_loss_fn` multiplies each token's PPO term by the weight `apply_rejection_sampling`
+returns, and sums over the mask it returns divided by the ORIGINAL mask count. Its steps:
+
+1. d = prox - behave, non-finite -> 0 (for the weight and the ratio statistic). The weight is
+   e^d with no +-20 clamp.
+2. The statistic per token: `ratio` e^d; `kl_k1` +d; `kl_k2` d^2 / 2; `kl_k3` e^{-d} - 1 + d
+   (AReaL's `KLEstimator` k3 is the REVERSE of verl's/NeMo's e^d - 1 - d). The KL statistics use
+   the RAW d: a non-finite one fails the bounds (k1 = -inf passes an upper-only bound) while the
+   token's weight is e^0 = 1.
+3. `level: token`: `mask` keeps tokens with lower <= stat <= upper (inclusive; no lower without
+   `lower`), weight raw e^d; `clamp` (ratio only): w = clamp(e^d, lower or 0, upper), mask kept.
+4. `level: sequence`, over the loss mask (T clamped to >= 1): with `metric: ratio` the weight of
+   every token becomes the geometric mean e^G (G = S / T), and the statistic is e^G (`agg: mean`),
+   e^S (`sum`) or e^{max d} (`max`); with a KL metric the statistic is the sum / mean / max of the
+   per-token KL and the weights stay per token e^{d_t}. `max` of a fully masked sequence is 0
+   (its sum and mean are 0 anyway). `mask` drops whole sequences; `clamp` sets the weight of an
+   out-of-bounds sequence to clamp(e^G, lower or 0, upper): with `agg: sum` the decision is on
+   e^S but the clamp on e^G.
+5. Rejected tokens get weight 0 and leave the mask (the denominator does not change).
+`rejection_sampling: null` applies no weight at all (weight 1).
+
+Config: AReaL's experiment YAML: `actor.{use_decoupled_loss, recompute_logprob,
+prox_logp_method, rejection_sampling.{level, action, metric, agg, upper, lower},
+importance_sampling_level}` parsed strictly, with AReaL's own validation of
+`RejectionSamplingConfig` (`clamp` only with `ratio`; `ratio` upper > 1 and lower > 0; k2/k3
+upper > 0; lower <= upper; `agg` other than `mean` at token level warns and is ignored). Every
+other documented `PPOActorConfig` key (eps_clip, optimizer, mb_spec, ...) and every top-level key
+of AReaL's `GRPOConfig` (cluster, rollout, gconfig, ...) is accepted, ignored and listed in the
+spec's `ignored_keys`; unknown keys raise.
+
+Legacy keys (AReaL itself raises on them now; iscore maps them with a warning):
+`behave_imp_weight_mode` / `behave_imp_weight_cap` (PR #930, defaults `token_mask` / 5.0):
+`token_mask` -> {token, mask, ratio, upper: cap}; `token_truncate` -> {token, clamp, ratio,
+upper: cap}; `sequence_mask` / `sequence_truncate` -> the same at sequence level with
+`agg: mean` (PR #930 used the geometric mean); `disabled` -> null (an explicit non-null cap
+with it raises, as in PR #930, which raised on its default cap 5.0 too). The older
+`behav_imp_weight_cap: X` -> {token, mask, ratio, upper: X}. A null cap (no filter, raw
+weight) -> `upper: .inf`. The old forms zeroed the weight but kept the token in the mask; the
+gradient is the same.
+
+Where corrections.md section 2.5 and the code differ, or the spec is silent (the code wins):
+
+- `rejection_sampling` is passed to the loss whatever `use_decoupled_loss` says
+  (`actor.py` line 353); without decoupling prox and behave are the same tensor, so d = 0.
+- For `metric: ratio`, `lower` must be > 0 (`cli_args.py` line 1357), checked BEFORE the clamp's
+  missing lower is filled in with 0.0 (line 1377), so `action: clamp, lower: 0.0` is rejected
+  while an absent lower means 0; `upper` for k2/k3 must be > 0; k1 bounds are free (it may be
+  negative).
+- `prox_logp_method: loglinear` approximates prox from per-token policy versions a dump does not
+  hold: a ConfigError with `use_decoupled_loss` (without it the method has no effect).
+- `m2_threshold` (M2PO) masks tokens by a sort over each PPO minibatch, which a dump does not
+  record: a ConfigError when set.
+- `use_sapo_loss` with `use_decoupled_loss` raises, as in AReaL.
+- AReaL computes d and the statistics in float32; the replay uses the exact float64 d and exact
+  KL values (AReaL's float32 e^{-d} - 1 + d loses everything below ~1e-7 to cancellation).
+
+>>> import torch
+>>> from iscore.batch import TokenBatch
+>>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0]), train=torch.tensor([-2.0, 0.0]),
+...                cu_seqlens=torch.tensor([0, 2]))
+>>> rs = {"level": "token", "action": "mask", "metric": "ratio", "upper": 2.0}
+>>> spec = parse({"framework": "areal",
+...               "actor": {"use_decoupled_loss": True, "rejection_sampling": rs}})
+>>> [round(w, 4) for w in spec.replay(b).weight.tolist()]  # e^1 > 2 is rejected
+[0.3679, 0.0]
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from iscore import ops
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks._config import Section, top_level
+from iscore.replay import Replay
+
+FRAMEWORK = "areal"
+
+Level = Literal["token", "sequence"]
+Action = Literal["mask", "clamp"]
+Metric = Literal["ratio", "kl_k1", "kl_k2", "kl_k3"]
+Agg = Literal["sum", "mean", "max"]
+ProxLogpMethod = Literal["recompute", "loglinear", "metrics"]
+
+_LEVELS = ("token", "sequence")
+_ACTIONS = ("mask", "clamp")
+_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
+_AGGS = ("sum", "mean", "max")
+_PROX_METHODS = ("recompute", "loglinear", "metrics")
+_RS = "actor.rejection_sampling"
+
+# `PPOActorConfig` fields (with those of its base `TrainEngineConfig`) that do not shape the
+# behaviour weight; a pasted actor section carries them.
+_ACTOR_OTHER_KEYS = (
+    "experiment_name", "trial_name", "path", "attn_impl", "use_kernels", "init_from_scratch",
+    "is_critic", "temperature", "mb_spec", "pad_to_maximum", "disable_dropout",
+    "gradient_checkpointing", "dtype", "grad_reduce_dtype", "optimizer", "weight_update_mode",
+    "fsdp", "archon", "megatron", "offload", "use_lora", "lora_rank", "lora_alpha",
+    "target_modules", "peft_type", "enable_tree_training", "scheduling_spec", "backend",
+    "_version", "admin_api_key", "log_level", "request_timeout", "setup_timeout",
+    "scheduling_strategy", "ppo_n_minibatches", "eps_clip", "eps_clip_higher", "c_clip",
+    "reward_norm", "reward_scaling", "reward_bias", "reward_clip", "overlong_reward_penalty",
+    "overlong_tokens", "overlong_penalty_factor", "mask_no_eos_with_zero", "discount",
+    "gae_lambda", "adv_norm", "kl_ctl", "kl_estimator", "sapo_tau_pos", "sapo_tau_neg",
+    "log_agent_stats", "log_agent_stats_keys", "max_new_tokens",
+)  # fmt: skip
+# Top-level fields of AReaL's `GRPOConfig` / `PPOConfig` other than `actor`.
+_TOP_OTHER_KEYS = (
+    "experiment_name", "trial_name", "cluster", "allocation_mode", "seed", "enable_offload",
+    "total_train_epochs", "total_train_steps", "total_train_n_seqs", "tokenizer_path",
+    "train_dataset", "valid_dataset", "saver", "evaluator", "stats_logger", "perf_tracer",
+    "memory_profiler", "recover", "sglang", "vllm", "scheduler", "gconfig", "eval_gconfig",
+    "rollout", "ref", "critic", "teacher", "dynamic_bs",
+)  # fmt: skip
+_LEGACY_MODES = ("token_mask", "token_truncate", "sequence_mask", "sequence_truncate", "disabled")
+
+
+def _check_choice(value: Any, choices: tuple[str, ...], key: str) -> None:
+    if value not in choices:
+        raise ConfigError(
+            f"Expected `{key}` to be one of {', '.join(map(repr, choices))}, but got {value!r}"
+        )
+
+
+def _check_float(value: Any, key: str, nullable: bool = False) -> None:
+    if value is None and nullable:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ConfigError(f"Expected `{key}` to be a float, but got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RejectionSampling:
+    """AReaL's `RejectionSamplingConfig`: how the prox/behave mismatch filters and weights.
+
+    Args:
+        level: per token, or whole sequences.
+        action: mask (drop from the loss mask) or clamp (truncate the weight; ratio only).
+        metric: the statistic compared with the bounds.
+        agg: sequence statistic: sum, mean or max of the per-token one (ratio: in log space).
+        upper: the upper bound (inclusive).
+        lower: the lower bound (inclusive); None is unbounded, and 0.0 for clamp (AReaL fills
+            in 0.0 after its checks, so an explicit 0.0 with metric ratio is rejected).
+    """
+
+    level: Level = "token"
+    action: Action = "mask"
+    metric: Metric = "ratio"
+    agg: Agg = "mean"
+    upper: float = 5.0
+    lower: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice(self.level, _LEVELS, f"{_RS}.level")
+        _check_choice(self.action, _ACTIONS, f"{_RS}.action")
+        _check_choice(self.metric, _METRICS, f"{_RS}.metric")
+        _check_choice(self.agg, _AGGS, f"{_RS}.agg")
+        _check_float(self.upper, f"{_RS}.upper")
+        _check_float(self.lower, f"{_RS}.lower", nullable=True)
+        # AReaL's `RejectionSamplingConfig.__post_init__`, in its order.
+        if self.lower is not None and self.lower > self.upper:
+            raise ConfigError(
+                f"Expected `{_RS}.lower` ({self.lower}) to be <= `{_RS}.upper` ({self.upper})"
+            )
+        if self.metric == "ratio":
+            if self.upper <= 1.0:
+                raise ConfigError(
+                    f"Expected `{_RS}.upper` to be a float > 1.0 for metric 'ratio' (AReaL "
+                    f"rejects it: every token with a non-identical ratio would go), but got "
+                    f"{self.upper!r}"
+                )
+            if self.lower is not None and self.lower <= 0:
+                raise ConfigError(
+                    f"Expected `{_RS}.lower` to be a float > 0 for metric 'ratio', but got "
+                    f"{self.lower!r}"
+                )
+        if self.metric in ("kl_k2", "kl_k3") and self.upper <= 0:
+            raise ConfigError(
+                f"Expected `{_RS}.upper` to be a float > 0 for metric {self.metric!r}, but got "
+                f"{self.upper!r}"
+            )
+        if self.action == "clamp" and self.metric != "ratio":
+            raise ConfigError(
+                f"Expected `{_RS}.metric` to be 'ratio' with action 'clamp' (AReaL clamps only "
+                f"the ratio; use action 'mask' for KL filtering), but got {self.metric!r}"
+            )
+        if self.level == "token" and self.agg != "mean":
+            warnings.warn(
+                f"`{_RS}.agg` {self.agg!r} is ignored at level 'token' (AReaL aggregates only "
+                "for sequence-level filtering)",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    @property
+    def clamp_lower(self) -> float:
+        """The lower bound of the clamp action."""
+        return 0.0 if self.lower is None else self.lower
+
+
+@dataclass(frozen=True, slots=True)
+class ArealCorrection:
+    """AReaL's decoupled-PPO behaviour weight, as set by its `actor` section.
+
+    Args:
+        use_decoupled_loss: prox = the trainer's recompute, behave = the rollout engine.
+        recompute_logprob: without decoupling, whether the PPO anchor is the recompute (prox =
+            behave = train) or the rollout (prox = behave = rollout).
+        prox_logp_method: "loglinear" cannot be replayed with decoupling (needs policy versions).
+        rejection_sampling: the filter / weight; None applies no weight.
+        importance_sampling_level: the PPO ratio's level (GSPO); no effect on this weight.
+        ignored_keys: config keys accepted but not affecting the replay.
+        name: display name.
+    """
+
+    framework: ClassVar[str] = FRAMEWORK
+    use_decoupled_loss: bool = False
+    recompute_logprob: bool = False
+    prox_logp_method: ProxLogpMethod = "recompute"
+    rejection_sampling: RejectionSampling | None = None
+    importance_sampling_level: Level = "token"
+    ignored_keys: tuple[str, ...] = ()
+    name: str = FRAMEWORK
+
+    def __post_init__(self) -> None:
+        for key in ("use_decoupled_loss", "recompute_logprob"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(
+                    f"Expected `actor.{key}` to be a bool, but got {getattr(self, key)!r}"
+                )
+        _check_choice(self.prox_logp_method, _PROX_METHODS, "actor.prox_logp_method")
+        _check_choice(self.importance_sampling_level, _LEVELS, "actor.importance_sampling_level")
+        if self.rejection_sampling is not None and not isinstance(
+            self.rejection_sampling, RejectionSampling
+        ):
+            raise ConfigError(
+                f"Expected `{_RS}` to be null or a RejectionSampling, but got "
+                f"{self.rejection_sampling!r}"
+            )
+        if self.use_decoupled_loss and self.prox_logp_method == "loglinear":
+            raise ConfigError(
+                "Expected `actor.prox_logp_method` to be 'recompute' or 'metrics': 'loglinear' "
+                "approximates the proximal log-probs from per-token policy versions "
+                "(prox = behave + alpha * (current - behave)), which a dump does not record"
+            )
+
+    def replay(self, batch: TokenBatch) -> Replay:
+        """Per-token weights and mask as `apply_rejection_sampling` returns them."""
+        if self.use_decoupled_loss:
+            prox, behave = batch.train, batch.rollout
+        else:
+            prox = behave = batch.train if self.recompute_logprob else batch.rollout
+        d_raw = prox.double() - behave.double()
+        d = torch.where(torch.isfinite(d_raw), d_raw, 0.0)
+        ratio = torch.exp(d)  # no safety clamp
+        rs = self.rejection_sampling
+        mask = batch.loss_mask
+        if rs is None:
+            ones = torch.ones_like(ratio)
+            return Replay.build(batch, ones, mask, ratio)
+        if rs.metric == "ratio":
+            stat = ratio
+        elif rs.metric == "kl_k1":
+            stat = d_raw
+        elif rs.metric == "kl_k2":
+            stat = ops.k2(d_raw)
+        else:
+            stat = ops.k3_reverse(d_raw)
+        if rs.level == "token":
+            if rs.action == "mask":
+                return Replay.build(batch, ratio, mask & ops.band(stat, rs.lower, rs.upper), ratio)
+            return Replay.build(batch, ops.truncate(ratio, rs.clamp_lower, rs.upper), mask, ratio)
+        return _replay_sequence(rs, batch, d, stat, ratio)
+
+
+def _replay_sequence(
+    rs: RejectionSampling,
+    batch: TokenBatch,
+    d: torch.Tensor,
+    stat: torch.Tensor,
+    ratio: torch.Tensor,
+) -> Replay:
+    """`apply_rejection_sampling` at level 'sequence'."""
+    mask = batch.loss_mask
+    count = ops.segment_count(batch, mask)
+    # The ratio aggregates in log space (the sanitized d), the KL statistics as they are.
+    values = d if rs.metric == "ratio" else stat
+    if rs.agg == "max":
+        agg = torch.where(count > 0, ops.segment_max(values, batch, mask), 0.0)
+    else:
+        agg = ops.segment_sum(values, batch, mask)
+        if rs.agg == "mean":
+            agg = agg / count.clamp(min=1.0)
+    seq_stat = torch.exp(agg) if rs.metric == "ratio" else agg
+    in_bounds = ops.band(seq_stat, rs.lower, rs.upper)
+    if rs.metric != "ratio":
+        # KL metrics: whole-sequence mask, the per-token weights stay e^{d_t}.
+        return Replay.build(batch, ratio, mask & ops.broadcast(in_bounds, batch), ratio)
+    seq_raw = torch.exp(ops.segment_sum(d, batch, mask) / count.clamp(min=1.0))  # e^G
+    if rs.action == "mask":
+        keep = mask & ops.broadcast(in_bounds, batch)
+        seq_weight = torch.where(in_bounds, seq_raw, 0.0)
+    else:
+        keep = mask
+        seq_weight = torch.where(
+            in_bounds, seq_raw, ops.truncate(seq_raw, rs.clamp_lower, rs.upper)
+        )
+    return Replay.build(
+        batch,
+        ops.broadcast(seq_weight, batch),
+        keep,
+        ops.broadcast(seq_raw, batch),
+        seq_raw=seq_raw,
+        seq_weight=seq_weight,
+    )
+
+
+def _parse_rejection_sampling(section: Section) -> RejectionSampling:
+    rs = RejectionSampling(
+        level=section.choice("level", "token", _LEVELS),
+        action=section.choice("action", "mask", _ACTIONS),
+        metric=section.choice("metric", "ratio", _METRICS),
+        agg=section.choice("agg", "mean", _AGGS),
+        upper=section.float("upper", 5.0),
+        lower=section.float("lower", None),
+    )
+    section.done()
+    return rs
+
+
+def _legacy(actor: Section) -> tuple[bool, RejectionSampling | None]:
+    """Map the removed behave/behav importance-weight keys, with a warning.
+
+    Returns:
+        Whether legacy keys were given, and the rejection-sampling setting they map to.
+    """
+    old = "behav_imp_weight_cap" in actor.data
+    new = [k for k in ("behave_imp_weight_cap", "behave_imp_weight_mode") if k in actor.data]
+    if not old and not new:
+        return False, None
+    if old and new:
+        raise ConfigError(
+            "Expected either `actor.behav_imp_weight_cap` (AReaL before 2026-03-03) or "
+            "`actor.behave_imp_weight_cap` / `actor.behave_imp_weight_mode` (2026-03-03 to "
+            "2026-04-20), but got both"
+        )
+    cap_key = "behav_imp_weight_cap" if old else "behave_imp_weight_cap"
+    mode = (
+        "token_mask" if old else actor.choice("behave_imp_weight_mode", "token_mask", _LEGACY_MODES)
+    )
+    if mode == "disabled":
+        if actor.float(cap_key, None) is not None:
+            raise ConfigError(
+                f"Expected `actor.{cap_key}` to be null with behave_imp_weight_mode 'disabled' "
+                f"(AReaL raised), but got {actor.data[cap_key]!r}"
+            )
+        rs = None
+    else:
+        # PR #930's default cap was 5.0; a null cap meant the raw weight, unfiltered.
+        cap = actor.float(cap_key, None if old else 5.0, nullable=True)
+        upper = math.inf if cap is None else cap
+        if not upper > 1.0:
+            raise ConfigError(f"Expected `actor.{cap_key}` to be a float > 1.0, but got {cap!r}")
+        level, action = mode.split("_")
+        rs = RejectionSampling(
+            level=level, action="mask" if action == "mask" else "clamp", upper=upper
+        )
+    if rs is None:
+        mapped = "null"
+    else:
+        agg = "agg: mean, " if rs.level == "sequence" else ""
+        mapped = (
+            f"{{level: {rs.level}, action: {rs.action}, metric: ratio, {agg}upper: {rs.upper}}}"
+        )
+    warnings.warn(
+        f"`actor.{' / '.join(new) or cap_key}` was removed from AReaL (PR #1088, 2026-04-20), "
+        f"which now raises on it; iscore maps it to `actor.rejection_sampling: {mapped}`",
+        UserWarning,
+        stacklevel=3,
+    )
+    return True, rs
+
+
+def parse(config: Mapping[str, Any]) -> ArealCorrection:
+    """Parse `{framework: areal, name?, actor: {...}}` (plus AReaL's other top-level keys).
+
+    Raises:
+        ConfigError: an unknown key, a wrong type, or a combination AReaL rejects; the message
+            names the key.
+
+    >>> spec = parse({"framework": "areal", "experiment_name": "gsm8k",
+    ...               "actor": {"use_decoupled_loss": True, "eps_clip": 0.4,
+    ...                         "rejection_sampling": {"metric": "ratio", "upper": 5.0}}})
+    >>> spec.rejection_sampling, spec.ignored_keys
+    (RejectionSampling(level='token', action='mask', metric='ratio', agg='mean', upper=5.0, \
+lower=None), ('experiment_name', 'actor.eps_clip'))
+    """
+    section, name = top_level(config, FRAMEWORK)
+    actor = section.section("actor")
+    ignored = [k for k in _TOP_OTHER_KEYS if k in section.data]
+    section.done(ignore=_TOP_OTHER_KEYS)
+
+    use_decoupled_loss = actor.bool("use_decoupled_loss", False)
+    if actor.bool("use_sapo_loss", False) and use_decoupled_loss:
+        raise ConfigError(
+            "Expected `actor.use_sapo_loss` to be false with use_decoupled_loss (AReaL: SAPO is "
+            "not compatible with the decoupled loss)"
+        )
+    if actor.float("m2_threshold", None) is not None:
+        raise ConfigError(
+            "Expected `actor.m2_threshold` to be null: M2PO drops tokens by a sort over each PPO "
+            "minibatch, whose composition a dump does not record, so iscore cannot replay it"
+        )
+    has_legacy, legacy_rs = _legacy(actor)
+    raw_rs = actor.raw("rejection_sampling", None)
+    if has_legacy and raw_rs is not None:
+        raise ConfigError(
+            "Expected either `actor.rejection_sampling` or the legacy behave importance-weight "
+            "keys it replaced, but got both"
+        )
+    if raw_rs is None:
+        rs = legacy_rs
+    else:
+        rs = _parse_rejection_sampling(actor.section("rejection_sampling"))
+    values = {
+        "recompute_logprob": actor.bool("recompute_logprob", False),
+        "prox_logp_method": actor.choice("prox_logp_method", "recompute", _PROX_METHODS),
+        "importance_sampling_level": actor.choice("importance_sampling_level", "token", _LEVELS),
+    }
+    actor.done(ignore=_ACTOR_OTHER_KEYS)
+    return ArealCorrection(
+        use_decoupled_loss=use_decoupled_loss,
+        rejection_sampling=rs,
+        ignored_keys=(*ignored, *(f"actor.{k}" for k in _ACTOR_OTHER_KEYS if k in actor.data)),
+        name=name,
+        **values,
+    )
+
+
+PRESETS: dict[str, ArealCorrection] = {
+    # The setting of docs/en/best_practices/algo_perf.md and AReaL's example YAMLs.
+    "areal_token_mask": ArealCorrection(
+        use_decoupled_loss=True,
+        rejection_sampling=RejectionSampling(upper=5.0),
+        name="areal_token_mask",
+    ),
+    "areal_token_clamp": ArealCorrection(
+        use_decoupled_loss=True,
+        rejection_sampling=RejectionSampling(action="clamp", upper=5.0),
+        name="areal_token_clamp",
+    ),
+    "areal_sequence_geo_mask": ArealCorrection(
+        use_decoupled_loss=True,
+        rejection_sampling=RejectionSampling(level="sequence", upper=5.0),
+        name="areal_sequence_geo_mask",
+    ),
+}
+"""AReaL's recommended behaviour filter (token mask, upper 5), and its clamp and sequence forms."""

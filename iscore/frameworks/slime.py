@@ -1,0 +1,640 @@
+"""slime: the TIS hooks of `policy_loss_function` (`slime/backends/megatron_utils/loss.py`).
+
+Source read: `THUDM/slime` @ 624b824a (2026-08-21): `slime/backends/megatron_utils/loss.py`
+(`vanilla_tis_function`, `icepop_function`, `policy_loss_function`), `slime/utils/arguments.py`
+(flags and their checks), `slime/backends/megatron_utils/actor.py` (when the trainer recomputes
+log-probs), `examples/train_infer_mismatch_helper/{mis.py,mis.yaml}`; and PR #2084 head 8e0d556e
+(open) for `slime.utils.ppo_utils.off_policy_is_function`.
+
+What slime computes, in its order. With d_t = train - rollout (the recomputed `log_probs` over the
+rollout engine's), the loss calls the TIS function iff `--use-tis` or `--get-mismatch-metrics`,
+and then multiplies each token's PPO term by the weight it returns and reduces over the mask it
+returns (denominators stay the original mask counts):
+
+- no `--custom-tis-function-path`: `vanilla_tis_function`, w_t = clamp(e^{d_t}, tis_clip_low,
+  tis_clip) (no +-20 clamp, both sides; the mask is unchanged).
+- `...loss.icepop_function`: w_t = e^{d_t} * 1[tis_clip_low <= e^{d_t} <= tis_clip] (inclusive;
+  kept tokens carry the raw ratio; the mask is unchanged).
+- `...ppo_utils.off_policy_is_function` (PR #2084): vanilla's clamp on e^{policy - rollout}, the
+  CURRENT policy over the rollout (needs the `policy_logprob` column).
+- `examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp` (mis.py), configured by
+  the YAML at `--custom-config-path` (given inline here as `custom_config:`). Unless the YAML's
+  `use_tis` is true it returns before weighting: no weight, no mask change. Otherwise, per
+  sequence, over the ORIGINAL loss mask:
+  1. TIS: the log-ratio at `tis_level` (token: d_t; sequence: S = sum(d * mask); geometric:
+     G = S / max(T, 1); broadcast), clamped to +-20, exponentiated; `tis_mode` truncate:
+     clamp(w, 0, U); clip: clamp(w, L, U); mask: w stays raw, the mask drops tokens outside
+     [L, U] (inclusive). L = `tis_lower_bound`, default 1/U; U = `tis_upper_bound`.
+  2. RS (`use_rs`): the same ratio at `rs_level`, +-20 clamp, the mask drops tokens outside
+     [`rs_lower_bound`, `rs_upper_bound`] (null: the TIS bounds); then the veto
+     (`rs_veto_threshold`): a sequence with any mask token of d_t < log(veto) (unclamped, strict)
+     is dropped entirely. Veto and RS only run with `use_tis`; `use_rs` alone does nothing.
+  3. `tis_batch_normalize`: w /= mean(w) (skipped if the mean is <= 1e-8), the mean taken over
+     the ORIGINAL mask, so tokens that steps 1-2 dropped still count: token level, the mean over
+     all mask tokens; sequence level, the mean over ALL sequences (a fully masked one counts as 0)
+     of each sequence's masked mean weight; geometric level raises.
+- `--get-mismatch-metrics` (which slime lets through only with a custom function path) calls the
+  function even without `--use-tis` and applies the pg_loss it returns. So with `icepop_function`
+  (or an explicit vanilla path) the weights ARE applied; only mis.py leaves the loss unchanged
+  (its `use_tis` is false). `--use-tis` is the switch slime's README documents; the flag's own
+  help ("only return mismatch metrics") holds for mis.py alone.
+- `--use-rollout-logprobs` (bypass): the PPO ratio is anchored on the rollout log-probs and no
+  weight is applied. slime rejects it with `--use-tis`, but it checks that BEFORE merging the
+  YAML, so a YAML `use_tis: true` still turns TIS on; then, unless `--get-mismatch-metrics`
+  forces the recompute, the TIS numerator is the current policy (the "train" log-probs are the
+  loss's own forward), and the replay uses the `policy_logprob` column.
+
+Config: `args:` holds slime's launch flags as one shell string (line continuations and `#`
+comments of a pasted script are fine) or a list of argv tokens; `custom_config:` holds the YAML
+that `--custom-config-path` points to. The IS flags `--use-tis`, `--get-mismatch-metrics`,
+`--tis-clip`, `--tis-clip-low`, `--custom-tis-function-path`, `--use-rollout-logprobs` and
+`--custom-config-path` are parsed strictly (types checked by argparse, a stray value is an error);
+every other flag (slime has hundreds: `--lr`, `--tensor-model-parallel-size`, ...) is accepted
+and its name collected in the spec's `ignored_flags`, with its values dropped. Flags that look
+like IS flags but do not exist in slime (`--tis-mode`, `--tis-level`, `--use-rs`, `--rs-*`,
+`--use-rollout-correction`: mis.py's README spells its YAML keys as flags) raise. `custom_config`
+keys: mis.py's (`use_rs`, `tis_level`, `rs_level`, `tis_mode`, `tis_lower_bound`,
+`tis_upper_bound`, `rs_lower_bound`, `rs_upper_bound`, `rs_veto_threshold`,
+`tis_batch_normalize`) and the slime arguments it overrides (`use_tis`, `tis_clip`,
+`tis_clip_low`, set on `args` after slime's checks); any other key raises. mis.py's keys are read
+only when mis.py is the function and is called; otherwise they are listed in `ignored_flags` as
+`custom_config.<key>`.
+
+Where corrections.md section 2.4 and the code differ, or the spec is silent (the code wins):
+
+- Order in `mis.py`: TIS (line 220; mask mode drops tokens there), the RS mask (244), the veto
+  (259), then batch normalization (273). The masks multiply, so their order does not matter;
+  batch normalization averages over the ORIGINAL `loss_masks` (lines 278-286), not the
+  TIS/RS/veto-modified masks, so rejected tokens still count in the mean.
+- Sequence-level batch normalization averages over every sequence of the batch, fully masked
+  ones included as 0 (`sum(seq_weights_means) / len(seq_weights_means)`, line 286).
+- `--use-rollout-logprobs` with `--use-tis` is only rejected when both come from the command line
+  (`arguments.py` line 1854 runs before the YAML merge at line 2013).
+- slime normalizes over the micro-batch its loss function sees; a dump does not record the
+  micro-batches, so the replay normalizes over each training step (`batch.step`) of the dump.
+- mis.py reads its keys from `args` and crashes (AttributeError) on a missing one. Here the keys
+  with a null meaning (`tis_lower_bound`, `rs_lower_bound`, `rs_upper_bound`,
+  `rs_veto_threshold`) may be omitted; `tis_upper_bound` is required whenever mis.py runs;
+  `tis_level`, `tis_mode`, `use_rs` and `tis_batch_normalize` when `use_tis` is on; `rs_level`
+  when `use_rs` is on. The YAML values are validated even when `use_tis` is off (mis.py would
+  not reach its asserts then).
+- Numeric strings ("1e-4", which `yaml.safe_load` reads as a string; mis.yaml warns about it) are
+  accepted as numbers.
+- slime computes in float32 (d as a float32 difference, float32 sums); the replay uses the exact
+  float64 d and float64 sums; the veto compares d with the float32 log(veto) slime uses.
+
+>>> import torch
+>>> from iscore.batch import TokenBatch
+>>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0]), train=torch.tensor([-2.0, 0.0]),
+...                cu_seqlens=torch.tensor([0, 2]))
+>>> spec = parse({"framework": "slime", "args": "--use-tis --tis-clip 2.0 --lr 1e-6"})
+>>> [round(w, 4) for w in spec.replay(b).weight.tolist()], spec.ignored_flags
+([0.3679, 2.0], ('--lr',))
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from iscore import ops
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.frameworks._config import Section, flag_parser, parse_flags, top_level
+from iscore.replay import Replay
+
+FRAMEWORK = "slime"
+
+TisFunction = Literal["vanilla", "icepop", "mis", "off_policy_is"]
+Level = Literal["token", "sequence", "geometric"]
+TisMode = Literal["truncate", "clip", "mask"]
+
+_LEVELS = ("token", "sequence", "geometric")
+_MODES = ("truncate", "clip", "mask")
+
+# slime loads the function with `load_function` (module path, then attribute): the function's
+# name decides the behaviour, whichever package (slime, the miles fork, a copy) provides it.
+_FUNCTIONS: dict[str, TisFunction] = {
+    "vanilla_tis_function": "vanilla",
+    "icepop_function": "icepop",
+    "compute_mis_weights_with_cp": "mis",
+    "off_policy_is_function": "off_policy_is",
+}
+_FUNCTION_PATHS = (
+    "slime.backends.megatron_utils.loss.vanilla_tis_function",
+    "slime.backends.megatron_utils.loss.icepop_function",
+    "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp",
+    "slime.utils.ppo_utils.off_policy_is_function",
+)
+
+# The flags that decide slime's IS correction, parsed strictly.
+_IS_FLAGS = (
+    "--use-tis",
+    "--get-mismatch-metrics",
+    "--tis-clip",
+    "--tis-clip-low",
+    "--custom-tis-function-path",
+    "--use-rollout-logprobs",
+    "--custom-config-path",
+)
+# Flags that look like IS flags but do not exist in slime (mis.py's README spells YAML keys as
+# flags); ignoring them would silently change the replayed setting.
+_NOT_SLIME_PREFIXES = ("--tis-", "--rs-", "--use-rs", "--mis-")
+_NOT_SLIME = ("--use-rollout-correction",)
+
+_MIS_KEYS = (
+    "use_rs",
+    "tis_level",
+    "rs_level",
+    "tis_mode",
+    "tis_lower_bound",
+    "tis_upper_bound",
+    "rs_lower_bound",
+    "rs_upper_bound",
+    "rs_veto_threshold",
+    "tis_batch_normalize",
+)
+
+# mis.py's +-20 clamp on every log-ratio it exponentiates; vanilla/icepop have none.
+_MIS_BOUND = 20.0
+# mis.py skips batch normalization when the mean weight is at most this.
+_NORMALIZE_EPS = 1e-8
+
+
+def _check_choice(value: Any, choices: Sequence[str], key: str) -> None:
+    if value not in choices:
+        raise ConfigError(
+            f"Expected `{key}` to be one of {', '.join(map(repr, choices))}, but got {value!r}"
+        )
+
+
+def _check_bool(value: Any, key: str) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"Expected `{key}` to be a bool, but got {value!r}")
+
+
+def _check_number(value: Any, key: str, *, gt: float | None = None, nullable: bool = False):
+    if value is None and nullable:
+        return
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    if not ok or (gt is not None and not value > gt):
+        bound = f" > {gt}" if gt is not None else ""
+        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class MisConfig:
+    """The YAML keys of slime's `examples/train_infer_mismatch_helper/mis.py`.
+
+    Args:
+        use_rs: apply the RS mask (and the veto) after TIS.
+        tis_level: the TIS ratio's level: per token, sequence product, geometric mean.
+        rs_level: the RS ratio's level.
+        tis_mode: truncate (clamp(w, 0, U)), clip (clamp(w, L, U)) or mask (raw w, tokens
+            outside [L, U] leave the mask).
+        tis_lower_bound: L; None means 1 / `tis_upper_bound`.
+        tis_upper_bound: U.
+        rs_lower_bound: RS lower bound; None means the TIS lower bound.
+        rs_upper_bound: RS upper bound; None means `tis_upper_bound`.
+        rs_veto_threshold: drop a sequence with any token ratio below it; None disables.
+        tis_batch_normalize: divide the weights by their batch mean (token or sequence level).
+    """
+
+    use_rs: bool = False
+    tis_level: Level = "token"
+    rs_level: Level = "token"
+    tis_mode: TisMode = "truncate"
+    tis_lower_bound: float | None = None
+    tis_upper_bound: float = 2.0
+    rs_lower_bound: float | None = None
+    rs_upper_bound: float | None = None
+    rs_veto_threshold: float | None = None
+    tis_batch_normalize: bool = False
+
+    def __post_init__(self) -> None:
+        key = "custom_config.{}".format
+        _check_bool(self.use_rs, key("use_rs"))
+        _check_bool(self.tis_batch_normalize, key("tis_batch_normalize"))
+        _check_choice(self.tis_level, _LEVELS, key("tis_level"))
+        _check_choice(self.rs_level, _LEVELS, key("rs_level"))
+        _check_choice(self.tis_mode, _MODES, key("tis_mode"))
+        _check_number(self.tis_upper_bound, key("tis_upper_bound"), gt=0.0)
+        for name in ("tis_lower_bound", "rs_lower_bound", "rs_upper_bound"):
+            _check_number(getattr(self, name), key(name), nullable=True)
+        _check_number(self.rs_veto_threshold, key("rs_veto_threshold"), gt=0.0, nullable=True)
+        # mis.py asserts lower < upper (strictly) in its clip and mask helpers.
+        if self.tis_mode != "truncate" and not self.tis_lower < self.tis_upper_bound:
+            raise ConfigError(
+                f"Expected `{key('tis_lower_bound')}` ({self.tis_lower}) to be < "
+                f"`{key('tis_upper_bound')}` ({self.tis_upper_bound}) for tis_mode "
+                f"{self.tis_mode!r}, as mis.py asserts"
+            )
+        if self.use_rs and not self.rs_lower < self.rs_upper:
+            raise ConfigError(
+                f"Expected `{key('rs_lower_bound')}` ({self.rs_lower}) to be < "
+                f"`{key('rs_upper_bound')}` ({self.rs_upper}) with use_rs, as mis.py asserts "
+                "(null bounds take the TIS bounds)"
+            )
+        if self.tis_batch_normalize and self.tis_level == "geometric":
+            raise ConfigError(
+                f"Expected `{key('tis_batch_normalize')}` to be false with tis_level "
+                "'geometric': mis.py raises (it normalizes token or sequence weights only)"
+            )
+
+    @property
+    def tis_lower(self) -> float:
+        """The effective TIS lower bound."""
+        if self.tis_lower_bound is not None:
+            return self.tis_lower_bound
+        return 1.0 / self.tis_upper_bound
+
+    @property
+    def rs_lower(self) -> float:
+        """The effective RS lower bound."""
+        return self.rs_lower_bound if self.rs_lower_bound is not None else self.tis_lower
+
+    @property
+    def rs_upper(self) -> float:
+        """The effective RS upper bound."""
+        return self.rs_upper_bound if self.rs_upper_bound is not None else self.tis_upper_bound
+
+
+@dataclass(frozen=True, slots=True)
+class SlimeCorrection:
+    """slime's TIS correction, as set by its launch flags and the mis.py YAML.
+
+    Args:
+        use_tis: `--use-tis`, or the YAML's `use_tis` where the YAML sets it (slime merges the
+            YAML into its args, overwriting the flag).
+        get_mismatch_metrics: `--get-mismatch-metrics`; also calls the TIS function.
+        tis_function: which TIS function `--custom-tis-function-path` names ("vanilla" when
+            the flag is absent).
+        tis_clip: `--tis-clip`, the upper bound of vanilla / icepop / off_policy_is.
+        tis_clip_low: `--tis-clip-low`, their lower bound.
+        use_rollout_logprobs: `--use-rollout-logprobs` (bypass: no recompute).
+        mis: mis.py's YAML settings; required iff `tis_function` is "mis" and it is called.
+        ignored_flags: flags (and `custom_config.<key>` entries) that do not affect the replay.
+        name: display name.
+    """
+
+    framework: ClassVar[str] = FRAMEWORK
+    use_tis: bool = False
+    get_mismatch_metrics: bool = False
+    tis_function: TisFunction = "vanilla"
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    use_rollout_logprobs: bool = False
+    mis: MisConfig | None = None
+    ignored_flags: tuple[str, ...] = ()
+    name: str = FRAMEWORK
+
+    def __post_init__(self) -> None:
+        _check_bool(self.use_tis, "--use-tis")
+        _check_bool(self.get_mismatch_metrics, "--get-mismatch-metrics")
+        _check_bool(self.use_rollout_logprobs, "--use-rollout-logprobs")
+        _check_choice(self.tis_function, tuple(_FUNCTIONS.values()), "--custom-tis-function-path")
+        # argparse's type=float is slime's only check on these (torch's clamp then decides).
+        _check_number(self.tis_clip, "--tis-clip")
+        _check_number(self.tis_clip_low, "--tis-clip-low")
+        if self.tis_function == "mis" and self.called and not isinstance(self.mis, MisConfig):
+            raise ConfigError(
+                "Expected `custom_config` (the YAML at --custom-config-path) with mis.py's "
+                f"settings, since mis.py is the TIS function, but got {self.mis!r}"
+            )
+        if self.tis_function != "mis" and self.mis is not None:
+            raise ConfigError(
+                "Expected no mis.py settings (`custom_config`) with "
+                f"tis_function={self.tis_function!r}: only mis.py reads them"
+            )
+
+    @property
+    def called(self) -> bool:
+        """Whether the loss calls the TIS function at all."""
+        return self.use_tis or self.get_mismatch_metrics
+
+    @property
+    def numerator(self) -> str:
+        """Which log-probs the TIS function's numerator holds: "train" or "policy"."""
+        # PR #2084 uses the current policy; otherwise slime passes the recomputed log-probs,
+        # which do not exist under --use-rollout-logprobs unless --get-mismatch-metrics forces
+        # the recompute (`actor.py`), and then it falls back to the loss's own forward pass.
+        if self.tis_function == "off_policy_is" or (
+            self.use_rollout_logprobs and not self.get_mismatch_metrics
+        ):
+            return "policy"
+        return "train"
+
+    def replay(self, batch: TokenBatch) -> Replay:
+        """Per-token weights and mask as slime's loss applies them."""
+        mask = batch.loss_mask
+        applies = self.called and (self.tis_function != "mis" or self.use_tis)
+        if not applies:
+            # No TIS function, or mis.py returning before weighting (metrics only).
+            ones = torch.ones(batch.num_tokens, dtype=torch.float64, device=batch.device)
+            return Replay.build(batch, ones, mask, ops.exp(ops.log_ratio(batch), bound=None))
+        if self.numerator == "policy" and batch.policy is None:
+            raise ConfigError(
+                "This slime setting computes its TIS weight from the current policy "
+                "(off_policy_is_function, or --use-rollout-logprobs without the recompute), "
+                "which needs the `policy_logprob` column; the dump has none"
+            )
+        d = ops.log_ratio(batch, self.numerator)
+        if self.tis_function == "mis":
+            return _replay_mis(self.mis, batch, d)
+        rho = ops.exp(d, bound=None)  # vanilla / icepop / off_policy_is: no safety clamp
+        if self.tis_function == "icepop":
+            weight = torch.where(ops.band(rho, self.tis_clip_low, self.tis_clip), rho, 0.0)
+        else:
+            weight = ops.truncate(rho, self.tis_clip_low, self.tis_clip)
+        return Replay.build(batch, weight, mask, rho)
+
+
+def _level_log_ratio(d: torch.Tensor, batch: TokenBatch, level: str) -> torch.Tensor:
+    """float64 [B] or [N]: d per token, or mis.py's masked sum / mean per sequence."""
+    if level == "token":
+        return d
+    # mis.py multiplies by the float mask (so a non-finite d at a masked position propagates).
+    total = ops.segment_sum(d * batch.loss_mask, batch)
+    if level == "sequence":
+        return total
+    return total / ops.segment_count(batch, batch.loss_mask).clamp(min=1.0)
+
+
+def _replay_mis(cfg: MisConfig, batch: TokenBatch, d: torch.Tensor) -> Replay:
+    """mis.py's `compute_mis_weights` with `use_tis` on."""
+    mask = batch.loss_mask
+    per_sequence = cfg.tis_level != "token"
+    raw = ops.exp(_level_log_ratio(d, batch, cfg.tis_level), _MIS_BOUND)  # [B] or [N]
+    tis_keep = torch.ones_like(raw, dtype=torch.bool)
+    if cfg.tis_mode == "truncate":
+        weight = ops.truncate(raw, 0.0, cfg.tis_upper_bound)
+    elif cfg.tis_mode == "clip":
+        weight = ops.truncate(raw, cfg.tis_lower, cfg.tis_upper_bound)
+    else:
+        weight = raw
+        tis_keep = ops.band(raw, cfg.tis_lower, cfg.tis_upper_bound)
+    keep = mask & (ops.broadcast(tis_keep, batch) if per_sequence else tis_keep)
+
+    if cfg.use_rs:
+        rs_ratio = ops.exp(_level_log_ratio(d, batch, cfg.rs_level), _MIS_BOUND)
+        rs_keep = ops.band(rs_ratio, cfg.rs_lower, cfg.rs_upper)
+        keep &= ops.broadcast(rs_keep, batch) if cfg.rs_level != "token" else rs_keep
+        if cfg.rs_veto_threshold is not None:
+            # slime compares its float32 d with the log of a float32 tensor of the threshold.
+            log_veto = float(torch.log(torch.tensor(cfg.rs_veto_threshold, dtype=torch.float32)))
+            catastrophic = (d < log_veto) & mask
+            keep &= ops.broadcast(ops.segment_all(~catastrophic, batch), batch)
+
+    if cfg.tis_batch_normalize:
+        weight = weight / _batch_mean(weight, batch, per_sequence)
+
+    if not per_sequence:
+        return Replay.build(batch, weight, keep, raw)
+    return Replay.build(
+        batch,
+        ops.broadcast(weight, batch),
+        keep,
+        ops.broadcast(raw, batch),
+        seq_raw=raw,
+        seq_weight=torch.where(tis_keep, weight, 0.0),
+    )
+
+
+def _batch_mean(weight: torch.Tensor, batch: TokenBatch, per_sequence: bool) -> torch.Tensor:
+    """mis.py's batch-normalization divisor, per training step: [B] or [N] like `weight`.
+
+    Token level: the mean weight over every original mask token of the step. Sequence level:
+    the mean over the step's sequences (fully masked ones count as 0) of each sequence's masked
+    mean weight. A mean <= 1e-8 becomes 1 (mis.py then skips the division).
+    """
+    mask = batch.loss_mask
+    counts = ops.segment_count(batch, mask)
+    if per_sequence:
+        # Every mask token of a sequence holds the sequence's weight, so its masked mean is
+        # the weight itself, or 0 without mask tokens.
+        numerators = torch.where(counts > 0, weight, 0.0)
+        denominators = torch.ones_like(numerators)
+    else:
+        numerators = ops.segment_sum(weight, batch, mask)
+        denominators = counts
+    _, step = torch.unique(batch.step, return_inverse=True)
+    groups = int(step.max()) + 1 if step.numel() else 0
+    num = torch.zeros(groups, dtype=torch.float64, device=weight.device).index_add_(
+        0, step, numerators
+    )
+    den = torch.zeros(groups, dtype=torch.float64, device=weight.device).index_add_(
+        0, step, denominators
+    )
+    mean = num / den.clamp(min=1.0)
+    mean = torch.where(mean > _NORMALIZE_EPS, mean, 1.0)[step]
+    return mean if per_sequence else ops.broadcast(mean, batch)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """slime's IS flags with its own defaults (`slime/utils/arguments.py`)."""
+    parser = flag_parser(FRAMEWORK)
+    parser.add_argument("--use-tis", action="store_true")
+    parser.add_argument("--get-mismatch-metrics", action="store_true")
+    parser.add_argument("--tis-clip", type=float, default=2.0)
+    parser.add_argument("--tis-clip-low", type=float, default=0.0)
+    parser.add_argument("--custom-tis-function-path", type=str, default=None)
+    parser.add_argument("--use-rollout-logprobs", action="store_true")
+    parser.add_argument("--custom-config-path", type=str, default=None)
+    return parser
+
+
+def _argv(args: Any) -> list[str]:
+    """The flags as argv tokens; a pasted script's line continuations and comments removed."""
+    if isinstance(args, str):
+        return shlex.split(args.replace("\\\n", " "), comments=True)
+    if (
+        isinstance(args, Sequence)
+        and not isinstance(args, bytes)
+        and all(isinstance(a, str) for a in args)
+    ):
+        return list(args)
+    raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {args!r}")
+
+
+def _is_flag(token: str) -> bool:
+    """Whether an argv token is a flag name rather than a value (negative numbers are values)."""
+    if len(token) < 2 or not token.startswith("-"):
+        return False
+    try:
+        float(token)
+    except ValueError:
+        return True
+    return False
+
+
+def _split_flags(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
+    """The IS flags' tokens (values included) and the names of every other flag."""
+    is_tokens: list[str] = []
+    ignored: list[str] = []
+    owner: list[str] | None = None  # where the values of the current flag go
+    for token in argv:
+        if not _is_flag(token):
+            if owner is None:
+                raise ConfigError(f"`args`: expected a flag first, but got {token!r}")
+            if owner is is_tokens:
+                is_tokens.append(token)
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in _IS_FLAGS:
+            is_tokens.append(token)
+            owner = is_tokens
+        elif flag in _NOT_SLIME or flag.startswith(_NOT_SLIME_PREFIXES):
+            raise ConfigError(
+                f"`args`: slime has no flag {flag}; mis.py reads its settings (tis_mode, "
+                "tis_level, use_rs, rs_*, ...) from the YAML at --custom-config-path: give that "
+                "YAML as `custom_config:`; slime's own IS flags are " + ", ".join(_IS_FLAGS)
+            )
+        else:
+            if flag not in ignored:
+                ignored.append(flag)
+            owner = ignored
+    return is_tokens, tuple(ignored)
+
+
+def _function(path: str | None) -> TisFunction:
+    if path is None:
+        return "vanilla"
+    function = _FUNCTIONS.get(path.rpartition(".")[2])
+    if function is None:
+        raise ConfigError(
+            f"Expected `--custom-tis-function-path` to name one of slime's TIS functions "
+            f"({', '.join(_FUNCTION_PATHS)}), but got {path!r}"
+        )
+    return function
+
+
+def _parse_mis(section: Section, use_tis: bool) -> MisConfig:
+    """mis.py's keys; those it reads that have no null meaning are required, as in slime."""
+    use_rs = section.bool("use_rs", False)
+    required = {
+        "tis_upper_bound": "whenever it runs",
+        **dict.fromkeys(
+            ("tis_level", "tis_mode", "use_rs", "tis_batch_normalize") if use_tis else (),
+            "when use_tis is on",
+        ),
+        **dict.fromkeys(("rs_level",) if use_tis and use_rs else (), "when use_rs is on"),
+    }
+    for key, when in required.items():
+        if key not in section.data:
+            raise ConfigError(f"Missing required key `{section.key(key)}`: mis.py reads it {when}")
+    return MisConfig(
+        use_rs=use_rs,
+        tis_level=section.choice("tis_level", "token", _LEVELS),
+        rs_level=section.choice("rs_level", "token", _LEVELS),
+        tis_mode=section.choice("tis_mode", "truncate", _MODES),
+        tis_lower_bound=section.float("tis_lower_bound", None),
+        tis_upper_bound=section.float("tis_upper_bound", 2.0, gt=0.0),
+        rs_lower_bound=section.float("rs_lower_bound", None),
+        rs_upper_bound=section.float("rs_upper_bound", None),
+        rs_veto_threshold=section.float("rs_veto_threshold", None, gt=0.0),
+        tis_batch_normalize=section.bool("tis_batch_normalize", False),
+    )
+
+
+def parse(config: Mapping[str, Any]) -> SlimeCorrection:
+    """Parse `{framework: slime, name?, args: "<launch flags>", custom_config?: {...}}`.
+
+    Raises:
+        ConfigError: a malformed IS flag, a flag slime does not have that looks like one, a
+            combination slime rejects, or a bad / missing mis.py key; the message names it.
+
+    >>> spec = parse({
+    ...     "framework": "slime",
+    ...     "args": "--use-tis --custom-tis-function-path "
+    ...             "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp "
+    ...             "--custom-config-path mis.yaml --tensor-model-parallel-size 2",
+    ...     "custom_config": {"use_tis": True, "use_rs": False, "tis_level": "geometric",
+    ...                       "tis_mode": "mask", "tis_lower_bound": 0.999,
+    ...                       "tis_upper_bound": 1.001, "tis_batch_normalize": False},
+    ... })
+    >>> spec.tis_function, spec.mis.tis_level, spec.ignored_flags
+    ('mis', 'geometric', ('--tensor-model-parallel-size',))
+    """
+    section, name = top_level(config, FRAMEWORK)
+    is_tokens, ignored = _split_flags(_argv(section.raw("args", "")))
+    custom = section.section("custom_config")
+    given_custom = section.data.get("custom_config") is not None
+    section.done()
+    flags = parse_flags(_parser(), is_tokens)
+
+    # slime's checks (arguments.py) run on the command-line values, before the YAML merge.
+    if flags.use_rollout_logprobs and flags.use_tis:
+        raise ConfigError(
+            "`args`: --use-rollout-logprobs and --use-tis cannot be set together (slime asserts)"
+        )
+    if flags.get_mismatch_metrics and flags.custom_tis_function_path is None:
+        raise ConfigError(
+            "`args`: --get-mismatch-metrics requires --custom-tis-function-path (slime asserts)"
+        )
+    function = _function(flags.custom_tis_function_path)
+
+    # The YAML is merged into slime's args, overwriting the flags it names.
+    use_tis = custom.bool("use_tis", flags.use_tis)
+    tis_clip = custom.float("tis_clip", flags.tis_clip)
+    tis_clip_low = custom.float("tis_clip_low", flags.tis_clip_low)
+    called = use_tis or flags.get_mismatch_metrics
+    mis = None
+    if function == "mis" and called:
+        if flags.custom_config_path is not None and not given_custom:
+            raise ConfigError(
+                f"Expected `custom_config` with the contents of {flags.custom_config_path} "
+                "(the YAML of --custom-config-path, which mis.py reads), but it is missing"
+            )
+        mis = _parse_mis(custom, use_tis)
+    else:
+        ignored += tuple(f"custom_config.{k}" for k in _MIS_KEYS if k in custom.data)
+        custom.read.update(_MIS_KEYS)
+        if flags.custom_config_path is not None and not given_custom:
+            warnings.warn(
+                f"iscore cannot read {flags.custom_config_path} (--custom-config-path); if it "
+                "sets use_tis, tis_clip or tis_clip_low, give its contents as `custom_config`",
+                UserWarning,
+                stacklevel=2,
+            )
+    custom.done()
+    return SlimeCorrection(
+        use_tis=use_tis,
+        get_mismatch_metrics=flags.get_mismatch_metrics,
+        tis_function=function,
+        tis_clip=tis_clip,
+        tis_clip_low=tis_clip_low,
+        use_rollout_logprobs=flags.use_rollout_logprobs,
+        mis=mis,
+        ignored_flags=ignored,
+        name=name,
+    )
+
+
+PRESETS: dict[str, SlimeCorrection] = {
+    "slime_tis": SlimeCorrection(use_tis=True, name="slime_tis"),
+    # GLM-5.x scripts and slime's tests: `--tis-clip-low 0.5 --tis-clip 2.0` with icepop.
+    "slime_icepop": SlimeCorrection(
+        use_tis=True, tis_function="icepop", tis_clip_low=0.5, name="slime_icepop"
+    ),
+    # examples/train_infer_mismatch_helper/mis.yaml as shipped.
+    "slime_mis_example": SlimeCorrection(
+        use_tis=True,
+        tis_function="mis",
+        mis=MisConfig(
+            use_rs=True,
+            tis_lower_bound=0.5,
+            tis_upper_bound=2.0,
+            rs_veto_threshold=1e-4,
+            tis_batch_normalize=True,
+        ),
+        name="slime_mis_example",
+    ),
+}
+"""slime's documented settings: `--use-tis` alone, the GLM-5 IcePop bounds, mis.yaml."""

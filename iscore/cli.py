@@ -106,7 +106,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         ) as bar,
     ):
         writer = None
-        for batch in dump.batches(max_tokens=args.chunk_tokens):
+        # Whole steps per chunk: batch-normalizing settings divide by a step's mean weight.
+        for batch in dump.batches(max_tokens=args.chunk_tokens, whole_steps=True):
             result = replay(batch, spec)
             table = result.to_arrow(batch)
             if writer is None:

@@ -155,6 +155,19 @@ class _Chunk:
     lengths: np.ndarray
     rows: np.ndarray  # file row of each token (in sequence layout: of its sequence)
 
+    def sequences(self, start: int, stop: int) -> _Chunk:
+        """Sequences start..stop-1 of this chunk."""
+        offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+        a, b = int(offsets[start]), int(offsets[stop])
+        return _Chunk(
+            self.file,
+            {k: v.slice(a, b - a) for k, v in self.per_token.items()},
+            self.seq_id.slice(start, stop - start),
+            self.step[start:stop],
+            self.lengths[start:stop],
+            self.rows[a:b],
+        )
+
 
 @dataclass(slots=True)
 class DropReport:
@@ -389,18 +402,23 @@ class Dump:
         batch = parts[0] if len(parts) == 1 else _concat(parts)
         return batch.to(device) if torch.device(device) != batch.device else batch
 
-    def batches(self, max_tokens: int | None = DEFAULT_CHUNK_TOKENS) -> Iterator[TokenBatch]:
+    def batches(
+        self, max_tokens: int | None = DEFAULT_CHUNK_TOKENS, *, whole_steps: bool = False
+    ) -> Iterator[TokenBatch]:
         """Yield whole sequences in batches of about `max_tokens` tokens each.
 
         A batch overshoots `max_tokens` by at most one read (256k tokens) or one sequence
-        longer than that; `None` yields one batch per file.
+        longer than that; `None` yields one batch per file. With `whole_steps`, a training step
+        is never split across batches (a batch then holds at least one whole step): settings
+        that normalize over a step's batch need all of it at once.
 
         Raises:
             DumpProblems: the first chunk with problems, listing every problem in it.
         """
         seen: set[tuple[int, object]] = set()
         for info, parquet in zip(self.files, self._parquet, strict=True):
-            for chunk in _reader(info, parquet, self.steps, seen).chunks(max_tokens):
+            reader = _reader(info, parquet, self.steps, seen, whole_steps)
+            for chunk in reader.chunks(max_tokens):
                 problems = _check(chunk, info.columns)
                 if problems:
                     chunk, problems = self._drop(chunk, problems)
@@ -514,11 +532,21 @@ def _check(chunk: _Chunk, columns: ColumnMap) -> list[Problem]:
 class _Reader:
     """Reads one file row group by row group and assembles chunks of whole sequences."""
 
-    def __init__(self, info: DumpFile, parquet: pq.ParquetFile, steps: StepRange, seen: set):
+    def __init__(
+        self,
+        info: DumpFile,
+        parquet: pq.ParquetFile,
+        steps: StepRange,
+        seen: set,
+        whole_steps: bool = False,
+    ):
         self.info = info
         self.parquet = parquet
         self.steps = steps
         self.seen = seen
+        self.whole_steps = whole_steps
+        # What a chunk boundary must not split: a sequence, or a whole training step.
+        self.unit = ("step",) if whole_steps else ("step", "seq_id")
         self.source = {
             k: v for k, v in info.columns.source.items() if k in PER_TOKEN + PER_SEQUENCE
         }
@@ -653,9 +681,9 @@ class _TokenReader(_Reader):
             if max_tokens is not None and count >= max_tokens:
                 table = pa.concat_tables(pending)
                 rows = np.concatenate(pending_rows)
-                # Hold back the last sequence: its rows may go on in the next read. A
-                # single sequence longer than max_tokens keeps accumulating until it ends.
-                cut = int(_run_starts(table)[-1])
+                # Hold back the last sequence (or step): its rows may go on in the next
+                # read. One longer than max_tokens keeps accumulating until it ends.
+                cut = int(_run_starts(table, self.unit)[-1])
                 if cut == 0:
                     pending, pending_rows = [table], [rows]
                     continue
@@ -690,11 +718,11 @@ def _decode_dictionaries(table: pa.Table) -> pa.Table:
     return table
 
 
-def _run_starts(table: pa.Table) -> np.ndarray:
-    """Row indices where a new (step, seq_id) run begins; always includes 0."""
+def _run_starts(table: pa.Table, keys: tuple[str, ...] = ("step", "seq_id")) -> np.ndarray:
+    """Row indices where a new run of `keys` values begins; always includes 0."""
     change = np.zeros(table.num_rows, dtype=bool)
     change[0] = True
-    for name in ("step", "seq_id"):
+    for name in keys:
         if name in table.column_names:
             col = table[name].combine_chunks()
             change[1:] |= pc.not_equal(col.slice(1), col.slice(0, len(col) - 1)).to_numpy(
@@ -754,13 +782,21 @@ class _SequenceReader(_Reader):
             table, rows = self._filter_steps(table, rows)
             if not table.num_rows:
                 continue
-            chunk = self._chunk(table, rows)
-            # Split a large read so chunks stay near max_tokens even for long sequences.
-            pending.append(chunk)
-            count += int(chunk.lengths.sum())
+            pending.append(self._chunk(table, rows))
+            count += int(pending[-1].lengths.sum())
             if max_tokens is not None and count >= max_tokens:
-                yield _concat_chunks(pending)
-                pending, count = [], 0
+                chunk = _concat_chunks(pending)
+                cut = chunk.lengths.size
+                if self.whole_steps:
+                    # Hold back the last step: its sequences may go on in the next read.
+                    cut = int(np.flatnonzero(np.diff(chunk.step, prepend=chunk.step[0] - 1))[-1])
+                    if cut == 0:
+                        pending = [chunk]
+                        continue
+                yield chunk.sequences(0, cut)
+                pending = [chunk.sequences(cut, chunk.lengths.size)]
+                count = int(pending[0].lengths.sum())
+        pending = [c for c in pending if c.lengths.size]
         if pending:
             yield _concat_chunks(pending)
 
@@ -799,9 +835,11 @@ class _SequenceReader(_Reader):
         return _Chunk(self.info.path, per_token, seq_id, step, lengths, token_rows)
 
 
-def _reader(info: DumpFile, parquet: pq.ParquetFile, steps: StepRange, seen: set) -> _Reader:
+def _reader(
+    info: DumpFile, parquet: pq.ParquetFile, steps: StepRange, seen: set, whole_steps: bool = False
+) -> _Reader:
     reader = _TokenReader if info.layout == "token" else _SequenceReader
-    return reader(info, parquet, steps, seen)
+    return reader(info, parquet, steps, seen, whole_steps)
 
 
 def _concat_chunks(chunks: list[_Chunk]) -> _Chunk:

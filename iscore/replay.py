@@ -49,6 +49,8 @@ class Replay:
             masking (per token, or the sequence ratio broadcast for sequence-level methods).
         seq_raw: float32 [B] or None, the per-sequence ratio of sequence-level methods.
         seq_weight: float32 [B] or None, the per-sequence weight applied (after truncation).
+        pre_norm: float32 [N] or None, for settings that batch-normalize the weights: the
+            weight before that division (what truncation made of `raw`).
     """
 
     weight: torch.Tensor
@@ -56,6 +58,7 @@ class Replay:
     raw: torch.Tensor
     seq_raw: torch.Tensor | None = None
     seq_weight: torch.Tensor | None = None
+    pre_norm: torch.Tensor | None = None
 
     @classmethod
     def build(
@@ -66,16 +69,21 @@ class Replay:
         raw: torch.Tensor,
         seq_raw: torch.Tensor | None = None,
         seq_weight: torch.Tensor | None = None,
+        pre_norm: torch.Tensor | None = None,
     ) -> Replay:
         """Assemble a result: AND `keep` with the loss mask, zero dropped weights, cast."""
         keep = keep & batch.loss_mask
-        weight = torch.where(keep, weight.float(), 0.0)
+
+        def f32(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.float()
+
         return cls(
-            weight=weight,
+            weight=torch.where(keep, weight.float(), 0.0),
             keep=keep,
             raw=raw.float(),
-            seq_raw=None if seq_raw is None else seq_raw.float(),
-            seq_weight=None if seq_weight is None else seq_weight.float(),
+            seq_raw=f32(seq_raw),
+            seq_weight=f32(seq_weight),
+            pre_norm=None if pre_norm is None else torch.where(keep, pre_norm.float(), 0.0),
         )
 
     def to_arrow(self, batch: TokenBatch) -> pa.Table:

@@ -392,11 +392,13 @@ def _replay_mis(cfg: MisConfig, batch: TokenBatch, d: torch.Tensor) -> Replay:
             catastrophic = (d < log_veto) & mask
             keep &= ops.broadcast(ops.segment_all(~catastrophic, batch), batch)
 
+    pre_norm = None
     if cfg.tis_batch_normalize:
+        pre_norm = weight
         weight = weight / _batch_mean(weight, batch, per_sequence)
 
     if not per_sequence:
-        return Replay.build(batch, weight, keep, raw)
+        return Replay.build(batch, weight, keep, raw, pre_norm=pre_norm)
     return Replay.build(
         batch,
         ops.broadcast(weight, batch),
@@ -404,6 +406,7 @@ def _replay_mis(cfg: MisConfig, batch: TokenBatch, d: torch.Tensor) -> Replay:
         ops.broadcast(raw, batch),
         seq_raw=raw,
         seq_weight=torch.where(tis_keep, weight, 0.0),
+        pre_norm=None if pre_norm is None else ops.broadcast(pre_norm, batch),
     )
 
 

@@ -14,8 +14,8 @@ What verl computes, in its order (decoupled mode, `bypass_mode: false`):
    w = min(raw, U), no lower clamp; `"L_U"` (IcePop): w = raw * 1[L <= raw <= U] (inclusive).
 3. `rollout_is_batch_normalize`: after truncation, w /= mean(w), the mean taken over every token of
    the original mask (token level) or over the per-sequence weights of the sequences with at least
-   one mask token (sequence level). Tokens and sequences that step 4 rejects still count in the
-   mean. Skipped when the mean is <= 1e-8.
+   one mask token (sequence level), within each training step. Tokens and sequences that step 4
+   rejects still count in the mean. Skipped when the mean is <= 1e-8.
 4. RS (`rollout_rs`, comma-separated options, AND-combined), also over the ORIGINAL mask and
    independent of step 2: d~ = clamp(d, +-20), k1 = -d~, k2 = d~^2 / 2, k3 = e^{d~} - 1 - d~;
    `token_kX` per token, `seq_sum_kX` / `seq_mean_kX` / `seq_max_kX` the masked sum / mean / max
@@ -56,9 +56,10 @@ is followed:
   statistics (verl's float32 k3 = e^d - 1 - d cancels badly for |d| < 1e-3; the float64 replay
   uses the exact value).
 - verl raises when a batch has no mask token at all (:837); the replay returns zero weights.
-- In bypass mode the helper runs per micro-batch inside the loss, so verl's batch normalization
-  averages over one micro-batch (all-reduced over data-parallel ranks); the replay averages over
-  the whole dump, as in decoupled mode where the driver normalizes over the full batch.
+- Batch normalization averages over one training step (`batch.step`): in decoupled mode the
+  driver normalizes the full batch of a step. In bypass mode the helper runs per micro-batch
+  inside the loss (all-reduced over data-parallel ranks); a dump does not record micro-batches,
+  so the replay uses the step there too.
 - `geo_mean` (GMPO) policy losses turn the token weights into a per-sequence geometric mean; this
   module replays the weights every other policy loss applies.
 """
@@ -364,24 +365,31 @@ class VerlSpec:
     def _weighted(self, batch: TokenBatch, d: torch.Tensor, keep: torch.Tensor) -> Replay:
         """IS weights over the original loss mask, then (optionally) batch normalization."""
         mask = batch.loss_mask
-        seq_raw = seq_weight = None
+        seq_raw = seq_weight = pre_norm = None
         if self.is_level == "token":
             raw = ops.exp(d)
             weight = self._bound(raw)
             if self.batch_normalize:
                 # Every token of the original mask counts, RS-rejected ones included.
-                weight = _normalized(weight, ops.masked_mean(weight, mask))
+                pre_norm = weight
+                sums = ops.segment_sum(weight, batch, mask)
+                weight = weight / ops.broadcast(
+                    _step_mean(sums, ops.segment_count(batch, mask), batch), batch
+                )
         else:
             # S sums the unclamped d; only the sum is clamped before exponentiating.
             seq_raw = ops.exp(ops.segment_sum(d, batch, mask))
             seq_weight = self._bound(seq_raw)
             if self.batch_normalize:
                 # One weight per sequence with at least one mask token, RS-rejected ones included.
-                valid = ops.segment_count(batch, mask) > 0
-                seq_weight = _normalized(seq_weight, seq_weight[valid].mean())
+                pre_norm = ops.broadcast(seq_weight, batch)
+                valid = (ops.segment_count(batch, mask) > 0).double()
+                seq_weight = seq_weight / _step_mean(seq_weight * valid, valid, batch)
             raw = ops.broadcast(seq_raw, batch)
             weight = ops.broadcast(seq_weight, batch)
-        return Replay.build(batch, weight, keep, raw, seq_raw=seq_raw, seq_weight=seq_weight)
+        return Replay.build(
+            batch, weight, keep, raw, seq_raw=seq_raw, seq_weight=seq_weight, pre_norm=pre_norm
+        )
 
     def _bound(self, raw: torch.Tensor) -> torch.Tensor:
         """Truncate at U (TIS), or zero outside [L, U] keeping the raw ratio (IcePop)."""
@@ -390,11 +398,20 @@ class VerlSpec:
         return torch.where(ops.band(raw, self.is_lower, self.is_upper), raw, 0.0)
 
 
-def _normalized(weight: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """`weight / mean`, unless the mean is <= 1e-8 (or NaN, for an empty batch) as verl skips."""
-    if bool(mean > _BATCH_NORM_EPS):
-        return weight / mean
-    return weight
+def _step_mean(sums: torch.Tensor, counts: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+    """[B] per-sequence divisor: sum(sums) / sum(counts) over the sequence's training step.
+
+    verl normalizes over the batch of one training step; a mean <= 1e-8 (or an empty step)
+    gives 1, as verl then skips the division.
+    """
+    _, step = torch.unique(batch.step, return_inverse=True)
+    groups = int(step.max()) + 1 if step.numel() else 0
+    num = torch.zeros(groups, dtype=torch.float64, device=sums.device).index_add_(0, step, sums)
+    den = torch.zeros(groups, dtype=torch.float64, device=sums.device).index_add_(
+        0, step, counts.double()
+    )
+    mean = num / den
+    return torch.where(mean > _BATCH_NORM_EPS, mean, 1.0)[step]
 
 
 def _parse_is_threshold(value: Any) -> tuple[float | None, float]:

@@ -184,6 +184,21 @@ class TestStreaming:
             # A chunk overshoots by at most one read, unless one sequence is longer.
             assert c.num_tokens <= max_tokens + 40 + 4
 
+    @pytest.mark.parametrize("max_tokens", [1, 10, 30])
+    @pytest.mark.parametrize("layout", ["token", "sequence"])
+    def test_whole_steps_are_never_split(self, tmp_path, monkeypatch, layout, max_tokens):
+        monkeypatch.setattr(iscore.dump, "_READ_TOKENS", 4)
+        s = make_sequences([5, 1, 40, 7, 3, 12, 2, 9, 4], steps=[0, 0, 0, 1, 1, 1, 2, 2, 5])
+        path = write(getattr(s, f"{layout}_table")(), tmp_path / "d.parquet", row_group_size=2)
+        chunks = list(Dump(path).batches(max_tokens=max_tokens, whole_steps=True))
+        steps = [sorted(set(c.step.tolist())) for c in chunks]
+        flat = [step for group in steps for step in group]
+        assert flat == sorted(set(flat)) == [0, 1, 2, 5]  # each step in exactly one chunk
+        assert [i for c in chunks for i in c.seq_id.to_pylist()] == s.seq_id
+        assert torch.equal(torch.cat([c.train for c in chunks]), load(path).train)
+        if max_tokens == 1:
+            assert steps == [[0], [1], [2], [5]]
+
     def test_step_filter_skips_row_groups(self, tmp_path):
         s = make_sequences([4, 4, 4, 4], steps=[0, 1, 2, 3])
         path = write(s.sequence_table(), tmp_path / "steps.parquet", row_group_size=1)

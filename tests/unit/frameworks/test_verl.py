@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -495,6 +496,25 @@ def test_batch_normalize_sequence_level_averages_sequences_not_tokens():
     result = parse(cfg(**rc)).replay(batch)
     np.testing.assert_allclose(result.seq_weight, [6 / 7, 12 / 7, 3 / 7], rtol=1e-5)
     np.testing.assert_allclose(result.weight, [6 / 7, 0, 0, 0, 3 / 7, 3 / 7], rtol=1e-5)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_batch_normalize_is_per_training_step(level):
+    """verl normalizes the batch of one step: each step's weights average to 1 on their own."""
+    two = ratio_batch([[1.0, 1.5], [0.5], [1.2, 1.2, 0.9], [1.6]])
+    batch = dataclasses.replace(two, step=torch.tensor([3, 3, 7, 7]), _seq_index=[])
+    rc = {"rollout_is": level, "rollout_is_threshold": 5.0, "rollout_is_batch_normalize": True}
+    result = parse(cfg(**rc)).replay(batch)
+    alone = [
+        parse(cfg(**rc)).replay(ratio_batch(part))
+        for part in ([[1.0, 1.5], [0.5]], [[1.2, 1.2, 0.9], [1.6]])
+    ]
+    expected = torch.cat([r.weight for r in alone])
+    np.testing.assert_allclose(result.weight, expected, rtol=1e-6)
+    np.testing.assert_allclose(result.pre_norm, torch.cat([r.pre_norm for r in alone]), rtol=1e-6)
+    for part, step in zip(alone, (3, 7), strict=True):
+        denominators = part.weight if level == "token" else part.seq_weight
+        assert float(denominators.double().mean()) == pytest.approx(1.0), step
 
 
 def test_batch_normalize_skipped_when_all_weights_zero():

@@ -415,7 +415,7 @@ class Dump:
         Raises:
             DumpProblems: the first chunk with problems, listing every problem in it.
         """
-        seen: set[tuple[int, object]] = set()
+        seen: dict[tuple[int, object], str] = {}
         for info, parquet in zip(self.files, self._parquet, strict=True):
             reader = _reader(info, parquet, self.steps, seen, whole_steps)
             for chunk in reader.chunks(max_tokens):
@@ -436,7 +436,7 @@ class Dump:
         sequences, unequal lists, corrupt pages) is reported and skipped, and reading goes on
         with the next file; value problems are reported per chunk.
         """
-        seen: set[tuple[int, object]] = set()
+        seen: dict[tuple[int, object], str] = {}
         for info, parquet in zip(self.files, self._parquet, strict=True):
             try:
                 for chunk in _reader(info, parquet, self.steps, seen).chunks(max_tokens):
@@ -537,13 +537,14 @@ class _Reader:
         info: DumpFile,
         parquet: pq.ParquetFile,
         steps: StepRange,
-        seen: set,
+        seen: dict,
         whole_steps: bool = False,
     ):
         self.info = info
         self.parquet = parquet
         self.steps = steps
         self.seen = seen
+        self._here: set[tuple[int, object]] = set()
         self.whole_steps = whole_steps
         # What a chunk boundary must not split: a sequence, or a whole training step.
         self.unit = ("step",) if whole_steps else ("step", "seq_id")
@@ -641,23 +642,20 @@ class _Reader:
         return problems
 
     def _mark_seen(self, step: np.ndarray, seq_id: pa.Array, first_rows: np.ndarray) -> None:
+        """Remember each sequence's file; a sequence met twice is an error naming both."""
         ids = seq_id.to_pylist()
         for s, i, r in zip(step.tolist(), ids, first_rows.tolist(), strict=True):
             key = (s, i)
-            if key in self.seen:
-                raise DumpProblems(
-                    [
-                        Problem(
-                            self.info.path,
-                            _label(self.info.columns, "seq_id"),
-                            f"sequence seq_id={i!r} step={s} appears twice or its rows are not "
-                            "contiguous; a dump holds each sequence once, its rows together",
-                            (r,),
-                            1,
-                        )
-                    ]
+            first = self.seen.setdefault(key, self.info.path)
+            if first is not self.info.path or key in self._here:
+                where = "" if first is self.info.path else f" (it is also in {first})"
+                message = (
+                    f"sequence seq_id={i!r} step={s} appears twice or its rows are not "
+                    f"contiguous{where}; a dump holds each sequence once, its rows together"
                 )
-            self.seen.add(key)
+                label = _label(self.info.columns, "seq_id")
+                raise DumpProblems([Problem(self.info.path, label, message, (r,), 1)])
+            self._here.add(key)
 
 
 class _TokenReader(_Reader):
@@ -836,7 +834,7 @@ class _SequenceReader(_Reader):
 
 
 def _reader(
-    info: DumpFile, parquet: pq.ParquetFile, steps: StepRange, seen: set, whole_steps: bool = False
+    info: DumpFile, parquet: pq.ParquetFile, steps: StepRange, seen: dict, whole_steps: bool = False
 ) -> _Reader:
     reader = _TokenReader if info.layout == "token" else _SequenceReader
     return reader(info, parquet, steps, seen, whole_steps)

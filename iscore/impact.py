@@ -1,0 +1,259 @@
+"""What one correction setting does to a dump: weights, masks and the effective learning rate.
+
+`SettingStats` is a streaming accumulator over (batch, replay) pairs. Token-level distributions
+are kept as mergeable log-histograms; everything else is summed per sequence as chunks arrive and
+computed at the end, so a dump read in chunks gives the numbers of the dump read whole.
+
+Definitions (all over loss tokens, i.e. loss_mask true; w = `Replay.weight`, the factor that
+multiplies a token's loss, 0 where a mask drops it; raw = `Replay.raw`):
+
+- `weight_mean`: <w>_tok; `weight_mean_seq`: mean over sequences of each one's <w>.
+- `ess`: (sum w)^2 / (n sum w^2), the effective sample size as a fraction of the tokens (verl's
+  `rollout_is_eff_sample_size`, except that masked tokens count here with weight 0).
+- `truncated_high_fraction` / `truncated_low_fraction`: tokens whose weight truncation lowered /
+  raised below / above raw (batch normalization, which rescales all, is not counted; settings
+  that apply no weight at all, only masks, truncate nothing).
+- `token_masked_fraction`: tokens with w = 0 (dropped by a mask or zeroed by an IcePop-style
+  band); `token_rejected_fraction`: those removed from the loss mask (keep false), which also
+  leave the denominator where the framework recounts it; `seq_masked_fraction`: sequences all of
+  whose loss tokens have w = 0.
+- `lr_scale`: the corrected loss gradient's scale relative to the uncorrected one, under the
+  framework's loss aggregation (corrections.md section 5): token-mean sum(w) / n (or / kept tokens
+  where rejection shrinks the denominator); seq-mean-token-mean mean over sequences of sum(w) / T;
+  seq-mean-token-sum sum(w) / sum(T). 1 means the setting leaves the step size alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from iscore import ops
+from iscore.batch import TokenBatch
+from iscore.histogram import LogHistogram, bucket_label
+from iscore.replay import Replay, Spec
+
+QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
+
+AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+
+_TOLERANCE = 1e-6  # relative: float32 weights that differ from raw by less were not truncated
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregation:
+    """How a framework turns per-token losses into the batch loss.
+
+    Attributes:
+        mode: token-mean (sum / tokens), seq-mean-token-mean (mean over sequences of each
+            sequence's token mean) or seq-mean-token-sum (mean over sequences of token sums).
+        shrinks: whether tokens a correction rejects leave the denominator (verl's decoupled
+            rejection sampling under token-mean) instead of only zeroing their numerator.
+    """
+
+    mode: AggregationMode = "token-mean"
+    shrinks: bool = False
+
+    def describe(self) -> str:
+        return self.mode + (", rejected tokens leave the denominator" if self.shrinks else "")
+
+
+def aggregation_of(spec: Spec) -> Aggregation:
+    """The loss aggregation a setting's framework uses by default (corrections.md section 5),
+    refined by whatever the setting's own config says (NeMo-RL `token_level_loss`, TRL
+    `loss_type`, slime `--calculate-per-token-loss`, OpenRLHF's GSPO)."""
+    framework = spec.framework
+    if framework == "verl":
+        # Decoupled rejection sampling rewrites response_mask before the token count is taken.
+        return Aggregation("token-mean", shrinks=not getattr(spec, "bypass", False))
+    if framework == "nemo_rl":
+        level = getattr(spec, "token_level_loss", True)
+        return Aggregation("token-mean" if level else "seq-mean-token-mean")
+    if framework == "slime":
+        per_token = "--calculate-per-token-loss" in getattr(spec, "ignored_flags", ())
+        return Aggregation("token-mean" if per_token else "seq-mean-token-mean")
+    if framework == "openrlhf":
+        gspo = getattr(spec, "policy_loss_type", "ppo") == "gspo"
+        return Aggregation("seq-mean-token-mean" if gspo else "token-mean")
+    if framework == "trl":
+        loss_type = getattr(spec, "loss_type", "dapo")
+        if loss_type == "grpo":
+            return Aggregation("seq-mean-token-mean")
+        if loss_type == "dr_grpo":
+            return Aggregation("seq-mean-token-sum")
+        return Aggregation("token-mean")
+    # SkyRL token_mean, AReaL token mean over the original count, Fireworks num_loss_tokens.
+    return Aggregation("token-mean")
+
+
+# Per-sequence sums collected from each chunk.
+_SEQ_FIELDS = ("T", "w", "w2", "kept", "nonzero", "high", "low", "raw_log")
+
+
+@dataclass(slots=True)
+class SettingStats:
+    """Streaming accumulator of what one setting does to a dump.
+
+    >>> stats = SettingStats(spec)                        # doctest: +SKIP
+    >>> for chunk in dump.batches(whole_steps=True):      # doctest: +SKIP
+    ...     stats.update(chunk, spec.replay(chunk))
+    >>> stats.compute()["lr_scale"]                       # doctest: +SKIP
+    """
+
+    spec: Spec
+    aggregation: Aggregation = field(init=False)
+    raw_hist: LogHistogram = field(default_factory=LogHistogram)
+    weight_hist: LogHistogram = field(default_factory=LogHistogram)
+    seq: dict[str, list[np.ndarray]] = field(default_factory=lambda: {k: [] for k in _SEQ_FIELDS})
+    steps: list[np.ndarray] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.aggregation = aggregation_of(self.spec)
+
+    def update(self, batch: TokenBatch, result: Replay) -> None:
+        """Add one chunk and the setting's replay of it."""
+        m = batch.loss_mask
+        w = result.weight.double()
+        raw = result.raw.double()
+        pre = w if result.pre_norm is None else result.pre_norm.double()
+        self.raw_hist.update(raw[m])
+        self.weight_hist.update(w[m])
+        kept = result.keep & m
+        # A setting that applies no IS weight (a pure mask, bypass PPO) reports weight 1 beside
+        # the ratio it ignores: that is not truncation.
+        weighted = bool((pre[kept] != 1.0).any())
+        active = kept & (pre > 0) & weighted
+        # The sequence-level ratio where the method has one, else the token ratios' geometric
+        # mean: the "per-sequence raw weight" plotted against length.
+        raw_log = (
+            torch.log(result.seq_raw.double())
+            if result.seq_raw is not None
+            else ops.segment_mean(torch.log(raw.clamp(min=1e-300)), batch, m)
+        )
+        token = {
+            "T": m.double(),
+            "w": torch.where(m, w, 0.0),
+            "w2": torch.where(m, w * w, 0.0),
+            "kept": kept.double(),
+            "nonzero": (m & (w > 0)).double(),
+            "high": (active & (pre < raw * (1 - _TOLERANCE))).double(),
+            "low": (active & (pre > raw * (1 + _TOLERANCE))).double(),
+        }
+        stacked = torch.stack(list(token.values()), dim=1)
+        sums = (
+            torch.zeros(batch.num_sequences, stacked.shape[1], dtype=torch.float64, device=w.device)
+            .index_add_(0, batch.seq_index, stacked)
+            .cpu()
+            .numpy()
+        )
+        for i, name in enumerate(token):
+            self.seq[name].append(sums[:, i])
+        self.seq["raw_log"].append(raw_log.cpu().numpy())
+        self.steps.append(batch.step.cpu().numpy())
+
+    def merge(self, other: SettingStats) -> None:
+        """Add another accumulator's chunks after these."""
+        self.raw_hist.merge(other.raw_hist)
+        self.weight_hist.merge(other.weight_hist)
+        for name in _SEQ_FIELDS:
+            self.seq[name].extend(other.seq[name])
+        self.steps.extend(other.steps)
+
+    def sequences(self) -> dict[str, np.ndarray]:
+        """The per-sequence sums, one array per field, plus `step`."""
+        out = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.seq.items()}
+        out["step"] = np.concatenate(self.steps) if self.steps else np.zeros(0, np.int64)
+        return out
+
+    def compute(self) -> dict[str, Any]:
+        """The setting's statistics: overall, `by_step`, `by_length`, quantiles, histograms."""
+        s = self.sequences()
+        result: dict[str, Any] = {
+            "name": self.spec.name,
+            "framework": self.spec.framework,
+            "aggregation": self.aggregation.mode,
+            "denominator_shrinks": self.aggregation.shrinks,
+            **_summarize(s, np.ones(s["T"].size, dtype=bool), self.aggregation),
+        }
+        for label, hist in (("weight", self.weight_hist), ("raw", self.raw_hist)):
+            result[f"{label}_quantiles"] = {f"p{q * 100:g}": hist.quantile(q) for q in QUANTILES}
+            result[f"{label}_min"] = hist.min if hist.total else float("nan")
+            result[f"{label}_max"] = hist.max if hist.total else float("nan")
+            result[f"{label}_hist"] = hist.coarse()
+        result["by_step"] = [
+            {"step": int(step), **_summarize(s, s["step"] == step, self.aggregation)}
+            for step in np.unique(s["step"])
+        ]
+        result["by_length"] = _by_length(s, self.aggregation)
+        return result
+
+
+def _summarize(s: dict[str, np.ndarray], sel: np.ndarray, agg: Aggregation) -> dict[str, Any]:
+    """Scalar statistics over the sequences `sel`."""
+    T = s["T"][sel]
+    has = T > 0
+    n = float(T.sum())
+    if n == 0:
+        return {"tokens": 0, "sequences": 0}
+    w, w2 = float(s["w"][sel].sum()), float(s["w2"][sel].sum())
+    per_seq = s["w"][sel][has] / T[has]
+    return {
+        "tokens": int(n),
+        "sequences": int(has.sum()),
+        "weight_mean": w / n,
+        "weight_mean_seq": float(per_seq.mean()),
+        "ess": w * w / (n * w2) if w2 > 0 else 0.0,
+        "truncated_high_fraction": float(s["high"][sel].sum()) / n,
+        "truncated_low_fraction": float(s["low"][sel].sum()) / n,
+        "token_masked_fraction": 1.0 - float(s["nonzero"][sel].sum()) / n,
+        "token_rejected_fraction": 1.0 - float(s["kept"][sel].sum()) / n,
+        "seq_masked_fraction": float((s["nonzero"][sel][has] == 0).mean()),
+        "lr_scale": _lr_scale(s, sel & (s["T"] > 0), agg),
+    }
+
+
+def _lr_scale(s: dict[str, np.ndarray], sel: np.ndarray, agg: Aggregation) -> float:
+    """Corrected over uncorrected gradient scale under `agg` (see the module docstring)."""
+    T, w, kept = s["T"][sel], s["w"][sel], s["kept"][sel]
+    if agg.mode == "seq-mean-token-mean":
+        denominator = kept if agg.shrinks else T
+        return float(np.mean(np.where(denominator > 0, w / np.maximum(denominator, 1), 0.0)))
+    denominator = kept.sum() if agg.shrinks and agg.mode == "token-mean" else T.sum()
+    return float(w.sum() / denominator) if denominator > 0 else 0.0
+
+
+def _by_length(s: dict[str, np.ndarray], agg: Aggregation) -> list[dict[str, Any]]:
+    """Per log2 bucket of loss tokens: the per-sequence weight's spread and the mask rate."""
+    rows = []
+    has = s["T"] > 0
+    buckets = np.floor(np.log2(np.maximum(s["T"], 1))).astype(int)
+    for b in np.unique(buckets[has]):
+        sel = has & (buckets == b)
+        seq_weight = s["w"][sel] / s["T"][sel]
+        rows.append(
+            {
+                "bucket": bucket_label(int(b)),
+                "length_lo": 2 ** int(b),
+                "length_hi": 2 ** (int(b) + 1) - 1,
+                "length_median": float(np.median(s["T"][sel])),
+                **_summarize(s, sel, agg),
+                "seq_weight_mean": float(seq_weight.mean()),
+                "seq_weight_median": float(np.median(seq_weight)),
+                "seq_weight_p10": float(np.quantile(seq_weight, 0.1)),
+                "seq_weight_p90": float(np.quantile(seq_weight, 0.9)),
+                "seq_raw_median": float(np.exp(np.median(s["raw_log"][sel]))),
+            }
+        )
+    return rows
+
+
+def quick_stats(batch: TokenBatch, spec: Spec) -> dict[str, Any]:
+    """The headline numbers of one setting on an in-memory batch (weight_mean, ess,
+    token/seq masked fractions, lr_scale, ...), without histograms or breakdowns."""
+    stats = SettingStats(spec)
+    stats.update(batch, spec.replay(batch))
+    s = stats.sequences()
+    return _summarize(s, np.ones(s["T"].size, dtype=bool), stats.aggregation)

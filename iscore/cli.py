@@ -20,10 +20,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from iscore.analyze import analyze, presets, resolve
 from iscore.columns import parse_mapping
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange
 from iscore.errors import IscoreError
-from iscore.replay import parse_config, replay
+from iscore.replay import FRAMEWORKS, parse_config, replay
+from iscore.report import write_html
 from iscore.validate import validate
 
 
@@ -140,6 +142,56 @@ def _atomic_output(path: str) -> Iterator[str]:
             os.unlink(tmp)
 
 
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    settings = [*args.config, *args.preset]
+    specs = [resolve(s) for s in settings]
+    dump = _open_dump(args)
+    with tqdm(
+        total=dump.num_tokens,
+        unit="tok",
+        unit_scale=True,
+        desc="analyze",
+        disable=args.quiet or None,
+        leave=False,
+    ) as bar:
+        result = analyze(dump, specs, max_tokens=args.chunk_tokens, progress=bar.update)
+    written = []
+    for path, write in (
+        (args.json, result.write_json),
+        (args.html, lambda p: write_html(result, p)),
+    ):
+        if path:
+            with _atomic_output(path) as tmp:
+                write(tmp)
+            written.append(path)
+    m = result.mismatch
+    nan = float("nan")
+    print(
+        f"{result.source['loss_tokens']:,} loss tokens in {result.source['sequences']:,} "
+        f"sequences: k3 {m.get('k3', nan):.3g}, mean |d| {m.get('abs_diff_mean', nan):.3g}, "
+        f"max |d| {m.get('abs_diff_max', nan):.3g}"
+    )
+    for flag in m.get("flags", []):
+        print(f"  ! {flag['code']}: {flag['message']}")
+    for s in result.settings:
+        print(
+            f"  {s['name']} ({s['framework']}): LR scale {s.get('lr_scale', nan):.3g}, "
+            f"mean w {s.get('weight_mean', nan):.3g}, ESS {s.get('ess', nan):.1%}, "
+            f"tokens masked {s.get('token_masked_fraction', nan):.2%}, sequences masked "
+            f"{s.get('seq_masked_fraction', nan):.2%}"
+        )
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    for key, spec in presets().items():
+        if args.framework in (None, spec.framework):
+            print(key)
+    return 0
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from iscore.simulate import REGIMES, SimConfig, write_simulated
 
@@ -195,6 +247,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, metavar="OUT.parquet", help="output Parquet file")
     p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser(
+        "analyze",
+        help="mismatch diagnostics and what each correction setting does, as JSON/HTML",
+        description="Stream a dump once: mismatch diagnostics, and for every setting its weight "
+        "distribution, mask rates, ESS, effective LR scale, per step and per length. Settings "
+        "come from framework configs (--config) and presets (--preset; see `iscore presets`).",
+    )
+    _add_dump_arguments(p)
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="CFG.yaml",
+        help="a framework config with a top-level `framework:` (repeatable)",
+    )
+    p.add_argument(
+        "--preset",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a named setting, e.g. verl:decoupled_geo_rs (repeatable)",
+    )
+    p.add_argument("--json", metavar="OUT.json", help="write the analysis document")
+    p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report")
+    p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser("presets", help="list the named settings of every framework")
+    p.add_argument("--framework", choices=FRAMEWORKS)
+    p.set_defaults(func=_cmd_presets)
 
     p = sub.add_parser(
         "simulate",

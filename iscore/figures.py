@@ -1,0 +1,368 @@
+"""Figures of an analysis as plotly JSON specs (plain dicts), shared by the HTML report and the app.
+
+The engine never imports plotly: a figure here is the `{"data": [...], "layout": {...}}` dict
+that plotly.js renders (and `plotly.graph_objects.Figure` accepts). Every figure is built from
+the small pre-binned tables of an `Analysis`, never from per-token data, so a page stays small
+whatever the size of the dump.
+
+>>> fig = lr_scale_by_step(analysis)  # doctest: +SKIP
+>>> fig["layout"]["yaxis"]["title"]["text"]  # doctest: +SKIP
+'LR scale (corrected / uncorrected)'
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from iscore.analyze import Analysis
+
+PALETTE = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+)
+"""One color per setting, in order, on every figure (the app uses the same)."""
+
+Figure = dict[str, Any]
+
+
+def color(i: int) -> str:
+    """The color of the i-th setting."""
+    return PALETTE[i % len(PALETTE)]
+
+
+def _layout(
+    title: str, x: str, y: str, *, xlog: bool = False, ylog: bool = False, height: int = 380
+) -> dict[str, Any]:
+    return {
+        "title": {"text": title, "x": 0.01, "xanchor": "left"},
+        "xaxis": {"title": {"text": x}, "type": "log" if xlog else "linear", "zeroline": False},
+        "yaxis": {"title": {"text": y}, "type": "log" if ylog else "linear", "zeroline": False},
+        "height": height,
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
+        "legend": {"orientation": "h", "y": -0.25},
+        "template": "plotly_white",
+    }
+
+
+def _hline(y: float, label: str = "") -> dict[str, Any]:
+    return {
+        "type": "line",
+        "xref": "paper",
+        "x0": 0,
+        "x1": 1,
+        "y0": y,
+        "y1": y,
+        "line": {"dash": "dot", "color": "#555", "width": 1},
+        "label": {"text": label, "textposition": "end", "font": {"size": 10}} if label else {},
+    }
+
+
+def _vline(x: float, label: str = "") -> dict[str, Any]:
+    return {
+        "type": "line",
+        "yref": "paper",
+        "y0": 0,
+        "y1": 1,
+        "x0": x,
+        "x1": x,
+        "line": {"dash": "dot", "color": "#555", "width": 1},
+        "label": {"text": label, "textposition": "end", "font": {"size": 10}} if label else {},
+    }
+
+
+def weight_histogram(analysis: Analysis, kind: str = "weight") -> Figure:
+    """Distribution of the applied (`kind="weight"`) or raw weights per setting, log x-axis.
+
+    Zeros (masked tokens) cannot sit on a log axis; their share is in the legend.
+    """
+    data = []
+    for i, s in enumerate(analysis.settings):
+        hist = s[f"{kind}_hist"]
+        total = sum(hist["counts"]) + hist["zeros"] + hist["underflow"] + hist["overflow"]
+        if not total:
+            continue
+        edges = hist["edges"]
+        centers = [(a * b) ** 0.5 for a, b in itertools.pairwise(edges)]
+        zero_share = f", {hist['zeros'] / total:.1%} zero" if hist["zeros"] else ""
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "line": {"shape": "hvh", "color": color(i)},
+                "x": centers,
+                "y": [c / total for c in hist["counts"]],
+                "name": f"{s['name']} ({s['framework']}){zero_share}",
+            }
+        )
+    what = "applied weight w" if kind == "weight" else "raw ratio (before truncation/masking)"
+    layout = _layout(
+        f"Distribution of the {what} over loss tokens",
+        what,
+        "fraction of tokens per bin (10 bins/decade)",
+        xlog=True,
+        ylog=True,
+    )
+    layout["shapes"] = [_vline(1.0, "1")]
+    return {"data": data, "layout": layout}
+
+
+def collapse_by_length(analysis: Analysis) -> Figure:
+    """Per-sequence weight (median, p10-p90 band) against length, beside the independent-token
+    expectation for the product ratio e^S at the dump's per-token mismatch."""
+    data = []
+    for i, s in enumerate(analysis.settings):
+        rows = s["by_length"]
+        x = [r["length_median"] for r in rows]
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": x + x[::-1],
+                "y": [r["seq_weight_p90"] for r in rows]
+                + [r["seq_weight_p10"] for r in rows][::-1],
+                "fill": "toself",
+                "fillcolor": color(i),
+                "opacity": 0.15,
+                "line": {"width": 0},
+                "hoverinfo": "skip",
+                "showlegend": False,
+            }
+        )
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "x": x,
+                "y": [r["seq_weight_median"] for r in rows],
+                "line": {"color": color(i)},
+                "name": f"{s['name']} ({s['framework']})",
+                "customdata": [
+                    [r["sequences"], r["seq_weight_p10"], r["seq_weight_p90"]] for r in rows
+                ],
+                "hovertemplate": "T=%{x:.0f}: median %{y:.3g} (p10 %{customdata[1]:.3g}, p90 "
+                "%{customdata[2]:.3g}), %{customdata[0]} sequences<extra></extra>",
+            }
+        )
+    rows = analysis.mismatch["by_length"]
+    if rows:
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": [r["length_median"] for r in rows],
+                "y": [r["expected_seq_ratio_median"] for r in rows],
+                "line": {"dash": "dash", "color": "#000"},
+                "name": "expected median e^S, independent tokens",
+            }
+        )
+    layout = _layout(
+        "Per-sequence weight vs length (median and p10-p90)",
+        "sequence length (loss tokens)",
+        "mean weight of the sequence's tokens",
+        xlog=True,
+        ylog=True,
+        height=420,
+    )
+    layout["shapes"] = [_hline(1.0, "1")]
+    return {"data": data, "layout": layout}
+
+
+def mask_rate_by_length(analysis: Analysis) -> Figure:
+    """Fraction of loss tokens whose weight is 0 (masked or zeroed), per length bucket."""
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "line": {"color": color(i)},
+            "x": [r["length_median"] for r in s["by_length"]],
+            "y": [r["token_masked_fraction"] for r in s["by_length"]],
+            "name": f"{s['name']} ({s['framework']})",
+        }
+        for i, s in enumerate(analysis.settings)
+    ]
+    layout = _layout(
+        "Masked token fraction vs length",
+        "sequence length (loss tokens)",
+        "fraction of loss tokens with weight 0",
+        xlog=True,
+    )
+    layout["yaxis"]["range"] = [0, 1.02]
+    layout["yaxis"]["tickformat"] = ".0%"
+    return {"data": data, "layout": layout}
+
+
+def mask_rates(analysis: Analysis) -> Figure:
+    """Token and sequence mask rates per setting, side by side."""
+    names = [f"{s['name']} ({s['framework']})" for s in analysis.settings]
+    data = [
+        {
+            "type": "bar",
+            "name": label,
+            "x": names,
+            "y": [s[key] for s in analysis.settings],
+            "marker": {"color": shade},
+            "texttemplate": "%{y:.1%}",
+            "textposition": "outside",
+        }
+        for key, label, shade in (
+            ("token_masked_fraction", "tokens with weight 0", "#1f77b4"),
+            ("seq_masked_fraction", "sequences entirely masked", "#ff7f0e"),
+            ("truncated_high_fraction", "tokens truncated down", "#2ca02c"),
+        )
+    ]
+    layout = _layout("Mask and truncation rates", "", "fraction")
+    layout["xaxis"]["type"] = "category"
+    layout["yaxis"]["tickformat"] = ".0%"
+    layout["barmode"] = "group"
+    return {"data": data, "layout": layout}
+
+
+def lr_scale_by_step(analysis: Analysis) -> Figure:
+    """Effective learning-rate scale per training step, one line per setting."""
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "line": {"color": color(i)},
+            "x": [r["step"] for r in s["by_step"]],
+            "y": [r.get("lr_scale") for r in s["by_step"]],
+            "name": f"{s['name']} ({s['framework']}): {s['aggregation']}",
+        }
+        for i, s in enumerate(analysis.settings)
+    ]
+    layout = _layout(
+        "Effective learning-rate scale per step",
+        "training step",
+        "LR scale (corrected / uncorrected)",
+        ylog=True,
+    )
+    layout["shapes"] = [_hline(1.0, "uncorrected")]
+    return {"data": data, "layout": layout}
+
+
+def abs_diff_histogram(analysis: Analysis) -> Figure:
+    """Distribution of |d| over loss tokens, log x-axis."""
+    hist = analysis.mismatch["abs_diff_hist"]
+    edges = hist["edges"]
+    total = max(sum(hist["counts"]) + hist["zeros"] + hist["underflow"] + hist["overflow"], 1)
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "line": {"shape": "hvh", "color": "#1f77b4"},
+            "x": [(a * b) ** 0.5 for a, b in itertools.pairwise(edges)],
+            "y": [c / total for c in hist["counts"]],
+            "name": "|d|",
+        }
+    ]
+    layout = _layout(
+        "Distribution of |d| = |train - rollout log-prob|",
+        "|d| (nats)",
+        "fraction of tokens per bin",
+        xlog=True,
+        ylog=True,
+    )
+    return {"data": data, "layout": layout}
+
+
+def mismatch_by(analysis: Analysis, key: str) -> Figure:
+    """Mean |d| and k3 per bucket: `key` is by_prob, by_pos, by_length or by_step."""
+    rows = analysis.mismatch[key]
+    x_title = {
+        "by_prob": "rollout probability of the sampled token",
+        "by_pos": "position in the sequence",
+        "by_length": "sequence length (loss tokens)",
+        "by_step": "training step",
+    }[key]
+    x = [r["step"] for r in rows] if key == "by_step" else [r["bucket"] for r in rows]
+    data = [
+        {
+            "type": "bar",
+            "x": x,
+            "y": [r.get("abs_diff_mean") for r in rows],
+            "name": "mean |d|",
+            "marker": {"color": "#1f77b4"},
+        },
+        {
+            "type": "scatter",
+            "mode": "lines+markers",
+            "x": x,
+            "y": [r.get("k3") for r in rows],
+            "name": "k3 (KL estimate)",
+            "yaxis": "y2",
+            "line": {"color": "#d62728"},
+        },
+    ]
+    layout = _layout(f"Mismatch by {x_title}", x_title, "mean |d| (nats)")
+    layout["yaxis2"] = {
+        "title": {"text": "k3"},
+        "overlaying": "y",
+        "side": "right",
+        "type": "log",
+        "showgrid": False,
+    }
+    layout["xaxis"]["type"] = "category"
+    return {"data": data, "layout": layout}
+
+
+def joint_histogram(analysis: Analysis) -> Figure:
+    """2-D histogram of train vs rollout log-prob (log color scale), with the diagonal."""
+    joint = analysis.mismatch["joint_hist"]
+    edges = joint["edges"]
+    centers = [(a + b) / 2 for a, b in itertools.pairwise(edges)]
+    z = [[math.log10(c) if c else None for c in row] for row in joint["counts"]]
+    data = [
+        {
+            "type": "heatmap",
+            "x": centers,
+            "y": centers,
+            "z": [list(col) for col in zip(*z, strict=True)],  # rows are y (train)
+            "colorscale": "Viridis",
+            "colorbar": {"title": {"text": "log10 tokens"}},
+            "hovertemplate": "rollout %{x:.2f}, train %{y:.2f}: 10^%{z:.1f} tokens<extra></extra>",
+        }
+    ]
+    layout = _layout("Train vs rollout log-prob", "rollout log-prob", "train log-prob", height=460)
+    layout["shapes"] = [
+        {
+            "type": "line",
+            "x0": edges[0],
+            "y0": edges[0],
+            "x1": edges[-1],
+            "y1": edges[-1],
+            "line": {"dash": "dot", "color": "#fff", "width": 1},
+        }
+    ]
+    return {"data": data, "layout": layout}
+
+
+def all_figures(analysis: Analysis) -> dict[str, Figure]:
+    """Every figure of the report, by section key."""
+    figures = {
+        "abs_diff": abs_diff_histogram(analysis),
+        "by_prob": mismatch_by(analysis, "by_prob"),
+        "by_pos": mismatch_by(analysis, "by_pos"),
+        "by_length": mismatch_by(analysis, "by_length"),
+        "by_step": mismatch_by(analysis, "by_step"),
+        "joint": joint_histogram(analysis),
+    }
+    if analysis.settings:
+        figures |= {
+            "weights": weight_histogram(analysis, "weight"),
+            "raw": weight_histogram(analysis, "raw"),
+            "collapse": collapse_by_length(analysis),
+            "mask_by_length": mask_rate_by_length(analysis),
+            "mask_rates": mask_rates(analysis),
+            "lr_scale": lr_scale_by_step(analysis),
+        }
+    return figures

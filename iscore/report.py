@@ -1,0 +1,184 @@
+"""A self-contained HTML report of an analysis: plotly.js inlined, opens with no network.
+
+>>> write_html(analysis, "report.html")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from iscore.analyze import Analysis
+from iscore.errors import IscoreError
+from iscore.figures import all_figures, color
+
+_SUMMARY_COLUMNS = (
+    ("weight_mean", "mean w (token)", "{:.4g}"),
+    ("weight_mean_seq", "mean w (seq)", "{:.4g}"),
+    ("ess", "ESS", "{:.1%}"),
+    ("lr_scale", "LR scale", "{:.4g}"),
+    ("token_masked_fraction", "tokens masked", "{:.2%}"),
+    ("seq_masked_fraction", "sequences masked", "{:.2%}"),
+    ("truncated_high_fraction", "truncated high", "{:.2%}"),
+    ("truncated_low_fraction", "truncated low", "{:.2%}"),
+)
+_MISMATCH_ROWS = (
+    "k1",
+    "k3",
+    "k3_reverse",
+    "abs_diff_mean",
+    "abs_diff_max",
+    "token_mult_prob_error",
+    "chi2_token",
+    "chi2_seq",
+    "js",
+    "log_ppl_diff",
+    "ppl_ratio",
+    "ratio_mean",
+)
+_SECTIONS = (
+    (
+        "Settings side by side",
+        ("weights", "raw", "collapse", "mask_by_length", "mask_rates", "lr_scale"),
+    ),
+    ("Mismatch", ("abs_diff", "by_prob", "by_pos", "by_length", "by_step", "joint")),
+)
+
+
+def plotly_js() -> str:
+    """plotly.js from the installed plotly package (read as a file: iscore never imports it)."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        raise IscoreError("HTML reports need the plotly package: pip install plotly")
+    return (Path(spec.submodule_search_locations[0]) / "package_data" / "plotly.min.js").read_text()
+
+
+def render_html(analysis: Analysis) -> str:
+    """The report as one HTML string."""
+    figures = all_figures(analysis)
+    doc = analysis.to_dict()
+    parts = [_header(doc), _flags(doc), _summary_table(doc), _mismatch_table(doc)]
+    scripts = []
+    for title, keys in _SECTIONS:
+        present = [k for k in keys if k in figures]
+        if not present:
+            continue
+        parts.append(f"<h2>{html.escape(title)}</h2><div class='grid'>")
+        for key in present:
+            parts.append(f"<div class='fig' id='fig-{key}'></div>")
+            spec = json.dumps(figures[key], allow_nan=False, default=_none)
+            scripts.append(
+                f"Plotly.newPlot('fig-{key}', ...(s => [s.data, s.layout])({spec}), "
+                "{displaylogo: false, responsive: true});"
+            )
+        parts.append("</div>")
+    return _PAGE.format(plotly=plotly_js(), body="\n".join(parts), scripts="\n".join(scripts))
+
+
+def write_html(analysis: Analysis, path: str | Path) -> None:
+    """Write the report to `path`."""
+    Path(path).write_text(render_html(analysis), encoding="utf-8")
+
+
+def _none(value: Any) -> None:
+    return None
+
+
+def _header(doc: dict[str, Any]) -> str:
+    src = doc["source"]
+    files = ", ".join(html.escape(Path(f).name) for f in src["files"]) or "in-memory batch"
+    return (
+        f"<h1>iscore report</h1><p class='meta'>{files} · {len(src['steps'])} steps · "
+        f"{src['sequences']:,} sequences · {src['loss_tokens']:,} loss tokens · "
+        f"iscore {doc['iscore_version']} · schema v{doc['schema_version']}</p>"
+    )
+
+
+def _flags(doc: dict[str, Any]) -> str:
+    flags = doc["mismatch"]["flags"]
+    if not flags:
+        return "<p class='ok'>No signature of a semantics bug: the mismatch looks like noise.</p>"
+    items = "".join(
+        f"<li><b>{html.escape(f['code'])}</b>: {html.escape(f['message'])}</li>" for f in flags
+    )
+    return f"<div class='flags'><b>Looks like a bug, not noise:</b><ul>{items}</ul></div>"
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def _summary_table(doc: dict[str, Any]) -> str:
+    settings = doc["settings"]
+    if not settings:
+        return ""
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in _SUMMARY_COLUMNS)
+    extremes = {}
+    for key, _, _ in _SUMMARY_COLUMNS:
+        values = [s.get(key) for s in settings if s.get(key) is not None]
+        if len(values) > 1:
+            extremes[key] = (min(values), max(values))
+    rows = []
+    for i, s in enumerate(settings):
+        cells = []
+        for key, _, pattern in _SUMMARY_COLUMNS:
+            value = s.get(key)
+            mark = ""
+            if key in extremes and value is not None and extremes[key][0] != extremes[key][1]:
+                mark = (
+                    " class='lo'"
+                    if value == extremes[key][0]
+                    else (" class='hi'" if value == extremes[key][1] else "")
+                )
+            cells.append(f"<td{mark}>{_fmt(value, pattern)}</td>")
+        name = html.escape(f"{s['name']} ({s['framework']})")
+        rows.append(
+            f"<tr><td><span class='dot' style='background:{color(i)}'></span>{name}</td>"
+            f"<td>{html.escape(s['aggregation'])}</td>{''.join(cells)}</tr>"
+        )
+    return (
+        "<h2>Settings</h2><table><tr><th>setting</th><th>loss aggregation</th>"
+        f"{head}</tr>{''.join(rows)}</table><p class='note'>Lowest value of a column in blue, "
+        "highest in red. LR scale: the corrected gradient's size relative to the uncorrected "
+        "one under the framework's loss aggregation.</p>"
+    )
+
+
+def _mismatch_table(doc: dict[str, Any]) -> str:
+    m = doc["mismatch"]
+    rows = "".join(
+        f"<tr><td>{key}</td><td>{_fmt(m.get(key), '{:.4g}')}</td>"
+        f"<td>{html.escape(m['definitions'].get(key, ''))}</td>"
+        f"<td>{html.escape('; '.join(m['names'].get(key, [])))}</td></tr>"
+        for key in _MISMATCH_ROWS
+    )
+    return (
+        "<h2>Mismatch statistics</h2><table><tr><th>statistic</th><th>value</th>"
+        f"<th>definition</th><th>logged by the frameworks as</th></tr>{rows}</table>"
+    )
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>iscore report</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
+h1 {{ margin-bottom: 4px; }} .meta, .note {{ color: #666; font-size: 13px; }}
+table {{ border-collapse: collapse; font-size: 13px; margin: 8px 0; }}
+td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }}
+td.lo {{ background: #e3eefc; }} td.hi {{ background: #fde4e1; }}
+.dot {{ display: inline-block; width: 10px; height: 10px; border-radius: 5px; margin-right: 6px; }}
+.grid {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 12px; }}
+.flags {{ background: #fff4e5; border: 1px solid #f0b45c; padding: 8px 12px; }}
+.ok {{ color: #2a7a2a; }}
+</style>
+<script>{plotly}</script></head>
+<body>
+{body}
+<script>
+{scripts}
+</script>
+</body></html>
+"""

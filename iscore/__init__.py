@@ -7,6 +7,7 @@
 from iscore.batch import TokenBatch
 from iscore.dump import Dump, Problem, StepRange, load
 from iscore.errors import ConfigError, DumpError, IscoreError
+from iscore.replay import Replay, parse_config, replay
 
 __all__ = [
     "ConfigError",
@@ -14,7 +15,10 @@ __all__ = [
     "DumpError",
     "IscoreError",
     "Problem",
+    "Replay",
     "StepRange",
     "TokenBatch",
     "load",
+    "parse_config",
+    "replay",
 ]

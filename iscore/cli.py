@@ -18,12 +18,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import yaml
 from tqdm import tqdm
 
 from iscore.analyze import analyze, presets, resolve
 from iscore.columns import parse_mapping
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange
 from iscore.errors import IscoreError
+from iscore.recommend import Targets, recommend
 from iscore.replay import FRAMEWORKS, parse_config, replay
 from iscore.report import write_html
 from iscore.validate import validate
@@ -185,6 +187,34 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_recommend(args: argparse.Namespace) -> int:
+    lo, _, hi = args.lr_scale.partition(":")
+    try:
+        lr_scale = (float(lo), float(hi))
+    except ValueError:
+        raise IscoreError(
+            f"Expected --lr-scale LO:HI, e.g. 0.8:1.25, but got {args.lr_scale!r}"
+        ) from None
+    targets = Targets(args.max_token_drop, args.max_seq_drop, lr_scale, args.min_ess)
+    batch = _open_dump(args).load()
+    rec = recommend(batch, args.framework, targets)
+    print(
+        f"{args.framework}: {len(rec.candidates)} candidate settings replayed on "
+        f"{batch.num_tokens:,} tokens, best first"
+    )
+    for i, candidate in enumerate(rec.candidates, 1):
+        mark = "ok " if candidate.passes else "-- "
+        print(f"{i:2d}. {mark}{candidate.reason}")
+    for warning in rec.warnings:
+        print(f"  ! {warning}")
+    if args.json:
+        with _atomic_output(args.json) as tmp:
+            Path(tmp).write_text(json.dumps(rec.to_dict(), indent=1) + "\n")
+    print(f"\nbest: {rec.best.spec.name}")
+    print(yaml.safe_dump(rec.best.spec.to_config(), sort_keys=False).rstrip())
+    return 0
+
+
 def _cmd_presets(args: argparse.Namespace) -> int:
     for key, spec in presets().items():
         if args.framework in (None, spec.framework):
@@ -273,6 +303,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT.json", help="write the analysis document")
     p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report")
     p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser(
+        "recommend",
+        help="rank your framework's settings on your dump against targets",
+        description="Replay your framework's candidate settings, with thresholds derived from "
+        "the dump, rank them against the targets and print the best as a config snippet.",
+    )
+    _add_dump_arguments(p)
+    p.add_argument("--framework", required=True, choices=FRAMEWORKS)
+    p.add_argument(
+        "--max-token-drop",
+        type=float,
+        default=0.01,
+        metavar="FRACTION",
+        help="largest share of tokens that may lose their gradient (default 0.01)",
+    )
+    p.add_argument(
+        "--max-seq-drop",
+        type=float,
+        default=0.05,
+        metavar="FRACTION",
+        help="largest share of sequences that may be dropped (default 0.05)",
+    )
+    p.add_argument(
+        "--lr-scale",
+        default="0.8:1.25",
+        metavar="LO:HI",
+        help="allowed effective learning-rate scale (default 0.8:1.25)",
+    )
+    p.add_argument(
+        "--min-ess",
+        type=float,
+        default=0.5,
+        metavar="FRACTION",
+        help="smallest effective sample size, as a fraction of tokens (default 0.5)",
+    )
+    p.add_argument("--json", metavar="OUT.json", help="write the ranking as JSON")
+    p.set_defaults(func=_cmd_recommend)
 
     p = sub.add_parser("presets", help="list the named settings of every framework")
     p.add_argument("--framework", choices=FRAMEWORKS)

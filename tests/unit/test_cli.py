@@ -159,3 +159,20 @@ def test_replay_writes_nothing_on_failure(tmp_path, capsys):
     assert main(argv) == 2
     assert "rollout_is" in capsys.readouterr().err
     assert list(out.parent.iterdir()) == []
+
+
+def test_recommend_prints_ranking_and_snippet(tmp_path, capsys):
+    from iscore.simulate import SimConfig, write_simulated
+
+    path = tmp_path / "long.parquet"
+    write_simulated(path, SimConfig(regime="long_collapse", sequences=24, seed=2))
+    out = tmp_path / "rec.json"
+    argv = ["recommend", str(path), "--framework", "skyrl", "-q", "--json", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert " 1. ok " in text and "Product (sequence-level) weights collapse" in text
+    assert "off_policy_correction:" in text
+    ranking = json.loads(out.read_text())
+    assert ranking["framework"] == "skyrl" and ranking["candidates"][0]["passes"]
+    assert main([*argv, "--lr-scale", "1.2:2"]) == 2
+    assert "Expected `lr_scale` to be a range" in capsys.readouterr().err

@@ -77,16 +77,21 @@ def _open_dump(args: argparse.Namespace) -> Dump:
     )
 
 
-def _cmd_validate(args: argparse.Namespace) -> int:
-    dump = _open_dump(args)
-    with tqdm(
+def _progress(dump: Dump, desc: str, args: argparse.Namespace) -> tqdm:
+    """A progress bar over the dump's tokens (hidden with -q or when not on a terminal)."""
+    return tqdm(
         total=dump.num_tokens,
         unit="tok",
         unit_scale=True,
-        desc="validate",
+        desc=desc,
         disable=args.quiet or None,
         leave=False,
-    ) as bar:
+    )
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    dump = _open_dump(args)
+    with _progress(dump, "validate", args) as bar:
         report = validate(dump, max_tokens=args.chunk_tokens, progress=bar.update)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -98,17 +103,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     spec = parse_config(args.config)
     dump = _open_dump(args)
     tokens = kept = 0
-    with (
-        _atomic_output(args.out) as tmp,
-        tqdm(
-            total=dump.num_tokens,
-            unit="tok",
-            unit_scale=True,
-            desc="replay",
-            disable=args.quiet or None,
-            leave=False,
-        ) as bar,
-    ):
+    with _atomic_output(args.out) as tmp, _progress(dump, "replay", args) as bar:
         writer = None
         # Whole steps per chunk: batch-normalizing settings divide by a step's mean weight.
         for batch in dump.batches(max_tokens=args.chunk_tokens, whole_steps=True):
@@ -148,14 +143,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     settings = [*args.config, *args.preset]
     specs = [resolve(s) for s in settings]
     dump = _open_dump(args)
-    with tqdm(
-        total=dump.num_tokens,
-        unit="tok",
-        unit_scale=True,
-        desc="analyze",
-        disable=args.quiet or None,
-        leave=False,
-    ) as bar:
+    with _progress(dump, "analyze", args) as bar:
         result = analyze(dump, specs, max_tokens=args.chunk_tokens, progress=bar.update)
     written = []
     for path, write in (

@@ -1,0 +1,381 @@
+r"""Read the dumps RL frameworks write into iscore's canonical sequence-layout table.
+
+One module per source format, each reading exactly what that framework writes
+(reference/ecosystem.md, section 1):
+
+- `nemo_rl`: NeMo-RL's `train_data_step{N}.jsonl`, written every GRPO step by default.
+- `prime_rl`: prime-rl's `token_exports/step_{N}/rank_{R}.jsonl` (`trainer.enable_token_export`).
+- `slime`: slime's `--save-debug-train-data` / `--dump-details` `.pt` files, format_version 2
+  and the older per-rank layout.
+- `skyrl`: SkyRL's `global_step_{N}_training_input.pkl` (`trainer.dump_data_batch`), read
+  only with `allow_pickle=True`, by a restricted unpickler.
+
+Every importer keeps the tokens the framework's own mask marks as response tokens, in order,
+and never infers anything from padding values. The result has one row per sequence: `step`,
+`seq_id`, `rollout_logprob` and `train_logprob` (list<float32>), and, where the source has
+them, `loss_mask`, `advantage` (float32 per sequence or list<float32> per token), `token_id`
+(list<int32>), `reward` (float32), `group_id` and `entropy`. Its schema metadata holds the
+provenance as JSON under `iscore.provenance`: `framework`, `source_files`, `steps`, and
+`format_version` and `notes` where there are any.
+
+>>> import json, pathlib, tempfile
+>>> logs = pathlib.Path(tempfile.mkdtemp())
+>>> line = {"token_loss_mask": [[0, 1, 1]], "generation_logprobs": [[0.0, -0.5, -0.25]],
+...         "prev_logprobs": [[-2.0, -0.5, -0.375]]}
+>>> _ = (logs / "train_data_step3.jsonl").write_text(json.dumps(line) + "\n")
+>>> detect(logs)
+'nemo_rl'
+>>> read(logs)["train_logprob"].to_pylist()
+[[-0.5, -0.375]]
+>>> report = convert(logs, logs / "run.parquet")
+>>> report.files, report.steps, report.sequences, report.tokens
+(1, 1, 1, 2)
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pyarrow as pa
+
+from iscore.errors import DumpError
+from iscore.writer import PROVENANCE_KEY, DumpWriter, schema_mismatch
+
+__all__ = ["FORMATS", "ConvertReport", "Part", "convert", "detect", "read"]
+
+FORMATS = ("nemo_rl", "prime_rl", "slime", "skyrl")
+"""The source formats, by the name `fmt` takes."""
+
+_SUFFIXES = {".jsonl", ".pt", ".pkl"}
+"""File types any format reads; a directory's other files are never opened."""
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One source file, converted.
+
+    Attributes:
+        path: the source file.
+        table: its canonical sequence-layout table; None when it holds no sequences.
+        format_version: the version the file states, if any.
+        notes: what the reader left out or noticed, for the report and the provenance.
+    """
+
+    path: str
+    table: pa.Table | None
+    format_version: int | str | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ConvertReport:
+    """What `convert` wrote.
+
+    Attributes:
+        framework: the source format.
+        out: the Parquet file written.
+        files: source files read.
+        steps: distinct training steps.
+        sequences: sequences (rows) written.
+        tokens: tokens written.
+        notes: what was left out or noticed (e.g. fields that need `allow_pickle`).
+    """
+
+    framework: str
+    out: str
+    files: int
+    steps: int
+    sequences: int
+    tokens: int
+    notes: tuple[str, ...] = ()
+
+
+def _module(fmt: str) -> ModuleType:
+    # Imported on demand: the format modules import this package's helpers.
+    if fmt not in FORMATS:
+        raise DumpError(f"Unknown dump format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return importlib.import_module(f"iscore.importers.{fmt}")
+
+
+def _natural_key(path: Path) -> list:
+    """Sort step_2 before step_10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.as_posix())]
+
+
+def _expand(source: str | Path) -> tuple[list[Path], bool]:
+    """The files under `source`, and whether it named one file explicitly."""
+    path = Path(source)
+    if path.is_dir():
+        found = [p for p in path.rglob("*") if p.suffix in _SUFFIXES and p.is_file()]
+        explicit = False
+    elif glob.has_magic(str(source)):
+        found = [Path(p) for p in glob.glob(str(source), recursive=True) if Path(p).is_file()]
+        explicit = False
+        if not found:
+            raise DumpError(f"{source}: the pattern matches no files")
+    elif path.is_file():
+        return [path], True
+    else:
+        raise DumpError(f"{source}: no such file or directory")
+    return sorted(found, key=_natural_key), explicit
+
+
+def _claims(files: list[Path]) -> dict[str, list[Path]]:
+    """Each format's files among `files` (by name, else by a cheap look at the content)."""
+    return {fmt: [f for f in files if _module(fmt).claims(f)] for fmt in FORMATS}
+
+
+def _plan(source: str | Path, fmt: str | None) -> tuple[str, list[Path]]:
+    """The format and the files to read, in step order."""
+    files, explicit = _expand(source)
+    if fmt is not None:
+        module = _module(fmt)
+        if explicit:
+            return fmt, files
+        chosen = [f for f in files if module.claims(f)]
+        if not chosen:
+            raise DumpError(f"{source}: no {module.DESCRIPTION} files found")
+        return fmt, chosen
+    claimed = {name: found for name, found in _claims(files).items() if found}
+    if len(claimed) == 1:
+        ((name, found),) = claimed.items()
+        return name, found
+    if not claimed:
+        expected = "; ".join(f"{name}: {_module(name).DESCRIPTION}" for name in FORMATS)
+        raise DumpError(
+            f"{source}: no file looks like a dump iscore can import (expected {expected}); "
+            "name the format with fmt= (--format)"
+        )
+    candidates = "; ".join(
+        f"{name} ({len(found)} file{'s' if len(found) > 1 else ''}, e.g. {found[0]})"
+        for name, found in claimed.items()
+    )
+    raise DumpError(
+        f"{source}: the files look like more than one format: {candidates}; "
+        "name the format with fmt= (--format) or point at one format's files"
+    )
+
+
+def detect(source: str | Path) -> str:
+    """The format of the dump at `source` (a file, a directory or a glob).
+
+    Decided by file names (`train_data_step{N}.jsonl`, `step_{N}/rank_{R}.jsonl`,
+    `global_step_{N}_training_input.pkl`) and otherwise by content: a JSON Lines record's
+    keys (`generation_logprobs`/`prev_logprobs`: nemo_rl; `inference_logprobs`/
+    `trainer_logprobs`: prime_rl), a `.pt` file's pickled key names (`format_version` or
+    `rollout_data`: slime; read without unpickling), a `.pkl` file's SkyRL class names.
+
+    Raises:
+        DumpError: no file matches any format, or files match several (all are listed).
+
+    >>> detect("logs/train_data_step3.jsonl")  # doctest: +SKIP
+    'nemo_rl'
+    """
+    return _plan(source, None)[0]
+
+
+def read(source: str | Path, fmt: str | None = None, *, allow_pickle: bool = False) -> pa.Table:
+    """Read a framework's dump into one canonical sequence-layout table, in memory.
+
+    Args:
+        source: a file, a directory or a glob.
+        fmt: one of `FORMATS`; detected when None (see `detect`).
+        allow_pickle: allow pickle-based sources (SkyRL's `.pkl`, slime's rollout dump),
+            still read by restricted loaders that rebuild tensors and plain containers only.
+
+    Raises:
+        DumpError: the format cannot be told, or a file is malformed (the message names the
+            file and the field, and the line or sample).
+
+    >>> table = read("runs/token_exports", fmt="prime_rl")  # doctest: +SKIP
+    """
+    fmt, files = _plan(source, fmt)
+    parts = list(_parts(fmt, files, allow_pickle))
+    tables = [part.table for part in parts if part.table is not None]
+    if not tables:
+        raise DumpError(f"{source}: no sequences in {len(files)} {fmt} file(s)")
+    table = pa.concat_tables(tables)
+    steps = np.unique(table["step"].to_numpy()).tolist()
+    record = {"framework": fmt, "source_files": [str(f) for f in files], "steps": steps}
+    record.update(_summary(parts))
+    return table.replace_schema_metadata({PROVENANCE_KEY: json.dumps(record)})
+
+
+def convert(
+    source: str | Path, out: str | Path, fmt: str | None = None, *, allow_pickle: bool = False
+) -> ConvertReport:
+    """Convert a framework's dump to canonical Parquet, one source file at a time.
+
+    Each source file becomes one row group (zstd), so a dump larger than memory converts
+    in the memory of its largest file. The provenance goes into the Parquet footer. `out`
+    appears only when the whole conversion succeeds.
+
+    Args:
+        source: a file, a directory or a glob.
+        out: the Parquet file to write.
+        fmt: one of `FORMATS`; detected when None.
+        allow_pickle: see `read`.
+
+    Raises:
+        DumpError: as `read`, or the files disagree on their columns.
+
+    >>> convert("dumped_data/", "skyrl.parquet", allow_pickle=True)  # doctest: +SKIP
+    ConvertReport(framework='skyrl', out='skyrl.parquet', files=3, steps=3, ...)
+    """
+    fmt, files = _plan(source, fmt)
+    out = Path(out)
+    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    writer = DumpWriter(partial, framework=fmt)
+    parts: list[Part] = []
+    try:
+        for part in _parts(fmt, files, allow_pickle):
+            if part.table is not None:
+                writer.write_table(part.table)
+            parts.append(replace(part, table=None))  # keep the notes, not the data
+        if not writer.sequences:
+            raise DumpError(f"{source}: no sequences in {len(files)} {fmt} file(s)")
+        summary = _summary(parts)
+        writer.close({"source_files": [str(f) for f in files], **summary})
+        os.replace(partial, out)
+    finally:
+        writer.close()
+        partial.unlink(missing_ok=True)
+    return ConvertReport(
+        framework=fmt,
+        out=str(out),
+        files=len(files),
+        steps=len(writer.steps),
+        sequences=writer.sequences,
+        tokens=writer.tokens,
+        notes=tuple(summary.get("notes", ())),
+    )
+
+
+def _parts(fmt: str, files: list[Path], allow_pickle: bool) -> Iterator[Part]:
+    """The format's parts, checked to share the first table's columns (a file has one schema)."""
+    first: Part | None = None
+    for part in _module(fmt).read_parts(files, allow_pickle=allow_pickle):
+        if part.table is not None:
+            if first is None:
+                first = part
+            else:
+                why = schema_mismatch(first.table.schema, part.table.schema)
+                if why:
+                    raise DumpError(f"{part.path}: {why} compared with {first.path}")
+        yield part
+
+
+def _summary(parts: list[Part]) -> dict[str, object]:
+    """The provenance fields the files themselves contribute: format_version and notes."""
+    record: dict[str, object] = {}
+    versions = sorted({p.format_version for p in parts if p.format_version is not None}, key=str)
+    if versions:
+        record["format_version"] = versions[0] if len(versions) == 1 else versions
+    notes = list(dict.fromkeys(n for p in parts for n in p.notes))
+    if notes:
+        record["notes"] = notes
+    return record
+
+
+# Helpers shared by the format modules.
+
+
+def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
+    """Yield (1-based line number, object) for every non-blank line of a JSON Lines file.
+
+    Raises:
+        DumpError: a line is not JSON or not an object (the message names the line).
+    """
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                why = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else e
+                cut = "" if line.endswith(b"\n") else "; the file ends mid-line: was it cut off?"
+                raise DumpError(f"{path}: line {number}: not valid JSON ({why}){cut}") from None
+            if not isinstance(record, dict):
+                raise DumpError(
+                    f"{path}: line {number}: expected a JSON object, found {type(record).__name__}"
+                )
+            yield number, record
+
+
+def first_record(path: Path) -> dict | None:
+    """The first JSON object of a JSON Lines file, or None if it has none or is not JSON."""
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    record = json.loads(line)
+                    return record if isinstance(record, dict) else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def as_floats(values: object, where: str, key: str) -> np.ndarray:
+    """A 1-D float64 array; JSON nulls become NaN (for `iscore validate` to report)."""
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DumpError(f"{where}: {key!r} must be a list of numbers") from None
+    if array.ndim != 1:
+        raise DumpError(f"{where}: {key!r} must be a flat list, found shape {list(array.shape)}")
+    return array
+
+
+def as_mask(values: object, where: str, key: str) -> np.ndarray:
+    """A 1-D bool array from booleans or numbers (non-zero is true)."""
+    array = np.asarray(values)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "biuf"):
+        raise DumpError(f"{where}: {key!r} must be a flat list of booleans or 0/1")
+    return array != 0
+
+
+def as_ints(values: object, where: str, key: str) -> np.ndarray:
+    """A 1-D int64 array."""
+    array = np.asarray(values)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise DumpError(f"{where}: {key!r} must be a flat list of integers")
+    return array.astype(np.int64)
+
+
+def require_lengths(where: str, arrays: dict[str, np.ndarray], reference: str) -> None:
+    """Raise unless every per-token array has as many values as `arrays[reference]`."""
+    n = arrays[reference].size
+    for key, array in arrays.items():
+        if array.size != n:
+            raise DumpError(
+                f"{where}: {key!r} has {array.size} values but {reference!r} has {n}; "
+                "per-token fields must align"
+            )
+
+
+def _refused_global(error: Exception) -> str | None:
+    """The global torch's weights-only unpickler refused, if that is why it failed."""
+    # "Unsupported global: GLOBAL a.b was not ..." or "unsupported GLOBAL a.b whose module ..."
+    match = re.search(r"unsupported global:? (?:GLOBAL )?([\w.]+)", str(error), re.IGNORECASE)
+    return match[1] if match else None
+
+
+def unpickling_detail(error: Exception) -> str:
+    """One line saying why `torch.load(weights_only=True)` failed."""
+    name = _refused_global(error)
+    if name is not None:
+        return f"it needs {name}, which is not allowed"
+    # torch's message opens with a generic paragraph; the reason follows it.
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reason = [line for line in lines[1:] if not line.startswith(("Check the doc", "Please file"))]
+    return (reason or lines or [type(error).__name__])[0].removeprefix("WeightsUnpickler error: ")

@@ -1,0 +1,322 @@
+"""SkyRL's training-batch dump, `global_step_{N}_training_input.pkl`.
+
+With `trainer.dump_data_batch=true`, SkyRL's trainer pickles each step's `TrainingInputBatch`
+to `{trainer.export_path}/dumped_data/global_step_{N}_training_input.pkl`, after computing
+advantages and before training (`skyrl/train/trainer.py`, `dump_data`; `TensorBatch.save` is
+a plain `pickle.dump`). The batch is a dict of tensors plus `metadata`:
+
+- `sequences` [B, S]: prompt + response token ids, left-padded; `attention_mask` [B, S].
+- response-level [B, R], RIGHT-aligned, padding on the left
+  (`convert_prompts_responses_to_batch_tensors`): `response_mask` (1 = response token),
+  `loss_mask` (1 = trained; 0 e.g. on tool output), `rollout_logprobs` (vLLM; None without
+  `generator.sampling_params.logprobs`), `action_log_probs` (the trainer's forward before the
+  update), `base_action_log_probs`, `values`, `advantages`, `returns`, `kl`, ...
+- `metadata`: `pad_size` (rows appended so the batch divides by the data-parallel size:
+  copies of row 0 with a zero loss mask), `policy_prompt_boundaries` ((start, end) rows of
+  each prompt), `response_length`, `avg_response_length`, ... SkyRL drops `uids` and
+  `rewards` before dumping, so there is no reward.
+
+Canonical columns:
+
+- `step`: N from the file name; `seq_id`: the row, 0..B-1 without the `pad_size` padding rows.
+- `rollout_logprob` <- `rollout_logprobs`, `train_logprob` <- `action_log_probs`, at the
+  `response_mask` positions in order (at the `loss_mask` ones when there is no
+  `response_mask`); `loss_mask` <- `loss_mask` there.
+- `token_id`: the last R columns of `sequences` at the same positions (a row's response ends
+  both); `advantage` (per token) <- `advantages`; `group_id`: the prompt's index in
+  `policy_prompt_boundaries`, when the batch has them.
+
+Safety. A pickle can run any code while it loads, so these files are read only with
+`allow_pickle=True`, and then by `_Unpickler`, which needs neither SkyRL nor trust: its
+`find_class` resolves exactly the names below and refuses every other, so even with the flag
+no arbitrary callable runs (not `os.system`, not `builtins.eval`, not a SkyRL function).
+
+- `TrainingInputBatch`, `TensorBatch`, `TrainingOutputBatch` and `_rebuild_tensor_batch` of
+  `skyrl.backends.skyrl_train.training_batch` (and of the older `skyrl_train.training_batch`)
+  resolve to `_Batch` and `_rebuild_batch`: a plain dict stand-in whose `__setstate__` decodes
+  SkyRL's tensor state itself: `{"format": "numpy", "data", "shape", "dtype"}` with
+  `np.frombuffer` (numeric dtypes only), `{"format": "torch", "data"}` and the older raw
+  `torch.save` bytes with `torch.load(weights_only=True)`, and tensor lists.
+- `torch._utils._rebuild_tensor_v2` (refusing backward hooks) and `torch.storage.
+  _load_from_bytes`, replaced by `torch.load(weights_only=True)` of the storage bytes (torch's
+  own would unpickle them freely): tensors pickled directly, as a batch's dict items were
+  before SkyRL defined `TensorBatch.__reduce__` (Mar 2026).
+- `torch.device` (the batch's device) and `collections.OrderedDict` (a tensor's hook dict).
+
+Dicts, lists, tuples, strings, numbers and bytes are pickle opcodes, not globals: they need
+no allowance and run nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from iscore.errors import DumpError
+from iscore.importers import Part, unpickling_detail
+from iscore.writer import canonical_table
+
+DESCRIPTION = "SkyRL global_step_{N}_training_input.pkl"
+_FILE = re.compile(r"^global_step_(\d+)_training_input\.pkl$")
+_MODULES = ("skyrl.backends.skyrl_train.training_batch", "skyrl_train.training_batch")
+_RESPONSE = (
+    "response_mask",
+    "loss_mask",
+    "rollout_logprobs",
+    "action_log_probs",
+    "advantages",
+)
+"""The [B, R] fields read; each must have the shape of `rollout_logprobs`."""
+
+
+def claims(path: Path) -> bool:
+    """Whether `path` is a SkyRL batch dump: by name, else by the class its pickle names first."""
+    if _FILE.match(path.name):
+        return True
+    if path.suffix != ".pkl":
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)  # the batch's global is the first thing pickled
+    except OSError:
+        return False
+    return b"training_batch" in head and b"Batch" in head
+
+
+def read_parts(paths: list[Path], *, allow_pickle: bool = False) -> Iterator[Part]:
+    """Convert each file (one step) in turn.
+
+    Raises:
+        DumpError: `allow_pickle` is false (the files are pickles), or a file is malformed
+            or names a global the restricted unpickler refuses.
+    """
+    for path in paths:
+        if not allow_pickle:
+            raise DumpError(
+                f"{path}: a pickle (SkyRL's TrainingInputBatch); loading a pickle can run "
+                "code, so iscore reads one only when asked: pass --allow-pickle (Python: "
+                "allow_pickle=True). Even then it rebuilds only SkyRL's batch, torch tensors "
+                "and plain containers"
+            )
+        yield Part(str(path), _table(path, _unpickle(path)))
+
+
+class _Batch(dict):
+    """Stand-in for SkyRL's TensorBatch classes: the tensors (by field) and `metadata`."""
+
+    metadata: dict | None = None
+
+    def __setstate__(self, state: object) -> None:
+        if not isinstance(state, dict) or not isinstance(state.get("batch_dict"), dict):
+            raise pickle.UnpicklingError("a TensorBatch whose state has no 'batch_dict' dict")
+        # Replaces any raw tensors the older dict-subclass pickles set item by item first.
+        self.clear()
+        for key, value in state["batch_dict"].items():
+            self[key] = _decode(value, key)
+        metadata = state.get("metadata")
+        self.metadata = metadata if isinstance(metadata, dict) else None
+
+
+def _rebuild_batch(cls: object, state: object) -> _Batch:
+    """Stand-in for SkyRL's `_rebuild_tensor_batch(cls, state)`."""
+    if cls is not _Batch:
+        raise pickle.UnpicklingError(f"_rebuild_tensor_batch of {cls!r}, not a SkyRL batch")
+    batch = _Batch()
+    batch.__setstate__(state)
+    return batch
+
+
+def _decode(value: object, key: str) -> object:
+    """One field of SkyRL's serialized batch state: a tensor as numpy, a list, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):  # before Jan 2026: torch.save of each tensor
+        return _torch_bytes(value, key)
+    if not isinstance(value, dict):
+        raise pickle.UnpicklingError(f"field {key!r}: unexpected {type(value).__name__}")
+    kind = value.get("format", "numpy")  # the first numpy states had no "format"
+    if kind == "tensor_list":
+        return [_decode(item, key) for item in value.get("items", ())]
+    if kind == "torch":
+        return _torch_bytes(value.get("data"), key)
+    if kind != "numpy":
+        raise pickle.UnpicklingError(f"field {key!r}: unknown tensor format {kind!r}")
+    dtype = np.dtype(str(value.get("dtype")))
+    if dtype.kind not in "biuf":
+        raise pickle.UnpicklingError(f"field {key!r}: refused dtype {dtype}")
+    shape = tuple(int(d) for d in value.get("shape", ()))
+    return np.frombuffer(value.get("data"), dtype=dtype).reshape(shape)
+
+
+def _torch_bytes(data: object, key: str) -> object:
+    if not isinstance(data, bytes):
+        raise pickle.UnpicklingError(f"field {key!r}: tensor bytes expected")
+    try:
+        value = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        raise pickle.UnpicklingError(
+            f"field {key!r}: torch.load(weights_only=True) refused its bytes "
+            f"({unpickling_detail(e)})"
+        ) from None
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise pickle.UnpicklingError(f"field {key!r}: {type(value).__name__}, not a tensor")
+    return value
+
+
+def _rebuild_tensor(
+    storage: object,
+    offset: int,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    requires_grad: bool,
+    hooks: object,
+    metadata: object = None,
+) -> torch.Tensor:
+    """torch's `_rebuild_tensor_v2`, for storages `_load_storage` built, without hooks."""
+    if not isinstance(storage, torch.TypedStorage | torch.UntypedStorage):
+        raise pickle.UnpicklingError(f"a tensor over {type(storage).__name__}, not a storage")
+    if hooks:
+        raise pickle.UnpicklingError("a tensor with backward hooks")
+    return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, False, OrderedDict())
+
+
+def _load_storage(data: object) -> object:
+    """`torch.storage._load_from_bytes` without its unrestricted unpickling."""
+    if not isinstance(data, bytes):
+        raise pickle.UnpicklingError("tensor storage bytes expected")
+    try:
+        storage = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        raise pickle.UnpicklingError(f"tensor storage refused ({unpickling_detail(e)})") from None
+    if not isinstance(storage, torch.TypedStorage | torch.UntypedStorage):
+        raise pickle.UnpicklingError(f"tensor storage bytes hold a {type(storage).__name__}")
+    return storage
+
+
+_ALLOWED = {
+    **{(m, n): _Batch for m in _MODULES for n in ("TrainingInputBatch", "TensorBatch")},
+    **{(m, "TrainingOutputBatch"): _Batch for m in _MODULES},
+    **{(m, "_rebuild_tensor_batch"): _rebuild_batch for m in _MODULES},
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch.storage", "_load_from_bytes"): _load_storage,
+    ("torch", "device"): torch.device,
+    ("collections", "OrderedDict"): OrderedDict,
+}
+"""Every global the restricted unpickler resolves; the module docstring says why each."""
+
+
+class _Unpickler(pickle.Unpickler):
+    """Resolves only `_ALLOWED`; every other global is refused before anything calls it."""
+
+    def find_class(self, module: str, name: str) -> object:
+        target = _ALLOWED.get((module, name))
+        if target is None:
+            raise pickle.UnpicklingError(
+                f"refused global {module}.{name}: iscore's restricted unpickler rebuilds only "
+                "SkyRL's batch classes, torch tensors and plain containers"
+            )
+        return target
+
+
+def _unpickle(path: Path) -> _Batch:
+    try:
+        with open(path, "rb") as f:
+            batch = _Unpickler(f).load()
+    except (pickle.UnpicklingError, EOFError) as e:
+        raise DumpError(f"{path}: {e}") from None
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
+        # A malformed stream: wrong arguments to an allowed callable, a bad memo index, ...
+        raise DumpError(f"{path}: not a readable pickle ({type(e).__name__}: {e})") from None
+    if not isinstance(batch, _Batch):
+        raise DumpError(
+            f"{path}: expected SkyRL's TrainingInputBatch, found {type(batch).__name__}"
+        )
+    return batch
+
+
+def _array(value: object) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and value.dtype not in (torch.float32, torch.float64):
+            value = value.float()  # bf16: numpy has none
+        return value.numpy()
+    return np.asarray(value)
+
+
+def _table(path: Path, batch: _Batch) -> pa.Table:
+    match = _FILE.match(path.name)
+    if match is None:
+        raise DumpError(
+            f"{path}: cannot tell the step: SkyRL names its files "
+            "global_step_{N}_training_input.pkl"
+        )
+    for key in ("rollout_logprobs", "action_log_probs"):
+        if batch.get(key) is None:
+            hint = (
+                "; SkyRL logged no rollout log-probs (generator.sampling_params.logprobs)"
+                if key == "rollout_logprobs"
+                else ""
+            )
+            raise DumpError(f"{path}: the batch has no {key!r}{hint}")
+    fields = {k: _array(batch[k]) for k in _RESPONSE if batch.get(k) is not None}
+    shape = fields["rollout_logprobs"].shape
+    if len(shape) != 2:
+        raise DumpError(f"{path}: 'rollout_logprobs' must be [B, R], found {list(shape)}")
+    for key, array in fields.items():
+        if array.shape != shape:
+            raise DumpError(
+                f"{path}: {key!r} has shape {list(array.shape)} but 'rollout_logprobs' has "
+                f"{list(shape)}"
+            )
+    selector = "response_mask" if "response_mask" in fields else "loss_mask"
+    if selector not in fields:
+        raise DumpError(f"{path}: the batch has neither 'response_mask' nor 'loss_mask'")
+    metadata = batch.metadata or {}
+    pad = metadata.get("pad_size") or 0
+    if not isinstance(pad, int) or not 0 <= pad <= shape[0]:
+        raise DumpError(f"{path}: metadata pad_size {pad!r} is not a row count <= {shape[0]}")
+    rows = shape[0] - pad
+    selected = fields[selector][:rows] != 0
+    loss_mask = fields.get("loss_mask", np.ones(shape))[:rows] != 0
+    tokens = {
+        "rollout_logprob": fields["rollout_logprobs"][:rows][selected],
+        "train_logprob": fields["action_log_probs"][:rows][selected],
+        "loss_mask": loss_mask[selected],
+    }
+    if "advantages" in fields:
+        tokens["advantage"] = fields["advantages"][:rows][selected]
+    if batch.get("sequences") is not None:
+        sequences = _array(batch["sequences"])
+        if sequences.ndim != 2 or sequences.shape[0] != shape[0] or sequences.shape[1] < shape[1]:
+            raise DumpError(
+                f"{path}: 'sequences' has shape {list(sequences.shape)}; expected "
+                f"[{shape[0]}, S] with S >= {shape[1]}"
+            )
+        tokens["token_id"] = sequences[:rows, sequences.shape[1] - shape[1] :][selected]
+    groups = _groups(metadata.get("policy_prompt_boundaries"), rows)
+    return canonical_table(
+        step=int(match.group(1)),
+        seq_id=np.arange(rows, dtype=np.int64),
+        lengths=selected.sum(axis=1),
+        tokens=tokens,
+        sequences={} if groups is None else {"group_id": groups},
+    )
+
+
+def _groups(boundaries: object, rows: int) -> np.ndarray | None:
+    """Each row's prompt index from SkyRL's (start, end) prompt boundaries, if they cover all."""
+    if not isinstance(boundaries, list | tuple):
+        return None
+    group = np.full(rows, -1, dtype=np.int64)
+    for index, bounds in enumerate(boundaries):
+        if not isinstance(bounds, list | tuple) or len(bounds) != 2:
+            return None
+        group[int(bounds[0]) : int(bounds[1])] = index
+    return group if (group >= 0).all() else None

@@ -1,0 +1,1 @@
+"""Importer tests: fixtures in each framework's exact on-disk layout."""

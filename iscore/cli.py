@@ -9,8 +9,10 @@ bad arguments.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -23,8 +25,9 @@ from tqdm import tqdm
 
 from iscore.analyze import analyze, presets, resolve
 from iscore.columns import parse_mapping
-from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange
+from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange, resolve_files
 from iscore.errors import IscoreError
+from iscore.importers import FORMATS, convert
 from iscore.recommend import Targets, recommend
 from iscore.replay import FRAMEWORKS, parse_config, replay
 from iscore.report import write_html
@@ -60,6 +63,18 @@ def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
         help="drop sequences with NaN, infinite or positive log-probs instead of failing",
     )
     parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        dest="fmt",
+        metavar="FORMAT",
+        help=f"read a framework's own dump ({', '.join(FORMATS)}); detected when unambiguous",
+    )
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="allow reading pickled dumps (SkyRL .pkl); pickles can run code when loaded",
+    )
+    parser.add_argument(
         "--chunk-tokens",
         type=int,
         default=DEFAULT_CHUNK_TOKENS,
@@ -74,6 +89,8 @@ def _open_dump(args: argparse.Namespace) -> Dump:
         columns=parse_mapping(args.column),
         steps=args.steps,
         drop_invalid=args.drop_invalid,
+        fmt=args.fmt,
+        allow_pickle=args.allow_pickle,
     )
 
 
@@ -203,6 +220,17 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    report = convert(args.source, args.out, args.fmt, allow_pickle=args.allow_pickle)
+    print(
+        f"{args.out}: {report.tokens:,} tokens in {report.sequences:,} sequences, "
+        f"{report.steps} steps, from {report.files} {report.framework} file(s)"
+    )
+    for note in report.notes:
+        print(f"  note: {note}")
+    return 0
+
+
 def _cmd_presets(args: argparse.Namespace) -> int:
     for key, spec in presets().items():
         if args.framework in (None, spec.framework):
@@ -228,6 +256,53 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     truth = write_simulated(args.out, config, layout=args.layout)
     print(f"{args.out}: {truth.tokens:,} tokens in {truth.sequences:,} sequences ({args.regime})")
     return 0
+
+
+def _cmd_app(args: argparse.Namespace) -> int:
+    """Serve the dashboard: `streamlit run app/main.py` in the checkout iscore is installed from,
+    so its `.streamlit/config.toml` applies (as do STREAMLIT_* variables and --server.* flags)."""
+    if {"-h", "--help"} & set(args.args):
+        args.app_parser.print_help()
+        return 0
+    paths, flags = [], []
+    items = iter(args.args)
+    for item in items:
+        if not item.startswith("--"):
+            paths.append(item)
+            continue
+        if "." not in item.split("=", 1)[0]:
+            raise IscoreError(
+                "Expected Streamlit's --section.option flags after `iscore app` (e.g. "
+                f"--server.port 8600), but got {item}"
+            )
+        flags.append(item)
+        if "=" not in item:
+            value = next(items, None)
+            if value is None:
+                raise IscoreError(f"Expected a value after {item}")
+            flags.append(value)
+    if len(paths) > 1:
+        raise IscoreError(
+            f"Expected one dump (a file, a directory or a quoted glob), but got {len(paths)}: "
+            + " ".join(paths)
+        )
+    main = Path(__file__).resolve().parents[1] / "app" / "main.py"
+    if not main.is_file():
+        raise IscoreError(
+            f"the dashboard is not installed: expected {main}; install iscore from a checkout "
+            "with `pip install -e .`"
+        )
+    if importlib.util.find_spec("streamlit") is None:
+        raise IscoreError("the dashboard needs streamlit: pip install streamlit")
+    script_args = []
+    if paths:
+        resolve_files(paths[0])  # a typo fails here, not later in the browser
+        script_args = ["--", "--path", str(Path(paths[0]).absolute())]
+    command = [sys.executable, "-m", "streamlit", "run", str(main), *flags, *script_args]
+    try:
+        return subprocess.run(command, cwd=main.parents[1], check=False).returncode
+    except KeyboardInterrupt:
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -330,6 +405,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT.json", help="write the ranking as JSON")
     p.set_defaults(func=_cmd_recommend)
 
+    p = sub.add_parser(
+        "convert",
+        help="convert a framework's own dump to canonical Parquet",
+        description="Read a framework's dump (NeMo-RL train_data_step*.jsonl, prime-rl token "
+        "exports, slime .pt debug dumps, SkyRL .pkl training inputs) and write canonical "
+        "Parquet, one row group per source file, with the provenance in its metadata.",
+    )
+    p.add_argument("source", help="a file, a directory or a glob of the framework's dump")
+    p.add_argument("--from", dest="fmt", choices=FORMATS, help="the format (default: detected)")
+    p.add_argument("--out", required=True, metavar="DUMP.parquet")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="allow reading pickled dumps (SkyRL .pkl); pickles can run code",
+    )
+    p.set_defaults(func=_cmd_convert)
+
     p = sub.add_parser("presets", help="list the named settings of every framework")
     p.add_argument("--framework", choices=FRAMEWORKS)
     p.set_defaults(func=_cmd_presets)
@@ -350,6 +442,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--median-len", type=int, help="median sequence length (default: the regime's)")
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=_cmd_simulate)
+
+    # `+` as the option prefix hands every `--server.port 8600` on to Streamlit untouched.
+    p = sub.add_parser(
+        "app",
+        help="serve the dashboard in a browser",
+        description="Serve the dashboard (Streamlit), opening on the Data page with DUMP loaded. "
+        "Streamlit's own configuration applies: the checkout's .streamlit/config.toml, "
+        "STREAMLIT_* environment variables and --section.option flags passed here, e.g. "
+        "`iscore app runs/ --server.port 8600`.",
+        usage="iscore app [DUMP] [--server.OPTION VALUE ...]",
+        prefix_chars="+",
+        add_help=False,
+    )
+    p.add_argument("args", nargs="*", metavar="[DUMP] [--section.option VALUE ...]")
+    p.set_defaults(func=_cmd_app, app_parser=p)
     return parser
 
 
@@ -366,6 +473,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except IscoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # Output piped into `head` and the like: stop quietly, as Unix tools do.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

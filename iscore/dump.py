@@ -18,6 +18,7 @@ first offending rows (0-based row numbers of that file); `DumpError.problems` ho
 from __future__ import annotations
 
 import glob
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ from iscore.columns import (
     resolve_columns,
 )
 from iscore.errors import DumpError
+from iscore.writer import PROVENANCE_KEY
 
 DEFAULT_CHUNK_TOKENS = 2_000_000
 """Tokens per streamed chunk: about 300 MB of working memory while a chunk is processed."""
@@ -207,15 +209,30 @@ def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
     return files
 
 
-def _open(path: str, mapping: Mapping[str, str]) -> tuple[pq.ParquetFile, DumpFile]:
-    """Open one file, telling an empty, truncated or non-Parquet file apart."""
-    size = Path(path).stat().st_size
+Source = str | bytes
+"""Where a file's bytes are: a path on disk, or the bytes themselves (an upload, an import)."""
+
+
+def _open(
+    path: str, mapping: Mapping[str, str], data: bytes | None = None
+) -> tuple[pq.ParquetFile, DumpFile]:
+    """Open one file, telling an empty, truncated or non-Parquet file apart.
+
+    Args:
+        path: the file's path, or for `data` the name that stands for it in messages.
+        mapping: explicit canonical -> source column names.
+        data: the file's bytes when it is held in memory.
+    """
+    if data is None:
+        size = Path(path).stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(max(size - 4, 0))
+            tail = f.read(4)
+    else:
+        size, head, tail = len(data), data[:4], data[-4:]
     if size == 0:
         raise DumpError(f"{path}: empty file (0 bytes)")
-    with open(path, "rb") as f:
-        head = f.read(4)
-        f.seek(max(size - 4, 0))
-        tail = f.read(4)
     if head != b"PAR1":
         hint = {
             b"{": " (looks like JSON Lines)",
@@ -225,13 +242,13 @@ def _open(path: str, mapping: Mapping[str, str]) -> tuple[pq.ParquetFile, DumpFi
             " (looks like a zip archive, e.g. torch.save)" if head[:2] == b"PK" else "",
         )
         raise DumpError(f"{path}: not a Parquet file{hint}; expected the magic bytes PAR1")
-    if tail != b"PAR1":
+    if tail != b"PAR1" or size < 12:
         raise DumpError(
             f"{path}: truncated Parquet file ({size:,} bytes, no footer); "
             "was the write interrupted?"
         )
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(path if data is None else pa.BufferReader(data))
     except (pa.ArrowException, OSError) as e:
         raise DumpError(f"{path}: unreadable Parquet footer: {e}") from e
     if parquet.metadata.num_rows == 0:
@@ -253,6 +270,27 @@ def _open(path: str, mapping: Mapping[str, str]) -> tuple[pq.ParquetFile, DumpFi
         )
     info = DumpFile(path, layout, columns, meta.num_rows, tokens)
     return parquet, info
+
+
+def _is_framework_dump(item: str | Path) -> bool:
+    """Whether `item` is a framework's own dump (JSONL, .pt, .pkl) rather than Parquet."""
+    path = Path(item)
+    if path.is_dir():
+        return not any(path.rglob("*.parquet"))
+    if glob.has_magic(str(item)):
+        return False
+    return path.suffix in (".jsonl", ".pt", ".pkl")
+
+
+def _import(item: str | Path, fmt: str | None, allow_pickle: bool) -> tuple[str, bytes]:
+    """A framework dump converted in memory to canonical Parquet bytes, named for messages."""
+    from iscore import importers  # torch.load and JSON parsing, only when needed
+
+    fmt = fmt or importers.detect(item)
+    table = importers.read(item, fmt, allow_pickle=allow_pickle)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return f"{item} ({fmt})", sink.getvalue().to_pybytes()
 
 
 def _leaf(row_group: pq.RowGroupMetaData, source: str) -> pq.ColumnChunkMetaData:
@@ -351,7 +389,45 @@ class Dump:
         columns: Mapping[str, str] | None = None,
         steps: StepRange | None = None,
         drop_invalid: bool = False,
+        fmt: str | None = None,
+        allow_pickle: bool = False,
     ):
+        sources = [source] if isinstance(source, str | Path) else list(source)
+        files: list[tuple[str, bytes | None]] = []
+        for item in sources:
+            if fmt is not None or _is_framework_dump(item):
+                files.append(_import(item, fmt, allow_pickle))
+            else:
+                files.extend((path, None) for path in resolve_files(item))
+        self._setup(files, columns, steps, drop_invalid)
+
+    @classmethod
+    def from_buffers(
+        cls,
+        files: Sequence[tuple[str, bytes]],
+        *,
+        columns: Mapping[str, str] | None = None,
+        steps: StepRange | None = None,
+        drop_invalid: bool = False,
+    ) -> Dump:
+        """A dump of Parquet files held in memory, e.g. uploads: (name, bytes) pairs.
+
+        Reads exactly like a dump on disk (same problems, same messages, the names standing
+        for paths) and writes nothing anywhere.
+        """
+        if not files:
+            raise DumpError("no files given")
+        dump = cls.__new__(cls)
+        dump._setup([(name, data) for name, data in files], columns, steps, drop_invalid)
+        return dump
+
+    def _setup(
+        self,
+        files: Sequence[tuple[str, bytes | None]],
+        columns: Mapping[str, str] | None,
+        steps: StepRange | None,
+        drop_invalid: bool,
+    ) -> None:
         self._mapping = dict(columns or {})
         self.steps = steps or StepRange()
         self.drop_invalid = drop_invalid
@@ -359,9 +435,9 @@ class Dump:
         self.files: list[DumpFile] = []
         self._parquet: list[pq.ParquetFile] = []
         problems: list[Problem] = []
-        for path in resolve_files(source):
+        for path, data in files:
             try:
-                parquet, info = _open(path, self._mapping)
+                parquet, info = _open(path, self._mapping, data)
             except DumpProblems as e:
                 problems.extend(e.problems)
                 continue
@@ -379,6 +455,16 @@ class Dump:
                 + ", ".join(f"{f.path} ({f.layout})" for f in self.files)
             )
         self.layout: Layout = self.files[0].layout
+
+    @property
+    def provenance(self) -> list[dict]:
+        """Per file, where an imported dump came from (framework, source files, steps), or {}."""
+        out = []
+        for parquet in self._parquet:
+            meta = parquet.schema_arrow.metadata or {}
+            raw = meta.get(PROVENANCE_KEY)
+            out.append(json.loads(raw) if raw else {})
+        return out
 
     @property
     def num_tokens(self) -> int:

@@ -38,6 +38,7 @@ class Report:
             tokens, with d = train_logprob - rollout_logprob.
         problems: everything wrong; empty when the dump is valid.
         dropped: sequences dropped with `drop_invalid`.
+        provenance: per file, the framework dump it was imported from (empty if none).
     """
 
     files: list[str]
@@ -53,6 +54,7 @@ class Report:
     k3: float = float("nan")
     problems: list[Problem] = field(default_factory=list)
     dropped: DropReport = field(default_factory=DropReport)
+    provenance: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -90,6 +92,13 @@ class Report:
             f"  mismatch    mean |d| {self.abs_diff_mean:.4g} · max |d| {self.abs_diff_max:.4g}"
             f" · k3 {self.k3:.3g}   (d = train - rollout, loss tokens)",
         ]
+        for origin in self.provenance:
+            if origin.get("framework"):
+                sources = origin.get("source_files", [])
+                lines.append(
+                    f"  imported    from {origin['framework']}: {len(sources)} file(s), "
+                    f"steps {origin.get('steps', [])}"
+                )
         if self.dropped.sequences:
             reasons = ", ".join(f"{k}: {v:,} values" for k, v in self.dropped.reasons.items())
             lines.append(
@@ -118,7 +127,13 @@ def validate(
             columns.setdefault(name, [])
             if source not in columns[name]:
                 columns[name].append(source)
-    report = Report([f.path for f in dump.files], dump.layout, columns, dropped=dump.dropped)
+    report = Report(
+        [f.path for f in dump.files],
+        dump.layout,
+        columns,
+        dropped=dump.dropped,
+        provenance=dump.provenance,
+    )
     lengths: list[np.ndarray] = []
     steps: set[int] = set()
     abs_sum = k3_sum = 0.0

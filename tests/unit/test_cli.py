@@ -176,3 +176,41 @@ def test_recommend_prints_ranking_and_snippet(tmp_path, capsys):
     assert ranking["framework"] == "skyrl" and ranking["candidates"][0]["passes"]
     assert main([*argv, "--lr-scale", "1.2:2"]) == 2
     assert "Expected `lr_scale` to be a range" in capsys.readouterr().err
+
+
+def nemo_logs(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for step in (1, 2):
+        lines = [
+            json.dumps(
+                {
+                    "token_loss_mask": [[0, 0, 1, 1]],
+                    "generation_logprobs": [[0.0, 0.0, -0.5, -0.25]],
+                    "prev_logprobs": [[0.0, 0.0, -0.5, -0.375]],
+                    "idx": i,
+                }
+            )
+            for i in range(3)
+        ]
+        (logs / f"train_data_step{step}.jsonl").write_text("\n".join(lines) + "\n")
+    return logs
+
+
+def test_convert_and_direct_loading_of_framework_dumps(tmp_path, capsys):
+    logs = nemo_logs(tmp_path)
+    out = tmp_path / "run.parquet"
+    assert main(["convert", str(logs), "--out", str(out)]) == 0
+    assert "12 tokens in 6 sequences, 2 steps, from 2 nemo_rl file(s)" in capsys.readouterr().out
+    assert main(["validate", str(out), "-q"]) == 0
+    converted = capsys.readouterr().out
+    assert "imported    from nemo_rl: 2 file(s), steps [1, 2]" in converted
+    assert main(["validate", str(logs), "-q"]) == 0  # read directly, format detected
+    direct = capsys.readouterr().out
+    assert "(nemo_rl): OK" in direct and "tokens      12" in direct
+
+
+def test_pickles_are_refused_without_the_flag(tmp_path, capsys):
+    (tmp_path / "global_step_1_training_input.pkl").write_bytes(b"\x80\x04K\x01.")
+    assert main(["validate", str(tmp_path / "global_step_1_training_input.pkl"), "-q"]) == 2
+    assert "--allow-pickle" in capsys.readouterr().err

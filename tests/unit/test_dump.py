@@ -398,3 +398,15 @@ def test_parquet_metadata_is_not_needed(tmp_path, sequences):
     path = tmp_path / "dict.parquet"
     pq.write_table(table, path, use_dictionary=True)
     assert load(path).seq_id.to_pylist() == sequences.seq_id
+
+
+def test_from_buffers_reads_like_files(tmp_path, sequences):
+    path = write(sequences.sequence_table(), tmp_path / "s.parquet")
+    dump = Dump.from_buffers([("upload.parquet", path.read_bytes())])
+    assert dump.load().equal(load(path))
+    with pytest.raises(DumpProblems) as info:
+        Dump.from_buffers([("a.parquet", b""), ("b.parquet", path.read_bytes()[:100])])
+    assert [str(p) for p in info.value.problems] == [
+        "a.parquet: empty file (0 bytes)",
+        "b.parquet: truncated Parquet file (100 bytes, no footer); was the write interrupted?",
+    ]

@@ -68,8 +68,11 @@ def test_traps_are_named():
 
 @pytest.mark.parametrize(
     ("kwargs", "key"),
-    [({"max_token_drop": 1.5}, "max_token_drop"), ({"min_ess": -0.1}, "min_ess"),
-     ({"lr_scale": (1.2, 2.0)}, "lr_scale")],
+    [
+        ({"max_token_drop": 1.5}, "max_token_drop"),
+        ({"min_ess": -0.1}, "min_ess"),
+        ({"lr_scale": (1.2, 2.0)}, "lr_scale"),
+    ],
 )
 def test_invalid_targets(kwargs, key):
     with pytest.raises(ConfigError, match=f"`{key}`"):

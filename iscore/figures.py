@@ -174,6 +174,19 @@ def collapse_by_length(analysis: Analysis) -> Figure:
         height=420,
     )
     layout["shapes"] = [_hline(1.0, "1")]
+    # The y-range follows the settings' own weights (down to 1e-6 at most): an expected
+    # curve at e^-300 would otherwise squash them into a line at the top.
+    measured = [
+        v
+        for s in analysis.settings
+        for r in s["by_length"]
+        for v in (r["seq_weight_p10"], r["seq_weight_median"], r["seq_weight_p90"])
+        if v and v > 0
+    ]
+    if measured:
+        low = max(min(measured), 1e-6)
+        high = max(max(measured), 1.0)
+        layout["yaxis"]["range"] = [math.log10(low) - 0.3, math.log10(high) + 0.3]
     return {"data": data, "layout": layout}
 
 

@@ -266,6 +266,36 @@ class ArealCorrection:
                 "(prox = behave + alpha * (current - behave)), which a dump does not record"
             )
 
+    def to_config(self) -> dict[str, Any]:
+        """The iscore config of this setting: AReaL's `actor` keys that shape the behaviour
+        weight, the inverse of `parse`.
+
+        `ignored_keys` are not written (their values were not kept). `rejection_sampling` is
+        written with all six keys (null when off), as AReaL's YAML takes it.
+
+        >>> rs = PRESETS["areal_token_mask"].to_config()["actor"]["rejection_sampling"]
+        >>> rs["level"], rs["action"], rs["upper"], rs["lower"]
+        ('token', 'mask', 5.0, None)
+        """
+        rs = self.rejection_sampling
+        actor: dict[str, Any] = {
+            "use_decoupled_loss": self.use_decoupled_loss,
+            "recompute_logprob": self.recompute_logprob,
+            "prox_logp_method": self.prox_logp_method,
+            "importance_sampling_level": self.importance_sampling_level,
+            "rejection_sampling": None
+            if rs is None
+            else {
+                "level": rs.level,
+                "action": rs.action,
+                "metric": rs.metric,
+                "agg": rs.agg,
+                "upper": rs.upper,
+                "lower": rs.lower,
+            },
+        }
+        return {"framework": FRAMEWORK, "name": self.name, "actor": actor}
+
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights and mask as `apply_rejection_sampling` returns them."""
         if self.use_decoupled_loss:

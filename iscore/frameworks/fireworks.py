@@ -138,6 +138,21 @@ class FireworksTIS:
             )
         _check_choice("anchor_logp", self.anchor_logp, _ANCHORS)
 
+    def to_config(self) -> dict[str, Any]:
+        """The iscore config of this setting: the recipe `Config`'s `tis` (a `TISConfig`) and
+        `anchor_logp` fields, the inverse of `parse`.
+
+        >>> FireworksTIS(cap=2.0).to_config()["tis"]
+        {'cap': 2.0, 'level': 'token', 'icepop_threshold': None}
+        """
+        tis = {"cap": self.cap, "level": self.level, "icepop_threshold": self.icepop_threshold}
+        return {
+            "framework": FRAMEWORK,
+            "name": self.name,
+            "tis": tis,
+            "anchor_logp": self.anchor_logp,
+        }
+
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights as `run_loss_loop` hands them to the policy loss."""
         active = batch.loss_mask
@@ -177,6 +192,21 @@ class FireworksISCorrection:
         _check_choice("is_correction.tis_level", self.tis_level, _LEVELS)
         _check_number("is_correction.eps_clip", self.eps_clip)
         _check_number("is_correction.eps_clip_high", self.eps_clip_high, nullable=True)
+
+    def to_config(self) -> dict[str, Any]:
+        """The iscore config of this setting: PR #169's `is_correction` (an `ISConfig`), the
+        inverse of `parse`.
+
+        >>> FireworksISCorrection(tis_cap=2.0).to_config()["is_correction"]["tis_cap"]
+        2.0
+        """
+        is_correction = {
+            "eps_clip": self.eps_clip,
+            "eps_clip_high": self.eps_clip_high,
+            "tis_cap": self.tis_cap,
+            "tis_level": self.tis_level,
+        }
+        return {"framework": FRAMEWORK, "name": self.name, "is_correction": is_correction}
 
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights as PR #169's losses multiply them (no IcePop, no anchor choice)."""

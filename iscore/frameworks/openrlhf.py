@@ -142,6 +142,44 @@ class OpenRLHFCorrection:
                     f"Expected {side} of `{_THRESHOLD}` to be a number, but got {value!r}"
                 )
 
+    def to_config(self) -> dict[str, Any]:
+        """The iscore config of this setting: OpenRLHF's IS flags as one `args` string, the
+        inverse of `parse`.
+
+        The current (2026-04-19) flag names, except for a setting without a lower bound, which
+        only the 2025 single-value `--vllm_is_truncated_threshold` expresses. With the
+        correction on, every IS flag is written (the two-sided default is a trap worth seeing);
+        with it off, only those that differ from OpenRLHF's defaults. `ignored_flags` (the
+        rest of a pasted launch command) are not written.
+
+        Raises:
+            ConfigError: a setting no OpenRLHF version accepts (no lower bound with a type
+                other than tis).
+
+        >>> OpenRLHFCorrection(enable=True, lower=None, upper=2.0).to_config()["args"]
+        '--enable_vllm_is_correction --vllm_is_truncated_threshold 2.0'
+        """
+        if self.lower is None and self.type != "tis":
+            raise ConfigError(
+                f"Expected LOW of `{_THRESHOLD}` to be a number with type {self.type!r}: only "
+                "OpenRLHF's 2025 single-value threshold had no lower bound, and only for tis"
+            )
+        generation = 1 if self.lower is None else 0
+        flag = {key: names[generation] for key, names in _FLAGS.items()}
+        flags: list[str] = []
+        if self.enable:
+            flags.append(flag["enable"])
+        if self.lower is None:
+            flags += [flag["threshold"], repr(float(self.upper))]
+        else:
+            if self.enable or self.type != "tis":
+                flags += [flag["type"], self.type]
+            if self.enable or (self.lower, self.upper) != (0.5, 5.0):
+                flags += [flag["threshold"], repr(float(self.lower)), repr(float(self.upper))]
+        if self.policy_loss_type != "ppo":
+            flags += [flag["loss"], self.policy_loss_type]
+        return {"framework": FRAMEWORK, "name": self.name, "args": shlex.join(flags)}
+
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights as `PolicyLoss.forward` multiplies them into the PPO loss."""
         mask = batch.loss_mask
@@ -187,7 +225,9 @@ def _argv(args: Any) -> list[str]:
     and `--` separators (`ray job submit ... -- python3 -m ...`), which would end argparse's
     option parsing before the trainer's flags."""
     if isinstance(args, str):
-        tokens = shlex.split(args)
+        # A line continuation joins lines as the shell does, also when the next line is not
+        # indented (shlex alone would glue the newline to the next flag).
+        tokens = shlex.split(args.replace("\\\n", " "))
     elif (
         isinstance(args, Sequence)
         and not isinstance(args, bytes)

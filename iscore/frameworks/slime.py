@@ -99,7 +99,7 @@ import math
 import shlex
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -148,6 +148,11 @@ _IS_FLAGS = (
 # flags); ignoring them would silently change the replayed setting.
 _NOT_SLIME_PREFIXES = ("--tis-", "--rs-", "--use-rs", "--mis-")
 _NOT_SLIME = ("--use-rollout-correction",)
+
+# Where `to_config` points --custom-config-path: the file the user saves `custom_config` as.
+CUSTOM_CONFIG_PATH = "mis.yaml"
+# The flag changing slime's loss aggregation (iscore.impact reads it from `ignored_flags`).
+_PER_TOKEN_LOSS = "--calculate-per-token-loss"
 
 _MIS_KEYS = (
     "use_rs",
@@ -330,6 +335,56 @@ class SlimeCorrection:
         ):
             return "policy"
         return "train"
+
+    def to_config(self) -> dict[str, Any]:
+        """The iscore config of this setting: slime's launch flags as one `args` string, plus
+        the YAML of `--custom-config-path` as `custom_config` where one is needed; the inverse
+        of `parse`.
+
+        Only the IS flags (and `--calculate-per-token-loss`, which changes the loss
+        aggregation) are written: the other `ignored_flags` lost their values when parsed.
+        mis.py settings are written only when mis.py is called (`parse` ignores them otherwise).
+
+        >>> SlimeCorrection(use_tis=True, tis_clip=5.0, tis_clip_low=0.5).to_config()["args"]
+        '--use-tis --tis-clip 5.0 --tis-clip-low 0.5'
+        """
+        flags: list[str] = []
+        # slime rejects --use-tis beside --use-rollout-logprobs on the command line, but merges
+        # the YAML after that check: a YAML `use_tis` is the only way to express the pair.
+        if self.use_tis and not self.use_rollout_logprobs:
+            flags.append("--use-tis")
+        if self.get_mismatch_metrics:
+            flags.append("--get-mismatch-metrics")
+        # --get-mismatch-metrics needs an explicit path, even for the default vanilla function.
+        if self.tis_function != "vanilla" or self.get_mismatch_metrics:
+            path = next(
+                p for p in _FUNCTION_PATHS if _FUNCTIONS[p.rpartition(".")[2]] == self.tis_function
+            )
+            flags += ["--custom-tis-function-path", path]
+        if self.tis_clip != 2.0:
+            flags += ["--tis-clip", repr(float(self.tis_clip))]
+        if self.tis_clip_low != 0.0:
+            flags += ["--tis-clip-low", repr(float(self.tis_clip_low))]
+        if self.use_rollout_logprobs:
+            flags.append("--use-rollout-logprobs")
+        if _PER_TOKEN_LOSS in self.ignored_flags:
+            flags.append(_PER_TOKEN_LOSS)
+        custom: dict[str, Any] = {}
+        if self.tis_function == "mis" and self.called:
+            custom = {"use_tis": self.use_tis}
+            custom |= {f.name: getattr(self.mis, f.name) for f in fields(self.mis)}
+        elif self.use_tis and self.use_rollout_logprobs:
+            custom = {"use_tis": True}
+        if custom:
+            flags += ["--custom-config-path", CUSTOM_CONFIG_PATH]
+        config: dict[str, Any] = {
+            "framework": FRAMEWORK,
+            "name": self.name,
+            "args": shlex.join(flags),
+        }
+        if custom:
+            config["custom_config"] = custom
+        return config
 
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights and mask as slime's loss applies them."""

@@ -194,6 +194,28 @@ class TRLCorrection:
         """Whether TRL applies a weight at all (vLLM generation and the correction on)."""
         return self.use_vllm and self.enabled
 
+    def to_config(self) -> dict[str, Any]:
+        """The iscore config of this setting: its `GRPOConfig` keys at the top level (the form
+        of a `trl grpo --config` YAML), the inverse of `parse`.
+
+        `use_vllm: true` is always written: TRL defaults it to false, which turns the correction
+        off. `off_policy_mask_threshold` is always null here and not written.
+
+        >>> config = TRLCorrection(mode="token_truncate", clip_max=2.0).to_config()
+        >>> config["vllm_importance_sampling_mode"], config["vllm_importance_sampling_clip_max"]
+        ('token_truncate', 2.0)
+        """
+        return {
+            "framework": FRAMEWORK,
+            "name": self.name,
+            "use_vllm": self.use_vllm,
+            "vllm_importance_sampling_correction": self.enabled,
+            "vllm_importance_sampling_mode": self.mode,
+            "vllm_importance_sampling_clip_min": self.clip_min,
+            "vllm_importance_sampling_clip_max": self.clip_max,
+            "loss_type": self.loss_type,
+        }
+
     def _constrain(self, rho: torch.Tensor) -> torch.Tensor:
         """Truncate or mask float32 ratios with TRL's bounds (compared in float32, as TRL does)."""
         if self.mode.endswith("_truncate"):

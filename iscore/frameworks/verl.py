@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal, get_args
 
 import torch
@@ -622,3 +622,234 @@ def _presets() -> dict[str, VerlSpec]:
 
 PRESETS: dict[str, VerlSpec] = _presets()
 """verl's named presets (`RolloutCorrectionConfig.<name>()`), selectable with `preset: <name>`."""
+
+
+# ------------------------------------------------------------------ older config generations
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One of verl's rollout-correction config generations (corrections.md 2.1, History).
+
+    Args:
+        name: "gen0", "gen1", "gen2" or "gen3".
+        versions: the verl versions that read this form.
+        icepop: whether `rollout_is_threshold` takes "L_U" strings (Gen-3 from v0.8.0).
+        loss_key: Gen-2's bypass loss switch: v0.6.1 `use_policy_gradient`, v0.7.0 `loss_type`.
+        seq_norm_all: v0.6.1 divides sequence weights by their mean over EVERY sequence,
+            fully masked ones counting 0; later versions over sequences with a mask token.
+    """
+
+    name: Literal["gen0", "gen1", "gen2", "gen3"]
+    versions: str
+    icepop: bool = True
+    loss_key: Literal["use_policy_gradient", "loss_type"] = "loss_type"
+    seq_norm_all: bool = False
+
+
+_GEN0 = Generation("gen0", "PR #2953, 2025-08-26 to 2025-10-13, untagged")
+_GEN1 = Generation("gen1", "v0.6.0")
+_GEN2 = Generation("gen2", "v0.7.0")
+_GEN3 = Generation("gen3", "v0.8.0 and later (current main)")
+GENERATIONS: dict[str, Generation] = {
+    "gen0": _GEN0,
+    "gen1": _GEN1,
+    "v0.6.0": _GEN1,
+    "gen2": _GEN2,
+    "v0.6.1": Generation("gen2", "v0.6.1", loss_key="use_policy_gradient", seq_norm_all=True),
+    "v0.7.0": _GEN2,
+    "v0.7.1": Generation("gen3", "v0.7.1", icepop=False),
+    "gen3": _GEN3,
+    "v0.8.0": _GEN3,
+    "v0.9.0": _GEN3,
+    "current": _GEN3,
+}
+"""The generations `to_generation` writes, by name and by the verl version that reads them."""
+
+# The fields of a spec without an IS weight.
+_NO_IS: dict[str, Any] = {
+    "is_level": None,
+    "is_upper": None,
+    "is_lower": None,
+    "batch_normalize": False,
+}
+# Every generation before the current one needs rollout log-probs switched on explicitly.
+_LOG_PROBS = {"rollout": {"calculate_log_probs": True}}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationConfig:
+    """A setting written in one of verl's config generations.
+
+    Attributes:
+        spec: the current-generation setting the config expresses: the input with whatever
+            the generation cannot express removed or replaced (see `notes`).
+        config: the iscore config (`framework`, `name` and that generation's verl keys).
+        notes: one line per thing the generation could not express, and what was done.
+        exact: whether the generation computes exactly what `spec` replays (False where it
+            only matches up to floating-point details, which `notes` name).
+    """
+
+    spec: VerlSpec
+    config: dict[str, Any]
+    notes: tuple[str, ...]
+    exact: bool
+
+
+def to_generation(spec: VerlSpec, generation: str = "current") -> GenerationConfig:
+    """Write `spec` in the keys of an older (or the current) verl config generation.
+
+    Only what the generation can express is written; the rest is dropped or replaced by its
+    closest equivalent, one note each.
+
+    >>> out = to_generation(PRESETS["decoupled_token_icepop"], "v0.6.0")
+    >>> out.config["algorithm"]["rollout_is_mode"], out.exact
+    ('mask', True)
+    >>> to_generation(PRESETS["decoupled_geo_rs"], "gen1").notes[0][:40]
+    'Gen-1 (v0.6.0) has no rejection sampling'
+
+    Raises:
+        ConfigError: an unknown generation.
+    """
+    gen = GENERATIONS.get(generation)
+    if gen is None:
+        raise ConfigError(
+            f"Expected `generation` to be one of {', '.join(GENERATIONS)}, but got {generation!r}"
+        )
+    label = f"Gen-{gen.name[-1]} ({gen.versions})"
+    notes: list[str] = []
+    exact = True
+
+    def drop(what: str, **changes: Any) -> None:
+        nonlocal spec
+        notes.append(f"{label} has no {what}; dropped")
+        spec = replace(spec, **changes)
+
+    if spec.is_lower is not None and (gen.name in ("gen0", "gen2") or not gen.icepop):
+        notes.append(
+            f"{label} has no IcePop ('L_U' threshold); written as truncation at the upper "
+            f"bound {spec.is_upper!r} (weights below {spec.is_lower!r} are kept, not zeroed)"
+        )
+        spec = replace(spec, is_lower=None)
+    if gen.name in ("gen0", "gen1"):
+        if spec.bypass:
+            # Bypass PPO-clip only logs its IS weight: decoupled mode would apply it.
+            unweighted = {} if spec.applies_is_weight else _NO_IS
+            drop(
+                "bypass mode (it always recomputes the old log-probs): ratios are taken "
+                "against the recompute",
+                bypass=False,
+                loss_type="ppo_clip",
+                **unweighted,
+            )
+        if spec.rs:
+            drop(f"rejection sampling ({_RS_KEY}: {','.join(c.option for c in spec.rs)})", rs=())
+        if spec.batch_normalize:
+            drop("batch normalization of the IS weights", batch_normalize=False)
+    if gen.name == "gen0" and spec.is_level == "sequence":
+        notes.append(
+            f"{label} weights tokens only: the sequence-level weight becomes a token-level one "
+            f"with the same cap {spec.is_upper!r}"
+        )
+        spec = replace(spec, is_level="token")
+    if gen.name == "gen2":
+        spec, rs_notes = _gen2_rs(spec, label, gen)
+        notes += rs_notes
+        exact = not spec.rs  # Gen-2 compares ratios where Gen-3 compares k1 log-ratios
+        if gen.seq_norm_all and spec.batch_normalize and spec.is_level == "sequence":
+            notes.append(
+                f"{label} divides sequence weights by their mean over every sequence of the "
+                "batch, fully masked ones counting 0 (later versions skip those)"
+            )
+            exact = False
+
+    name = {"framework": FRAMEWORK, "name": spec.name}
+    if gen.name == "gen0":
+        cap = spec.is_upper if spec.is_level is not None else -1
+        if spec.is_level is not None:
+            exact = False
+            notes.append(
+                f"{label} computes e^d without the later +-20 clamp: a token with log-ratio "
+                "below -20 gets e^d, not e^-20; it applies the weight in the vanilla policy "
+                "loss only"
+            )
+        actor = {"actor": {"tis_imp_ratio_cap": cap}, **_LOG_PROBS}
+        return GenerationConfig(spec, {**name, "actor_rollout_ref": actor}, tuple(notes), exact)
+    if gen.name == "gen1":
+        algorithm = {
+            "rollout_is": spec.is_level is not None,
+            "rollout_is_threshold": spec.is_upper,
+            "rollout_is_threshold_lower": spec.is_lower,
+            "rollout_is_level": spec.is_level or "token",
+            "rollout_is_mode": "truncate" if spec.is_lower is None else "mask",
+            # The Gen-1 default (1e-4) zeroes whole sequences; later generations have no veto.
+            "rollout_is_veto_threshold": None,
+        }
+        config = {**name, "algorithm": algorithm, "actor_rollout_ref": _LOG_PROBS}
+        return GenerationConfig(spec, config, tuple(notes), exact)
+    if gen.name == "gen2":
+        return GenerationConfig(spec, _gen2_config(spec, gen, name), tuple(notes), exact)
+    return GenerationConfig(spec, spec.to_config(), tuple(notes), exact)
+
+
+def _gen2_rs(spec: VerlSpec, label: str, gen: Generation) -> tuple[VerlSpec, list[str]]:
+    """The one rejection criterion Gen-2 can hold: a k1 band at token / sum / mean level."""
+    notes: list[str] = []
+    if (
+        spec.rs
+        and spec.bypass
+        and spec.loss_type == "ppo_clip"
+        and gen.loss_key == "use_policy_gradient"
+    ):
+        notes.append(
+            f"{label}'s bypass PPO loss does not reject on the current policy; "
+            f"{_RS_KEY} dropped (v0.6.1 sets old = rollout and runs the plain PPO loss)"
+        )
+        return replace(spec, rs=()), notes
+    kept = [c for c in spec.rs if c.estimator == "k1" and c.aggregate != "seq_max"][:1]
+    for criterion in spec.rs:
+        if criterion not in kept:
+            notes.append(
+                f"{label} takes one ratio-band rejection level (token, sequence, geometric); "
+                f"`{criterion.option}` dropped"
+            )
+    spec = replace(spec, rs=tuple(kept))
+    if spec.rs:
+        notes.append(
+            f"{label} compares the ratio (per token, e^S, e^G, each exponent clamped to +-20 "
+            f"after aggregating) where Gen-3's `{spec.rs[0].option}` compares the k1 statistic "
+            "of per-token clamped log-ratios: identical unless a token's log-ratio is beyond "
+            "+-20 or a ratio falls within rounding of a bound"
+        )
+    return spec, notes
+
+
+def _gen2_config(spec: VerlSpec, gen: Generation, name: dict[str, str]) -> dict[str, Any]:
+    """Gen-2's `algorithm.rollout_correction` keys for a spec `_gen2_rs` reduced."""
+    rs_level = rs_upper = rs_lower = None
+    if spec.rs:
+        criterion = spec.rs[0]
+        rs_level = {"token": "token", "seq_sum": "sequence", "seq_mean": "geometric"}[
+            criterion.aggregate
+        ]
+        # Gen-3 k1 (L, U) keeps ratios in [1/U, 1/L]; Gen-2 writes that band directly.
+        rs_lower, rs_upper = criterion.kept_ratio
+    correction: dict[str, Any] = {
+        "rollout_is": spec.is_level,
+        "rollout_is_threshold": spec.is_upper if spec.is_level is not None else 2.0,
+        "rollout_is_batch_normalize": spec.batch_normalize,
+        "rollout_rs": rs_level,
+        "rollout_rs_threshold": rs_upper,
+        "rollout_rs_threshold_lower": rs_lower,
+        "rollout_token_veto_threshold": None,
+        "bypass_mode": spec.bypass,
+    }
+    if gen.loss_key == "use_policy_gradient":
+        correction["use_policy_gradient"] = spec.bypass and spec.loss_type == "reinforce"
+    else:
+        correction["loss_type"] = spec.loss_type
+    return {
+        **name,
+        "algorithm": {"rollout_correction": correction},
+        "actor_rollout_ref": _LOG_PROBS,
+    }

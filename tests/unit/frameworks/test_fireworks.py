@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-import iscore.replay
+import iscore
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import fireworks
 from iscore.frameworks.fireworks import PRESETS, FireworksISCorrection, FireworksTIS, parse
+from iscore.replay import framework_module
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import sequences
 
@@ -204,10 +205,10 @@ def test_presets_and_end_to_end_dispatch(edges):
         "token",
     )
     config = {"framework": "fireworks", "tis": {"cap": 2.0, "icepop_threshold": 2.0}}
-    via_dispatch = iscore.replay.replay(edges, config)
+    via_dispatch = iscore.replay(edges, config)
     direct = FireworksTIS(cap=2.0, icepop_threshold=2.0).replay(edges)
     assert torch.equal(via_dispatch.weight, direct.weight)
-    assert iscore.replay.framework_module("fireworks") is fireworks
+    assert framework_module("fireworks") is fireworks
 
 
 @pytest.mark.parametrize("device", DEVICES)

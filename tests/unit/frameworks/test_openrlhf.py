@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-import iscore.replay
+import iscore
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import openrlhf
 from iscore.frameworks.openrlhf import PRESETS, OpenRLHFCorrection, parse
+from iscore.replay import framework_module
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import make_batch, sequences
 
@@ -271,10 +272,10 @@ def test_presets_and_end_to_end_dispatch(edges):
     assert PRESETS["openrlhf_tis"] == OpenRLHFCorrection(enable=True, name="openrlhf_tis")
     check(edges, PRESETS["openrlhf_icepop"])
     config = {"framework": "openrlhf", "args": f"{NEW}_enable {NEW}_type icepop"}
-    via_dispatch = iscore.replay.replay(edges, config)
+    via_dispatch = iscore.replay(edges, config)
     direct = OpenRLHFCorrection(enable=True, type="icepop").replay(edges)
     assert torch.equal(via_dispatch.weight, direct.weight)
-    assert iscore.replay.framework_module("openrlhf") is openrlhf
+    assert framework_module("openrlhf") is openrlhf
 
 
 @pytest.mark.parametrize("device", DEVICES)

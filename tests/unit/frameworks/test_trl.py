@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-import iscore.replay
+import iscore
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import trl
 from iscore.frameworks.trl import PRESETS, TRLCorrection, parse
+from iscore.replay import framework_module
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import sequences
 
@@ -209,10 +210,10 @@ def test_presets_and_end_to_end_dispatch(edges):
     check(edges, PRESETS["trl_default"])
     check(edges, PRESETS["trl_token_tis"])
     config = {"framework": "trl", "grpo_config": {"vllm_importance_sampling_mode": "token_mask"}}
-    via_dispatch = iscore.replay.replay(edges, config)
+    via_dispatch = iscore.replay(edges, config)
     direct = TRLCorrection(mode="token_mask").replay(edges)
     assert torch.equal(via_dispatch.weight, direct.weight)
-    assert iscore.replay.framework_module("trl") is trl
+    assert framework_module("trl") is trl
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-import iscore.replay
+import iscore
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import verl
 from iscore.frameworks.verl import PRESETS, RSCriterion, VerlSpec, parse
+from iscore.replay import framework_module
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
 
@@ -574,7 +575,7 @@ algorithm:
 def test_yaml_layout(tmp_path):
     path = tmp_path / "verl.yaml"
     path.write_text(YAML_CONFIG)
-    spec = iscore.replay.parse_config(path)
+    spec = iscore.parse_config(path)
     assert spec == VerlSpec(
         name="my run",
         is_level="token",
@@ -768,8 +769,8 @@ def test_replay_dispatch(random_batch):
         rollout_rs="seq_mean_k3",
         rollout_rs_threshold=0.001,
     )
-    result = iscore.replay.replay(random_batch, config)
+    result = iscore.replay(random_batch, config)
     expected = reference(random_batch, level="token", upper=2.0, rs=(("seq_mean_k3", None, 1e-3),))
     check(result, expected)
-    assert iscore.replay.framework_module("verl") is verl
+    assert framework_module("verl") is verl
     assert verl.FRAMEWORK == VerlSpec.framework == "verl"

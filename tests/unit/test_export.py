@@ -1,0 +1,771 @@
+"""Config export: round trips per framework, snippets against the frameworks' own keys,
+cross-framework conversions, verl's older config generations and the errors."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from iscore.batch import TokenBatch
+from iscore.errors import ConfigError
+from iscore.export import Canonical, canonical, convert, snippet, to_file_text
+from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
+from iscore.replay import FRAMEWORKS, parse_config
+from tests.conftest import DEVICES
+from tests.unit.frameworks.conftest import edge_batch, make_batch
+
+_RNG = np.random.default_rng(7)
+BATCH = make_batch(
+    [1, 1, 2, *_RNG.lognormal(3.5, 1.0, 24).astype(int).clip(1, 600).tolist()], seed=3, sigma=0.1
+)
+EDGES = edge_batch()
+
+PROPERTY = settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def identical(a, b, batch=BATCH) -> bool:
+    ra, rb = a.replay(batch), b.replay(batch)
+    return torch.equal(ra.weight, rb.weight) and torch.equal(ra.keep, rb.keep)
+
+
+def quiet_parse(config):
+    """parse_config without the warnings some frameworks give on legal but odd settings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return parse_config(config)
+
+
+# ------------------------------------------------------------------ random valid settings
+
+ratio_upper = st.sampled_from([1.001, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0]) | st.floats(1.01, 20.0)
+ratio_lower = st.sampled_from([0.2, 0.5, 0.8, 0.999]) | st.floats(0.05, 0.99)
+
+
+@st.composite
+def verl_specs(draw) -> verl.VerlSpec:
+    fields: dict = {}
+    level = draw(st.sampled_from([None, "token", "sequence"]))
+    if level is not None:
+        fields = {"is_level": level, "is_upper": draw(ratio_upper)}
+        if draw(st.booleans()):
+            fields["is_lower"] = draw(ratio_lower)
+        fields["batch_normalize"] = draw(st.booleans())
+    options = draw(st.lists(st.sampled_from(verl.RS_OPTIONS), unique=True, max_size=3))
+    rs = []
+    for option in options:
+        if option.endswith("k1"):
+            rs.append(verl.RSCriterion(option, upper=draw(ratio_upper), lower=draw(ratio_lower)))
+        else:
+            rs.append(verl.RSCriterion(option, upper=draw(st.sampled_from([0.001, 0.01, 2.5]))))
+    return verl.VerlSpec(
+        rs=tuple(rs),
+        bypass=draw(st.booleans()),
+        loss_type=draw(st.sampled_from(["ppo_clip", "reinforce"])),
+        **fields,
+    )
+
+
+@st.composite
+def skyrl_specs(draw) -> skyrl.SkyRLSpec:
+    loss = draw(st.sampled_from(["regular", "gspo", "rollout_is", "cispo", "dppo"]))
+    anchor = draw(st.sampled_from(["old", "rollout"])) if loss == "cispo" else "old"
+    tis = None if anchor == "rollout" else draw(st.sampled_from([None, "token", "sequence"]))
+    maybe = lambda s: draw(st.none() | s)  # noqa: E731
+    fields = {
+        "tis_ratio_type": tis,
+        "token_tis_ratio_clip_high": draw(ratio_upper),
+        "sequence_tis_ratio_clip_high": draw(ratio_upper),
+        "sequence_mask_metric": draw(st.sampled_from([None, "geometric", "product"])),
+        "geo_mask_low": draw(st.sampled_from([0.99, 0.999])),
+        "geo_mask_high": draw(st.sampled_from([1.01, 1.001])),
+        "product_mask_low": draw(ratio_lower),
+        "product_mask_high": draw(ratio_upper),
+        "outlier_token_is_threshold_low": maybe(st.sampled_from([1e-4, 0.01])),
+        "outlier_token_is_threshold_high": maybe(st.sampled_from([100.0, 20.0])),
+        "policy_loss_type": loss,
+        "eps_clip_low": draw(st.sampled_from([0.2, 0.5, 1.0])),
+        "eps_clip_high": draw(st.sampled_from([0.2, 0.28, 4.0])),
+        "cispo_anchor": anchor,
+        "cispo_eps_clip_low": draw(st.sampled_from([1.0, 0.2])),
+        "cispo_eps_clip_high": draw(st.sampled_from([4.0, 1.0])),
+    }
+    if draw(st.booleans()):
+        fields["token_mask_is_threshold_low"] = draw(ratio_lower)
+        fields["token_mask_is_threshold_high"] = draw(ratio_upper)
+    return skyrl.SkyRLSpec(**fields)
+
+
+@st.composite
+def nemo_specs(draw) -> nemo_rl.NemoRLSpec:
+    enabled = draw(st.booleans())
+    kind = draw(st.sampled_from([None, "tis", "icepop", "seq-mask-tis"])) if enabled else None
+    fields: dict = {"use_importance_sampling_correction": enabled}
+    if kind is not None:
+        fields["truncated_importance_sampling_type"] = kind
+        fields["truncated_importance_sampling_ratio"] = draw(ratio_upper)
+        if kind != "tis" or draw(st.booleans()):
+            fields["truncated_importance_sampling_ratio_min"] = draw(ratio_lower)
+    if kind != "seq-mask-tis":
+        fields["is_correction_level"] = draw(st.sampled_from([None, "token", "sequence_mean"]))
+        if draw(st.booleans()):
+            fields |= {"sequence_level_importance_ratios": True, "token_level_loss": False}
+    return nemo_rl.NemoRLSpec(**fields)
+
+
+@st.composite
+def mis_configs(draw) -> slime.MisConfig:
+    mode = draw(st.sampled_from(["truncate", "clip", "mask"]))
+    level = draw(st.sampled_from(["token", "sequence", "geometric"]))
+    use_rs = draw(st.booleans())
+    return slime.MisConfig(
+        use_rs=use_rs,
+        tis_level=level,
+        rs_level=draw(st.sampled_from(["token", "sequence", "geometric"])),
+        tis_mode=mode,
+        tis_lower_bound=draw(st.none() | ratio_lower),
+        tis_upper_bound=draw(ratio_upper),
+        rs_lower_bound=draw(st.none() | ratio_lower),
+        rs_upper_bound=draw(st.none() | ratio_upper),
+        rs_veto_threshold=draw(st.none() | st.sampled_from([1e-4, 1e-6])),
+        tis_batch_normalize=level != "geometric" and draw(st.booleans()),
+    )
+
+
+@st.composite
+def slime_specs(draw) -> slime.SlimeCorrection:
+    function = draw(st.sampled_from(["vanilla", "icepop", "mis", "off_policy_is"]))
+    use_tis = draw(st.booleans())
+    metrics = draw(st.booleans())
+    called = use_tis or metrics
+    return slime.SlimeCorrection(
+        use_tis=use_tis,
+        get_mismatch_metrics=metrics,
+        tis_function=function,
+        tis_clip=draw(ratio_upper),
+        tis_clip_low=draw(st.sampled_from([0.0, 0.5]) | ratio_lower),
+        use_rollout_logprobs=draw(st.booleans()),
+        mis=draw(mis_configs()) if function == "mis" and called else None,
+        ignored_flags=draw(st.sampled_from([(), ("--calculate-per-token-loss",)])),
+    )
+
+
+@st.composite
+def areal_specs(draw) -> areal.ArealCorrection:
+    decoupled = draw(st.booleans())
+    rs = None
+    if draw(st.booleans()):
+        level = draw(st.sampled_from(["token", "sequence"]))
+        metric = draw(st.sampled_from(["ratio", "kl_k1", "kl_k2", "kl_k3"]))
+        action = draw(st.sampled_from(["mask", "clamp"])) if metric == "ratio" else "mask"
+        if metric == "ratio":
+            upper, lower = draw(ratio_upper), draw(st.none() | ratio_lower)
+        elif metric == "kl_k1":
+            upper, lower = draw(st.sampled_from([0.01, 0.5])), draw(st.none() | st.just(-0.5))
+        else:
+            upper, lower = draw(st.sampled_from([0.01, 0.5, 2.0])), None
+        agg = draw(st.sampled_from(["sum", "mean", "max"])) if level == "sequence" else "mean"
+        rs = areal.RejectionSampling(level, action, metric, agg, upper, lower)
+    return areal.ArealCorrection(
+        use_decoupled_loss=decoupled,
+        recompute_logprob=draw(st.booleans()),
+        prox_logp_method=draw(st.sampled_from(["recompute", "metrics"])),
+        rejection_sampling=rs,
+        importance_sampling_level=draw(st.sampled_from(["token", "sequence"])),
+    )
+
+
+@st.composite
+def openrlhf_specs(draw) -> openrlhf.OpenRLHFCorrection:
+    kind = draw(st.sampled_from(["tis", "icepop", "seq-mask-tis"]))
+    lower = draw(st.sampled_from([0.5, 0.0, 0.999]) | ratio_lower)
+    if kind == "tis" and draw(st.booleans()):
+        lower = None  # the 2025 single-value threshold
+    return openrlhf.OpenRLHFCorrection(
+        enable=draw(st.booleans()),
+        type=kind,
+        lower=lower,
+        upper=draw(ratio_upper),
+        policy_loss_type=draw(st.sampled_from(["ppo", "gspo"])),
+    )
+
+
+@st.composite
+def trl_specs(draw) -> trl.TRLCorrection:
+    mode = draw(st.sampled_from(["token_truncate", "token_mask", "sequence_truncate",
+                                 "sequence_mask"]))  # fmt: skip
+    clip_max = draw(st.none() | ratio_upper)
+    clip_min = draw(st.none() | ratio_lower)
+    if mode.endswith("_truncate") and clip_max is None and clip_min is None:
+        clip_max = 2.0
+    enabled = draw(st.booleans())
+    use_vllm = draw(st.booleans())
+    losses = ["dapo", "grpo", "dr_grpo", "bnpo", "cispo"]
+    if not (enabled and use_vllm):
+        losses.append("vespo")
+    return trl.TRLCorrection(
+        use_vllm=use_vllm,
+        enabled=enabled,
+        mode=mode,
+        clip_min=clip_min,
+        clip_max=clip_max,
+        loss_type=draw(st.sampled_from(losses)),
+    )
+
+
+@st.composite
+def fireworks_specs(draw) -> fireworks.FireworksTIS | fireworks.FireworksISCorrection:
+    if draw(st.booleans()):
+        return fireworks.FireworksISCorrection(
+            tis_cap=draw(ratio_upper),
+            tis_level=draw(st.sampled_from(["token", "sequence"])),
+            eps_clip=draw(st.sampled_from([0.2, 0.28])),
+            eps_clip_high=draw(st.none() | st.just(0.28)),
+        )
+    level = draw(st.sampled_from(["token", "sequence"]))
+    return fireworks.FireworksTIS(
+        cap=draw(ratio_upper),
+        level=level,
+        icepop_threshold=draw(st.none() | st.sampled_from([2.0, 5.0]))
+        if level == "token"
+        else None,
+        anchor_logp=draw(st.sampled_from(["old_policy", "rollout"])),
+    )
+
+
+SPECS = {
+    "verl": verl_specs(),
+    "skyrl": skyrl_specs(),
+    "nemo_rl": nemo_specs(),
+    "slime": slime_specs(),
+    "areal": areal_specs(),
+    "openrlhf": openrlhf_specs(),
+    "trl": trl_specs(),
+    "fireworks": fireworks_specs(),
+}
+
+
+def from_snippet(spec) -> dict:
+    """The iscore config a user gets by pasting `snippet(spec)` into the framework's config."""
+    text = snippet(spec)
+    config = {"framework": spec.framework, "name": spec.name}
+    if spec.framework not in ("slime", "openrlhf"):
+        return config | yaml.safe_load(text)
+    flags, _, custom = text.partition("\n\n")
+    config["args"] = flags  # the pasted lines, continuations and all
+    if custom:
+        config["custom_config"] = yaml.safe_load(custom)
+    return config
+
+
+# ------------------------------------------------------------------ round trip per framework
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@PROPERTY
+@given(data=st.data())
+def test_export_round_trips(framework, data):
+    spec = data.draw(SPECS[framework])
+    for config in (spec.to_config(), from_snippet(spec), yaml.safe_load(to_file_text(spec))):
+        parsed = quiet_parse(config)
+        assert parsed == spec
+        assert identical(parsed, spec)
+
+
+def test_file_text_is_read_by_replay_as_is(tmp_path):
+    for module in (verl, skyrl, nemo_rl, slime, areal, openrlhf, trl, fireworks):
+        for name, spec in module.PRESETS.items():
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(to_file_text(spec))
+            assert quiet_parse(path) == spec
+
+
+# ------------------------------------------------------------------ snippets, key by key
+
+# verl/trainer/config/algorithm/rollout_correction.yaml @ 1dda039b (verl-project/verl).
+VERL_KEYS = {
+    "rollout_is",
+    "rollout_is_threshold",
+    "rollout_rs",
+    "rollout_rs_threshold",
+    "bypass_mode",
+    "loss_type",
+    "rollout_is_batch_normalize",
+}
+# OffPolicyCorrectionConfig in skyrl/train/config/config.py @ a9564572 (NovaSky-AI/SkyRL).
+SKYRL_KEYS = {
+    "tis_ratio_type",
+    "token_tis_ratio_clip_high",
+    "sequence_tis_ratio_clip_high",
+    "sequence_mask_metric",
+    "geo_mask_high",
+    "geo_mask_low",
+    "product_mask_high",
+    "product_mask_low",
+    "outlier_token_is_threshold_low",
+    "outlier_token_is_threshold_high",
+    "token_mask_is_threshold_low",
+    "token_mask_is_threshold_high",
+}
+
+
+def test_verl_snippet_matches_rollout_correction_yaml():
+    text = snippet(verl.PRESETS["decoupled_geo_rs_token_tis"])
+    assert text == (
+        "algorithm:\n"
+        "  rollout_correction:\n"
+        "    rollout_is: token\n"
+        "    rollout_is_threshold: 2.0\n"
+        "    rollout_is_batch_normalize: false\n"
+        "    rollout_rs: seq_mean_k1\n"
+        "    rollout_rs_threshold: '0.999_1.001'\n"
+        "    bypass_mode: false\n"
+        "    loss_type: ppo_clip\n"
+    )
+    assert set(yaml.safe_load(text)["algorithm"]["rollout_correction"]) == VERL_KEYS
+
+
+def test_verl_flags_are_hydra_overrides():
+    spec = verl.VerlSpec(
+        is_level="token",
+        is_upper=5.0,
+        is_lower=0.5,
+        rs=(verl.RSCriterion("token_k1", 1.6, 0.6), verl.RSCriterion("seq_max_k2", 2.5)),
+    )
+    lines = snippet(spec, "flags").split(" \\\n")
+    assert lines == [
+        "algorithm.rollout_correction.rollout_is=token",
+        "\"algorithm.rollout_correction.rollout_is_threshold='0.5_5.0'\"",
+        "algorithm.rollout_correction.rollout_is_batch_normalize=false",
+        "\"algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2'\"",
+        "\"algorithm.rollout_correction.rollout_rs_threshold='0.6_1.6,2.5'\"",
+        "algorithm.rollout_correction.bypass_mode=false",
+        "algorithm.rollout_correction.loss_type=ppo_clip",
+    ]
+
+
+def test_skyrl_snippet_nesting_and_keys():
+    config = yaml.safe_load(snippet(skyrl.PRESETS["skyrl_geo_mask"]))
+    algorithm = config["trainer"]["algorithm"]
+    assert set(algorithm["off_policy_correction"]) == SKYRL_KEYS
+    assert set(algorithm["cispo"]) == {"cispo_anchor", "cispo_eps_clip_low", "cispo_eps_clip_high"}
+    assert algorithm["off_policy_correction"]["sequence_mask_metric"] == "geometric"
+    flags = snippet(skyrl.PRESETS["skyrl_geo_mask"], "flags").split(" \\\n")
+    # The form of SkyRL's docs (off_policy_correction.mdx): dotted Hydra overrides.
+    assert "trainer.algorithm.off_policy_correction.sequence_mask_metric=geometric" in flags
+    assert "trainer.algorithm.off_policy_correction.geo_mask_low=0.99" in flags
+
+
+def test_nemo_snippet_keys():
+    text = snippet(nemo_rl.PRESETS["nemo_seq_mask_tis"])
+    assert text == (
+        "loss_fn:\n"
+        "  use_importance_sampling_correction: true\n"
+        "  truncated_importance_sampling_type: seq-mask-tis\n"
+        "  truncated_importance_sampling_ratio: 1.002\n"
+        "  truncated_importance_sampling_ratio_min: 0.999\n"
+        "  sequence_level_importance_ratios: false\n"
+        "  token_level_loss: true\n"
+    )
+
+
+def test_slime_snippet_is_flags_plus_mis_yaml():
+    text = snippet(slime.PRESETS["slime_mis_example"])
+    flags, _, custom = text.partition("\n\n")
+    assert flags == (
+        "--use-tis \\\n"
+        "--custom-tis-function-path "
+        "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp \\\n"
+        "--custom-config-path mis.yaml"
+    )
+    assert custom.startswith("# mis.yaml, the YAML --custom-config-path points to\n")
+    # examples/train_infer_mismatch_helper/mis.yaml's keys, plus the use_tis it overrides.
+    assert set(yaml.safe_load(custom)) == {
+        "use_tis", "use_rs", "tis_level", "rs_level", "tis_mode", "tis_lower_bound",
+        "tis_upper_bound", "rs_lower_bound", "rs_upper_bound", "rs_veto_threshold",
+        "tis_batch_normalize",
+    }  # fmt: skip
+    assert snippet(slime.PRESETS["slime_icepop"]) == (
+        "--use-tis \\\n"
+        "--custom-tis-function-path slime.backends.megatron_utils.loss.icepop_function \\\n"
+        "--tis-clip-low 0.5"
+    )
+
+
+def test_slime_tis_with_rollout_logprobs_goes_through_the_yaml():
+    # slime rejects --use-tis beside --use-rollout-logprobs on the command line only.
+    spec = slime.SlimeCorrection(use_tis=True, use_rollout_logprobs=True)
+    config = spec.to_config()
+    assert "--use-tis" not in config["args"].split()
+    assert config["custom_config"] == {"use_tis": True}
+    assert parse_config(config) == spec
+
+
+def test_areal_snippet_keys():
+    text = snippet(areal.PRESETS["areal_token_mask"])
+    actor = yaml.safe_load(text)["actor"]
+    assert actor["use_decoupled_loss"] is True
+    # RejectionSamplingConfig in areal/api/cli_args.py @ 4aef98d8.
+    assert actor["rejection_sampling"] == {
+        "level": "token", "action": "mask", "metric": "ratio", "agg": "mean", "upper": 5.0,
+        "lower": None,
+    }  # fmt: skip
+
+
+def test_openrlhf_flags_current_and_2025_forms():
+    assert snippet(openrlhf.PRESETS["openrlhf_tis"]) == (
+        "--algo.advantage.is_correction_enable \\\n"
+        "--algo.advantage.is_correction_type tis \\\n"
+        "--algo.advantage.is_correction_threshold 0.5 5.0"
+    )
+    old = openrlhf.OpenRLHFCorrection(enable=True, lower=None, upper=2.0)
+    assert snippet(old) == "--enable_vllm_is_correction \\\n--vllm_is_truncated_threshold 2.0"
+    with pytest.raises(ConfigError, match="is_correction_threshold"):
+        openrlhf.OpenRLHFCorrection(type="icepop", lower=None).to_config()
+
+
+def test_trl_snippet_keys_and_flags():
+    text = snippet(trl.PRESETS["trl_token_tis"])
+    assert text.startswith("# GRPOConfig(use_vllm=True, ")
+    # GRPOConfig fields in trl/trainer/grpo_config.py @ f2cd5771.
+    assert yaml.safe_load(text) == {
+        "use_vllm": True,
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_min": None,
+        "vllm_importance_sampling_clip_max": 2.0,
+        "loss_type": "dapo",
+    }
+    assert snippet(trl.PRESETS["trl_token_tis"], "flags").split(" \\\n") == [
+        "--use_vllm true",
+        "--vllm_importance_sampling_correction true",
+        "--vllm_importance_sampling_mode token_truncate",
+        "--vllm_importance_sampling_clip_max 2.0",
+        "--loss_type dapo",
+    ]
+
+
+def test_fireworks_snippet_keys():
+    text = snippet(fireworks.PRESETS["fireworks_deepmath"])
+    assert text.startswith("# training/recipes/rl_loop.py: Config(tis=TISConfig(cap=2.0, ")
+    # TISConfig in training/utils/rl/tis.py, Config.anchor_logp in rl_loop.py @ 76821fa1.
+    assert yaml.safe_load(text) == {
+        "tis": {"cap": 2.0, "level": "token", "icepop_threshold": None},
+        "anchor_logp": "old_policy",
+    }
+    pr169 = yaml.safe_load(snippet(fireworks.FireworksISCorrection(tis_level="sequence")))
+    assert set(pr169["is_correction"]) == {"eps_clip", "eps_clip_high", "tis_cap", "tis_level"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "fmt", "match"),
+    [
+        (slime.PRESETS["slime_tis"], "yaml", "launch flags"),
+        (openrlhf.PRESETS["openrlhf_tis"], "yaml", "launch flags"),
+        (areal.PRESETS["areal_token_mask"], "flags", "no command-line form"),
+        (fireworks.PRESETS["fireworks_default"], "flags", "no command-line form"),
+        (trl.TRLCorrection(mode="token_mask", clip_max=None), "flags", "clip_max: null"),
+        (verl.PRESETS["disabled"], "toml", "`fmt`"),
+    ],
+)
+def test_snippet_format_errors(spec, fmt, match):
+    with pytest.raises(ConfigError, match=match):
+        snippet(spec, fmt)
+
+
+# ------------------------------------------------------------------ canonical
+
+
+def test_canonical_separates_the_traps():
+    # "Sequence-level IS": a product in verl, a geometric mean in AReaL and Fireworks.
+    assert canonical(verl.PRESETS["decoupled_seq_is"]).method == "C2"
+    assert canonical(fireworks.FireworksTIS(level="sequence")).method == "C3"
+    clamp = areal.RejectionSampling(level="sequence", action="clamp")
+    assert canonical(areal.ArealCorrection(True, rejection_sampling=clamp)).method == "C3"
+    # OpenRLHF's TIS is two-sided; verl's is not.
+    assert canonical(openrlhf.PRESETS["openrlhf_tis"]).weights[0].lower == 0.5
+    assert canonical(verl.PRESETS["decoupled_token_is"]).weights[0].lower is None
+    # SkyRL's token mask has no weight; verl's IcePop zeroes the weight in place.
+    assert canonical(skyrl.PRESETS["skyrl_token_mask"]).weights == ()
+    assert canonical(verl.PRESETS["decoupled_token_icepop"]).method == "C4"
+    # verl's k1 bounds keep ratios in [1/U, 1/L].
+    (mask,) = canonical(verl.VerlSpec(rs=(verl.RSCriterion("token_k1", 1.5, 0.5),))).masks
+    assert (math.exp(mask.lower), math.exp(mask.upper)) == pytest.approx((1 / 1.5, 2.0))
+    # NeMo-RL's overflow to 0 is part of its numerics.
+    assert canonical(nemo_rl.PRESETS["nemo_is"]).weights[0].numerics == "overflow_zero"
+
+
+def test_canonical_combinations_are_component_tuples():
+    c = canonical(skyrl.PRESETS["skyrl_tldr_stack"])
+    assert [x.method for x in c.components] == ["C1", "C5", "C7", "C9"]
+    assert c.sequence_over == "kept"
+    c = canonical(verl.PRESETS["decoupled_seq_is_rs"])
+    assert [x.method for x in c.components] == ["C2", "C6"]
+    assert canonical(verl.PRESETS["bypass_ppo_clip"]) == Canonical(anchor="rollout")
+    assert canonical(verl.PRESETS["bypass_pg_is"]).weights[0].numerator == "policy"
+    with pytest.raises(ConfigError, match="`spec`"):
+        canonical(object())
+
+
+def test_canonical_equal_means_identical_replay():
+    # IcePop in five frameworks: the band sits inside e^+-20, so the numerics do not matter.
+    icepops = [
+        verl.PRESETS["decoupled_token_icepop"],
+        nemo_rl.PRESETS["nemo_icepop"],
+        openrlhf.PRESETS["openrlhf_icepop"],
+        slime.SlimeCorrection(use_tis=True, tis_function="icepop", tis_clip_low=0.5, tis_clip=5),
+    ]
+    for spec in icepops[1:]:
+        assert canonical(spec) == canonical(icepops[0])
+        assert identical(spec, icepops[0], EDGES)
+
+
+# ------------------------------------------------------------------ cross-framework conversions
+
+
+@pytest.mark.parametrize("source", FRAMEWORKS)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_conversions_are_exact_only_when_they_replay_identically(source, data):
+    spec = data.draw(SPECS[source])
+    for to in FRAMEWORKS:
+        out = convert(spec, to)
+        assert out.spec.framework == to
+        assert quiet_parse(out.spec.to_config()) == out.spec
+        if out.exact:
+            assert identical(spec, out.spec) and identical(spec, out.spec, EDGES)
+        else:
+            assert out.notes
+        # Whatever the target does differently is named: without a specific note, the target
+        # is the source's rule (up to floating-point paths).
+        generic = ("source (", "loss aggregation", "the same rule")
+        if all(note.startswith(generic) for note in out.notes):
+            assert canonical(out.spec).loosely_equals(canonical(spec))
+
+
+@pytest.mark.parametrize(
+    ("spec", "to"),
+    [
+        (verl.PRESETS["decoupled_token_is"], "skyrl"),
+        (verl.PRESETS["decoupled_token_is"], "slime"),
+        (verl.PRESETS["decoupled_token_is"], "fireworks"),
+        (verl.PRESETS["decoupled_seq_is"], "skyrl"),
+        (nemo_rl.PRESETS["nemo_icepop"], "verl"),
+        (nemo_rl.PRESETS["nemo_icepop"], "openrlhf"),
+        (openrlhf.PRESETS["openrlhf_tis"], "trl"),
+        (openrlhf.PRESETS["openrlhf_tis"], "areal"),
+        (skyrl.PRESETS["skyrl_cispo_rollout"], "verl"),
+        (verl.PRESETS["bypass_ppo_clip"], "slime"),
+        (fireworks.PRESETS["fireworks_deepmath"], "verl"),
+    ],
+)
+def test_exact_conversions(spec, to):
+    out = convert(spec, to, batch=BATCH)
+    assert out.exact
+    assert identical(spec, out.spec) and identical(spec, out.spec, EDGES)
+    assert out.difference["identical"]
+    source, target = out.difference["source"], out.difference["target"]
+    # Identical weights; lr_scale still follows each framework's own loss aggregation.
+    assert {k: v for k, v in source.items() if k != "lr_scale"} == {
+        k: v for k, v in target.items() if k != "lr_scale"
+    }
+
+
+def test_bypass_reinforce_becomes_rollout_anchored_cispo():
+    out = convert(verl.VerlSpec(is_level="token", is_upper=3.0, bypass=True,
+                                loss_type="reinforce"), "skyrl")  # fmt: skip
+    assert out.exact
+    assert (out.spec.policy_loss_type, out.spec.cispo_anchor) == ("cispo", "rollout")
+    assert (out.spec.cispo_eps_clip_low, out.spec.cispo_eps_clip_high) == (1.0, 2.0)
+
+
+def from_log_ratios(*sequences: list[float]) -> TokenBatch:
+    """A batch with the given per-token log-ratios d (train = rollout + d), one list each."""
+    d = np.concatenate(sequences)
+    rollout = np.full(d.size, -8.0, dtype=np.float32)
+    train = (rollout + d).astype(np.float32)
+    lengths = [len(x) for x in sequences]
+    return TokenBatch(
+        rollout=torch.from_numpy(rollout),
+        train=torch.from_numpy(train),
+        cu_seqlens=torch.tensor(np.concatenate([[0], np.cumsum(lengths)])),
+        policy=torch.from_numpy(train + _RNG.normal(0.0, 0.05, d.size).astype(np.float32)),
+    )
+
+
+# Sequences that every inexact conversion below treats differently from its source: mild ones
+# that pass geometric masks, wide ones, and a token at ratio e^6 (above SkyRL's outlier bound).
+WILD = from_log_ratios(
+    *(_RNG.normal(0.0, 0.004, n) for n in (3, 50, 200)),
+    *(_RNG.normal(0.0, 0.6, n) for n in (1, 8, 60)),
+    [0.0, 6.0, -0.1],
+)
+
+
+@pytest.mark.parametrize(
+    ("spec", "to", "note"),
+    [
+        # The sequence-IS trap: verl's product becomes AReaL's / Fireworks' geometric mean.
+        (verl.PRESETS["decoupled_seq_is"], "areal", "geometric mean e^G"),
+        (verl.PRESETS["decoupled_seq_is"], "fireworks", "geometric mean e^G"),
+        # OpenRLHF's two-sided TIS has no lower clamp in verl.
+        (openrlhf.PRESETS["openrlhf_tis"], "verl", "no lower clamp"),
+        # SkyRL's token mask removes tokens; verl's IcePop only zeroes their weight.
+        (verl.PRESETS["decoupled_token_icepop"], "skyrl", "removes those from the loss mask"),
+        (skyrl.PRESETS["skyrl_geo_mask"], "nemo_rl", "seq-mask-tis"),
+        (verl.PRESETS["decoupled_k3_rs"], "skyrl", "no SkyRL mask expresses it"),
+        (skyrl.PRESETS["skyrl_outlier_mask"], "verl", "seq_max_k2"),
+    ],
+)
+def test_inexact_conversions_carry_notes_and_the_measured_difference(spec, to, note):
+    out = convert(spec, to, batch=WILD)
+    assert not out.exact
+    assert any(note in line for line in out.notes), out.notes
+    difference = out.difference
+    assert not difference["identical"]
+    for side in ("source", "target"):
+        assert set(difference[side]) == {
+            "weight_mean", "token_masked_fraction", "seq_masked_fraction", "lr_scale",
+        }  # fmt: skip
+        assert all(math.isfinite(v) for v in difference[side].values())
+
+
+def test_side_effects_are_noted_even_when_the_weights_agree():
+    # NeMo-RL's sequence weight needs GSPO's PPO ratio and a sequence-mean loss.
+    out = convert(verl.PRESETS["decoupled_seq_is"], "nemo_rl")
+    assert any("comes with GSPO" in note for note in out.notes)
+    assert (out.spec.sequence_level_importance_ratios, out.spec.token_level_loss) == (True, False)
+    # Fireworks' weight is always on: only its rollout anchor (a bypass) makes it 1.
+    out = convert(verl.PRESETS["disabled"], "fireworks", batch=BATCH)
+    assert out.difference["identical"] and not out.exact
+    assert out.spec.anchor_logp == "rollout"
+    assert any("anchor_logp: rollout" in note for note in out.notes)
+
+
+def test_same_rule_on_another_numerical_path_is_verified_on_the_batch():
+    # verl clamps log-ratios to +-20 before e^d; TRL does not: a token at d = -30 differs.
+    spec = verl.PRESETS["decoupled_token_is"]
+    assert not convert(spec, "trl").exact
+    on_random = convert(spec, "trl", batch=BATCH)
+    assert on_random.exact and on_random.difference["identical"]
+    on_edges = convert(spec, "trl", batch=EDGES)
+    assert not on_edges.exact
+    assert any("differs on the batch" in note for note in on_edges.notes)
+
+
+def test_aggregation_difference_is_noted():
+    out = convert(verl.PRESETS["decoupled_geo_rs"], "skyrl", batch=BATCH)
+    assert any("rejected tokens leave the denominator" in note for note in out.notes)
+    assert any("seq-mean-token-mean" in n for n in convert(skyrl.PRESETS["skyrl_token_tis"],
+                                                            "slime").notes)  # fmt: skip
+
+
+def test_difference_is_skipped_without_the_policy_column():
+    batch = make_batch([3, 4], policy=False)
+    out = convert(verl.PRESETS["bypass_pg_is"], "skyrl", batch=batch)
+    assert out.difference is None
+    assert any("not measured on the batch" in note for note in out.notes)
+
+
+def test_convert_errors_name_the_argument():
+    spec = verl.PRESETS["decoupled_token_is"]
+    with pytest.raises(ConfigError, match=r"Expected `to` to be one of verl, .*'megatron'"):
+        convert(spec, "megatron")
+    with pytest.raises(ConfigError, match=r"`generation` to be None for skyrl"):
+        convert(spec, "skyrl", generation="gen1")
+    with pytest.raises(ConfigError, match=r"Expected `generation` to be one of gen0, .*'v0.5'"):
+        convert(spec, "verl", generation="v0.5")
+
+
+# ------------------------------------------------------------------ verl's older generations
+
+
+def test_verl_gen0_tis_imp_ratio_cap():
+    out = convert(fireworks.PRESETS["fireworks_deepmath"], "verl", generation="gen0")
+    assert yaml.safe_load(out.text) == {
+        "actor_rollout_ref": {
+            "actor": {"tis_imp_ratio_cap": 2.0},
+            "rollout": {"calculate_log_probs": True},
+        }
+    }
+    # Gen-0 has no +-20 clamp: exact only up to tokens below d = -20, which `notes` names.
+    assert not out.exact
+    assert any("without the later +-20 clamp" in note for note in out.notes)
+    off = verl.to_generation(verl.PRESETS["disabled"], "gen0")
+    assert off.config["actor_rollout_ref"]["actor"]["tis_imp_ratio_cap"] == -1 and off.exact
+
+
+def test_verl_gen1_keys_and_dropped_features():
+    out = convert(nemo_rl.PRESETS["nemo_icepop"], "verl", generation="v0.6.0")
+    assert out.exact
+    # algorithm.* of v0.6.0's ppo_trainer.yaml; the veto (default 1e-4) explicitly off.
+    assert yaml.safe_load(out.text)["algorithm"] == {
+        "rollout_is": True,
+        "rollout_is_threshold": 5.0,
+        "rollout_is_threshold_lower": 0.5,
+        "rollout_is_level": "token",
+        "rollout_is_mode": "mask",
+        "rollout_is_veto_threshold": None,
+    }
+    out = convert(verl.PRESETS["decoupled_geo_rs_seq_tis"], "verl", generation="gen1")
+    assert not out.exact
+    assert out.spec == verl.VerlSpec(name="decoupled_geo_rs_seq_tis", is_level="sequence",
+                                     is_upper=2.0)  # fmt: skip
+    assert any("has no rejection sampling" in note for note in out.notes)
+    # Bypass PPO-clip only logs its weight; dropping bypass must not switch the weight on.
+    out = verl.to_generation(verl.VerlSpec(is_level="token", is_upper=2.0, bypass=True), "gen1")
+    assert out.spec.is_level is None and out.config["algorithm"]["rollout_is"] is False
+
+
+def test_verl_gen2_keys():
+    out = convert(verl.PRESETS["decoupled_seq_is_rs"], "verl", generation="v0.7.0")
+    correction = yaml.safe_load(out.text)["algorithm"]["rollout_correction"]
+    # v0.7.0's rollout_correction.yaml: ratio-space RS, a veto key, loss_type.
+    assert correction == {
+        "rollout_is": "sequence",
+        "rollout_is_threshold": 2.0,
+        "rollout_is_batch_normalize": False,
+        "rollout_rs": "sequence",
+        "rollout_rs_threshold": 2.0,
+        "rollout_rs_threshold_lower": 0.5,
+        "rollout_token_veto_threshold": None,
+        "bypass_mode": False,
+        "loss_type": "ppo_clip",
+    }
+    assert not out.exact  # ratio vs k1 comparisons: named in the notes
+    pg = convert(verl.PRESETS["bypass_pg_is"], "verl", generation="v0.6.1")
+    correction = yaml.safe_load(pg.text)["algorithm"]["rollout_correction"]
+    assert correction["use_policy_gradient"] is True and "loss_type" not in correction
+    assert pg.exact
+    icepop = convert(verl.PRESETS["decoupled_token_icepop"], "verl", generation="gen2")
+    assert icepop.spec.is_lower is None and not icepop.exact
+
+
+def test_verl_gen3_before_icepop_strings():
+    out = convert(verl.PRESETS["decoupled_token_icepop"], "verl", generation="v0.7.1")
+    assert (
+        yaml.safe_load(out.text)["algorithm"]["rollout_correction"]["rollout_is_threshold"] == 5.0
+    )
+    assert any("has no IcePop" in note for note in out.notes)
+    current = convert(verl.PRESETS["decoupled_token_icepop"], "verl", generation="v0.8.0")
+    assert current.exact and current.text == snippet(verl.PRESETS["decoupled_token_icepop"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_difference_on_device_matches_cpu(device):
+    spec = verl.PRESETS["decoupled_seq_is"]
+    cpu = convert(spec, "areal", batch=WILD)
+    other = convert(spec, "areal", batch=WILD.to(device))
+    assert other.exact == cpu.exact
+    for side in ("source", "target"):
+        assert other.difference[side] == pytest.approx(cpu.difference[side], rel=1e-6)

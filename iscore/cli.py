@@ -12,7 +12,6 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -20,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import yaml
 from tqdm import tqdm
 
+from iscore import export
 from iscore.analyze import analyze, presets, resolve
 from iscore.columns import parse_mapping
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange, resolve_files
@@ -216,7 +215,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         with _atomic_output(args.json) as tmp:
             Path(tmp).write_text(json.dumps(rec.to_dict(), indent=1) + "\n")
     print(f"\nbest: {rec.best.spec.name}")
-    print(yaml.safe_dump(rec.best.spec.to_config(), sort_keys=False).rstrip())
+    print(export.snippet(rec.best.spec).rstrip())
     return 0
 
 
@@ -228,6 +227,38 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     )
     for note in report.notes:
         print(f"  note: {note}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    spec = resolve(args.config)
+    batch = _open_dump(args).load() if args.dump else None
+    result = export.convert(spec, args.to, generation=args.generation, batch=batch)
+    text = export.to_file_text(result.spec) if args.out else export.snippet(result.spec)
+    if args.generation and args.out is None:
+        text = result.text  # the older generation's own keys
+    if args.out:
+        with _atomic_output(args.out) as tmp:
+            Path(tmp).write_text(text)
+        print(f"wrote {args.out} ({args.to}); `iscore replay --config {args.out}` reads it")
+    else:
+        print(text.rstrip())
+    print(
+        f"# {'exact' if result.exact else 'not exact'}: {spec.name} ({spec.framework}) -> "
+        f"{args.to}",
+        file=sys.stderr,
+    )
+    for note in result.notes:
+        print(f"# note: {note}", file=sys.stderr)
+    if result.difference:
+        for side in ("source", "target"):
+            stats = result.difference[side]
+            print(
+                f"# {side}: mean w {stats['weight_mean']:.4g}, tokens masked "
+                f"{stats['token_masked_fraction']:.2%}, sequences masked "
+                f"{stats['seq_masked_fraction']:.2%}, LR scale {stats['lr_scale']:.4g}",
+                file=sys.stderr,
+            )
     return 0
 
 
@@ -298,11 +329,11 @@ def _cmd_app(args: argparse.Namespace) -> int:
     if paths:
         resolve_files(paths[0])  # a typo fails here, not later in the browser
         script_args = ["--", "--path", str(Path(paths[0]).absolute())]
+    # Streamlit replaces this process, so that signals (Ctrl-C, `docker stop`, kill) reach it
+    # directly and no server is left behind; from the checkout, where its config lives.
+    os.chdir(main.parents[1])
     command = [sys.executable, "-m", "streamlit", "run", str(main), *flags, *script_args]
-    try:
-        return subprocess.run(command, cwd=main.parents[1], check=False).returncode
-    except KeyboardInterrupt:
-        return 130
+    os.execv(sys.executable, command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -421,6 +452,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow reading pickled dumps (SkyRL .pkl); pickles can run code",
     )
     p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser(
+        "export",
+        help="write a setting as a config snippet for any framework",
+        description="Print a setting as the target framework's own config (YAML nesting or CLI "
+        "flags); with --out, write an iscore config file that `iscore replay --config` reads. "
+        "When the target cannot express the setting, its closest equivalent is given with "
+        "notes, and with --dump the measured difference on your data.",
+    )
+    p.add_argument(
+        "--config",
+        required=True,
+        metavar="CFG.yaml|PRESET",
+        help="the setting: a framework config file or a preset name",
+    )
+    p.add_argument("--to", required=True, choices=FRAMEWORKS, help="the target framework")
+    p.add_argument(
+        "--generation",
+        help="verl only: an older config generation "
+        "(gen0, gen1/v0.6.0, gen2/v0.6.1/v0.7.0, v0.7.1, ...)",
+    )
+    p.add_argument("--out", metavar="FILE", help="write an iscore config file instead")
+    p.add_argument(
+        "--dump",
+        nargs="+",
+        metavar="DUMP",
+        help="measure source vs target on this dump (mask rate, LR scale, mean w)",
+    )
+    p.set_defaults(
+        func=_cmd_export, column=[], steps=None, drop_invalid=False, fmt=None, allow_pickle=False
+    )
 
     p = sub.add_parser("presets", help="list the named settings of every framework")
     p.add_argument("--framework", choices=FRAMEWORKS)

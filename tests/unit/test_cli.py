@@ -214,3 +214,25 @@ def test_pickles_are_refused_without_the_flag(tmp_path, capsys):
     (tmp_path / "global_step_1_training_input.pkl").write_bytes(b"\x80\x04K\x01.")
     assert main(["validate", str(tmp_path / "global_step_1_training_input.pkl"), "-q"]) == 2
     assert "--allow-pickle" in capsys.readouterr().err
+
+
+def test_export_prints_snippet_and_writes_a_replayable_file(tmp_path, capsys, dump):
+    from iscore import load
+    from iscore.replay import parse_config, replay
+
+    assert main(["export", "--config", "verl:decoupled_token_icepop", "--to", "nemo_rl"]) == 0
+    captured = capsys.readouterr()
+    assert "truncated_importance_sampling_type: icepop" in captured.out
+    assert "# exact: decoupled_token_icepop (verl) -> nemo_rl" in captured.err
+    out = tmp_path / "nemo.yaml"
+    argv = ["export", "--config", "verl:decoupled_token_icepop", "--to", "nemo_rl"]
+    assert main([*argv, "--out", str(out), "--dump", str(dump)]) == 0
+    err = capsys.readouterr().err
+    assert "# source: mean w" in err and "# target: mean w" in err
+    batch = load(dump)
+    exported = replay(batch, parse_config(out))
+    original = replay(
+        batch, parse_config({"framework": "verl", "preset": "decoupled_token_icepop"})
+    )
+    assert exported.weight.tolist() == original.weight.tolist()
+    assert exported.keep.tolist() == original.keep.tolist()

@@ -1,10 +1,15 @@
-# iscore: CPU image by default; a GPU image with
+# iscore's dashboard (and its CLI). CPU image by default; a GPU image with
 #   docker build --build-arg BASE=pytorch/pytorch:2.7.0-cuda12.6-cudnn9-runtime --build-arg TORCH=skip .
+# Run:
+#   docker run -p 8501:8501 iscore                                  # then open localhost:8501
+#   docker run -p 8501:8501 -v "$PWD/runs:/data:ro" iscore /data    # a dump preloaded
+#   docker run --entrypoint iscore iscore validate data/dense_bf16.parquet
 ARG BASE=python:3.12-slim
 FROM ${BASE}
 
 ARG TORCH=cpu
 WORKDIR /app
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 
 # CPU torch first, so installing the project never pulls the CUDA build.
 RUN if [ "$TORCH" = "cpu" ]; then \
@@ -13,9 +18,15 @@ RUN if [ "$TORCH" = "cpu" ]; then \
 
 COPY pyproject.toml README.md ./
 COPY iscore ./iscore
+COPY app ./app
+COPY .streamlit ./.streamlit
 COPY data ./data
-RUN pip install --no-cache-dir . && useradd --create-home --uid 1000 iscore
+# Editable: `iscore app` runs app/main.py from this checkout, with its .streamlit/config.toml.
+RUN pip install --no-cache-dir -e . && useradd --create-home --uid 1000 iscore
 USER iscore
 
-ENTRYPOINT ["iscore"]
-CMD ["validate", "data/dense_bf16.parquet"]
+EXPOSE 8501
+# Slim images have no curl.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://localhost:8501/_stcore/health', timeout=4).status != 200)"]
+ENTRYPOINT ["iscore", "app", "--server.address=0.0.0.0", "--server.port=8501"]

@@ -1,0 +1,462 @@
+"""Shared helpers of the pages: the session's state, the cached workspaces, plots and errors.
+
+Caching: a loaded dump is an `iscore.session.Workspace` (the batch, and the analyses, settings
+and tuner computed from it on demand, memoized inside). Uploads are cached with
+`st.cache_resource(scope="session")` keyed by the content digest, so each browser session has
+its own and loses it when it disconnects; dumps opened from a server-side path or a bundled
+sample are cached globally, keyed by their files' (path, size, mtime).
+
+State that outlives a page switch lives in `st.session_state` under plain keys; widgets get
+a mirror key (`persist`), since Streamlit drops the state of widgets that are not rendered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+from plotly.subplots import make_subplots
+
+from iscore import export as engine
+from iscore.analyze import Analysis, presets
+from iscore.dump import DumpProblems, StepRange
+from iscore.errors import IscoreError
+from iscore.figures import color
+from iscore.replay import Spec
+from iscore.session import Workspace, digest, fingerprint, open_path, open_uploads
+from iscore.tune import TuneResult
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = sorted((ROOT / "data").glob("*.parquet"))
+"""The bundled sample dumps."""
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+# ------------------------------------------------------------------------------------------
+# Session state
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """How to get the session's dump back from the caches.
+
+    Attributes:
+        kind: "upload" (held in this session's memory) or "path" (a file on the server).
+        key: the uploads' content digest, or the path / glob as typed.
+        label: for people.
+        drop_invalid: whether sequences with invalid log-probs were dropped.
+    """
+
+    kind: str
+    key: str
+    label: str
+    drop_invalid: bool = False
+
+
+def init_state(preload: str | None) -> None:
+    """Defaults of the session's state; `preload` is the dump `iscore app PATH` named."""
+    state = st.session_state
+    if "path" not in state:
+        state.path = preload or ""
+        state.path_pending = bool(preload)
+    for key, value in (("loaded", None), ("settings", []), ("custom", {}), ("notice", None)):
+        state.setdefault(key, value)
+
+
+def persist(key: str, default: Any, *, as_value: bool = False) -> dict[str, Any]:
+    """Widget arguments that keep the widget's value in `st.session_state[key]` across page
+    switches: `st.slider(..., **persist("cap", 2.0))`.
+
+    With `as_value`, the value is passed as the widget's `value=` instead of written to its
+    state: a range `select_slider` is a range only when given a tuple `value`.
+    """
+    st.session_state.setdefault(key, default)
+    widget = f"_w_{key}"
+    if as_value:
+        return {"key": widget, "value": st.session_state[key], "on_change": _store, "args": (key,)}
+    st.session_state[widget] = st.session_state[key]
+    return {"key": widget, "on_change": _store, "args": (key,)}
+
+
+def _store(key: str) -> None:
+    st.session_state[key] = st.session_state[f"_w_{key}"]
+
+
+def selected_steps() -> StepRange | None:
+    """The training steps the user selected on the Data page (None: all)."""
+    chosen = st.session_state.get("step_range")
+    return None if chosen is None else StepRange(*chosen)
+
+
+def say(kind: str, message: str) -> None:
+    """Leave a message for the page's next run (callbacks run before the page draws)."""
+    st.session_state.notice = (kind, message)
+
+
+def notice() -> None:
+    """Show, once, the message `say` left: kind "success", "warning" or "error"."""
+    note = st.session_state.get("notice")
+    if note:
+        st.session_state.notice = None
+        kind, message = note
+        getattr(st, kind)(escape(message))
+
+
+# ------------------------------------------------------------------------------------------
+# Workspaces
+
+
+@st.cache_resource(scope="session", max_entries=3, show_spinner=False)
+def _upload_workspace(
+    key: str, drop_invalid: bool, _files: tuple[tuple[str, bytes], ...] | None
+) -> Workspace:
+    """The uploads' workspace, cached per session by their content digests (`key`); the
+    bytes (`_files`, not hashed) are needed only on the first call."""
+    if _files is None:
+        raise IscoreError(
+            "the uploaded dump is no longer in this session's memory; upload it again"
+        )
+    return open_uploads(_files, drop_invalid=drop_invalid)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def _path_workspace(files: tuple[tuple[str, int, int], ...], drop_invalid: bool) -> Workspace:
+    """A server-side dump's workspace, shared by every session, keyed by its files' (path,
+    size, mtime): a rewritten file is read again."""
+    return open_path([path for path, _, _ in files], drop_invalid=drop_invalid)
+
+
+def upload_digest(upload: Any) -> str:
+    """sha256 of an upload, computed once per uploaded file."""
+    known = st.session_state.setdefault("_digests", {})
+    if upload.file_id not in known:
+        known[upload.file_id] = digest([(upload.name, upload.getvalue())])
+    return known[upload.file_id]
+
+
+def load_uploads(uploads: Sequence[Any], drop_invalid: bool) -> Workspace:
+    """Open uploaded files (Streamlit `UploadedFile`s) as the session's dump, from memory.
+
+    Raises:
+        IscoreError: the files are not a valid dump (`DumpProblems` lists every problem).
+    """
+    key = "+".join(upload_digest(u) for u in uploads)
+    files = tuple((u.name, u.getvalue()) for u in uploads)
+    with st.spinner(f"Reading {len(files)} uploaded file{'s' * (len(files) > 1)}…"):
+        workspace = _upload_workspace(key, drop_invalid, files)
+    label = ", ".join(u.name for u in uploads)
+    _set_loaded(Loaded("upload", key, label, drop_invalid))
+    return workspace
+
+
+def load_path(source: str, drop_invalid: bool) -> Workspace:
+    """Open a dump on the server (file, directory or glob) as the session's dump.
+
+    Raises:
+        IscoreError: nothing matches, or the files are not a valid dump.
+    """
+    with st.spinner(f"Reading {source}…"):
+        workspace = _path_workspace(fingerprint(source), drop_invalid)
+    _set_loaded(Loaded("path", source, source, drop_invalid))
+    return workspace
+
+
+def _set_loaded(loaded: Loaded) -> None:
+    if st.session_state.loaded != loaded:
+        st.session_state.loaded = loaded
+        st.session_state.pop("step_range", None)
+        st.session_state.pop("_w_step_range", None)
+
+
+def workspace() -> Workspace | None:
+    """The session's dump, or None before one is loaded (errors are shown in the page)."""
+    loaded: Loaded | None = st.session_state.get("loaded")
+    if loaded is None:
+        return None
+    try:
+        if loaded.kind == "upload":
+            return _upload_workspace(loaded.key, loaded.drop_invalid, None)
+        return _path_workspace(fingerprint(loaded.key), loaded.drop_invalid)
+    except IscoreError as e:
+        show_error(e)
+        return None
+
+
+def require_workspace() -> Workspace:
+    """The session's dump; without one, a pointer to the Data page and the page stops."""
+    ws = workspace()
+    if ws is None:
+        st.info("Load a dump first: upload one, open a server path or pick a sample.")
+        st.page_link("pages/data.py", label="Go to the Data page", icon=":material/upload:")
+        st.stop()
+    return ws
+
+
+def compute(what: str, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` under a spinner saying `what` (workspaces memoize, so repeats are free)."""
+    with st.spinner(what):
+        return fn(*args)
+
+
+# ------------------------------------------------------------------------------------------
+# Errors
+
+
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>|$~])")
+
+
+def escape(text: str) -> str:
+    """Text shown literally by Streamlit's Markdown (paths and column names have `_`, `*`)."""
+    return _MARKDOWN.sub(r"\\\1", text)
+
+
+def show_error(error: Exception) -> None:
+    """An error the user can fix, as the CLI words it: every problem of a dump, listed."""
+    if isinstance(error, DumpProblems):
+        count = len(error.problems)
+        items = "\n".join(f"- {escape(str(p))}" for p in error.problems)
+        st.error(f"**{count} problem{'s' * (count > 1)}:**\n\n{items}", icon=":material/error:")
+    else:
+        st.error(escape(str(error)), icon=":material/error:")
+
+
+# ------------------------------------------------------------------------------------------
+# Settings (the Compare list)
+
+
+def label(spec: Spec) -> str:
+    """`framework:name`, the form of `iscore.analyze.presets()` keys."""
+    return f"{spec.framework}:{spec.name}"
+
+
+def settings() -> list[Spec]:
+    """The session's settings, in order: setting i is drawn in `iscore.figures.color(i)`."""
+    return list(st.session_state.settings)
+
+
+def known_settings() -> dict[str, Spec]:
+    """Every setting the user can pick: the presets and those added this session."""
+    return {**presets(), **st.session_state.custom}
+
+
+def add_setting(spec: Spec) -> str:
+    """Add a custom setting to the Compare list (renamed if its label is taken by another
+    setting); returns its label."""
+    known = known_settings()
+    name, n = spec.name, 1
+    while label(spec) in known and known[label(spec)] != spec:
+        n += 1
+        spec = replace(spec, name=f"{name}_{n}")
+    st.session_state.custom[label(spec)] = spec
+    if spec not in st.session_state.settings:
+        st.session_state.settings.append(spec)
+    return label(spec)
+
+
+SUMMARY_COLUMNS = (
+    ("weight_mean", "mean w (token)", "{:.4g}"),
+    ("weight_mean_seq", "mean w (seq)", "{:.4g}"),
+    ("ess", "ESS", "{:.1%}"),
+    ("lr_scale", "LR scale", "{:.4g}"),
+    ("token_masked_fraction", "tokens masked", "{:.2%}"),
+    ("seq_masked_fraction", "sequences masked", "{:.2%}"),
+    ("truncated_high_fraction", "truncated high", "{:.2%}"),
+    ("truncated_low_fraction", "truncated low", "{:.2%}"),
+)
+"""The columns of the settings table: key of `Analysis.settings`, header, format."""
+
+
+def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
+    """One row per setting; each column's lowest value in blue, highest in red."""
+    rows = [
+        {
+            "setting": f"{s['name']} ({s['framework']})",
+            "loss aggregation": s["aggregation"],
+            **{header: s.get(key) for key, header, _ in SUMMARY_COLUMNS},
+        }
+        for s in analysis.settings
+    ]
+    frame = pd.DataFrame(rows)
+    numeric = [header for _, header, _ in SUMMARY_COLUMNS]
+    varying = [c for c in numeric if frame[c].nunique(dropna=True) > 1]
+    names = {f"{s['name']} ({s['framework']})": i for i, s in enumerate(analysis.settings)}
+    return (
+        frame.style.format({header: fmt for _, header, fmt in SUMMARY_COLUMNS}, na_rep="-")
+        .highlight_min(subset=varying, color="#dbe8fb")
+        .highlight_max(subset=varying, color="#fbdcd8")
+        .map(lambda v: f"color: {color(names[v])}; font-weight: 600", subset=["setting"])
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Exported:
+    """A setting written for one framework.
+
+    Attributes:
+        snippet: the text to paste into the framework's own config (YAML or flags).
+        config: the iscore config file (YAML with `framework:`), for `iscore replay --config`.
+        exact: whether the framework's setting replays identically to the chosen one.
+        notes: what differs, and numerical fine print.
+        difference: measured on the loaded dump: a table of both settings' headline numbers.
+    """
+
+    snippet: str
+    config: str
+    exact: bool
+    notes: tuple[str, ...]
+    difference: pd.DataFrame | None
+
+
+def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -> Exported:
+    """`spec` as a setting of `framework` (`iscore.export.convert`), measured on the selected
+    steps when the framework differs; memoized with the workspace."""
+
+    def convert() -> Exported:
+        batch = None if framework == spec.framework else ws.batch(steps)
+        result = engine.convert(spec, framework, batch=batch)
+        difference = None
+        if result.difference is not None:
+            difference = pd.DataFrame(
+                {
+                    label(spec): result.difference["source"],
+                    f"as {framework}": result.difference["target"],
+                }
+            )
+        return Exported(
+            result.text,
+            engine.to_file_text(result.spec),
+            result.exact,
+            tuple(result.notes),
+            difference,
+        )
+
+    return ws.cached(("export", spec, framework, ws.selection(steps)), convert)
+
+
+# ------------------------------------------------------------------------------------------
+# Plots
+
+
+def plot(figure: dict[str, Any] | go.Figure) -> None:
+    """Show a figure (an `iscore.figures` dict or a plotly Figure) across the column."""
+    st.plotly_chart(figure, width="stretch", config=PLOT_CONFIG, theme=None)
+
+
+def _layout(title: str, x: str, y: str, height: int = 320, **extra: Any) -> dict[str, Any]:
+    return {
+        "title": {"text": title, "x": 0.01, "xanchor": "left"},
+        "xaxis": {"title": {"text": x}},
+        "yaxis": {"title": {"text": y}},
+        "height": height,
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 50},
+        "template": "plotly_white",
+        "legend": {"orientation": "h", "y": -0.25},
+        **extra,
+    }
+
+
+def length_figure(summary: dict[str, Any]) -> dict[str, Any]:
+    """The pre-binned histogram of sequence lengths."""
+    edges = np.asarray(summary["length_hist"]["edges"])
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "x": ((edges[:-1] + edges[1:]) / 2).tolist(),
+                "width": np.diff(edges).tolist(),
+                "y": summary["length_hist"]["counts"],
+                "marker": {"color": "#1f77b4"},
+                "hovertemplate": "length ≈ %{x:.0f}: %{y} sequences<extra></extra>",
+            }
+        ],
+        "layout": _layout("Sequence lengths", "tokens per sequence", "sequences", bargap=0.05),
+    }
+
+
+def sequence_figure(tokens: dict[str, np.ndarray], title: str) -> go.Figure:
+    """One sequence's rollout and train log-probs, and d, along its positions (WebGL)."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4])
+    pos = tokens["pos"]
+    # The trainer's curve wide and light under the rollout's: where they differ, it shows.
+    for name, values, line in (
+        ("train log-prob", tokens["train"], {"color": "#ffbb78", "width": 3}),
+        ("rollout log-prob", tokens["rollout"], {"color": "#1f77b4", "width": 1}),
+    ):
+        fig.add_trace(go.Scattergl(x=pos, y=values, name=name, mode="lines", line=line), 1, 1)
+    fig.add_trace(
+        go.Scattergl(
+            x=pos, y=tokens["d"], name="d = train - rollout", mode="lines",
+            line={"color": "#d62728", "width": 1},
+        ),
+        row=2,
+        col=1,
+    )  # fmt: skip
+    fig.add_hline(y=0.0, line={"dash": "dot", "color": "#555", "width": 1}, row=2, col=1)
+    fig.update_layout(_layout(title, "", "", height=460), legend={"orientation": "h", "y": -0.15})
+    fig.update_yaxes(title_text="log-prob (nats)", row=1, col=1)
+    fig.update_yaxes(title_text="d (nats)", row=2, col=1)
+    fig.update_xaxes(title_text="position in the sequence", row=2, col=1)
+    return fig
+
+
+READOUTS = (
+    ("token_masked_fraction", "tokens with weight 0", "#1f77b4"),
+    ("seq_masked_fraction", "sequences masked", "#ff7f0e"),
+    ("truncated_fraction", "tokens truncated", "#2ca02c"),
+    ("ess", "ESS", "#9467bd"),
+    ("lr_scale", "LR scale", "#d62728"),
+)
+"""The read-outs of a threshold setting: `TuneResult` field, label, color."""
+
+
+def tune_figure(
+    bound: str,
+    xs: Sequence[float],
+    results: Sequence[TuneResult],
+    value: float,
+    fields: Sequence[str],
+) -> dict[str, Any]:
+    """The read-outs `fields` across one threshold's range, with the chosen value marked."""
+    data = []
+    for field, name, shade in READOUTS:
+        if field not in fields:
+            continue
+        ys = [getattr(r, field) for r in results]
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines",
+                "x": list(xs),
+                "y": ys,
+                "name": name,
+                "line": {"color": shade, "dash": "dash" if field == "lr_scale" else "solid"},
+            }
+        )
+    layout = _layout(
+        f"Read-outs across {bound}", f"{bound} (log scale)", "fraction / scale", height=300
+    )
+    # Decades only: the 2..9 between them crowd a half-width plot.
+    layout["xaxis"].update(type="log", minorloglabels="none")
+    layout["yaxis"]["rangemode"] = "tozero"
+    layout["shapes"] = [
+        {
+            "type": "line", "yref": "paper", "y0": 0, "y1": 1, "x0": value, "x1": value,
+            "line": {"dash": "dot", "color": "#000", "width": 1.5},
+            "label": {"text": f"{value:.4g}", "textposition": "end", "font": {"size": 11}},
+        },
+        {
+            "type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 1, "y1": 1,
+            "line": {"dash": "dot", "color": "#999", "width": 1},
+        },
+    ]  # fmt: skip
+    return {"data": data, "layout": layout}

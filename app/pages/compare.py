@@ -1,0 +1,113 @@
+"""Compare: any number of correction settings side by side on the loaded dump."""
+
+from __future__ import annotations
+
+import common
+import streamlit as st
+import yaml
+
+from iscore import figures
+from iscore.errors import IscoreError
+from iscore.replay import FRAMEWORKS, parse_config
+from iscore.session import FAMILIES, family_spec, frameworks_for
+
+ws = common.require_workspace()
+steps = common.selected_steps()
+state = st.session_state
+known = common.known_settings()
+
+
+def _pick() -> None:
+    state.settings = [known[key] for key in state._w_compare]
+
+
+def _add_pasted() -> None:
+    try:
+        config = yaml.safe_load(state.paste_yaml) if state.paste_yaml.strip() else None
+        common.say("success", f"Added {common.add_setting(parse_config(config))}.")
+    except yaml.YAMLError as e:
+        common.say("error", f"Not valid YAML: {e}")
+    except IscoreError as e:
+        common.say("error", str(e))
+
+
+def _add_built() -> None:
+    family = state.build_family
+    values = [state[f"build_{family}_{bound}"] for bound in FAMILIES[family].bounds]
+    try:
+        spec = family_spec(family, values, state.build_framework, state.build_name.strip() or None)
+        common.say("success", f"Added {common.add_setting(spec)}.")
+    except IscoreError as e:
+        common.say("error", str(e))
+
+
+st.title("Compare settings")
+common.notice()
+state._w_compare = [common.label(s) for s in common.settings()]
+st.multiselect(
+    "Settings compared: framework presets, and the settings added below or on the Tune page",
+    list(known),
+    key="_w_compare",
+    on_change=_pick,
+    placeholder="Pick presets, e.g. verl:decoupled_geo_rs",
+)
+
+with st.expander("Add a setting of your own", icon=":material/add:"):
+    paste, build = st.tabs(["Paste a framework config", "Build one"])
+    with paste:
+        st.text_area(
+            "YAML: the framework's own config plus a top-level `framework:` (and `name:`)",
+            key="paste_yaml",
+            height=180,
+            placeholder="framework: verl\nname: my_tis\nalgorithm:\n  rollout_correction:\n"
+            "    rollout_is: token\n    rollout_is_threshold: 2.0",
+        )
+        st.button("Add this config", icon=":material/add:", on_click=_add_pasted)
+    with build:
+        cols = st.columns(2)
+        framework = cols[0].selectbox("Framework", FRAMEWORKS, key="build_framework")
+        family = cols[1].selectbox(
+            "Method",
+            [k for k in FAMILIES if framework in frameworks_for(k)],
+            format_func=lambda k: FAMILIES[k].label,
+            key="build_family",
+        )
+        st.caption(FAMILIES[family].rule)
+        bounds = FAMILIES[family].bounds
+        cols = st.columns(len(bounds) + 1)
+        for col, bound, default in zip(cols, bounds, FAMILIES[family].defaults, strict=False):
+            col.number_input(
+                bound, value=default, min_value=0.0, format="%.4g", key=f"build_{family}_{bound}"
+            )
+        cols[-1].text_input("Name (optional)", key="build_name")
+        st.button("Add this setting", icon=":material/add:", on_click=_add_built)
+
+specs = common.settings()
+if not specs:
+    st.info("Pick at least one setting to compare.")
+    st.stop()
+for spec in specs:
+    try:
+        common.compute(f"Replaying {common.label(spec)}…", ws.setting, spec, steps)
+    except IscoreError as e:
+        state.settings.remove(spec)
+        common.say("warning", f"Removed {common.label(spec)}: {e}")
+        st.rerun()
+analysis = ws.analysis(specs, steps)
+
+st.subheader("Summary")
+st.dataframe(common.summary_table(analysis), hide_index=True, width="stretch")
+st.caption(
+    "Setting names in their plot colors; each column's lowest value in blue, highest in red. "
+    "LR scale: the corrected gradient's size relative to the uncorrected one under the "
+    "framework's loss aggregation."
+)
+for figure in (
+    figures.weight_histogram(analysis, "weight"),
+    figures.weight_histogram(analysis, "raw"),
+    figures.collapse_by_length(analysis),
+    figures.mask_rate_by_length(analysis),
+    figures.mask_rates(analysis),
+    figures.lr_scale_by_step(analysis),
+):
+    common.plot(figure)

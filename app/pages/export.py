@@ -1,0 +1,99 @@
+"""Export: a setting of the Compare list as a config for any framework, and the analysis as an
+HTML report or JSON."""
+
+from __future__ import annotations
+
+import json
+
+import common
+import streamlit as st
+
+from iscore.errors import IscoreError
+from iscore.replay import FRAMEWORKS
+from iscore.report import render_html
+
+ws = common.require_workspace()
+steps = common.selected_steps()
+specs = common.settings()
+st.title("Export")
+
+st.subheader("A setting as a framework config")
+if not specs:
+    st.info("The Compare list is empty: add a setting there (or on the Tune page) first.")
+    st.page_link("pages/compare.py", label="Go to Compare", icon=":material/arrow_forward:")
+else:
+    labels = [common.label(s) for s in specs]
+    if st.session_state.get("export_setting") not in labels:
+        st.session_state.export_setting = labels[0]
+    cols = st.columns(2)
+    choice = cols[0].selectbox(
+        "Setting (from the Compare list)", labels, **common.persist("export_setting", labels[0])
+    )
+    spec = specs[labels.index(choice)]
+    to = cols[1].selectbox(
+        "As a config of",
+        FRAMEWORKS,
+        index=FRAMEWORKS.index(spec.framework),
+        key=f"export_to_{choice}",
+    )
+    try:
+        out = common.compute(f"Writing it for {to}…", common.export, ws, spec, to, steps)
+    except IscoreError as e:
+        common.show_error(e)
+    else:
+        if not out.exact:
+            st.warning(
+                "**Not an exact translation.** "
+                + common.escape(" ".join(out.notes) or "The settings replay differently.")
+            )
+        elif to != spec.framework:
+            st.success("An exact translation: it replays identically on any dump.")
+        if out.exact and out.notes:
+            st.info(common.escape(" ".join(out.notes)))
+        if out.difference is not None:
+            st.dataframe(out.difference, width="content")
+        flags = out.snippet.lstrip().startswith("--")
+        st.code(out.snippet, language="bash" if flags else "yaml")
+        cols = st.columns(2)
+        cols[0].download_button(
+            "Download the snippet",
+            out.snippet,
+            file_name=f"{spec.name}.{to}.{'sh' if flags else 'yaml'}",
+            mime="text/plain",
+            icon=":material/download:",
+            on_click="ignore",
+        )
+        if out.config != out.snippet:
+            cols[1].download_button(
+                "Download the iscore config",
+                out.config,
+                file_name=f"{spec.name}.{to}.iscore.yaml",
+                mime="text/yaml",
+                icon=":material/download:",
+                on_click="ignore",
+                help="For `iscore replay --config FILE` and the Compare page",
+            )
+
+st.subheader("The analysis")
+st.caption(
+    "The mismatch diagnostics and every setting of the Compare list on the selected steps: a "
+    "self-contained HTML report (opens with no network) or the versioned JSON document."
+)
+analysis = common.compute("Preparing the analysis…", ws.analysis, specs, steps)
+cols = st.columns(2)
+cols[0].download_button(
+    "HTML report",
+    lambda: render_html(analysis),
+    file_name="iscore-report.html",
+    mime="text/html",
+    icon=":material/description:",
+    on_click="ignore",
+)
+cols[1].download_button(
+    "Analysis JSON",
+    lambda: json.dumps(analysis.to_dict(), indent=1, allow_nan=False),
+    file_name="iscore-analysis.json",
+    mime="application/json",
+    icon=":material/data_object:",
+    on_click="ignore",
+)

@@ -1,0 +1,101 @@
+"""Mismatch: how far apart the rollout and trainer log-probs are, where, and whether it looks
+like a bug rather than noise."""
+
+from __future__ import annotations
+
+import common
+import pandas as pd
+import streamlit as st
+
+from iscore import figures
+from iscore.mismatch import DEFINITIONS, METRIC_NAMES
+
+ws = common.require_workspace()
+analysis = common.compute(
+    "Computing the mismatch diagnostics…", ws.mismatch, common.selected_steps()
+)
+m = analysis.mismatch
+
+st.title("Mismatch")
+st.caption(
+    "d = train_logprob - rollout_logprob over loss tokens; k3 = e^d - 1 - d estimates "
+    "KL(rollout ‖ train)."
+)
+for flag in m["flags"]:
+    st.warning(
+        f"**{flag['code']}**: {common.escape(flag['message'])}", icon=":material/bug_report:"
+    )
+if not m["flags"]:
+    st.success("No signature of a semantics bug: the mismatch looks like numerical noise.")
+
+cols = st.columns(4)
+cols[0].metric("mean |d|", f"{m['abs_diff_mean']:.3g}", border=True)
+cols[1].metric("max |d|", f"{m['abs_diff_max']:.3g}", border=True)
+cols[2].metric("k3", f"{m['k3']:.3g}", border=True)
+cols[3].metric(
+    "<e^d>", f"{m['ratio_mean']:.4f}", help="1 in expectation when both sides are right",
+    border=True,
+)  # fmt: skip
+
+left, right = st.columns(2)
+with left:
+    common.plot(figures.abs_diff_histogram(analysis))
+    common.plot(figures.mismatch_by(analysis, "by_pos"))
+    common.plot(figures.mismatch_by(analysis, "by_step"))
+with right:
+    common.plot(figures.mismatch_by(analysis, "by_prob"))
+    common.plot(figures.mismatch_by(analysis, "by_length"))
+    common.plot(figures.joint_histogram(analysis))
+
+st.subheader("The numbers, and what each framework logs them as")
+st.dataframe(
+    pd.DataFrame(
+        [
+            {
+                "statistic": key,
+                "value": m.get(key),
+                "definition": DEFINITIONS[key],
+                "logged as": "; ".join(names),
+            }
+            for key, names in METRIC_NAMES.items()
+        ]
+    ),
+    column_config={
+        "value": st.column_config.NumberColumn(format="%.4g"),
+        "definition": st.column_config.TextColumn(width="large"),
+        "logged as": st.column_config.TextColumn(width="large"),
+    },
+    hide_index=True,
+    width="stretch",
+    height=35 * (len(METRIC_NAMES) + 1) + 3,
+)
+
+st.subheader("Worst sequences (largest summed k3)")
+worst = m["worst_sequences"]
+if not worst:
+    st.stop()
+st.dataframe(
+    pd.DataFrame(worst),
+    column_config={
+        key: st.column_config.NumberColumn(format="%.4g")
+        for key in ("abs_diff_mean", "abs_diff_max", "k3_sum", "log_ratio_sum")
+    },
+    hide_index=True,
+    width="stretch",
+    height=240,
+)
+row = st.selectbox(
+    "Sequence to inspect",
+    range(len(worst)),
+    format_func=lambda i: (
+        f"#{i + 1}: step {worst[i]['step']}, seq_id {worst[i]['seq_id']} "
+        f"({worst[i]['tokens']:,} tokens, k3 sum {worst[i]['k3_sum']:.3g})"
+    ),
+)
+pick = worst[row]
+tokens = ws.sequence(pick["step"], pick["seq_id"])
+common.plot(
+    common.sequence_figure(
+        tokens, f"Sequence {pick['seq_id']} of step {pick['step']}: log-probs and d per token"
+    )
+)

@@ -1,0 +1,134 @@
+"""The Data page: uploads, server paths, samples, errors, the step filter, session isolation."""
+
+from __future__ import annotations
+
+import sys
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from streamlit.runtime.caching import cache_resource_api
+from streamlit.testing.v1 import AppTest
+
+from tests.app.conftest import (
+    DATA,
+    metric,
+    new_app,
+    no_exception,
+    open_path,
+    parquet_bytes,
+    plain,
+)
+
+
+def test_landing_page_asks_for_a_dump(at: AppTest) -> None:
+    no_exception(at)
+    assert at.title[0].value == "Data"
+    assert [i.value for i in at.info] == ["No dump loaded yet."]
+    assert at.file_uploader[0].accept_multiple_files
+
+
+def test_upload_shows_the_summary(at: AppTest) -> None:
+    data = (DATA / "dense_bf16.parquet").read_bytes()
+    at.file_uploader[0].upload("dense_bf16.parquet", data, "application/octet-stream").run()
+    no_exception(at)
+    assert metric(at, "Sequences") == "112"
+    assert metric(at, "Tokens") == "106,256"
+    assert metric(at, "Training steps") == "2"
+    hist = at.get("plotly_chart")[0].proto.spec
+    assert '"type":"bar"' in hist.replace(" ", "")
+    assert at.session_state.loaded.kind == "upload"
+
+
+def test_several_uploaded_files_make_one_dump(at: AppTest) -> None:
+    table = pq.read_table(DATA / "dense_bf16.parquet")
+    parts = [table.filter(pc.equal(table["step"], s)) for s in (0, 1)]
+    for i, part in enumerate(parts):
+        at.file_uploader[0].upload(f"step{i}.parquet", parquet_bytes(part))
+    at.run()
+    no_exception(at)
+    assert metric(at, "Sequences") == "112"
+    assert at.subheader[0].value == "2 files"
+
+
+def test_malformed_upload_is_an_error_in_the_page(at: AppTest) -> None:
+    at.file_uploader[0].upload("broken.parquet", b'{"seq_id": 1}\n').run()
+    no_exception(at)
+    assert "not a Parquet file (looks like JSON Lines)" in plain(at.error[0].value)
+    assert at.session_state.loaded is None
+
+
+def test_invalid_values_list_every_problem_and_can_be_dropped(at: AppTest) -> None:
+    table = pq.read_table(DATA / "fp8.parquet")
+    rollout = table["rollout_logprob"].to_pylist()
+    rollout[3][0], rollout[7][5] = float("nan"), 0.5
+    bad = table.set_column(
+        table.schema.get_field_index("rollout_logprob"),
+        "rollout_logprob",
+        pa.array(rollout, pa.list_(pa.float32())),
+    )
+    at.file_uploader[0].upload("bad.parquet", parquet_bytes(bad)).run()
+    no_exception(at)
+    message = plain(at.error[0].value)
+    assert "2 problems" in message and "NaN" in message and "positive" in message
+    at.toggle[0].set_value(True).run()
+    no_exception(at)
+    assert metric(at, "Sequences") == "46"
+    assert "2 sequences dropped" in plain(at.warning[0].value)
+
+
+def test_server_path_and_glob(at: AppTest) -> None:
+    open_path(at, DATA / "drift.parquet")
+    no_exception(at)
+    assert metric(at, "Training steps") == "4"
+    open_path(at, DATA / "nothing_*.parquet")
+    assert "the pattern matches no files" in plain(at.error[0].value)
+    assert metric(at, "Training steps") == "4"  # the dump before stays loaded
+
+
+def test_sample_data(at: AppTest) -> None:
+    at.selectbox[0].set_value(DATA / "offset_bug.parquet")
+    next(b for b in at.button if b.label == "Open sample").click().run()
+    no_exception(at)
+    assert plain(at.subheader[0].value) == "offset_bug.parquet"
+
+
+def test_step_filter_selects_the_steps_for_every_page(at: AppTest) -> None:
+    open_path(at, DATA / "drift.parquet")
+    at.select_slider[0].set_range(1, 2).run()
+    assert metric(at, "Training steps") == "2"
+    at.switch_page("pages/mismatch.py").run()
+    no_exception(at)
+    by_step = next(
+        c.proto.spec for c in at.get("plotly_chart") if "Mismatch by training step" in c.proto.spec
+    )
+    assert '"x":[1,2]' in by_step.replace(" ", "")
+
+
+def test_the_path_given_to_iscore_app_is_preloaded(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["main.py", "--path", str(DATA / "fp8.parquet")])
+    at = new_app()
+    no_exception(at)
+    assert metric(at, "Sequences") == "48"
+
+
+def test_uploads_stay_in_their_session_and_leave_with_it(monkeypatch) -> None:
+    # AppTest gives every app the same session id; the server gives each browser its own.
+    session = {"id": "first"}
+    monkeypatch.setattr(cache_resource_api, "get_session_id_or_throw", lambda: session["id"])
+    first, second = new_app(), new_app()
+    first.file_uploader[0].upload("fp8.parquet", (DATA / "fp8.parquet").read_bytes()).run()
+    assert metric(first, "Sequences") == "48"
+
+    # Another session that asks for the same upload by its digest does not get it.
+    session["id"] = "second"
+    second.session_state["loaded"] = first.session_state.loaded
+    second.run()
+    no_exception(second)
+    assert "no longer in this session's memory" in plain(second.error[0].value)
+
+    session["id"] = "first"
+    assert metric(first.run(), "Sequences") == "48"
+    cache_resource_api.clear_session_cache("first")  # what the server does on disconnect
+    first.switch_page("pages/mismatch.py").run()
+    assert "no longer in this session's memory" in plain(first.error[0].value)

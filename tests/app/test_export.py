@@ -1,0 +1,62 @@
+"""The Export page: a setting as any framework's config, and the report downloads."""
+
+from __future__ import annotations
+
+import yaml
+from streamlit.testing.v1 import AppTest
+
+from iscore.replay import parse_config
+from tests.app.conftest import no_exception
+
+
+def _with_settings(at: AppTest, *settings: str) -> AppTest:
+    at.switch_page("pages/compare.py").run()
+    at.multiselect[0].set_value(list(settings)).run()
+    return at.switch_page("pages/export.py").run()
+
+
+def _downloads(at: AppTest) -> list[str]:
+    return [button.proto.label for button in at.get("download_button")]
+
+
+def test_snippet_and_downloads(loaded: AppTest) -> None:
+    at = _with_settings(loaded, "verl:decoupled_geo_rs")
+    no_exception(at)
+    snippet = at.code[0].value
+    assert "rollout_correction" in snippet
+    spec = parse_config({"framework": "verl", **yaml.safe_load(snippet)})
+    assert spec.rs == parse_config({"framework": "verl", "preset": "decoupled_geo_rs"}).rs
+    assert _downloads(at) == [
+        "Download the snippet",
+        "Download the iscore config",
+        "HTML report",
+        "Analysis JSON",
+    ]
+
+
+def test_as_another_framework(loaded: AppTest) -> None:
+    at = _with_settings(loaded, "verl:decoupled_token_is")
+    at.selectbox(key="export_to_verl:decoupled_token_is").set_value("skyrl").run()
+    no_exception(at)
+    assert "token_tis_ratio_clip_high: 2.0" in at.code[0].value
+    assert "exact translation" in at.success[0].value
+    at.selectbox(key="export_to_verl:decoupled_token_is").set_value("openrlhf").run()
+    no_exception(at)
+    assert at.code[0].language == "bash"  # OpenRLHF is configured by its launch flags
+
+
+def test_an_inexact_translation_says_what_is_lost(loaded: AppTest) -> None:
+    at = _with_settings(loaded, "verl:decoupled_geo_rs")
+    at.selectbox(key="export_to_verl:decoupled_geo_rs").set_value("fireworks").run()
+    no_exception(at)
+    assert "Not an exact translation" in at.warning[0].value
+    assert "no rejection mask" in at.warning[0].value
+    measured = at.dataframe[0].value
+    assert list(measured.columns) == ["verl:decoupled_geo_rs", "as fireworks"]
+
+
+def test_reports_without_settings(loaded: AppTest) -> None:
+    at = loaded.switch_page("pages/export.py").run()
+    no_exception(at)
+    assert "Compare list is empty" in at.info[0].value
+    assert _downloads(at) == ["HTML report", "Analysis JSON"]

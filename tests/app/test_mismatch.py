@@ -1,0 +1,57 @@
+"""The Mismatch page: diagnostics as plots, the numbers with the frameworks' names, bug flags,
+and one worst sequence token by token."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+from streamlit.testing.v1 import AppTest
+
+from tests.app.conftest import DATA, no_exception, open_path, plain
+
+
+def _figures(at: AppTest) -> list[dict]:
+    return [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+
+
+def _values(array: list | dict) -> np.ndarray:
+    """A plotly JSON array: a list, or numpy's bytes in base64 (plotly >= 6)."""
+    if isinstance(array, dict):
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"])
+    return np.asarray(array)
+
+
+def test_without_a_dump_it_points_to_the_data_page(at: AppTest) -> None:
+    at.switch_page("pages/mismatch.py").run()
+    no_exception(at)
+    assert "Load a dump first" in at.info[0].value
+    assert not at.get("plotly_chart")
+
+
+def test_diagnostics_numbers_and_worst_sequence(loaded: AppTest) -> None:
+    at = loaded.switch_page("pages/mismatch.py").run()
+    no_exception(at)
+    titles = [f["layout"]["title"]["text"] for f in _figures(at)]
+    assert titles[0].startswith("Distribution of |d|")
+    assert "Train vs rollout log-prob" in titles
+    assert sum(t.startswith("Mismatch by") for t in titles) == 4
+    assert "No signature of a semantics bug" in at.success[0].value
+
+    numbers = at.dataframe[0].value.set_index("statistic")
+    assert abs(numbers.loc["k3", "value"] - 0.0498) < 1e-3
+    assert "verl rollout_corr/k3_kl" in numbers.loc["k3", "logged as"]
+
+    worst = at.dataframe[1].value
+    curves = _figures(at)[-1]
+    assert {t["type"] for t in curves["data"]} == {"scattergl"}
+    assert len(_values(curves["data"][0]["x"])) == worst.loc[0, "tokens"]
+    at.selectbox[0].set_value(3).run()
+    assert len(_values(_figures(at)[-1]["data"][0]["x"])) == worst.loc[3, "tokens"]
+
+
+def test_bug_flags_are_warnings(at: AppTest) -> None:
+    open_path(at, DATA / "offset_bug.parquet").switch_page("pages/mismatch.py").run()
+    no_exception(at)
+    assert any("ratio_mean_bias" in plain(w.value) for w in at.warning)

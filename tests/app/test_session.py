@@ -1,0 +1,171 @@
+"""`iscore.session`, the engine side of the app: in-memory dumps, workspaces, and the Tune
+families as each framework's own setting."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import iscore
+from iscore.analyze import analyze, presets
+from iscore.dump import Dump, DumpProblems, StepRange
+from iscore.errors import ConfigError
+from iscore.impact import quick_stats
+from iscore.session import (
+    FAMILIES,
+    Workspace,
+    digest,
+    family_spec,
+    frameworks_for,
+    grid,
+    nearest,
+    open_path,
+    open_uploads,
+    query,
+    select_steps,
+    sequence_tokens,
+    sweep,
+)
+from iscore.tune import Tuner
+from tests.app.conftest import DATA
+
+
+def _bytes(path) -> bytes:
+    return (DATA / path).read_bytes()
+
+
+def test_a_dump_in_memory_reads_like_the_file() -> None:
+    batch = Dump.from_buffers([("drift.parquet", _bytes("drift.parquet"))]).load()
+    assert batch.equal(iscore.load(DATA / "drift.parquet"))
+    steps = Dump.from_buffers([("d", _bytes("drift.parquet"))], steps=StepRange(2, 3)).load()
+    assert steps.step.unique().tolist() == [2, 3]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "broken.parquet: empty file (0 bytes)"),
+        (b"PK\x03\x04rest", "not a Parquet file (looks like a zip archive"),
+        (b"PAR1" + b"\x00" * 20, "truncated Parquet file (24 bytes, no footer)"),
+    ],
+)
+def test_broken_uploads_are_named_problems(data: bytes, message: str) -> None:
+    with pytest.raises(DumpProblems) as error:
+        Dump.from_buffers([("broken.parquet", data), ("fp8.parquet", _bytes("fp8.parquet"))])
+    assert len(error.value.problems) == 1
+    assert message in str(error.value.problems[0])
+
+
+def test_missing_columns_are_problems_of_the_upload() -> None:
+    table = pq.read_table(DATA / "fp8.parquet").drop_columns(["train_logprob"])
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    with pytest.raises(DumpProblems) as error:
+        Dump.from_buffers([("no_train.parquet", buffer.getvalue())])
+    assert "no_train.parquet" in str(error.value) and "train_logprob" in str(error.value)
+
+
+def test_digest_is_of_the_contents() -> None:
+    data = _bytes("fp8.parquet")
+    assert digest([("a", data)]) == digest([("b", data)]) != digest([("a", data + b"x")])
+
+
+def test_select_steps_keeps_whole_sequences() -> None:
+    batch = iscore.load(DATA / "drift.parquet")
+    part = select_steps(batch, StepRange(1, 2))
+    keep = ((batch.step >= 1) & (batch.step <= 2)).numpy()
+    assert part.num_sequences == int(keep.sum())
+    assert part.seq_id.to_pylist() == [
+        i for i, k in zip(batch.seq_id.to_pylist(), keep, strict=True) if k
+    ]
+    assert torch.equal(part.lengths, batch.lengths[torch.from_numpy(keep)])
+    assert part.num_tokens == int(part.lengths.sum())
+    assert select_steps(batch, StepRange()) is batch
+
+
+def test_workspace_memoizes_and_matches_analyze() -> None:
+    ws = open_uploads([("drift.parquet", _bytes("drift.parquet"))])
+    spec = presets()["verl:decoupled_geo_rs"]
+    steps = StepRange(1, 2)
+    result = ws.analysis([spec], steps)
+    reference = analyze(select_steps(ws.full, steps), [spec])
+    assert result.settings == reference.settings
+    assert result.mismatch["k3"] == reference.mismatch["k3"]
+    assert ws.setting(spec, steps) is result.settings[0]
+    assert ws.mismatch(StepRange(0, 3)) is ws.mismatch()  # every step is "all steps"
+    assert ws.tuner(steps) is ws.tuner(steps)
+    assert ws.source.files == ("drift.parquet",) and ws.steps == [0, 1, 2, 3]
+
+
+def test_sequence_tokens_by_step_and_id() -> None:
+    batch = iscore.load(DATA / "dense_bf16.parquet")
+    i = 7
+    step, seq_id = int(batch.step[i]), batch.seq_id[i].as_py()
+    tokens = sequence_tokens(batch, step, seq_id)
+    a, b = int(batch.cu_seqlens[i]), int(batch.cu_seqlens[i + 1])
+    np.testing.assert_array_equal(tokens["train"], batch.train[a:b].numpy())
+    np.testing.assert_allclose(tokens["d"], tokens["train"] - tokens["rollout"].astype(float))
+    assert tokens["pos"].tolist() == list(range(b - a))
+    with pytest.raises(iscore.DumpError, match="no sequence"):
+        sequence_tokens(batch, step + 100, seq_id)
+
+
+@pytest.fixture(scope="module")
+def fp8() -> tuple[iscore.TokenBatch, Tuner]:
+    batch = iscore.load(DATA / "fp8.parquet")
+    return batch, Tuner(batch)
+
+
+@pytest.mark.parametrize(
+    ("family", "framework"),
+    [(f, fw) for f in FAMILIES for fw in frameworks_for(f)],
+)
+def test_a_tuned_setting_replays_as_the_tuner_says(fp8, family: str, framework: str) -> None:
+    batch, tuner = fp8
+    values = [
+        nearest(grid(tuner, family)[b], d)
+        for b, d in zip(FAMILIES[family].bounds, FAMILIES[family].defaults, strict=True)
+    ]
+    spec = family_spec(family, values, framework)
+    assert spec.framework == framework
+    tuned = query(tuner, family, values)
+    replayed = quick_stats(batch, spec)
+    assert replayed["weight_mean"] == pytest.approx(tuned.weight_mean, rel=1e-4)
+    if not (framework == "trl" and family == "seq_tis"):  # TRL's float32 e^S underflows to 0
+        masked = replayed["token_masked_fraction"]
+        assert masked == pytest.approx(tuned.token_masked_fraction, abs=1e-6)
+
+
+def test_grids_cover_the_data_and_the_defaults(fp8) -> None:
+    _, tuner = fp8
+    for key, family in FAMILIES.items():
+        values = grid(tuner, key)
+        for bound, default in zip(family.bounds, family.defaults, strict=True):
+            assert default in values[bound]
+            assert values[bound] == sorted(values[bound])
+        if "upper" in values:
+            assert values["upper"][0] == 1.0
+            assert values["upper"][-1] >= tuner.quantiles(family.statistic)[0.999] * 0.999
+
+
+def test_sweep_is_the_query_at_each_point(fp8) -> None:
+    _, tuner = fp8
+    xs = [0.5, 0.8, 0.95]
+    curve = sweep(tuner, "icepop", [0.9, 5.0], 0, xs)
+    assert curve == [tuner.icepop(x, 5.0) for x in xs]
+
+
+def test_a_framework_without_the_family_says_which_have_it() -> None:
+    with pytest.raises(ConfigError, match=r"fireworks has no k3 sequence mask; .*: verl"):
+        family_spec("k3_mask", [0.01], "fireworks")
+
+
+def test_open_path_names_the_dump() -> None:
+    ws = open_path(str(DATA / "fp8.parquet"))
+    assert isinstance(ws, Workspace)
+    assert ws.source.name == "fp8.parquet" and ws.source.layout == "sequence"
+    assert dict(ws.source.columns)["train_logprob"] == "train_logprob"

@@ -1,0 +1,98 @@
+"""Browser tests: `streamlit run app/main.py` on 127.0.0.1, driven in Debian's Chromium.
+
+Never `playwright install`: pytest-playwright launches /usr/bin/chromium instead. The tests
+are skipped, with the reason, where Chromium or playwright is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENS = Path("/tmp/iscore-screens")
+"""Where screenshots of every page are copied for people to look at."""
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
+    """Debian's Chromium, without the sandbox a container lacks and without network chatter."""
+    return {
+        **browser_type_launch_args,
+        "executable_path": str(CHROMIUM),
+        "args": [
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The app served by `streamlit run` on a free local port, until the session ends."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [
+                sys.executable, "-m", "streamlit", "run", "app/main.py",
+                "--server.address", "127.0.0.1", "--server.port", str(port),
+                "--server.headless", "true",
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"},
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            if server.poll() is not None:
+                pytest.fail(f"streamlit exited with {server.returncode}:\n{log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as reply:
+                    if reply.read() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail(f"streamlit did not answer on {url}:\n{log_path.read_text()}")
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+@pytest.fixture(scope="session")
+def screens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A folder for screenshots; copied to /tmp/iscore-screens/ at the end."""
+    folder = tmp_path_factory.mktemp("screens")
+    yield folder
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    for shot in folder.glob("*.png"):
+        shutil.copy(shot, SCREENS / shot.name)

@@ -104,9 +104,9 @@ def weight_histogram(analysis: Analysis, kind: str = "weight") -> Figure:
                 "name": f"{s['name']} ({s['framework']}){zero_share}",
             }
         )
-    what = "applied weight w" if kind == "weight" else "raw ratio (before truncation/masking)"
+    what = "applied weight w" if kind == "weight" else "raw ratio (before truncation or masks)"
     layout = _layout(
-        f"Distribution of the {what} over loss tokens",
+        f"Distribution of the {what}",
         what,
         "fraction of tokens per bin (10 bins/decade)",
         xlog=True,
@@ -317,11 +317,13 @@ def mismatch_by(analysis: Analysis, key: str) -> Figure:
         },
     ]
     layout = _layout(f"Mismatch by {x_title}", x_title, "mean |d| (nats)")
+    # Linear: a log axis over less than a decade shows only stray labels (2, 4, 5).
     layout["yaxis2"] = {
         "title": {"text": "k3"},
         "overlaying": "y",
         "side": "right",
-        "type": "log",
+        "rangemode": "tozero",
+        "tickformat": ".2g",
         "showgrid": False,
     }
     layout["xaxis"]["type"] = "category"

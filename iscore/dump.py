@@ -272,7 +272,7 @@ def _open(
     return parquet, info
 
 
-def _is_framework_dump(item: str | Path) -> bool:
+def is_framework_dump(item: str | Path) -> bool:
     """Whether `item` is a framework's own dump (JSONL, .pt, .pkl) rather than Parquet."""
     path = Path(item)
     if path.is_dir():
@@ -395,7 +395,7 @@ class Dump:
         sources = [source] if isinstance(source, str | Path) else list(source)
         files: list[tuple[str, bytes | None]] = []
         for item in sources:
-            if fmt is not None or _is_framework_dump(item):
+            if fmt is not None or is_framework_dump(item):
                 files.append(_import(item, fmt, allow_pickle))
             else:
                 files.extend((path, None) for path in resolve_files(item))

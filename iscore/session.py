@@ -32,6 +32,7 @@ from iscore.batch import TokenBatch
 from iscore.dump import (
     Dump,
     StepRange,
+    is_framework_dump,
     resolve_files,
 )
 from iscore.errors import ConfigError, DumpError
@@ -182,6 +183,8 @@ class Source:
         layout: "token" or "sequence".
         columns: canonical column -> the file's column it was read from.
         dropped_sequences: sequences dropped as invalid (`drop_invalid`).
+        provenance: for a dump imported from a framework's own files, one line per file
+            saying which framework, source files and steps (empty otherwise).
     """
 
     name: str
@@ -189,6 +192,7 @@ class Source:
     layout: str
     columns: tuple[tuple[str, str], ...]
     dropped_sequences: int = 0
+    provenance: tuple[str, ...] = ()
 
 
 class Workspace:
@@ -221,7 +225,14 @@ class Workspace:
         files = tuple(f.path for f in dump.files)
         name = Path(files[0]).name if len(files) == 1 else f"{len(files)} files"
         columns = tuple(dump.files[0].columns.source.items())
-        return cls(batch, Source(name, files, dump.layout, columns, dump.dropped.sequences))
+        provenance = tuple(
+            f"imported from {p['framework']}: {', '.join(map(str, p.get('source_files', [])))} "
+            f"(steps {', '.join(map(str, p.get('steps', [])))})"
+            for p in dump.provenance
+            if p.get("framework")
+        )
+        source = Source(name, files, dump.layout, columns, dump.dropped.sequences, provenance)
+        return cls(batch, source)
 
     def selection(self, steps: StepRange | None) -> StepRange:
         """`steps`, or StepRange() when it covers every step (one memo entry for "all")."""
@@ -312,8 +323,13 @@ def fingerprint(source: str) -> tuple[tuple[str, int, int], ...]:
     Raises:
         DumpError: nothing matches.
     """
+    if is_framework_dump(source):  # JSONL / .pt / .pkl files, imported when opened
+        root = Path(source)
+        paths = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+    else:
+        paths = resolve_files(source)
     out = []
-    for path in resolve_files(source):
+    for path in paths:
         stat = Path(path).stat()
         out.append((str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns))
     return tuple(out)

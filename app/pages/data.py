@@ -115,6 +115,8 @@ with right:
         hide_index=True,
         width="stretch",
     )
+    for line in source.provenance:
+        st.info(common.escape(line))
     if source.dropped_sequences:
         st.warning(f"{source.dropped_sequences:,} sequences dropped as invalid.")
     with st.expander("Files"):

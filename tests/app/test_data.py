@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pyarrow as pa
@@ -132,3 +133,19 @@ def test_uploads_stay_in_their_session_and_leave_with_it(monkeypatch) -> None:
     cache_resource_api.clear_session_cache("first")  # what the server does on disconnect
     first.switch_page("pages/mismatch.py").run()
     assert "no longer in this session's memory" in plain(first.error[0].value)
+
+
+def test_framework_dump_opens_by_path_and_shows_its_provenance(at: AppTest, tmp_path) -> None:
+    """A NeMo-RL log directory is read directly (format detected) and says where it came from."""
+    line = {
+        "token_loss_mask": [[0, 1, 1]],
+        "generation_logprobs": [[0.0, -0.5, -0.25]],
+        "prev_logprobs": [[0.0, -0.5, -0.375]],
+    }
+    (tmp_path / "train_data_step7.jsonl").write_text(json.dumps(line) + "\n")
+    at = open_path(at, tmp_path)
+    no_exception(at)
+    assert not at.error
+    shown = [plain(info.value) for info in at.info]
+    assert any("imported from nemo_rl" in line for line in shown)
+    assert any("train_data_step7.jsonl (steps 7)" in line for line in shown)

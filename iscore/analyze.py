@@ -12,9 +12,13 @@ field changes meaning or disappears.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -23,6 +27,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import ConfigError
@@ -149,7 +154,7 @@ class Analysis:
 
 
 def analyze(
-    source: str | Path | Dump | TokenBatch,
+    source: str | Path | Dump | TokenBatch | Sequence[TokenBatch],
     settings: Sequence[Setting] = (),
     *,
     max_tokens: int = DEFAULT_CHUNK_TOKENS,
@@ -159,7 +164,8 @@ def analyze(
     """Stream a dump once, computing the mismatch diagnostics and every setting's statistics.
 
     Args:
-        source: a dump path (file, directory, glob), an opened `Dump`, or a loaded batch.
+        source: a dump path (file, directory, glob), an opened `Dump`, a loaded batch, or
+            a list of loaded batches (chunks of whole training steps, analyzed as one dump).
         settings: specs, config mappings, YAML paths or preset names (see `resolve`).
         max_tokens: tokens per streamed chunk; chunks always hold whole training steps, which
             batch-normalizing settings need.
@@ -173,17 +179,26 @@ def analyze(
     if isinstance(source, TokenBatch):
         chunks: Any = [source]
         files = []
+    elif isinstance(source, list | tuple):
+        chunks = list(source)
+        files = []
     else:
         dump = source if isinstance(source, Dump) else Dump(source)
         chunks = dump.batches(max_tokens=max_tokens, whole_steps=True)
         files = [f.path for f in dump.files]
-    for chunk in chunks:
-        batch = chunk.to(device)
-        mismatch.update(batch)
-        for spec, acc in zip(specs, stats, strict=True):
-            acc.update(batch, spec.replay(batch))
-        if progress is not None:
-            progress(batch.num_tokens)
+    # The accumulators' per-token temporaries are allocated once for the whole pass.
+    heap = _HeapGuard()
+    with ops.workspace():
+        for chunk in _prefetched(chunks):
+            batch = chunk.to(device)
+            # d, e^d and the sequence sums every setting needs are computed once per chunk.
+            with ops.shared(batch):
+                mismatch.update(batch)
+                for spec, acc in zip(specs, stats, strict=True):
+                    acc.update(batch, spec.replay(batch))
+            heap.check()
+            if progress is not None:
+                progress(batch.num_tokens)
     summary = mismatch.compute()
     result = Analysis(
         source={
@@ -197,6 +212,88 @@ def analyze(
         settings=[acc.compute() for acc in stats],
     )
     return result
+
+
+class _HeapGuard:
+    """Keeps a long stream's resident memory near that of its first chunks.
+
+    Each chunk frees hundreds of MB of temporaries around the few small arrays the
+    accumulators keep; glibc's heap then fragments and the resident size creeps up (~10 MB
+    per million tokens streamed, none of it live). When it exceeds 1.2x what it was after the
+    first chunks, `malloc_trim` hands the free pages back (a few ms; doing it every chunk
+    would cost 15% in page faults). A no-op where glibc or /proc is missing.
+    """
+
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.baseline = 0
+        try:
+            self.trim = ctypes.CDLL("libc.so.6").malloc_trim
+            self.page = os.sysconf("SC_PAGE_SIZE")
+        except (OSError, AttributeError, ValueError):
+            self.trim = None
+
+    def resident(self) -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * self.page
+
+    def check(self) -> None:
+        if self.trim is None:
+            return
+        self.chunks += 1
+        try:
+            rss = self.resident()
+        except OSError:
+            self.trim = None
+            return
+        if self.chunks <= 3:
+            self.baseline = max(self.baseline, rss)
+        elif rss > 1.2 * self.baseline:
+            self.trim(0)
+
+
+def _prefetched(chunks: Iterable[TokenBatch]) -> Iterator[TokenBatch]:
+    """The chunks, read one ahead in a background thread: Parquet decoding (which releases
+    the GIL) overlaps the replay of the previous chunk. Errors are raised in the caller."""
+    if isinstance(chunks, list):
+        yield from chunks
+        return
+    ready: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    done = object()
+
+    def read() -> None:
+        try:
+            for chunk in chunks:
+                while not stop.is_set():
+                    try:
+                        ready.put((chunk, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ready.put((done, None))
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            ready.put((done, e))
+
+    thread = threading.Thread(target=read, name="iscore-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            chunk, error = ready.get()
+            if error is not None:
+                raise error
+            if chunk is done:
+                return
+            yield chunk
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:  # unblock a producer waiting on a full queue
+                ready.get_nowait()
+            except queue.Empty:
+                thread.join(timeout=0.1)
 
 
 def _clean(value: Any) -> Any:

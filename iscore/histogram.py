@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from iscore import ops
+
 LOG10_RANGE = (-12.0, 8.0)
 """Values between 1e-12 and 1e8 are binned; smaller ones count as underflow, larger overflow."""
 
@@ -65,9 +67,24 @@ class LogHistogram:
 
     def update(self, values: torch.Tensor) -> None:
         """Count `values` (any shape, any device; negative values are not expected)."""
-        x = values.detach().double().flatten()
-        if x.numel() == 0:
-            return
+        binned = bin_values(values)
+        if binned is None:
+            self._update_exact(values.detach().flatten().double())
+        else:
+            self.add(binned)
+
+    def add(self, binned: Binned) -> None:
+        """Count values binned by `bin_values` (for this histogram's bins)."""
+        self.min = min(self.min, binned.low)
+        self.max = max(self.max, binned.high)
+        self.min_positive = min(self.min_positive, binned.min_positive)
+        self.zeros += binned.zeros
+        self.underflow += int(binned.counts[0]) - binned.zeros
+        self.counts += binned.counts[1:-1]
+        self.overflow += int(binned.counts[-1])
+
+    def _update_exact(self, x: torch.Tensor) -> None:
+        """The float64 definition, for inputs with NaN, infinities or negative values."""
         nan = torch.isnan(x)
         finite = torch.isfinite(x)
         self.nan += int(nan.sum())
@@ -142,6 +159,161 @@ class LogHistogram:
         }
 
 
+_BINS = int((LOG10_RANGE[1] - LOG10_RANGE[0]) * BINS_PER_DECADE)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Binned:
+    """Finite, non-negative values counted in `LogHistogram` bins, ready to `add`.
+
+    Attributes:
+        values: the flattened values.
+        index: int32 per value, its slot in `counts`, or None where not kept.
+        counts: int64 [bins + 2]: underflow and zeros, the bins, overflow.
+        zeros, low, high, min_positive: the exact count of zeros, min, max and smallest
+            positive value (inf when none).
+    """
+
+    values: torch.Tensor
+    index: torch.Tensor | None
+    counts: np.ndarray
+    zeros: int
+    low: float
+    high: float
+    min_positive: float
+
+
+def bin_values(
+    values: torch.Tensor,
+    counts: np.ndarray | None = None,
+    *,
+    like: Binned | None = None,
+    keep_index: bool = True,
+) -> Binned | None:
+    """Bin `values` for a `LogHistogram`; None when some are NaN, infinite or negative.
+
+    The float32 log10 is exact enough for all but the values within 0.002 bins of an edge,
+    which are re-binned with the float64 formula: the counts equal those of binning every
+    value in float64. With `like` (values of the same shape binned before, e.g. the raw
+    ratios when binning the weights truncated from them) only the values that differ from
+    `like.values` are binned; values taking at most two distinct values (pure masks) are
+    counted without binning. `keep_index=False` leaves `index` in scratch memory (None in
+    the result) when no later call will bin `like` these values. `counts` (int [len(values)])
+    says how many times each value occurs (values of whole sequences, counted once each).
+    """
+    x = values.detach().flatten()
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.double()
+    if counts is not None:
+        return _bin_counted(x, np.asarray(counts, dtype=np.int64))
+    n = x.numel()
+    if n == 0:
+        return None
+    low, high = (float(v) for v in torch.aminmax(x))  # NaN when any value is NaN
+    if not (low >= 0.0 and math.isfinite(high)):
+        return None
+    flag = ops.scratch("hist.flag", n, torch.bool, x.device)
+    zeros = _count(ops.compare("eq", x, 0.0, flag))
+    min_positive = math.inf if zeros == n else low if zeros == 0 else _min_positive(x)
+    counts = np.zeros(_BINS + 2, dtype=np.int64)
+    if low == high or (zeros and _count(ops.compare("eq", x, high, flag)) == n - zeros):
+        # Constant or two-valued (0 and w): no per-value binning needed.
+        if zeros:
+            counts[0] += zeros
+        if high > 0:
+            slot = _slots(torch.tensor([high], dtype=torch.float64), keep=True)
+            counts[int(slot[0])] += n - zeros
+        return Binned(x, None, counts, zeros, low, high, min_positive)
+    if like is not None and like.index is not None and like.values.shape == x.shape:
+        changed = ops.nonzero(ops.compare("ne", x, like.values, flag))
+        if changed.numel() * 2 < n:
+            counts += like.counts
+            counts -= _bincount(like.index[changed], _BINS + 2)
+            counts += _bincount(_slots(x[changed], keep=False), _BINS + 2)
+            return Binned(x, None, counts, zeros, low, high, min_positive)
+    index = _slots(x, keep=keep_index)
+    counts += _bincount(index, _BINS + 2)
+    return Binned(x, index if keep_index else None, counts, zeros, low, high, min_positive)
+
+
+def _bin_counted(x: torch.Tensor, counts: np.ndarray) -> Binned | None:
+    """`bin_values` of values x[i] occurring counts[i] times each."""
+    present = counts > 0
+    x, counts = x[torch.from_numpy(present)], counts[present]
+    if x.numel() == 0:
+        return None
+    low, high = (float(v) for v in torch.aminmax(x))
+    if not (low >= 0.0 and math.isfinite(high)):
+        return None
+    zero = (x == 0).cpu().numpy()
+    positive = x[torch.from_numpy(~zero).to(x.device)]
+    slots = _slots(x, keep=True).long().cpu().numpy()
+    return Binned(
+        values=x,
+        index=None,
+        counts=np.bincount(slots, weights=counts, minlength=_BINS + 2).astype(np.int64),
+        zeros=int(counts[zero].sum()),
+        low=low,
+        high=high,
+        min_positive=float(positive.min()) if positive.numel() else math.inf,
+    )
+
+
+def _slots(x: torch.Tensor, keep: bool) -> torch.Tensor:
+    """int32 slot of finite non-negative values: 0 below 1e-12 (zeros too), bin + 1, or
+    `bins + 1` from 1e8 up; a fresh tensor if `keep`, else scratch memory.
+
+    u = 200 log10(x) in float32 is the position in bins from 10^0, and the slot is
+    floor(u) + 2401. float32 log10 (numpy's SIMD one errs by at most 4 ulps) and the rounding
+    of float64 input to float32 put u within 1e-5 + 4e-7 |u| bins of its exact value; values
+    within `_ABS_MARGIN + _REL_MARGIN |u|` of an integer are re-binned in float64.
+    """
+    n = x.numel()
+
+    def buf(name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return ops.scratch(f"hist.{name}", n, dtype, x.device)
+
+    index = (
+        torch.empty(n, dtype=torch.int32, device=x.device) if keep else buf("index", torch.int32)
+    )
+    offset = 1.0 - LOG10_RANGE[0] * BINS_PER_DECADE
+    if x.device.type == "cpu":
+        u, floor, margin = buf("u").numpy(), buf("floor").numpy(), buf("margin").numpy()
+        errors = np.errstate(over="ignore", invalid="ignore")  # beyond float32: inf, inf - inf
+        errors.__enter__()
+        np.copyto(u, x.numpy(), casting="same_kind")
+        # Zeros are raised to a tiny value (still underflow): log10 is slower on zeros.
+        np.maximum(u, np.float32(_TINY), out=u)
+        np.log10(u, out=u)
+        u *= np.float32(BINS_PER_DECADE)
+        np.floor(u, out=floor)
+        np.abs(u, out=margin)
+        margin *= np.float32(_REL_MARGIN)
+        margin += np.float32(_ABS_MARGIN - 0.5)
+        u -= floor
+        u -= np.float32(0.5)
+        np.abs(u, out=u)
+        u += margin
+        near_mask = buf("near", torch.bool)
+        np.greater(u, np.float32(0.0), out=near_mask.numpy())
+        near = ops.nonzero(near_mask)
+        floor += np.float32(offset)
+        np.clip(floor, 0, _BINS + 1, out=floor)
+        np.copyto(index.numpy(), floor, casting="unsafe")
+        errors.__exit__(None, None, None)
+    else:
+        u = buf("u").copy_(x).clamp_(min=_TINY)
+        u.log10_().mul_(BINS_PER_DECADE)
+        floor = torch.floor(u, out=buf("floor"))
+        margin = torch.abs(u, out=buf("margin")).mul_(_REL_MARGIN).add_(_ABS_MARGIN - 0.5)
+        frac = u.sub_(floor).sub_(0.5).abs_()
+        near = ops.nonzero(torch.gt(frac.add_(margin), 0.0, out=buf("near", torch.bool)))
+        index.copy_(floor.add_(offset).clamp_(0, _BINS + 1))
+    if near.numel():
+        index[near] = _log_bin(x[near].double(), _BINS).add_(1).to(torch.int32)
+    return index
+
+
 @dataclass(slots=True)
 class Histogram2D:
     """Counts of (x, y) pairs on a fixed grid; values outside it are clipped to its edges."""
@@ -158,21 +330,64 @@ class Histogram2D:
         return np.linspace(self.lo, self.hi, self.bins + 1)
 
     def update(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Count the pairs (x[i], y[i]): bin floor((v - lo) * bins / (hi - lo)), clipped."""
+        if x.numel() == 0:
+            return
+        flat = self._index(x, "hist2d.x").mul_(self.bins).add_(self._index(y, "hist2d.y"))
+        self.counts += _bincount(flat, self.bins * self.bins).reshape(self.bins, self.bins)
+
+    def _index(self, v: torch.Tensor, name: str) -> torch.Tensor:
+        """int32 bin of each value (in float64: exact for float32 log-probs), in scratch
+        memory `name`."""
         scale = self.bins / (self.hi - self.lo)
-
-        def index(v: torch.Tensor) -> torch.Tensor:
-            return ((v.double() - self.lo) * scale).floor().clamp_(0, self.bins - 1).long()
-
-        flat = index(x) * self.bins + index(y)
-        self.counts += (
-            torch.bincount(flat, minlength=self.bins * self.bins)
-            .cpu()
-            .numpy()
-            .reshape(self.bins, self.bins)
-        )
+        t = ops.scratch("hist2d.t", v.numel(), torch.float64, v.device).copy_(v)
+        t.sub_(self.lo).mul_(scale).floor_().clamp_(0, self.bins - 1)
+        return ops.scratch(name, v.numel(), torch.int32, v.device).copy_(t)
 
     def merge(self, other: Histogram2D) -> None:
         self.counts += other.counts
+
+
+_ABS_MARGIN = 1e-5
+_REL_MARGIN = 4e-6
+
+_TINY = 3e-38
+"""Stand-in for zero before a float32 log10: far below 1e-12, and 0.42 bins from an edge."""
+
+
+def _count(mask: torch.Tensor) -> int:
+    """Number of true values of a bool tensor."""
+    if mask.device.type == "cpu":
+        return int(np.count_nonzero(mask.numpy()))
+    return int(torch.count_nonzero(mask))
+
+
+def _log_bin(x: torch.Tensor, bins: int) -> torch.Tensor:
+    """Exact bin of positive float64 values, shifted by one: -1 underflow, `bins` overflow."""
+    logs = torch.log10(x)
+    lo, hi = LOG10_RANGE
+    index = ((logs - lo) * BINS_PER_DECADE).long().clamp_(max=bins - 1)
+    index = torch.where(logs < lo, -1, index)
+    return torch.where(logs >= hi, bins, index)
+
+
+def _bincount(index: torch.Tensor, size: int) -> np.ndarray:
+    """int64 [size] counts of `index` (values in [0, size))."""
+    if index.numel() == 0:
+        return np.zeros(size, dtype=np.int64)
+    return torch.bincount(index, minlength=size).cpu().numpy()
+
+
+def _min_positive(x: torch.Tensor) -> float:
+    """The smallest positive value of finite, non-negative x with at least one positive."""
+    if x.device.type != "cpu":
+        return float(torch.where(x > 0, x, torch.inf).min())
+    # Positive floats order like their bit patterns; minus one (wrapping) sends +0 and -0
+    # above every positive one.
+    unsigned = np.uint32 if x.dtype == torch.float32 else np.uint64
+    bits = x.numpy().view(unsigned)
+    smallest = (bits - unsigned(1)).min() + unsigned(1)
+    return float(np.array([smallest], dtype=unsigned).view(x.numpy().dtype)[0])
 
 
 def log2_bucket(values: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ multiplies a token's loss, 0 where a mask drops it; raw = `Replay.raw`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -33,7 +34,7 @@ import torch
 
 from iscore import ops
 from iscore.batch import TokenBatch
-from iscore.histogram import LogHistogram, bucket_label
+from iscore.histogram import Binned, LogHistogram, bin_values, bucket_label
 from iscore.replay import Replay, Spec
 
 QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
@@ -116,42 +117,45 @@ class SettingStats:
     def update(self, batch: TokenBatch, result: Replay) -> None:
         """Add one chunk and the setting's replay of it."""
         m = batch.loss_mask
-        w = result.weight.double()
-        raw = result.raw.double()
-        pre = w if result.pre_norm is None else result.pre_norm.double()
-        self.raw_hist.update(raw[m])
-        self.weight_hist.update(w[m])
-        kept = result.keep & m
+        every = ops.mask_is_all(batch, m)
+        w, raw = result.weight, result.raw
+        pre = w if result.pre_norm is None else result.pre_norm
+        n = batch.num_tokens
+
+        def buf(name: str, dtype: torch.dtype = torch.bool) -> torch.Tensor:
+            return ops.scratch(f"impact.{name}", n, dtype, w.device)
+
+        kept = result.keep if every else torch.logical_and(result.keep, m, out=buf("kept"))
+        raw_binned, raw_log = _raw_statistics(batch, result, every)
+        if raw_binned is None:
+            self.raw_hist.update(raw if every else raw[m])
+        else:
+            self.raw_hist.add(raw_binned)
+        constant = _per_sequence(w, batch) if every and result.seq_weight is not None else None
+        if constant is None:
+            w_binned = bin_values(w if every else w[m], like=raw_binned, keep_index=False)
+        else:
+            w_binned = bin_values(*constant)
+        if w_binned is None:
+            self.weight_hist.update(w if every else w[m])
+        else:
+            self.weight_hist.add(w_binned)
         # A setting that applies no IS weight (a pure mask, bypass PPO) reports weight 1 beside
         # the ratio it ignores: that is not truncation.
-        weighted = bool((pre[kept] != 1.0).any())
-        active = kept & (pre > 0) & weighted
-        # The sequence-level ratio where the method has one, else the token ratios' geometric
-        # mean: the "per-sequence raw weight" plotted against length.
-        raw_log = (
-            torch.log(result.seq_raw.double())
-            if result.seq_raw is not None
-            else ops.segment_mean(torch.log(raw.clamp(min=1e-300)), batch, m)
-        )
-        token = {
-            "T": m.double(),
-            "w": torch.where(m, w, 0.0),
-            "w2": torch.where(m, w * w, 0.0),
-            "kept": kept.double(),
-            "nonzero": (m & (w > 0)).double(),
-            "high": (active & (pre < raw * (1 - _TOLERANCE))).double(),
-            "low": (active & (pre > raw * (1 + _TOLERANCE))).double(),
-        }
-        stacked = torch.stack(list(token.values()), dim=1)
-        sums = (
-            torch.zeros(batch.num_sequences, stacked.shape[1], dtype=torch.float64, device=w.device)
-            .index_add_(0, batch.seq_index, stacked)
-            .cpu()
-            .numpy()
-        )
-        for i, name in enumerate(token):
-            self.seq[name].append(sums[:, i])
-        self.seq["raw_log"].append(raw_log.cpu().numpy())
+        weighted = _any_weighted(pre, kept, buf("flag"))
+        w64 = buf("w64", torch.float64).copy_(w)
+        if not every:
+            w64.masked_fill_(torch.logical_not(m, out=buf("flag")), 0.0)
+        sums = {"w": _sums(batch, w64)}
+        sums["w2"] = _sums(batch, w64.mul_(w64))
+        sums["kept"] = _counts(batch, kept)
+        nonzero = ops.compare("gt", w, 0.0, buf("flag"))
+        sums["nonzero"] = _counts(batch, nonzero if every else nonzero.logical_and_(m))
+        sums["T"] = ops.segment_count(batch, m).cpu().numpy()
+        sums["high"], sums["low"] = _truncated(batch, pre, raw, kept, weighted, raw_binned, buf)
+        sums["raw_log"] = raw_log
+        for name in _SEQ_FIELDS:
+            self.seq[name].append(sums[name])
         self.steps.append(batch.step.cpu().numpy())
 
     def merge(self, other: SettingStats) -> None:
@@ -189,6 +193,116 @@ class SettingStats:
         ]
         result["by_length"] = _by_length(s, self.aggregation)
         return result
+
+
+def _raw_statistics(
+    batch: TokenBatch, result: Replay, every: bool
+) -> tuple[Binned | None, np.ndarray]:
+    """The binned raw ratios over loss tokens (None where they are not all finite and >= 0)
+    and the per-sequence log raw weight; settings whose raw ratios are the same tensor
+    values within one `ops.shared` chunk (most token-level methods start from e^d) share
+    both instead of computing them again."""
+    m = batch.loss_mask
+    raw = result.raw
+    rawm = raw if every else raw[m]
+    memo = ops.memo(batch)
+    known = None if memo is None else memo.setdefault(("raw", every), [])
+    entry = None
+    for other in known or ():
+        values = other[0]
+        if values.dtype == rawm.dtype and values.shape == rawm.shape and torch.equal(values, rawm):
+            entry = other
+            break
+    if entry is None:
+        constant = _per_sequence(raw, batch) if every and result.seq_raw is not None else None
+        binned = bin_values(rawm) if constant is None else bin_values(*constant)
+        entry = [rawm, binned, None]
+        if known is not None:
+            known.append(entry)
+    if result.seq_raw is not None:
+        raw_log = torch.log(result.seq_raw.double()).cpu().numpy()
+    else:
+        if entry[2] is None:
+            # The token ratios' geometric mean: the "per-sequence raw weight" for plots.
+            logs = ops.scratch("impact.logs", raw.numel(), torch.float64, raw.device)
+            logs.copy_(raw).clamp_(min=1e-300).log_()
+            entry[2] = (
+                (ops.segment_sum(logs, batch, m) / ops.segment_count(batch, m).clamp(min=1.0))
+                .cpu()
+                .numpy()
+            )
+        raw_log = entry[2]
+    return entry[1], raw_log
+
+
+def _per_sequence(x: torch.Tensor, batch: TokenBatch) -> tuple[torch.Tensor, np.ndarray] | None:
+    """(one value per non-empty sequence, its token count) when x [N] is constant within
+    each sequence (sequence-level weights), else None: binning B values with their counts
+    replaces binning N."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return None
+    cu = batch.cu_seqlens.numpy()
+    lengths = np.diff(cu)
+    nonempty = lengths > 0
+    values = x.numpy()
+    first = values[cu[:-1][nonempty]]
+    if not np.array_equal(np.repeat(first, lengths[nonempty]), values):
+        return None
+    return torch.from_numpy(first), lengths[nonempty]
+
+
+def _sums(batch: TokenBatch, values: torch.Tensor) -> np.ndarray:
+    return ops.segment_sums_of(batch, {"x": values})["x"]
+
+
+def _counts(batch: TokenBatch, mask: torch.Tensor) -> np.ndarray:
+    if mask.device.type == "cpu":
+        return ops.segment_counts(mask.numpy(), batch)
+    return _sums(batch, mask)
+
+
+def _any_weighted(pre: torch.Tensor, kept: torch.Tensor, flag: torch.Tensor) -> bool:
+    """Whether some kept token has a weight other than 1 (a prefix usually tells)."""
+    head = min(pre.numel(), 4096)
+    if bool(((pre[:head] != 1.0) & kept[:head]).any()):
+        return True
+    return bool(ops.compare("ne", pre, 1.0, flag).logical_and_(kept).any())
+
+
+def _truncated(
+    batch: TokenBatch,
+    pre: torch.Tensor,
+    raw: torch.Tensor,
+    kept: torch.Tensor,
+    weighted: bool,
+    raw_binned: Binned | None,
+    buf: Callable[..., torch.Tensor],
+) -> tuple[np.ndarray, np.ndarray]:
+    """float64 [B] per sequence: kept tokens whose weight truncation lowered (high) or raised
+    (low) below / above raw, by more than the relative tolerance (compared in float64)."""
+    b = batch.num_sequences
+    if not weighted:
+        return np.zeros(b), np.zeros(b)
+    if raw_binned is None:
+        # Raw has NaN, infinities or negative values: compare every token.
+        active = kept & (pre > 0)
+        p64, r64 = pre.double(), raw.double()
+        high = active & (p64 < r64 * (1 - _TOLERANCE))
+        low = active & (p64 > r64 * (1 + _TOLERANCE))
+        sums = ops.segment_sums_of(batch, {"high": high, "low": low})
+        return sums["high"], sums["low"]
+    # With raw finite and >= 0, a token whose weight equals its raw ratio is neither: only
+    # the (few) tokens where they differ need the float64 comparison.
+    index = ops.nonzero(ops.compare("ne", pre, raw, buf("flag")).logical_and_(kept))
+    p64, r64 = pre[index].double(), raw[index].double()
+    high = (p64 > 0) & (p64 < r64 * (1 - _TOLERANCE))
+    low = (p64 > 0) & (p64 > r64 * (1 + _TOLERANCE))
+    cu = batch.cu_seqlens.to(index.device)
+    seq = torch.searchsorted(cu, index, right=True) - 1
+    return (
+        torch.bincount(seq[high], minlength=b).double().cpu().numpy(),
+        torch.bincount(seq[low], minlength=b).double().cpu().numpy(),
+    )
 
 
 def _summarize(s: dict[str, np.ndarray], sel: np.ndarray, agg: Aggregation) -> dict[str, Any]:

@@ -56,15 +56,20 @@ class TuneResult:
 
 
 class _Sorted:
-    """Sorted keys with prefix sums of companion values, for range sums by binary search."""
+    """Sorted keys with prefix sums of companion values, for range sums by binary search.
 
-    def __init__(self, keys: np.ndarray, **values: np.ndarray):
-        order = np.argsort(keys, kind="stable")
-        self.keys = keys[order]
-        self.prefix = {
-            name: np.concatenate([[0.0], np.cumsum(v[order], dtype=np.float64)])
-            for name, v in values.items()
-        }
+    `one` (the count) is implicit: a range's count is its length. With `presorted`, the keys
+    (and values) are already in order and are not sorted again.
+    """
+
+    def __init__(self, keys: np.ndarray, *, presorted: bool = False, **values: np.ndarray):
+        if presorted:
+            self.keys = keys
+        else:
+            order = np.argsort(keys, kind="stable")
+            self.keys = keys[order]
+            values = {name: v[order] for name, v in values.items()}
+        self.prefix = {name: _prefix(v) for name, v in values.items() if name != "one"}
 
     def index(self, bound: float | None, *, side: str) -> int:
         if bound is None:
@@ -73,7 +78,17 @@ class _Sorted:
 
     def total(self, name: str, start: int, stop: int) -> float:
         """Sum of `name` over sorted positions start..stop-1."""
+        if name == "one":
+            return float(stop - start)
         return float(self.prefix[name][stop] - self.prefix[name][start])
+
+
+def _prefix(values: np.ndarray) -> np.ndarray:
+    """float64 [n + 1] running sums, from 0."""
+    out = np.empty(values.size + 1, dtype=np.float64)
+    out[0] = 0.0
+    np.cumsum(values, dtype=np.float64, out=out[1:])
+    return out
 
 
 class Tuner:
@@ -86,9 +101,10 @@ class Tuner:
     def __init__(self, batch: TokenBatch):
         m = batch.loss_mask
         d = ops.log_ratio(batch)
-        rho = ops.exp(d[m]).cpu().numpy()
+        # The ratios are their own weights: sorting them (no argsort, no gathers) is enough.
+        rho = np.sort(ops.exp(d if ops.mask_is_all(batch, m) else d[m]).cpu().numpy())
         self.tokens = int(rho.size)
-        self._rho = _Sorted(rho, w=rho, w2=rho * rho, one=np.ones_like(rho))
+        self._rho = _Sorted(rho, presorted=True, w=rho, w2=rho * rho)
         T = ops.segment_count(batch, m)
         has = T > 0
         S = ops.segment_sum(d, batch, m)

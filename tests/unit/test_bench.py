@@ -1,0 +1,159 @@
+"""`iscore.bench` run tiny: its structure, its baselines' agreement with the engine, its JSON.
+
+No timing is asserted: the numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from iscore import bench
+from iscore.bench import format_table, run_bench, write_json
+from iscore.errors import ConfigError
+
+ROWS = {
+    "read (pyarrow, needed columns)",
+    "load (iscore.load)",
+    "analyze, streamed (8 settings)",
+    "analyze, resident chunks",
+    "replay only, resident chunks",
+    "iscore on the baseline subset (8 settings)",
+    "padded [B, max_len] torch baseline",
+    "pandas groupby baseline",
+    "tune: build",
+    "tune: query p99",
+}
+GOALS = {
+    "e2e_vs_read",
+    "padded_speedup",
+    "pandas_speedup",
+    "bounded_memory",
+    "tune_query_p99_s",
+    "cuda_resident_tok_s",
+}
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> dict:
+    path = tmp_path_factory.mktemp("bench") / "dump.parquet"
+    return run_bench(
+        tokens=200_000,
+        chunk_tokens=60_000,
+        device="cpu",
+        path=path,
+        baseline_tokens=120_000,
+        tune_tokens=150_000,
+        queries=60,
+        repeats=1,
+    )
+
+
+def test_structure(result):
+    assert result["schema"] == "iscore.bench"
+    assert result["settings"] == list(bench.SETTINGS)
+    assert {row["name"] for row in result["rows"]} == ROWS
+    for row in result["rows"]:
+        assert row["seconds"] > 0, row["name"]
+        assert row["met"] in (True, False, None)
+        if row["tokens"]:
+            assert row["mtok_s"] == pytest.approx(row["tokens"] / row["seconds"] / 1e6)
+            assert row["ratio_vs_read"] > 0
+    assert {goal["id"] for goal in result["goals"]} == GOALS
+    assert all(goal["met"] in (True, False, None) for goal in result["goals"])
+    dump = result["dump"]
+    assert dump["layout"] == "token" and dump["compression"] == "zstd"
+    assert 100_000 < dump["tokens"] < 400_000
+    assert dump["length_max"] >= dump["length_p99"] >= dump["length_median"] > 0
+    # The baselines ran on whole steps of the dump, and every default setting has one.
+    baselines = result["baselines"]
+    assert 0 < baselines["tokens"] <= dump["tokens"]
+    assert baselines["settings"] == list(bench.SETTINGS) and not baselines["skipped_settings"]
+    assert baselines["padding_factor"] >= 1
+    tune = result["tune"]
+    assert tune["queries"] == 60 and tune["query_p50_s"] <= tune["query_p99_s"]
+    assert result["cuda"] == {"available": result["cuda"]["available"], "skipped": "device='cpu'"}
+
+
+@pytest.mark.parametrize("baseline", ["padded", "pandas"])
+def test_baselines_agree_with_the_engine(result, baseline):
+    agreement = result["agreement"][baseline]
+    assert agreement["statistics"] == 2 + 5 * len(bench.SETTINGS)
+    assert agreement["agrees"], agreement
+    assert agreement["max_rel_diff"] <= agreement["tolerance"] == bench.TOLERANCE[baseline]
+
+
+def test_memory_is_measured_in_subprocesses(result):
+    memory = result["memory"]
+    for mode in ("import", "stream", "stream_part", "load"):
+        assert memory[f"{mode}_mb"] > 0, memory
+    assert memory["stream_mb"] >= memory["import_mb"]
+
+
+def test_table_and_json(result, tmp_path):
+    table = format_table(result)
+    for name in ROWS:
+        assert name in table
+    assert "agreement padded" in table and "agreement pandas" in table
+    path = tmp_path / "bench.json"
+    write_json(result, path)
+    loaded = json.loads(path.read_text())  # strict JSON: no NaN
+    assert [row["name"] for row in loaded["rows"]] == [row["name"] for row in result["rows"]]
+    assert loaded["agreement"]["pandas"]["agrees"] is True
+
+
+def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, monkeypatch):
+    kept = Path(result["dump"]["path"])
+    assert kept.exists() and result["dump"]["generated_s"] is not None
+    again = run_bench(
+        tokens=200_000,
+        settings=["verl:decoupled_token_is", "trl:trl_default"],
+        device="cpu",
+        path=kept,
+        baseline_tokens=50_000,
+        tune_tokens=50_000,
+        queries=12,
+        repeats=1,
+        memory=False,
+    )
+    assert again["dump"]["generated_s"] is None
+    assert again["dump"]["tokens"] == result["dump"]["tokens"]
+    # Settings without a baseline implementation are replayed but left out of the baselines.
+    assert again["baselines"]["skipped_settings"] == ["verl:decoupled_token_is"]
+    assert again["agreement"]["pandas"]["statistics"] == 2 + 5
+    assert again["memory"] is None
+    assert next(g for g in again["goals"] if g["id"] == "bounded_memory")["met"] is None
+
+    made = []
+    real = bench.tempfile.mkdtemp
+
+    def mkdtemp(**kwargs):
+        made.append(Path(real(dir=tmp_path, **kwargs)))
+        return str(made[-1])
+
+    monkeypatch.setattr(bench.tempfile, "mkdtemp", mkdtemp)
+    temporary = run_bench(
+        tokens=20_000,
+        settings=["fireworks:fireworks_default"],
+        device="cpu",
+        baseline_tokens=20_000,
+        tune_tokens=20_000,
+        queries=6,
+        repeats=1,
+        memory=False,
+    )
+    assert temporary["dump"]["path"] == "(temporary, deleted)"
+    assert made and not made[0].exists()
+    assert math.isfinite(temporary["rows"][0]["seconds"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"tokens": 10}, "`tokens`"), ({"tokens": 10_000, "device": "tpu"}, "`device`")],
+)
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        run_bench(**kwargs)

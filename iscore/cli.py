@@ -262,6 +262,25 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from iscore.bench import format_table, run_bench, write_json
+
+    result = run_bench(
+        tokens=args.tokens,
+        chunk_tokens=args.chunk_tokens,
+        device=args.device,
+        path=args.dump,
+        memory=not args.no_memory,
+        log=None if args.quiet else lambda line: print(line),
+    )
+    print(format_table(result))
+    if args.json:
+        with _atomic_output(args.json) as tmp:
+            write_json(result, tmp)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def _cmd_presets(args: argparse.Namespace) -> int:
     for key, spec in presets().items():
         if args.framework in (None, spec.framework):
@@ -483,6 +502,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(
         func=_cmd_export, column=[], steps=None, drop_invalid=False, fmt=None, allow_pickle=False
     )
+
+    p = sub.add_parser(
+        "bench",
+        help="time the engine against pyarrow, a padded torch and a pandas baseline",
+        description="Simulate a long-tailed dump (or reuse --dump), then time in one run: the "
+        "raw pyarrow read, iscore.load, analyze with 8 settings of 8 frameworks (streamed and "
+        "resident), replay alone, a padded [B, max_len] torch and a pandas groupby "
+        "implementation of the same corrections (checked to agree), Tuner queries, and peak "
+        "memory streaming vs loading whole; CUDA rows when a GPU is present.",
+    )
+    p.add_argument("--tokens", type=int, default=50_000_000, help="dump size (default 50M)")
+    p.add_argument("--dump", metavar="PATH", help="reuse this simulated dump, or write it here")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA rows when present")
+    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS)
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("presets", help="list the named settings of every framework")
     p.add_argument("--framework", choices=FRAMEWORKS)

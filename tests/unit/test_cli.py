@@ -236,3 +236,12 @@ def test_export_prints_snippet_and_writes_a_replayable_file(tmp_path, capsys, du
     )
     assert exported.weight.tolist() == original.weight.tolist()
     assert exported.keep.tolist() == original.keep.tolist()
+
+
+def test_bench_prints_the_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--tokens", "20000", "--no-memory", "-q", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "analyze, streamed (8 settings)" in text and "padded [B, max_len] torch" in text
+    assert "agreement padded" in text and "agreement pandas" in text
+    assert json.loads(out.read_text())["dump"]["tokens"] > 0

@@ -30,6 +30,7 @@ from iscore.dump import DumpProblems, StepRange
 from iscore.errors import IscoreError
 from iscore.figures import color
 from iscore.replay import Spec
+from iscore.report import SUMMARY_COLUMNS
 from iscore.session import Workspace, digest, fingerprint, open_path, open_uploads
 from iscore.tune import TuneResult
 
@@ -261,19 +262,6 @@ def add_setting(spec: Spec) -> str:
     if spec not in st.session_state.settings:
         st.session_state.settings.append(spec)
     return label(spec)
-
-
-SUMMARY_COLUMNS = (
-    ("weight_mean", "mean w (token)", "{:.4g}"),
-    ("weight_mean_seq", "mean w (seq)", "{:.4g}"),
-    ("ess", "ESS", "{:.1%}"),
-    ("lr_scale", "LR scale", "{:.4g}"),
-    ("token_masked_fraction", "tokens masked", "{:.2%}"),
-    ("seq_masked_fraction", "sequences masked", "{:.2%}"),
-    ("truncated_high_fraction", "truncated high", "{:.2%}"),
-    ("truncated_low_fraction", "truncated low", "{:.2%}"),
-)
-"""The columns of the settings table: key of `Analysis.settings`, header, format."""
 
 
 def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:

@@ -15,7 +15,7 @@ from iscore.analyze import Analysis
 from iscore.errors import IscoreError
 from iscore.figures import all_figures, color
 
-_SUMMARY_COLUMNS = (
+SUMMARY_COLUMNS = (
     ("weight_mean", "mean w (token)", "{:.4g}"),
     ("weight_mean_seq", "mean w (seq)", "{:.4g}"),
     ("ess", "ESS", "{:.1%}"),
@@ -25,6 +25,8 @@ _SUMMARY_COLUMNS = (
     ("truncated_high_fraction", "truncated high", "{:.2%}"),
     ("truncated_low_fraction", "truncated low", "{:.2%}"),
 )
+"""The settings table's columns (report and app): key of `Analysis.settings`, header, format."""
+
 _MISMATCH_ROWS = (
     "k1",
     "k3",
@@ -115,16 +117,16 @@ def _summary_table(doc: dict[str, Any]) -> str:
     settings = doc["settings"]
     if not settings:
         return ""
-    head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in _SUMMARY_COLUMNS)
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in SUMMARY_COLUMNS)
     extremes = {}
-    for key, _, _ in _SUMMARY_COLUMNS:
+    for key, _, _ in SUMMARY_COLUMNS:
         values = [s.get(key) for s in settings if s.get(key) is not None]
         if len(values) > 1:
             extremes[key] = (min(values), max(values))
     rows = []
     for i, s in enumerate(settings):
         cells = []
-        for key, _, pattern in _SUMMARY_COLUMNS:
+        for key, _, pattern in SUMMARY_COLUMNS:
             value = s.get(key)
             mark = ""
             if key in extremes and value is not None and extremes[key][0] != extremes[key][1]:

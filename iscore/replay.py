@@ -73,17 +73,25 @@ class Replay:
     ) -> Replay:
         """Assemble a result: AND `keep` with the loss mask, zero dropped weights, cast."""
         keep = keep & batch.loss_mask
+        every = _all(keep)
 
         def f32(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x.float()
 
+        def zeroed(x: torch.Tensor | None) -> torch.Tensor | None:
+            if x is None:
+                return None
+            if every:  # nothing to zero: a float32 copy (never the caller's own tensor)
+                return x.to(torch.float32, copy=True)
+            return torch.where(keep, x.float(), 0.0)
+
         return cls(
-            weight=torch.where(keep, weight.float(), 0.0),
+            weight=zeroed(weight),
             keep=keep,
             raw=raw.float(),
             seq_raw=f32(seq_raw),
             seq_weight=f32(seq_weight),
-            pre_norm=None if pre_norm is None else torch.where(keep, pre_norm.float(), 0.0),
+            pre_norm=zeroed(pre_norm),
         )
 
     def to_arrow(self, batch: TokenBatch) -> pa.Table:
@@ -101,6 +109,13 @@ class Replay:
                 "keep": pa.array(self.keep.cpu().numpy()),
             }
         )
+
+
+def _all(mask: torch.Tensor) -> bool:
+    """Whether every value of bool `mask` is true (numpy's test, ~20x faster, on CPU)."""
+    if mask.device.type == "cpu":
+        return bool(mask.numpy().all())
+    return bool(mask.all())
 
 
 class Spec(Protocol):

@@ -96,12 +96,14 @@ def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def _tis_weight(
-    batch: TokenBatch, z: torch.Tensor, mean_mask: torch.Tensor, level: Level, cap: float
+    batch: TokenBatch, d: torch.Tensor, mean_mask: torch.Tensor, level: Level, cap: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Steps 2-3 shared by both forms: (weight, raw, seq_raw, seq_weight) from clamped z."""
+    """Steps 1-3 shared by both forms: (weight, raw, seq_raw, seq_weight) from the log-ratio d
+    (z = d clamped to +-20)."""
     if level == "token":
-        raw = torch.exp(z)
+        raw = ops.exp(d)  # e^z, shared with every setting that takes e^{clamp(d, +-20)}
         return ops.truncate(raw, 0.0, cap), raw, None, None
+    z = d.clamp(-ops.SAFETY_BOUND, ops.SAFETY_BOUND)
     seq_raw = torch.exp(ops.segment_mean(z, batch, mean_mask))
     seq_weight = ops.truncate(seq_raw, 0.0, cap)
     return ops.broadcast(seq_weight, batch), ops.broadcast(seq_raw, batch), seq_raw, seq_weight
@@ -157,10 +159,10 @@ class FireworksTIS:
         """Per-token weights as `run_loss_loop` hands them to the policy loss."""
         active = batch.loss_mask
         if self.anchor_logp == "rollout":
-            z = torch.zeros(batch.num_tokens, dtype=torch.float64, device=batch.device)
+            d = torch.zeros(batch.num_tokens, dtype=torch.float64, device=batch.device)
         else:
-            z = ops.log_ratio(batch).clamp(-ops.SAFETY_BOUND, ops.SAFETY_BOUND)
-        weight, raw, seq_raw, seq_weight = _tis_weight(batch, z, active, self.level, self.cap)
+            d = ops.log_ratio(batch)
+        weight, raw, seq_raw, seq_weight = _tis_weight(batch, d, active, self.level, self.cap)
         if self.icepop_threshold is not None:
             tau = self.icepop_threshold
             weight = torch.where(ops.band(raw, 1.0 / tau, tau), weight, 0.0)
@@ -210,10 +212,9 @@ class FireworksISCorrection:
 
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights as PR #169's losses multiply them (no IcePop, no anchor choice)."""
-        z = ops.log_ratio(batch).clamp(-ops.SAFETY_BOUND, ops.SAFETY_BOUND)
         everything = torch.ones_like(batch.loss_mask)
         weight, raw, seq_raw, seq_weight = _tis_weight(
-            batch, z, everything, self.tis_level, self.tis_cap
+            batch, ops.log_ratio(batch), everything, self.tis_level, self.tis_cap
         )
         return Replay.build(
             batch, weight, batch.loss_mask, raw, seq_raw=seq_raw, seq_weight=seq_weight

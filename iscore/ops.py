@@ -211,6 +211,13 @@ def _exp(x: torch.Tensor, bound: float | None) -> torch.Tensor:
     return torch.exp(x.clamp(-bound, bound))
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every value of x is finite, from one read-only pass: a sum is finite only if
+    all its terms are. (A sum that overflows also gives False: use this to skip work that
+    non-finite values need, never to decide a result.)"""
+    return bool(torch.isfinite(x.sum()))
+
+
 def truncate(
     w: torch.Tensor, lower: float | None = None, upper: float | None = None
 ) -> torch.Tensor:

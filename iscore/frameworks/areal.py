@@ -299,13 +299,15 @@ class ArealCorrection:
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights and mask as `apply_rejection_sampling` returns them."""
         if self.use_decoupled_loss:
-            prox, behave = batch.train, batch.rollout
+            d_raw = ops.log_ratio(batch)  # prox = train, behave = rollout
         else:
             prox = behave = batch.train if self.recompute_logprob else batch.rollout
-        d_raw = prox.double() - behave.double()
-        d = torch.where(torch.isfinite(d_raw), d_raw, 0.0)
-        ratio = torch.exp(d)  # no safety clamp
+            d_raw = prox.double() - behave.double()
+        d = d_raw if ops.all_finite(d_raw) else torch.where(torch.isfinite(d_raw), d_raw, 0.0)
         rs = self.rejection_sampling
+        if rs is not None and rs.level == "sequence" and rs.metric == "ratio":
+            return _replay_sequence_ratio(rs, batch, d)
+        ratio = ops.exp(d, bound=None)  # no safety clamp
         mask = batch.loss_mask
         if rs is None:
             ones = torch.ones_like(ratio)
@@ -322,33 +324,31 @@ class ArealCorrection:
             if rs.action == "mask":
                 return Replay.build(batch, ratio, mask & ops.band(stat, rs.lower, rs.upper), ratio)
             return Replay.build(batch, ops.truncate(ratio, rs.clamp_lower, rs.upper), mask, ratio)
-        return _replay_sequence(rs, batch, d, stat, ratio)
+        # KL metrics at level 'sequence': whole-sequence mask, the weights stay e^{d_t}.
+        count = ops.segment_count(batch, mask)
+        if rs.agg == "max":
+            seq_stat = torch.where(count > 0, ops.segment_max(stat, batch, mask), 0.0)
+        else:
+            seq_stat = ops.segment_sum(stat, batch, mask)
+            if rs.agg == "mean":
+                seq_stat = seq_stat / count.clamp(min=1.0)
+        in_bounds = ops.band(seq_stat, rs.lower, rs.upper)
+        return Replay.build(batch, ratio, mask & ops.broadcast(in_bounds, batch), ratio)
 
 
-def _replay_sequence(
-    rs: RejectionSampling,
-    batch: TokenBatch,
-    d: torch.Tensor,
-    stat: torch.Tensor,
-    ratio: torch.Tensor,
-) -> Replay:
-    """`apply_rejection_sampling` at level 'sequence'."""
+def _replay_sequence_ratio(rs: RejectionSampling, batch: TokenBatch, d: torch.Tensor) -> Replay:
+    """`apply_rejection_sampling` at level 'sequence' with metric 'ratio': every token's weight
+    is its sequence's e^G, so no per-token ratio is needed."""
     mask = batch.loss_mask
     count = ops.segment_count(batch, mask)
-    # The ratio aggregates in log space (the sanitized d), the KL statistics as they are.
-    values = d if rs.metric == "ratio" else stat
+    # The ratio aggregates in log space (the sanitized d).
+    total = ops.segment_sum(d, batch, mask)
+    seq_raw = torch.exp(total / count.clamp(min=1.0))  # e^G
     if rs.agg == "max":
-        agg = torch.where(count > 0, ops.segment_max(values, batch, mask), 0.0)
+        seq_stat = torch.exp(torch.where(count > 0, ops.segment_max(d, batch, mask), 0.0))
     else:
-        agg = ops.segment_sum(values, batch, mask)
-        if rs.agg == "mean":
-            agg = agg / count.clamp(min=1.0)
-    seq_stat = torch.exp(agg) if rs.metric == "ratio" else agg
+        seq_stat = seq_raw if rs.agg == "mean" else torch.exp(total)
     in_bounds = ops.band(seq_stat, rs.lower, rs.upper)
-    if rs.metric != "ratio":
-        # KL metrics: whole-sequence mask, the per-token weights stay e^{d_t}.
-        return Replay.build(batch, ratio, mask & ops.broadcast(in_bounds, batch), ratio)
-    seq_raw = torch.exp(ops.segment_sum(d, batch, mask) / count.clamp(min=1.0))  # e^G
     if rs.action == "mask":
         keep = mask & ops.broadcast(in_bounds, batch)
         seq_weight = torch.where(in_bounds, seq_raw, 0.0)

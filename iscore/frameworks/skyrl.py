@@ -315,10 +315,10 @@ class SkyRLSpec:
             )
         d = ops.log_ratio(batch)
         rho = ops.exp(d)
-        loss_weight, raw = self._loss_factor(batch, rho)
+        loss_factor, raw = self._loss_factor(batch, rho)
         keep = batch.loss_mask
         if not self.corrects:
-            return Replay.build(batch, loss_weight, keep, raw)
+            return Replay.build(batch, _product(rho, loss_factor), keep, raw)
 
         # Steps 1-2 shrink the loss mask; steps 3-4 read the shrunk mask.
         seq_keep = torch.ones(batch.num_sequences, dtype=torch.bool, device=batch.device)
@@ -334,7 +334,7 @@ class SkyRLSpec:
             )
         seq_sum = ops.segment_sum(d, batch, keep)
 
-        tis_weight = torch.ones_like(rho)
+        tis_weight = None
         seq_raw = seq_factor = None
         if self.tis_ratio_type == "token":
             tis_weight = ops.truncate(rho, upper=self.token_tis_ratio_clip_high)
@@ -360,23 +360,34 @@ class SkyRLSpec:
                 seq_raw, seq_factor = statistic, torch.ones_like(statistic)
 
         seq_weight = None if seq_factor is None else torch.where(seq_keep, seq_factor, 0.0)
-        return Replay.build(
-            batch, loss_weight * tis_weight, keep, raw, seq_raw=seq_raw, seq_weight=seq_weight
-        )
+        weight = _product(rho, loss_factor, tis_weight)
+        return Replay.build(batch, weight, keep, raw, seq_raw=seq_raw, seq_weight=seq_weight)
 
     def _loss_factor(
         self, batch: TokenBatch, rho: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The policy loss's own detached factor and the ratio it starts from (else 1 and rho)."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The policy loss's own detached factor and the ratio it starts from (else None, for
+        no factor, and rho)."""
         if not self.needs_policy:
-            return torch.ones_like(rho), rho
+            return None, rho
         ratio = ops.exp(ops.log_ratio(batch, "policy"))
         if self.policy_loss_type == "rollout_is":
             # Strict bounds: a ratio exactly at 1 +- eps is zeroed.
-            inside = (ratio > 1.0 - self.eps_clip_low) & (ratio < 1.0 + self.eps_clip_high)
+            inside = ops.compare("gt", ratio, 1.0 - self.eps_clip_low)
+            inside &= ops.compare("lt", ratio, 1.0 + self.eps_clip_high)
             return torch.where(inside, ratio, 0.0), ratio
         bounded = ops.truncate(ratio, 1.0 - self.cispo_eps_clip_low, 1.0 + self.cispo_eps_clip_high)
         return bounded, ratio
+
+
+def _product(like: torch.Tensor, *factors: torch.Tensor | None) -> torch.Tensor:
+    """The product of the factors given (None: no factor), each [N]; ones like `like` if none
+    is given. A missing factor is not multiplied in as 1, which would change nothing."""
+    product = None
+    for factor in factors:
+        if factor is not None:
+            product = factor if product is None else product * factor
+    return torch.ones_like(like) if product is None else product
 
 
 def _check_choice(spec: SkyRLSpec, field: str, choices: tuple[str | None, ...]) -> None:

@@ -415,8 +415,10 @@ def _level_log_ratio(d: torch.Tensor, batch: TokenBatch, level: str) -> torch.Te
     """float64 [B] or [N]: d per token, or mis.py's masked sum / mean per sequence."""
     if level == "token":
         return d
-    # mis.py multiplies by the float mask (so a non-finite d at a masked position propagates).
-    total = ops.segment_sum(d * batch.loss_mask, batch)
+    mask = batch.loss_mask
+    # mis.py multiplies by the float mask (so a non-finite d at a masked position propagates);
+    # an all-true mask changes nothing.
+    total = ops.segment_sum(d if ops.mask_is_all(batch, mask) else d * mask, batch)
     if level == "sequence":
         return total
     return total / ops.segment_count(batch, batch.loss_mask).clamp(min=1.0)
@@ -427,7 +429,7 @@ def _replay_mis(cfg: MisConfig, batch: TokenBatch, d: torch.Tensor) -> Replay:
     mask = batch.loss_mask
     per_sequence = cfg.tis_level != "token"
     raw = ops.exp(_level_log_ratio(d, batch, cfg.tis_level), _MIS_BOUND)  # [B] or [N]
-    tis_keep = torch.ones_like(raw, dtype=torch.bool)
+    tis_keep = None  # truncate and clip keep every token
     if cfg.tis_mode == "truncate":
         weight = ops.truncate(raw, 0.0, cfg.tis_upper_bound)
     elif cfg.tis_mode == "clip":
@@ -435,17 +437,21 @@ def _replay_mis(cfg: MisConfig, batch: TokenBatch, d: torch.Tensor) -> Replay:
     else:
         weight = raw
         tis_keep = ops.band(raw, cfg.tis_lower, cfg.tis_upper_bound)
-    keep = mask & (ops.broadcast(tis_keep, batch) if per_sequence else tis_keep)
+    keep = mask
+    if tis_keep is not None:
+        keep = mask & (ops.broadcast(tis_keep, batch) if per_sequence else tis_keep)
 
     if cfg.use_rs:
         rs_ratio = ops.exp(_level_log_ratio(d, batch, cfg.rs_level), _MIS_BOUND)
         rs_keep = ops.band(rs_ratio, cfg.rs_lower, cfg.rs_upper)
-        keep &= ops.broadcast(rs_keep, batch) if cfg.rs_level != "token" else rs_keep
+        keep = keep & (ops.broadcast(rs_keep, batch) if cfg.rs_level != "token" else rs_keep)
         if cfg.rs_veto_threshold is not None:
             # slime compares its float32 d with the log of a float32 tensor of the threshold.
             log_veto = float(torch.log(torch.tensor(cfg.rs_veto_threshold, dtype=torch.float32)))
-            catastrophic = (d < log_veto) & mask
-            keep &= ops.broadcast(ops.segment_all(~catastrophic, batch), batch)
+            catastrophic = ops.compare("lt", d, log_veto)
+            if not ops.mask_is_all(batch, mask):
+                catastrophic &= mask
+            keep &= ops.broadcast(ops.segment_all(catastrophic.logical_not_(), batch), batch)
 
     pre_norm = None
     if cfg.tis_batch_normalize:
@@ -460,7 +466,7 @@ def _replay_mis(cfg: MisConfig, batch: TokenBatch, d: torch.Tensor) -> Replay:
         keep,
         ops.broadcast(raw, batch),
         seq_raw=raw,
-        seq_weight=torch.where(tis_keep, weight, 0.0),
+        seq_weight=weight if tis_keep is None else torch.where(tis_keep, weight, 0.0),
         pre_norm=None if pre_norm is None else ops.broadcast(pre_norm, batch),
     )
 

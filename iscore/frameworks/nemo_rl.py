@@ -91,6 +91,8 @@ _SEQ_LEVEL = f"{_LOSS_FN}.sequence_level_importance_ratios"
 _TOKEN_LOSS = f"{_LOSS_FN}.token_level_loss"
 _IS_LEVEL = f"{_LOSS_FN}.is_correction_level"
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
 _TRUNCATION_TYPES = (None, "tis", "icepop", "seq-mask-tis")
 _IS_LEVELS = (None, "sequence", "sequence_mean", "token")
 
@@ -232,14 +234,18 @@ class NemoRLSpec:
 
         if self.truncated_importance_sampling_type == "seq-mask-tis":
             # Token level only: raw token weights, zeroed outside the geometric-mean band.
-            cleaned = torch.nan_to_num(d, nan=0.0, posinf=0.0, neginf=0.0)
+            cleaned = (
+                d if ops.all_finite(d) else torch.nan_to_num(d, nan=0.0, posinf=0.0, neginf=0.0)
+            )
             seq_raw = torch.exp(ops.segment_mean(cleaned, batch, mask))
-            seq_weight = ops.band(
+            in_band = ops.band(
                 seq_raw,
                 self.truncated_importance_sampling_ratio_min,
                 self.truncated_importance_sampling_ratio,
-            ).double()
-            weight = raw * ops.broadcast(seq_weight, batch)
+            )
+            seq_weight = in_band.double()
+            # raw is finite and >= 0, so raw * 0/1 is raw or 0: select instead of multiplying.
+            weight = torch.where(ops.broadcast(in_band, batch), raw, 0.0)
         elif seq_raw is None:
             seq_weight = None
             weight = self._truncate(raw)
@@ -268,9 +274,13 @@ def _float32_exp(x: torch.Tensor) -> torch.Tensor:
     """e^x as NeMo gets it: float32 exp, where overflow to inf (and NaN) becomes 0.
 
     Computed in float64; values whose float32 cast is not finite are zeroed, reproducing
-    `torch.nan_to_num(torch.exp(x_fp32), nan=0, posinf=0, neginf=0)`.
+    `torch.nan_to_num(torch.exp(x_fp32), nan=0, posinf=0, neginf=0)`. When no value can
+    overflow (the maximum, NaN if any value is, is within float32's range) that is e^x itself,
+    the shared exp of the batch's log-ratio.
     """
-    w = torch.exp(x.double())
+    w = ops.exp(x.double(), bound=None)
+    if w.numel() == 0 or bool(w.max() <= _FLOAT32_MAX):
+        return w
     return torch.where(torch.isfinite(w.float()), w, 0.0)
 
 

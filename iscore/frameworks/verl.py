@@ -201,25 +201,55 @@ class RSCriterion:
         """bool [N], the tokens this criterion keeps, given the log-ratio d (float64 [N]).
 
         Sequence statistics run over the batch's loss mask, as verl's run over the original
-        `response_mask`.
+        `response_mask`; they are compared with the bounds per sequence, then broadcast.
         """
-        clamped = d.clamp(-ops.SAFETY_BOUND, ops.SAFETY_BOUND)
-        stat = {"k1": ops.k1, "k2": ops.k2, "k3": ops.k3}[self.estimator](clamped)
+        bound = ops.SAFETY_BOUND
+        # d~ = clamp(d, +-20): d itself (and its shared sequence sums) when nothing is outside.
+        clamped = d if _within(d, bound) else d.clamp(-bound, bound)
         mask = batch.loss_mask
+        if self.estimator == "k1" and self.aggregate != "seq_max":
+            # k1 = -d~ is compared in log space (the sign trap): log L <= -x <= log U is
+            # -log U <= x <= -log L, so neither the tokens nor the sums are negated. (Negating
+            # is exact; only the sign of a zero sum could differ, which no bound tells apart.)
+            lower, upper = -math.log(self.upper), -math.log(self.lower)
+            if self.aggregate == "token":
+                return ops.band(clamped, lower, upper)
+            if self.aggregate == "seq_sum":
+                seq_stat = ops.segment_sum(clamped, batch, mask)
+            else:
+                seq_stat = ops.segment_mean(clamped, batch, mask)
+            return ops.broadcast(ops.band(seq_stat, lower, upper), batch)
+        if self.estimator == "k1":
+            stat = clamped.neg() if clamped is d else clamped.neg_()
+        else:
+            stat = {"k2": ops.k2, "k3": ops.k3}[self.estimator](clamped)
+        if self.aggregate == "token":
+            return self._band(stat)
         if self.aggregate == "seq_sum":
-            stat = ops.broadcast(ops.segment_sum(stat, batch, mask), batch)
+            seq_stat = ops.segment_sum(stat, batch, mask)
         elif self.aggregate == "seq_mean":
             # segment_mean gives 0 for a sequence without mask tokens, as verl's 0 / 1e-8 does.
-            stat = ops.broadcast(ops.segment_mean(stat, batch, mask), batch)
-        elif self.aggregate == "seq_max":
-            seq_max = ops.segment_max(stat, batch, mask)
+            seq_stat = ops.segment_mean(stat, batch, mask)
+        else:
+            seq_stat = ops.segment_max(stat, batch, mask)
             # verl maps the -inf of a sequence without mask tokens to 0.
-            seq_max = torch.where(torch.isneginf(seq_max), 0.0, seq_max)
-            stat = ops.broadcast(seq_max, batch)
+            seq_stat = torch.where(torch.isneginf(seq_stat), 0.0, seq_stat)
+        return ops.broadcast(self._band(seq_stat), batch)
+
+    def _band(self, stat: torch.Tensor) -> torch.Tensor:
+        """Whether the statistic (per token or per sequence) is within the bounds."""
         if self.lower is None:
             return ops.band(stat, upper=self.upper)
         # k1 bounds are compared in log space against the statistic -d (the sign trap).
         return ops.band(stat, math.log(self.lower), math.log(self.upper))
+
+
+def _within(x: torch.Tensor, bound: float) -> bool:
+    """Whether every value of x is in [-bound, bound] (False if any is NaN)."""
+    if x.numel() == 0:
+        return True
+    low, high = torch.aminmax(x)
+    return bool((low >= -bound) & (high <= bound))
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,9 +385,9 @@ class VerlSpec:
                 "current policy and needs the `policy_logprob` column, which the dump lacks"
             )
         d = ops.log_ratio(batch, "policy" if self.bypass else "train")
-        keep = torch.ones_like(batch.loss_mask)
+        keep = batch.loss_mask  # Replay.build ANDs the criteria with it anyway
         for criterion in self.rs:
-            keep &= criterion.keep(d, batch)
+            keep = keep & criterion.keep(d, batch)
         if not self.applies_is_weight:
             return Replay.build(batch, torch.ones_like(d), keep, ops.exp(d))
         return self._weighted(batch, d, keep)

@@ -228,10 +228,13 @@ class TRLCorrection:
         if not self.active:
             ones = torch.ones(batch.num_tokens, dtype=torch.float64, device=batch.device)
             return Replay.build(batch, ones, mask, ones)
-        # TRL zeroes d outside the mask before summing or exponentiating.
-        d = torch.where(mask, ops.log_ratio(batch), 0.0)
+        # TRL zeroes d outside the mask before summing or exponentiating (with an all-true
+        # mask, d is the shared log-ratio, and its exp and sums are shared too).
+        d = ops.log_ratio(batch)
+        if not ops.mask_is_all(batch, mask):
+            d = torch.where(mask, d, 0.0)
         if self.mode.startswith("token_"):
-            rho = torch.exp(d).float()  # float32 like TRL's; no safety clamp
+            rho = ops.exp(d, bound=None).float()  # float32 like TRL's; no safety clamp
             return Replay.build(batch, self._constrain(rho), mask, rho)
         # float64 sum, then TRL's float32 e^S: overflow -> inf, underflow -> 0.
         seq_raw = torch.exp(ops.segment_sum(d, batch)).float()

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 
+from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 
@@ -109,6 +110,13 @@ class Replay:
                 "keep": pa.array(self.keep.cpu().numpy()),
             }
         )
+
+
+def per_token(values: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
+    """float32 [N], each token's copy of its sequence's value in `values` [B]: what `Replay`
+    stores of a per-sequence weight or ratio. The float32 values are broadcast, which gives
+    the same tensor as casting the broadcast float64 ones, without the float64 [N] copy."""
+    return ops.broadcast(values.float(), batch)
 
 
 def _all(mask: torch.Tensor) -> bool:

@@ -94,7 +94,7 @@ from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks._config import Section, top_level
-from iscore.replay import Replay
+from iscore.replay import Replay, per_token
 
 FRAMEWORK = "areal"
 
@@ -359,9 +359,9 @@ def _replay_sequence_ratio(rs: RejectionSampling, batch: TokenBatch, d: torch.Te
         )
     return Replay.build(
         batch,
-        ops.broadcast(seq_weight, batch),
+        per_token(seq_weight, batch),
         keep,
-        ops.broadcast(seq_raw, batch),
+        per_token(seq_raw, batch),
         seq_raw=seq_raw,
         seq_weight=seq_weight,
     )

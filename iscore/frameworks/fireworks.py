@@ -61,7 +61,7 @@ from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks._config import top_level
-from iscore.replay import Replay
+from iscore.replay import Replay, per_token
 
 FRAMEWORK = "fireworks"
 
@@ -106,7 +106,7 @@ def _tis_weight(
     z = d.clamp(-ops.SAFETY_BOUND, ops.SAFETY_BOUND)
     seq_raw = torch.exp(ops.segment_mean(z, batch, mean_mask))
     seq_weight = ops.truncate(seq_raw, 0.0, cap)
-    return ops.broadcast(seq_weight, batch), ops.broadcast(seq_raw, batch), seq_raw, seq_weight
+    return per_token(seq_weight, batch), per_token(seq_raw, batch), seq_raw, seq_weight
 
 
 @dataclass(frozen=True, slots=True)

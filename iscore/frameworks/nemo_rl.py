@@ -78,7 +78,7 @@ from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks._config import Section, as_float, top_level
-from iscore.replay import Replay
+from iscore.replay import Replay, per_token
 
 FRAMEWORK = "nemo_rl"
 
@@ -230,7 +230,7 @@ class NemoRLSpec:
             else:
                 exponent = ops.segment_mean(d, batch, mask)
             seq_raw = _float32_exp(exponent)
-            raw = ops.broadcast(seq_raw, batch)
+            raw = per_token(seq_raw, batch)
 
         if self.truncated_importance_sampling_type == "seq-mask-tis":
             # Token level only: raw token weights, zeroed outside the geometric-mean band.
@@ -251,7 +251,7 @@ class NemoRLSpec:
             weight = self._truncate(raw)
         else:
             seq_weight = self._truncate(seq_raw)
-            weight = ops.broadcast(seq_weight, batch)
+            weight = per_token(seq_weight, batch)
 
         if not self.use_importance_sampling_correction:
             # NeMo still computes the weights (for its metrics) but multiplies the loss by 1.

@@ -86,7 +86,7 @@ from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks._config import Section, as_float, top_level
-from iscore.replay import Replay
+from iscore.replay import Replay, per_token
 
 FRAMEWORK = "skyrl"
 
@@ -343,7 +343,7 @@ class SkyRLSpec:
             seq_factor = ops.truncate(seq_raw, upper=self.sequence_tis_ratio_clip_high)
             tis_weight = ops.broadcast(seq_factor, batch)
             if not self.needs_policy:
-                raw = ops.broadcast(seq_raw, batch)
+                raw = per_token(seq_raw, batch)
 
         if self.sequence_mask_metric is not None:
             if self.sequence_mask_metric == "geometric":

@@ -108,7 +108,7 @@ from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks._config import Section, flag_parser, parse_flags, top_level
-from iscore.replay import Replay
+from iscore.replay import Replay, per_token
 
 FRAMEWORK = "slime"
 
@@ -462,12 +462,12 @@ def _replay_mis(cfg: MisConfig, batch: TokenBatch, d: torch.Tensor) -> Replay:
         return Replay.build(batch, weight, keep, raw, pre_norm=pre_norm)
     return Replay.build(
         batch,
-        ops.broadcast(weight, batch),
+        per_token(weight, batch),
         keep,
-        ops.broadcast(raw, batch),
+        per_token(raw, batch),
         seq_raw=raw,
         seq_weight=weight if tis_keep is None else torch.where(tis_keep, weight, 0.0),
-        pre_norm=None if pre_norm is None else ops.broadcast(pre_norm, batch),
+        pre_norm=None if pre_norm is None else per_token(pre_norm, batch),
     )
 
 

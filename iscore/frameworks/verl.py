@@ -77,7 +77,7 @@ from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks._config import as_float, top_level
-from iscore.replay import Replay
+from iscore.replay import Replay, per_token
 
 FRAMEWORK = "verl"
 
@@ -412,11 +412,11 @@ class VerlSpec:
             seq_weight = self._bound(seq_raw)
             if self.batch_normalize:
                 # One weight per sequence with at least one mask token, RS-rejected ones included.
-                pre_norm = ops.broadcast(seq_weight, batch)
+                pre_norm = per_token(seq_weight, batch)
                 valid = (ops.segment_count(batch, mask) > 0).double()
                 seq_weight = seq_weight / _step_mean(seq_weight * valid, valid, batch)
-            raw = ops.broadcast(seq_raw, batch)
-            weight = ops.broadcast(seq_weight, batch)
+            raw = per_token(seq_raw, batch)
+            weight = per_token(seq_weight, batch)
         return Replay.build(
             batch, weight, keep, raw, seq_raw=seq_raw, seq_weight=seq_weight, pre_norm=pre_norm
         )

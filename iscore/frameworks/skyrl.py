@@ -332,7 +332,9 @@ class SkyRLSpec:
             keep = keep & ops.band(
                 rho, self.token_mask_is_threshold_low, self.token_mask_is_threshold_high
             )
-        seq_sum = ops.segment_sum(d, batch, keep)
+        # Steps 3-4 at sequence level sum d over the shrunk mask.
+        sequence_level = self.tis_ratio_type == "sequence" or self.sequence_mask_metric is not None
+        seq_sum = ops.segment_sum(d, batch, keep) if sequence_level else None
 
         tis_weight = None
         seq_raw = seq_factor = None

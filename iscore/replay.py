@@ -82,9 +82,10 @@ class Replay:
         def zeroed(x: torch.Tensor | None) -> torch.Tensor | None:
             if x is None:
                 return None
-            if every:  # nothing to zero: a float32 copy (never the caller's own tensor)
-                return x.to(torch.float32, copy=True)
-            return torch.where(keep, x.float(), 0.0)
+            out = x.to(torch.float32, copy=True)  # never the caller's own tensor
+            if not every:  # zeroed in place: one float32 [N], not two
+                torch.where(keep, out, out.new_zeros(()), out=out)
+            return out
 
         return cls(
             weight=zeroed(weight),

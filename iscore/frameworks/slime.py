@@ -456,7 +456,8 @@ def _replay_mis(cfg: MisConfig, batch: TokenBatch, d: torch.Tensor) -> Replay:
     pre_norm = None
     if cfg.tis_batch_normalize:
         pre_norm = weight
-        weight = weight / _batch_mean(weight, batch, per_sequence)
+        divisor = _batch_mean(weight, batch, per_sequence)
+        weight = torch.div(weight, divisor, out=divisor)  # the quotient takes its place
 
     if not per_sequence:
         return Replay.build(batch, weight, keep, raw, pre_norm=pre_norm)
@@ -472,7 +473,8 @@ def _replay_mis(cfg: MisConfig, batch: TokenBatch, d: torch.Tensor) -> Replay:
 
 
 def _batch_mean(weight: torch.Tensor, batch: TokenBatch, per_sequence: bool) -> torch.Tensor:
-    """mis.py's batch-normalization divisor, per training step: [B] or [N] like `weight`.
+    """mis.py's batch-normalization divisor, per training step: [B] or [N] like `weight`, a
+    fresh tensor (the caller may overwrite it).
 
     Token level: the mean weight over every original mask token of the step. Sequence level:
     the mean over the step's sequences (fully masked ones count as 0) of each sequence's masked

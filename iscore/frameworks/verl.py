@@ -403,9 +403,9 @@ class VerlSpec:
                 # Every token of the original mask counts, RS-rejected ones included.
                 pre_norm = weight
                 sums = ops.segment_sum(weight, batch, mask)
-                weight = weight / ops.broadcast(
-                    _step_mean(sums, ops.segment_count(batch, mask), batch), batch
-                )
+                means = _step_mean(sums, ops.segment_count(batch, mask), batch)
+                divisor = ops.broadcast(means, batch)  # fresh: `means` is not a shared tensor
+                weight = torch.div(weight, divisor, out=divisor)  # the quotient takes its place
         else:
             # S sums the unclamped d; only the sum is clamped before exponentiating.
             seq_raw = ops.exp(ops.segment_sum(d, batch, mask))

@@ -447,11 +447,6 @@ def _broadcast(values: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
     return torch.from_numpy(np.repeat(values.detach().numpy(), lengths))
 
 
-def k1(d: torch.Tensor) -> torch.Tensor:
-    """k1 = -d: the per-token estimate of KL(rollout || train) when d = train - rollout."""
-    return -d
-
-
 def k2(d: torch.Tensor) -> torch.Tensor:
     """k2 = d^2 / 2."""
     return torch.mul(d, 0.5).mul_(d)  # (0.5 * d) * d, in one fresh tensor

@@ -1,6 +1,6 @@
 """Shared helpers of the pages: the session's state, the cached workspaces, plots and errors.
 
-Caching: a loaded dump is an `iscore.session.Workspace` (the batch, and the analyses, settings
+Caching: a loaded dump is an `iscore.workspace.Workspace` (the batch, and the analyses, settings
 and tuner computed from it on demand, memoized inside). Uploads are cached with
 `st.cache_resource(scope="session")` keyed by the content digest, so each browser session has
 its own and loses it when it disconnects; dumps opened from a server-side path or a bundled
@@ -31,8 +31,8 @@ from iscore.errors import IscoreError
 from iscore.figures import color
 from iscore.replay import Spec
 from iscore.report import SUMMARY_COLUMNS
-from iscore.session import Workspace, digest, fingerprint, open_path, open_uploads
 from iscore.tune import TuneResult
+from iscore.workspace import Workspace, digest, fingerprint, open_path, open_uploads
 
 T = TypeVar("T")
 

@@ -27,13 +27,13 @@ from typing import Any
 import pandas as pd
 import torch
 
-from iscore import ops
+from iscore import frameworks, ops
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import ConfigError
 from iscore.impact import SettingStats
 from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
-from iscore.replay import FRAMEWORKS, Spec, framework_module, parse_config
+from iscore.replay import Spec, parse_config
 
 SCHEMA_VERSION = 1
 
@@ -44,9 +44,9 @@ Setting = Spec | Mapping[str, Any] | str | Path
 def presets() -> dict[str, Spec]:
     """Every framework's named settings, as `framework:name`."""
     return {
-        f"{framework}:{name}": spec
-        for framework in FRAMEWORKS
-        for name, spec in framework_module(framework).PRESETS.items()
+        f"{framework.name}:{name}": spec
+        for framework in frameworks.every()
+        for name, spec in framework.presets().items()
     }
 
 

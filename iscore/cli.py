@@ -26,9 +26,10 @@ from iscore.analyze import analyze, presets, resolve
 from iscore.columns import parse_mapping
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange, resolve_files
 from iscore.errors import IscoreError
+from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS, convert
 from iscore.recommend import Targets, recommend
-from iscore.replay import FRAMEWORKS, parse_config, replay
+from iscore.replay import parse_config, replay
 from iscore.report import write_html
 from iscore.validate import validate
 

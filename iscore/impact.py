@@ -27,67 +27,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
-from iscore import ops
+from iscore import frameworks, ops
 from iscore.batch import TokenBatch
+from iscore.frameworks.base import Aggregation
 from iscore.histogram import Binned, LogHistogram, bin_values, bucket_label
 from iscore.replay import Replay, Spec
 
 QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
 
-AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-
 _TOLERANCE = 1e-6  # relative: float32 weights that differ from raw by less were not truncated
 
 
-@dataclass(frozen=True, slots=True)
-class Aggregation:
-    """How a framework turns per-token losses into the batch loss.
-
-    Attributes:
-        mode: token-mean (sum / tokens), seq-mean-token-mean (mean over sequences of each
-            sequence's token mean) or seq-mean-token-sum (mean over sequences of token sums).
-        shrinks: whether tokens a correction rejects leave the denominator (verl's decoupled
-            rejection sampling under token-mean) instead of only zeroing their numerator.
-    """
-
-    mode: AggregationMode = "token-mean"
-    shrinks: bool = False
-
-    def describe(self) -> str:
-        return self.mode + (", rejected tokens leave the denominator" if self.shrinks else "")
-
-
 def aggregation_of(spec: Spec) -> Aggregation:
-    """The loss aggregation a setting's framework uses by default (corrections.md section 5),
-    refined by whatever the setting's own config says (NeMo-RL `token_level_loss`, TRL
-    `loss_type`, slime `--calculate-per-token-loss`, OpenRLHF's GSPO)."""
-    framework = spec.framework
-    if framework == "verl":
-        # Decoupled rejection sampling rewrites response_mask before the token count is taken.
-        return Aggregation("token-mean", shrinks=not getattr(spec, "bypass", False))
-    if framework == "nemo_rl":
-        level = getattr(spec, "token_level_loss", True)
-        return Aggregation("token-mean" if level else "seq-mean-token-mean")
-    if framework == "slime":
-        per_token = "--calculate-per-token-loss" in getattr(spec, "ignored_flags", ())
-        return Aggregation("token-mean" if per_token else "seq-mean-token-mean")
-    if framework == "openrlhf":
-        gspo = getattr(spec, "policy_loss_type", "ppo") == "gspo"
-        return Aggregation("seq-mean-token-mean" if gspo else "token-mean")
-    if framework == "trl":
-        loss_type = getattr(spec, "loss_type", "dapo")
-        if loss_type == "grpo":
-            return Aggregation("seq-mean-token-mean")
-        if loss_type == "dr_grpo":
-            return Aggregation("seq-mean-token-sum")
-        return Aggregation("token-mean")
-    # SkyRL token_mean, AReaL token mean over the original count, Fireworks num_loss_tokens.
-    return Aggregation("token-mean")
+    """The loss aggregation a setting trains with: its framework's default, refined by whatever
+    the setting's own config says (NeMo-RL `token_level_loss`, TRL `loss_type`, slime
+    `--calculate-per-token-loss`, OpenRLHF's GSPO)."""
+    return frameworks.of(spec).aggregation(spec)
 
 
 # Per-sequence sums collected from each chunk.

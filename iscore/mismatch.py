@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iscore import ops
+from iscore import frameworks, ops
 from iscore.batch import TokenBatch
 from iscore.histogram import Histogram2D, LogHistogram, bucket_label, log2_bucket
 
@@ -40,41 +40,19 @@ TOP_K = 20
 Z90 = 1.2815515655446004
 """The standard normal's 90% quantile: p10/p90 of a normal are mean -+ Z90 * sd."""
 
+_STATISTICS = (
+    "k1", "k2", "k3", "k3_reverse", "chi2_token", "chi2_seq", "abs_diff_mean", "abs_diff_max",
+    "token_mult_prob_error", "js", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio",
+    "training_ppl", "rollout_ppl", "ratio_mean",
+)  # fmt: skip
+_ELSEWHERE = {"k3": ("blogs: vllm-kl",)}  # names used outside the frameworks' own logs
+
 METRIC_NAMES: dict[str, list[str]] = {
-    "k1": [
-        "verl rollout_corr/kl",
-        "slime mis_kl (sequence-averaged)",
-        "OpenRLHF vllm_kl",
-        "AReaL -behave_approx_kl",
-        "NeMo-RL gen_kl_error (kl_type k1)",
-    ],
-    "k2": ["NeMo-RL gen_kl_error (kl_type k2)"],
-    "k3": [
-        "verl rollout_corr/k3_kl",
-        "NeMo-RL gen_kl_error (default k3)",
-        "slime mis_k3_kl (sequence-averaged)",
-        "blogs: vllm-kl",
-    ],
-    "k3_reverse": ["NeMo-RL policy_kl_error", "AReaL rejection_sampling kl_k3 statistic"],
-    "chi2_token": ["verl rollout_corr/chi2_token", "slime mis_chi2_token (sequence-averaged)"],
-    "chi2_seq": ["verl rollout_corr/chi2_seq", "slime mis_chi2_seq"],
-    "abs_diff_mean": [
-        "slime train/train_rollout_logprob_abs_diff (sequence-averaged)",
-        "SkyRL policy/rollout_train_logprobs_abs_diff_mean",
-        "TRL sampling/sampling_logp_difference/mean",
-    ],
-    "abs_diff_max": [
-        "SkyRL policy/rollout_train_logprobs_abs_diff_max",
-        "TRL sampling/sampling_logp_difference/max",
-    ],
-    "token_mult_prob_error": ["NeMo-RL token_mult_prob_error"],
-    "js": ["NeMo-RL js_divergence_error"],
-    "log_ppl_diff": ["verl rollout_corr/log_ppl_diff", "slime mis_log_ppl_diff"],
-    "log_ppl_abs_diff": ["verl rollout_corr/log_ppl_abs_diff", "slime mis_log_ppl_abs_diff"],
-    "ppl_ratio": ["verl rollout_corr/ppl_ratio", "slime mis_ppl_ratio"],
-    "training_ppl": ["verl rollout_corr/training_ppl", "slime mis_training_ppl"],
-    "rollout_ppl": ["verl rollout_corr/rollout_ppl", "slime mis_rollout_ppl"],
-    "ratio_mean": ["SkyRL is_ratio_mean", "slime tis (before clipping)"],
+    statistic: [
+        f"{fw.title} {name}" for fw in frameworks.every() for name in fw.metrics.get(statistic, ())
+    ]
+    + list(_ELSEWHERE.get(statistic, ()))
+    for statistic in _STATISTICS
 }
 """For each statistic, the names the frameworks log it under (corrections.md section 4).
 

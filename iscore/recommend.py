@@ -16,18 +16,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from iscore import ops
+from iscore import frameworks, ops
 from iscore.batch import TokenBatch
+from iscore.canonical import Canonical, Component, mask_component, weight_component
 from iscore.errors import ConfigError
+from iscore.frameworks.base import Framework
 from iscore.impact import quick_stats
-from iscore.replay import FRAMEWORKS, Spec, parse_config
+from iscore.replay import Spec
 from iscore.tune import Tuner
-
-FLOAT32_EXP_MAX = math.log(np.finfo(np.float32).max)  # 88.72: e^S overflows float32 above
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +141,8 @@ class _Thresholds:
             f"{self.token_p999:.3g})",
             "icepop": f"band [{self.band[0]:g}, {self.band[1]:g}] around your token ratios",
             "token_mask": f"band [{self.band[0]:g}, {self.band[1]:g}] around your token ratios",
+            "token_mask_tis": f"band [{self.band[0]:g}, {self.band[1]:g}] around your token ratios",
+            "geo_mask_geo_tis": f"e^G in [{self.geo[0]:g}, {self.geo[1]:g}] from your sequences",
             "geo_mask": f"e^G in [{self.geo[0]:g}, {self.geo[1]:g}] from your sequences",
             "geo_mask_token_tis": f"e^G in [{self.geo[0]:g}, {self.geo[1]:g}], token cap "
             f"{self.token_cap:g}",
@@ -203,295 +205,86 @@ def _round_down(x: float, digits: int = 3) -> float:
 _Builder = Callable[[_Thresholds], dict[str, Any]]
 
 
-def _verl(rc: dict[str, Any]) -> dict[str, Any]:
-    return {"framework": "verl", "algorithm": {"rollout_correction": rc}}
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """A framework-neutral kind of candidate: its setting for the data's thresholds."""
+
+    key: str
+    description: str
+    setting: Callable[[_Thresholds], Canonical]
 
 
-def _skyrl(opc: dict[str, Any]) -> dict[str, Any]:
-    return {"framework": "skyrl", "trainer": {"algorithm": {"off_policy_correction": opc}}}
+def _token_weight(upper: float | None = None, zero: Component | None = None) -> Component:
+    return weight_component("token", upper=upper, numerics="clamp", zero=zero)
 
 
-def _nemo(loss_fn: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "framework": "nemo_rl",
-        "loss_fn": {"use_importance_sampling_correction": True, **loss_fn},
-    }
+def _token_band(t: _Thresholds) -> Component:
+    return mask_component("token", *t.band, numerics="clamp")
 
 
-def _openrlhf(kind: str, low: float, high: float) -> dict[str, Any]:
-    flag = "--algo.advantage.is_correction"
-    return {
-        "framework": "openrlhf",
-        "args": f"{flag}_enable {flag}_type {kind} {flag}_threshold {low:g} {high:g}",
-    }
+def _sequence_weight(level: Literal["sequence", "geometric"]) -> Component:
+    # Sequence-level weights are capped where the frameworks' own examples cap them.
+    return weight_component(level, upper=2.0, numerics="clamp")
 
 
-def _verl_geo(t: _Thresholds) -> str:
-    # verl's k1 statistic is -d: keeping e^G in [lo, hi] needs the threshold "1/hi_1/lo".
-    lo, hi = t.geo
-    return f"{1 / hi:.6g}_{1 / lo:.6g}"
+def _geo_mask(t: _Thresholds) -> Component:
+    return mask_component("geometric", *t.geo)
 
 
-_CANDIDATES: dict[str, list[tuple[str, str, _Builder]]] = {
-    "verl": [
-        (
-            "token_tis",
-            "token TIS",
-            lambda t: _verl({"rollout_is": "token", "rollout_is_threshold": t.token_cap}),
+_KINDS = (
+    _Kind("token_tis", "token TIS", lambda t: Canonical((_token_weight(t.token_cap),))),
+    _Kind(
+        "icepop",
+        "token IcePop band",
+        lambda t: Canonical(
+            (_token_weight(zero=mask_component("token", *t.band, numerics="clamp")),)
         ),
-        (
-            "icepop",
-            "token IcePop band",
-            lambda t: _verl(
-                {"rollout_is": "token", "rollout_is_threshold": f"{t.band[0]:g}_{t.band[1]:g}"}
-            ),
+    ),
+    _Kind(
+        "token_mask",
+        "token mask (no weight)",
+        lambda t: Canonical((_token_band(t),)),
+    ),
+    _Kind(
+        "token_mask_tis",
+        "token mask, kept tokens weighted by their ratio",
+        lambda t: Canonical((_token_weight(), _token_band(t))),
+    ),
+    _Kind("geo_mask", "geometric sequence mask", lambda t: Canonical((_geo_mask(t),))),
+    _Kind(
+        "geo_mask_geo_tis",
+        "geometric sequence mask, kept sequences weighted by e^G",
+        lambda t: Canonical((weight_component("geometric", numerics="clamp"), _geo_mask(t))),
+    ),
+    _Kind(
+        "geo_mask_token_tis",
+        "geometric mask + token TIS",
+        lambda t: Canonical((_token_weight(t.token_cap), _geo_mask(t))),
+    ),
+    _Kind(
+        "seq_mask_tis",
+        "seq-mask-tis (geometric mask, raw token weights)",
+        lambda t: Canonical((_token_weight(zero=_geo_mask(t)),)),
+    ),
+    _Kind(
+        "k3_mask",
+        "k3 sequence mask",
+        lambda t: Canonical(
+            (mask_component("geometric", upper=t.k3, statistic="k3", numerics="clamp_each"),)
         ),
-        (
-            "geo_mask",
-            "geometric sequence mask (Geo-RS)",
-            lambda t: _verl({"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": _verl_geo(t)}),
-        ),
-        (
-            "geo_mask_token_tis",
-            "Geo-RS + token TIS",
-            lambda t: _verl(
-                {
-                    "rollout_is": "token",
-                    "rollout_is_threshold": t.token_cap,
-                    "rollout_rs": "seq_mean_k1",
-                    "rollout_rs_threshold": _verl_geo(t),
-                }
-            ),
-        ),
-        (
-            "k3_mask",
-            "k3 sequence mask (K3-RS)",
-            lambda t: _verl({"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": t.k3}),
-        ),
-        (
-            "seq_tis",
-            "sequence (product) TIS",
-            lambda t: _verl({"rollout_is": "sequence", "rollout_is_threshold": 2.0}),
-        ),
-    ],
-    "skyrl": [
-        (
-            "token_tis",
-            "token TIS",
-            lambda t: _skyrl({"tis_ratio_type": "token", "token_tis_ratio_clip_high": t.token_cap}),
-        ),
-        (
-            "geo_mask",
-            "geometric sequence mask",
-            lambda t: _skyrl(
-                {
-                    "sequence_mask_metric": "geometric",
-                    "geo_mask_low": t.geo[0],
-                    "geo_mask_high": t.geo[1],
-                }
-            ),
-        ),
-        (
-            "geo_mask_token_tis",
-            "geometric mask + token TIS",
-            lambda t: _skyrl(
-                {
-                    "tis_ratio_type": "token",
-                    "token_tis_ratio_clip_high": t.token_cap,
-                    "sequence_mask_metric": "geometric",
-                    "geo_mask_low": t.geo[0],
-                    "geo_mask_high": t.geo[1],
-                }
-            ),
-        ),
-        (
-            "token_mask",
-            "token mask (no weight)",
-            lambda t: _skyrl(
-                {
-                    "token_mask_is_threshold_low": t.band[0],
-                    "token_mask_is_threshold_high": t.band[1],
-                }
-            ),
-        ),
-        (
-            "seq_tis",
-            "sequence (product) TIS",
-            lambda t: _skyrl({"tis_ratio_type": "sequence", "sequence_tis_ratio_clip_high": 5.0}),
-        ),
-    ],
-    "nemo_rl": [
-        (
-            "token_tis",
-            "token TIS",
-            lambda t: _nemo(
-                {
-                    "truncated_importance_sampling_type": "tis",
-                    "truncated_importance_sampling_ratio": t.token_cap,
-                }
-            ),
-        ),
-        (
-            "icepop",
-            "token IcePop band",
-            lambda t: _nemo(
-                {
-                    "truncated_importance_sampling_type": "icepop",
-                    "truncated_importance_sampling_ratio_min": t.band[0],
-                    "truncated_importance_sampling_ratio": t.band[1],
-                }
-            ),
-        ),
-        (
-            "seq_mask_tis",
-            "seq-mask-tis (geometric mask, raw token weights)",
-            lambda t: _nemo(
-                {
-                    "truncated_importance_sampling_type": "seq-mask-tis",
-                    "truncated_importance_sampling_ratio_min": t.geo[0],
-                    "truncated_importance_sampling_ratio": t.geo[1],
-                }
-            ),
-        ),
-        (
-            "seq_tis",
-            "sequence (product, GSPO) TIS",
-            lambda t: _nemo(
-                {
-                    "truncated_importance_sampling_type": "tis",
-                    "truncated_importance_sampling_ratio": 2.0,
-                    "sequence_level_importance_ratios": True,
-                    "token_level_loss": False,
-                }
-            ),
-        ),
-    ],
-    "slime": [
-        (
-            "token_tis",
-            "token TIS",
-            lambda t: {"framework": "slime", "args": f"--use-tis --tis-clip {t.token_cap:g}"},
-        ),
-        (
-            "icepop",
-            "token IcePop band",
-            lambda t: {
-                "framework": "slime",
-                "args": "--use-tis --custom-tis-function-path "
-                "slime.backends.megatron_utils.loss.icepop_function "
-                f"--tis-clip-low {t.band[0]:g} --tis-clip {t.band[1]:g}",
-            },
-        ),
-    ],
-    "areal": [
-        (
-            "token_tis",
-            "token clamp",
-            lambda t: {
-                "framework": "areal",
-                "actor": {
-                    "use_decoupled_loss": True,
-                    "rejection_sampling": {
-                        "level": "token",
-                        "action": "clamp",
-                        "metric": "ratio",
-                        "upper": t.token_cap,
-                    },
-                },
-            },
-        ),
-        (
-            "icepop",
-            "token mask",
-            lambda t: {
-                "framework": "areal",
-                "actor": {
-                    "use_decoupled_loss": True,
-                    "rejection_sampling": {
-                        "level": "token",
-                        "action": "mask",
-                        "metric": "ratio",
-                        "lower": t.band[0],
-                        "upper": t.band[1],
-                    },
-                },
-            },
-        ),
-        (
-            "geo_mask",
-            "geometric sequence mask",
-            lambda t: {
-                "framework": "areal",
-                "actor": {
-                    "use_decoupled_loss": True,
-                    "rejection_sampling": {
-                        "level": "sequence",
-                        "action": "mask",
-                        "metric": "ratio",
-                        "agg": "mean",
-                        "lower": t.geo[0],
-                        "upper": t.geo[1],
-                    },
-                },
-            },
-        ),
-    ],
-    "openrlhf": [
-        ("token_tis", "two-sided token TIS", lambda t: _openrlhf("tis", t.band[0], t.token_cap)),
-        ("icepop", "token IcePop band", lambda t: _openrlhf("icepop", *t.band)),
-        (
-            "seq_mask_tis",
-            "seq-mask-tis (geometric mask)",
-            lambda t: _openrlhf("seq-mask-tis", *t.geo),
-        ),
-    ],
-    "trl": [
-        (
-            "token_tis",
-            "token truncate",
-            lambda t: {
-                "framework": "trl",
-                "vllm_importance_sampling_mode": "token_truncate",
-                "vllm_importance_sampling_clip_max": t.token_cap,
-            },
-        ),
-        (
-            "icepop",
-            "token mask",
-            lambda t: {
-                "framework": "trl",
-                "vllm_importance_sampling_mode": "token_mask",
-                "vllm_importance_sampling_clip_min": t.band[0],
-                "vllm_importance_sampling_clip_max": t.band[1],
-            },
-        ),
-        ("seq_mask", "sequence (product) mask, TRL's default", lambda t: {"framework": "trl"}),
-    ],
-    "fireworks": [
-        (
-            "token_tis",
-            "token TIS",
-            lambda t: {"framework": "fireworks", "tis": {"cap": t.token_cap, "level": "token"}},
-        ),
-        (
-            "geo_tis",
-            "sequence (geometric-mean) TIS",
-            lambda t: {"framework": "fireworks", "tis": {"cap": 2.0, "level": "sequence"}},
-        ),
-        (
-            "icepop",
-            "token TIS with IcePop band",
-            lambda t: {
-                "framework": "fireworks",
-                "tis": {
-                    "cap": t.token_cap,
-                    "level": "token",
-                    "icepop_threshold": max(t.band[1], 1 / t.band[0]),
-                },
-            },
-        ),
-    ],
-}
+    ),
+    _Kind(
+        "geo_tis",
+        "sequence (geometric-mean) TIS",
+        lambda t: Canonical((_sequence_weight("geometric"),)),
+    ),
+    _Kind(
+        "seq_tis",
+        "sequence (product) TIS",
+        lambda t: Canonical((_sequence_weight("sequence"),)),
+    ),
+)
+"""The candidates, in the order they are tried; each framework gets those it can express."""
 
 
 def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None) -> Recommendation:
@@ -499,25 +292,22 @@ def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None)
 
     Args:
         batch: the loaded dump.
-        framework: one of `iscore.replay.FRAMEWORKS`.
+        framework: one of `iscore.frameworks.NAMES`.
         targets: what a good setting does; defaults to `Targets()`.
     """
-    if framework not in FRAMEWORKS:
-        raise ConfigError(
-            f"Expected `framework` to be one of {', '.join(FRAMEWORKS)}, but got {framework!r}"
-        )
+    fw = frameworks.get(framework)
     targets = targets or Targets()
     tuner = Tuner(batch)
     thresholds = _Thresholds.of(tuner, targets)
     candidates = []
-    for kind, description, build in _CANDIDATES[framework]:
-        config = build(thresholds)
-        config["name"] = f"{framework} {description}"
-        spec = parse_config(config)
+    for kind in _KINDS:
+        spec = fw.express(kind.setting(thresholds), f"{framework} {kind.description}")
+        if spec is None:
+            continue
         stats = quick_stats(batch, spec)
         missed = tuple(targets.violations(stats))
-        reason = _reason(f"{description}, {thresholds.describe(kind)}", stats, missed)
-        candidates.append(Candidate(spec, kind, stats, missed, reason))
+        reason = _reason(f"{kind.description}, {thresholds.describe(kind.key)}", stats, missed)
+        candidates.append(Candidate(spec, kind.key, stats, missed, reason))
     ranked = sorted(
         candidates,
         key=lambda c: (
@@ -527,7 +317,7 @@ def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None)
             c.stats["token_masked_fraction"],
         ),
     )
-    return Recommendation(framework, targets, tuple(ranked), tuple(_warnings(batch, framework)))
+    return Recommendation(framework, targets, tuple(ranked), tuple(_warnings(batch, fw)))
 
 
 def _reason(description: str, stats: dict[str, float], missed: tuple[str, ...]) -> str:
@@ -541,17 +331,14 @@ def _reason(description: str, stats: dict[str, float], missed: tuple[str, ...]) 
     return f"{description}: meets the targets; {effect}"
 
 
-def _warnings(batch: TokenBatch, framework: str) -> list[str]:
-    """The traps that bite this data in this framework (corrections.md section 3)."""
+def _warnings(batch: TokenBatch, framework: Framework) -> list[str]:
+    """The traps that bite this data: sequence-weight collapse, and the framework's own."""
     warnings = []
     m = batch.loss_mask
-    d = ops.log_ratio(batch)
     T = ops.segment_count(batch, m)
-    S = ops.segment_sum(d, batch, m)
     has = T > 0
     if has.any():
-        d_loss = d[m]
-        mu = float(d_loss.mean())
+        mu = float(ops.log_ratio(batch)[m].mean())
         long_t = float(T[has].double().quantile(0.9))
         median_weight = math.exp(mu * long_t)
         if median_weight < 0.5:
@@ -561,34 +348,8 @@ def _warnings(batch: TokenBatch, framework: str) -> list[str]:
                 f"{mu:.2g} per token), so sequence IS cuts the effective LR there; prefer "
                 "token-level or geometric-mean weights."
             )
-        overflow = int((S[has] > FLOAT32_EXP_MAX).sum())
-        if framework == "nemo_rl" and overflow:
-            warnings.append(
-                f"NeMo-RL's sequence-level weight e^S overflows float32 and becomes 0 (not the "
-                f"cap) for {overflow} sequence(s) with S > 88.7: with "
-                "sequence_level_importance_ratios those sequences get no gradient."
-            )
-    if framework == "verl":
-        warnings.append(
-            "verl's k1 rejection (token_k1/seq_*_k1) keeps ratios in [1/U, 1/L], not [L, U]: "
-            'asymmetric bounds such as "0.5_1.5" keep [0.667, 2.0]. The geometric candidates '
-            "here already account for it."
-        )
-    if framework == "areal":
-        warnings.append(
-            "AReaL: use_decoupled_loss without rejection_sampling applies no behaviour weight at "
-            "all (since PR #1088); set rejection_sampling as in the candidates."
-        )
-    if framework == "openrlhf":
-        warnings.append(
-            "OpenRLHF's seq-mask-tis shares the TIS threshold pair; the default [0.5, 5] is "
-            "effectively no mask for a geometric mean: set thresholds like the candidate's."
-        )
-    if framework == "trl":
-        default = quick_stats(batch, parse_config({"framework": "trl"}))
-        warnings.append(
-            "TRL's default vllm_importance_sampling_mode is sequence_mask (product ratio masked "
-            f"above 3.0): on this data it drops {default['seq_masked_fraction']:.1%} of sequences "
-            f"and scales the LR by {default['lr_scale']:.3g}."
-        )
+    for trap in framework.traps:
+        warning = trap.warning(batch, lambda spec: quick_stats(batch, spec))
+        if warning is not None:
+            warnings.append(warning)
     return warnings

@@ -17,7 +17,6 @@ can also be built directly from Python (typed fields, no string mini-languages).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,12 +27,9 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 
-from iscore import ops
+from iscore import frameworks, ops
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
-
-FRAMEWORKS = ("verl", "skyrl", "nemo_rl", "slime", "areal", "openrlhf", "trl", "fireworks")
-"""Frameworks whose corrections iscore replays; each has a module in `iscore.frameworks`."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -136,15 +132,6 @@ class Spec(Protocol):
     def replay(self, batch: TokenBatch) -> Replay: ...
 
 
-def framework_module(name: str) -> Any:
-    """The module of framework `name` (parse, replay, presets)."""
-    if name not in FRAMEWORKS:
-        raise ConfigError(
-            f"Expected `framework` to be one of {', '.join(FRAMEWORKS)}, but got {name!r}"
-        )
-    return importlib.import_module(f"iscore.frameworks.{name}")
-
-
 def parse_config(config: Mapping[str, Any] | str | Path) -> Spec:
     """Parse a framework config (a mapping, or a YAML file's path) into its frozen spec.
 
@@ -163,11 +150,10 @@ def parse_config(config: Mapping[str, Any] | str | Path) -> Spec:
         where = f"{source}: " if source else ""
         raise ConfigError(
             f"{where}Expected a mapping with a top-level `framework:` "
-            f"(one of {', '.join(FRAMEWORKS)}), but got {type(config).__name__}"
+            f"(one of {', '.join(frameworks.NAMES)}), but got {type(config).__name__}"
         )
-    module = framework_module(config["framework"])
     try:
-        return module.parse(config)
+        return frameworks.get(config["framework"]).parse(config)
     except ConfigError as e:
         if source is None:
             raise

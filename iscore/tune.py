@@ -25,12 +25,18 @@ tokens keeping their place in the denominator, as most frameworks do).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from iscore import ops
+from iscore import frameworks, ops
 from iscore.batch import TokenBatch
+from iscore.canonical import Canonical, mask_component, weight_component
+from iscore.errors import ConfigError
+from iscore.frameworks._config import check_choice
+from iscore.replay import Spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,3 +203,178 @@ class Tuner:
         if not keys.size:
             return {q: float("nan") for q in qs}
         return {q: float(np.quantile(keys, q)) for q in qs}
+
+
+Statistic = Literal["token", "geometric", "product", "k3"]
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """A family of threshold settings that `Tuner` answers in O(log N).
+
+    Attributes:
+        key: the `Tuner` method; its positional arguments are `bounds`, in order.
+        label: for people.
+        statistic: what the bounds threshold (`Tuner.quantiles` family).
+        bounds: the thresholds' names.
+        defaults: a common setting, one value per bound.
+        span: the least range the thresholds' sliders cover, widened to the data's
+            0.1%-99.9% quantiles.
+        rule: the family's rule in one line.
+        truncates: whether it clamps weights (else `TuneResult.truncated_fraction` is 0).
+    """
+
+    key: str
+    label: str
+    statistic: Statistic
+    bounds: tuple[str, ...]
+    defaults: tuple[float, ...]
+    span: tuple[float, float]
+    rule: str
+    truncates: bool = False
+
+
+FAMILIES: dict[str, Family] = {
+    f.key: f
+    for f in (
+        Family(
+            "token_tis", "Token TIS cap", "token", ("upper",), (2.0,), (1.0, 10.0),
+            "w = min(rho, upper) per token, rho = e^d", truncates=True,
+        ),
+        Family(
+            "icepop", "IcePop band", "token", ("lower", "upper"), (0.5, 5.0), (0.1, 10.0),
+            "w = rho where lower ≤ rho ≤ upper, else 0",
+        ),
+        Family(
+            "seq_tis", "Sequence TIS cap", "product", ("upper",), (2.0,), (1.0, 10.0),
+            "w = min(e^S, upper) for every token of the sequence, S = Σd", truncates=True,
+        ),
+        Family(
+            "geometric_mask", "Geometric sequence mask", "geometric", ("lower", "upper"),
+            (0.999, 1.001), (0.999, 1.001),
+            "keep a sequence iff lower ≤ e^(S/T) ≤ upper; w = 1",
+        ),
+        Family(
+            "product_mask", "Product sequence mask", "product", ("lower", "upper"), (0.5, 2.0),
+            (0.1, 10.0), "keep a sequence iff lower ≤ e^S ≤ upper; w = 1",
+        ),
+        Family(
+            "k3_mask", "k3 sequence mask", "k3", ("threshold",), (0.01,), (1e-4, 0.1),
+            "keep a sequence iff its mean per-token k3 ≤ threshold; w = 1",
+        ),
+    )
+}  # fmt: skip
+"""The families of `Tuner`, by its method names."""
+
+
+def query(tuner: Tuner, family: str, values: Sequence[float]) -> TuneResult:
+    """What the setting `values` (one per bound) of `family` does, in O(log N)."""
+    return getattr(tuner, FAMILIES[family].key)(*values)
+
+
+def grid(tuner: Tuner, family: str, points: int = 61) -> dict[str, list[float]]:
+    """Log-spaced slider values per bound, from the family's span widened to the data's
+    0.1%-99.9% quantiles of the statistic it thresholds, rounded to 4 significant digits,
+    with the family's default among them.
+
+    Bounds named `lower` run up to 1, `upper` from 1; a lone `threshold` covers the span.
+    """
+    f = FAMILIES[family]
+    q = tuner.quantiles(f.statistic)
+    low = max(float(np.nanmin([f.span[0], q[0.001]])), 1e-9)
+    high = float(np.nanmax([f.span[1], q[0.999]]))
+    ranges = {"lower": (low, 1.0), "upper": (1.0, high), "threshold": (low, high)}
+    out = {}
+    for bound, default in zip(f.bounds, f.defaults, strict=True):
+        values = {float(f"{v:.4g}") for v in np.geomspace(*ranges[bound], points)}
+        out[bound] = sorted(values | {default})
+    return out
+
+
+def nearest(values: Sequence[float], target: float) -> float:
+    """The value of `values` closest to `target` on a log scale.
+
+    >>> nearest([0.5, 1.0, 2.0], 1.9)
+    2.0
+    """
+    logs = np.log(np.asarray(values, dtype=np.float64))
+    return float(values[int(np.argmin(np.abs(logs - np.log(target))))])
+
+
+def sweep(
+    tuner: Tuner, family: str, values: Sequence[float], bound: int, xs: Sequence[float]
+) -> list[TuneResult]:
+    """`query` with bound number `bound` set to each of `xs`, the others held at `values`."""
+    out = []
+    for x in xs:
+        point = list(values)
+        point[bound] = x
+        out.append(query(tuner, family, point))
+    return out
+
+
+def setting_name(family: str, values: Sequence[float]) -> str:
+    """A default name for a tuned setting, e.g. `icepop_0.5_5`.
+
+    >>> setting_name("icepop", (0.5, 5.0))
+    'icepop_0.5_5'
+    """
+    return "_".join([family, *(f"{v:.4g}" for v in values)])
+
+
+# --------------------------------------------------------------------------------------------
+# The families as settings: framework-neutral, and in each framework's terms.
+
+
+def family_setting(family: str, values: Sequence[float]) -> Canonical:
+    """The framework-neutral setting `values` (one per bound) of `family` computes.
+
+    >>> family_setting("token_tis", (2.0,)).describe()
+    'C1 w = min(rho, 2)'
+    """
+    check_choice("family", family, tuple(FAMILIES))
+    if family == "token_tis":
+        (upper,) = values
+        return Canonical((weight_component("token", upper=upper, numerics="clamp"),))
+    if family == "icepop":
+        band = mask_component("token", *values, numerics="clamp")
+        return Canonical((weight_component("token", numerics="clamp", zero=band),))
+    if family == "seq_tis":
+        (upper,) = values
+        return Canonical((weight_component("sequence", upper=upper, numerics="clamp"),))
+    if family == "geometric_mask":
+        return Canonical((mask_component("geometric", *values),))
+    if family == "product_mask":
+        return Canonical((mask_component("sequence", *values, numerics="clamp"),))
+    (threshold,) = values
+    k3 = mask_component("geometric", upper=threshold, statistic="k3", numerics="clamp_each")
+    return Canonical((k3,))
+
+
+def frameworks_for(family: str) -> list[str]:
+    """The frameworks that have `family` as a setting of their own (the same weights)."""
+    return [fw.name for fw in frameworks.every() if family in fw.families]
+
+
+def family_spec(
+    family: str, values: Sequence[float], framework: str, name: str | None = None
+) -> Spec:
+    """The setting `values` of `family` as `framework`'s own spec (its weights are the family's
+    up to the framework's float32 / +-20-clamp details).
+
+    >>> family_spec("token_tis", (2.0,), "verl").is_upper
+    2.0
+
+    Raises:
+        ConfigError: `framework` has no such setting, or rejects the values.
+    """
+    fw = frameworks.get(framework)
+    spec = None
+    if family in fw.families:
+        spec = fw.express(family_setting(family, values), name or setting_name(family, values))
+    if spec is None:
+        raise ConfigError(
+            f"{framework} has no {FAMILIES[family].label.lower()}; "
+            f"frameworks that do: {', '.join(frameworks_for(family))}"
+        )
+    return spec

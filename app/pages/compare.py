@@ -8,8 +8,9 @@ import yaml
 
 from iscore import figures
 from iscore.errors import IscoreError
-from iscore.replay import FRAMEWORKS, parse_config
-from iscore.session import FAMILIES, family_spec, frameworks_for
+from iscore.frameworks import NAMES as FRAMEWORKS
+from iscore.replay import parse_config
+from iscore.tune import FAMILIES, family_spec, frameworks_for
 
 ws = common.require_workspace()
 steps = common.selected_steps()

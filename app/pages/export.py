@@ -9,7 +9,7 @@ import common
 import streamlit as st
 
 from iscore.errors import IscoreError
-from iscore.replay import FRAMEWORKS
+from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.report import render_html
 
 ws = common.require_workspace()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import common
 import streamlit as st
 
-from iscore import session
+from iscore import tune
 from iscore.errors import IscoreError
-from iscore.session import FAMILIES
+from iscore.tune import FAMILIES
 
 ws = common.require_workspace()
 steps = common.selected_steps()
@@ -32,13 +32,13 @@ values = []
 for col, bound, default in zip(st.columns(len(f.bounds)), f.bounds, f.defaults, strict=True):
     key = f"tune_{family}_{bound}"
     if state.get(key, default) not in grids[bound]:  # a new dump or step selection
-        state[key] = session.nearest(grids[bound], state.get(key, default))
+        state[key] = tune.nearest(grids[bound], state.get(key, default))
     values.append(
         col.select_slider(
             bound, grids[bound], format_func=lambda v: f"{v:.4g}", **common.persist(key, default)
         )
     )
-result = session.query(tuner, family, values)
+result = tune.query(tuner, family, values)
 
 cols = st.columns(5)
 cols[0].metric("Tokens with weight 0", f"{result.token_masked_fraction:.2%}", border=True)
@@ -71,14 +71,14 @@ shown = [
 
 for col, (i, bound) in zip(st.columns(len(f.bounds)), enumerate(f.bounds), strict=True):
     with col:
-        curve = session.sweep(tuner, family, values, i, grids[bound])
+        curve = tune.sweep(tuner, family, values, i, grids[bound])
         common.plot(common.tune_figure(bound, grids[bound], curve, values[i], shown))
 
 
 def _use() -> None:
     chosen = [state[f"tune_{family}_{bound}"] for bound in f.bounds]
     try:
-        spec = session.family_spec(
+        spec = tune.family_spec(
             family, chosen, state.tune_framework, state.tune_name.strip() or None
         )
         common.say("success", f"Added {common.add_setting(spec)} to the Compare list.")
@@ -88,7 +88,7 @@ def _use() -> None:
 
 st.subheader("Use this setting")
 cols = st.columns([1, 2, 1], vertical_alignment="bottom")
-cols[0].selectbox("As a config of", session.frameworks_for(family), key="tune_framework")
-cols[1].text_input("Name", placeholder=session.setting_name(family, values), key="tune_name")
+cols[0].selectbox("As a config of", tune.frameworks_for(family), key="tune_framework")
+cols[1].text_input("Name", placeholder=tune.setting_name(family, values), key="tune_name")
 cols[2].button("Use this setting", icon=":material/playlist_add:", on_click=_use, type="primary")
 st.page_link("pages/compare.py", label="Compare it with others", icon=":material/arrow_forward:")

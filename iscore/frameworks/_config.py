@@ -13,6 +13,8 @@ iscore.errors.ConfigError: Expected `tis.cap` to be a float, but got 'x'
 from __future__ import annotations
 
 import argparse
+import difflib
+import math
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,11 +94,7 @@ class Section:
 
     def choice(self, key: str, default: str | None, choices: Sequence[str | None]) -> str | None:
         value = self.raw(key, default)
-        if value not in choices:
-            allowed = ", ".join("null" if c is None else repr(c) for c in choices)
-            raise ConfigError(
-                f"Expected `{self.key(key)}` to be one of {allowed}, but got {value!r}"
-            )
+        check_choice(self.key(key), value, choices)
         return value
 
     def done(self, ignore: Sequence[str] = ()) -> None:
@@ -105,9 +103,58 @@ class Section:
         if unknown:
             raise ConfigError(
                 f"Unknown key{'s' * (len(unknown) > 1)} "
-                + ", ".join(f"`{self.key(k)}`" for k in unknown)
+                + ", ".join(f"`{self.key(k)}`{_nearest(k, self.read)}" for k in unknown)
                 + (f"; expected {', '.join(sorted(self.read))}" if self.read else "")
             )
+
+
+def check_choice(key: str, value: Any, choices: Sequence[Any]) -> None:
+    """Raise ConfigError naming `key`, the allowed values and the nearest one, unless `value` is
+    one of `choices`.
+
+    >>> check_choice("level", "tokne", ("token", "sequence"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    iscore.errors.ConfigError: Expected `level` ... but got 'tokne' (did you mean 'token'?)
+    """
+    if value in choices:
+        return
+    allowed = ", ".join("null" if c is None else repr(c) for c in choices)
+    hint = _nearest(value, [c for c in choices if isinstance(c, str)])
+    raise ConfigError(f"Expected `{key}` to be one of {allowed}, but got {value!r}{hint}")
+
+
+def check_number(
+    key: str,
+    value: Any,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    nullable: bool = False,
+) -> None:
+    """Raise ConfigError naming `key` unless `value` is a number (not a bool, not NaN) within
+    the bounds, or None where `nullable`."""
+    if value is None and nullable:
+        return
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    if not ok or (gt is not None and not value > gt) or (ge is not None and not value >= ge):
+        bound = f" > {gt}" if gt is not None else f" >= {ge}" if ge is not None else ""
+        null = " or null" if nullable else ""
+        raise ConfigError(f"Expected `{key}` to be a float{bound}{null}, but got {value!r}")
+
+
+def check_bool(key: str, value: Any) -> None:
+    """Raise ConfigError naming `key` unless `value` is a bool."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"Expected `{key}` to be a bool, but got {value!r}")
+
+
+def _nearest(value: Any, options: Any) -> str:
+    """ " (did you mean 'x'?)" for the closest of `options` to a string `value`, else ""."""
+    if not isinstance(value, str):
+        return ""
+    match = difflib.get_close_matches(value, [str(o) for o in options], n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 def as_float(value: Any, key: str, *, gt: float | None = None, ge: float | None = None) -> float:

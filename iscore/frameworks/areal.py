@@ -90,13 +90,33 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops
+from iscore import ops, render
 from iscore.batch import TokenBatch
+from iscore.canonical import (
+    Anchor,
+    Candidate,
+    Canonical,
+    Component,
+    Numerator,
+    Statistic,
+    first_weight,
+    identity_at_zero,
+    log_or_none,
+    lost,
+    mask_component,
+    note_extras,
+    note_numerator,
+    ratio_bounds,
+    ratio_level,
+    weight_component,
+)
+from iscore.canonical import Level as CanonicalLevel
 from iscore.errors import ConfigError
-from iscore.frameworks._config import Section, top_level
+from iscore.frameworks._config import Section, check_choice, check_number, top_level
+from iscore.frameworks.base import Framework, Trap, Upstream
 from iscore.replay import Replay, per_token
 
-FRAMEWORK = "areal"
+NAME = "areal"
 
 Level = Literal["token", "sequence"]
 Action = Literal["mask", "clamp"]
@@ -137,20 +157,6 @@ _TOP_OTHER_KEYS = (
 _LEGACY_MODES = ("token_mask", "token_truncate", "sequence_mask", "sequence_truncate", "disabled")
 
 
-def _check_choice(value: Any, choices: tuple[str, ...], key: str) -> None:
-    if value not in choices:
-        raise ConfigError(
-            f"Expected `{key}` to be one of {', '.join(map(repr, choices))}, but got {value!r}"
-        )
-
-
-def _check_float(value: Any, key: str, nullable: bool = False) -> None:
-    if value is None and nullable:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ConfigError(f"Expected `{key}` to be a float, but got {value!r}")
-
-
 @dataclass(frozen=True, slots=True)
 class RejectionSampling:
     """AReaL's `RejectionSamplingConfig`: how the prox/behave mismatch filters and weights.
@@ -173,12 +179,12 @@ class RejectionSampling:
     lower: float | None = None
 
     def __post_init__(self) -> None:
-        _check_choice(self.level, _LEVELS, f"{_RS}.level")
-        _check_choice(self.action, _ACTIONS, f"{_RS}.action")
-        _check_choice(self.metric, _METRICS, f"{_RS}.metric")
-        _check_choice(self.agg, _AGGS, f"{_RS}.agg")
-        _check_float(self.upper, f"{_RS}.upper")
-        _check_float(self.lower, f"{_RS}.lower", nullable=True)
+        check_choice(f"{_RS}.level", self.level, _LEVELS)
+        check_choice(f"{_RS}.action", self.action, _ACTIONS)
+        check_choice(f"{_RS}.metric", self.metric, _METRICS)
+        check_choice(f"{_RS}.agg", self.agg, _AGGS)
+        check_number(f"{_RS}.upper", self.upper)
+        check_number(f"{_RS}.lower", self.lower, nullable=True)
         # AReaL's `RejectionSamplingConfig.__post_init__`, in its order.
         if self.lower is not None and self.lower > self.upper:
             raise ConfigError(
@@ -235,14 +241,14 @@ class ArealCorrection:
         name: display name.
     """
 
-    framework: ClassVar[str] = FRAMEWORK
+    framework: ClassVar[str] = NAME
     use_decoupled_loss: bool = False
     recompute_logprob: bool = False
     prox_logp_method: ProxLogpMethod = "recompute"
     rejection_sampling: RejectionSampling | None = None
     importance_sampling_level: Level = "token"
     ignored_keys: tuple[str, ...] = ()
-    name: str = FRAMEWORK
+    name: str = NAME
 
     def __post_init__(self) -> None:
         for key in ("use_decoupled_loss", "recompute_logprob"):
@@ -250,8 +256,8 @@ class ArealCorrection:
                 raise ConfigError(
                     f"Expected `actor.{key}` to be a bool, but got {getattr(self, key)!r}"
                 )
-        _check_choice(self.prox_logp_method, _PROX_METHODS, "actor.prox_logp_method")
-        _check_choice(self.importance_sampling_level, _LEVELS, "actor.importance_sampling_level")
+        check_choice("actor.prox_logp_method", self.prox_logp_method, _PROX_METHODS)
+        check_choice("actor.importance_sampling_level", self.importance_sampling_level, _LEVELS)
         if self.rejection_sampling is not None and not isinstance(
             self.rejection_sampling, RejectionSampling
         ):
@@ -294,7 +300,7 @@ class ArealCorrection:
                 "lower": rs.lower,
             },
         }
-        return {"framework": FRAMEWORK, "name": self.name, "actor": actor}
+        return {"framework": NAME, "name": self.name, "actor": actor}
 
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights and mask as `apply_rejection_sampling` returns them."""
@@ -447,7 +453,7 @@ def parse(config: Mapping[str, Any]) -> ArealCorrection:
     (RejectionSampling(level='token', action='mask', metric='ratio', agg='mean', upper=5.0, \
 lower=None), ('experiment_name', 'actor.eps_clip'))
     """
-    section, name = top_level(config, FRAMEWORK)
+    section, name = top_level(config, NAME)
     actor = section.section("actor")
     ignored = [k for k in _TOP_OTHER_KEYS if k in section.data]
     section.done(ignore=_TOP_OTHER_KEYS)
@@ -508,3 +514,235 @@ PRESETS: dict[str, ArealCorrection] = {
     ),
 }
 """AReaL's recommended behaviour filter (token mask, upper 5), and its clamp and sequence forms."""
+
+
+# ------------------------------------------------------------------ canonical form
+
+
+def to_canonical(spec: ArealCorrection) -> Canonical:
+    if spec.use_decoupled_loss:
+        anchor: Anchor = "recompute"
+    else:
+        anchor = "recompute" if spec.recompute_logprob else "rollout"
+    rs = spec.rejection_sampling
+    if rs is None:
+        return Canonical(anchor=anchor)
+    # Without decoupling prox and behave are one tensor: d = 0.
+    numerator: Numerator = "train" if spec.use_decoupled_loss else "rollout"
+    statistic: Statistic = {
+        "ratio": "ratio",
+        "kl_k1": "log_ratio",
+        "kl_k2": "k2",
+        "kl_k3": "k3_reverse",
+    }[rs.metric]  # type: ignore[assignment]
+    common: dict[str, Any] = {"numerator": numerator}
+    if rs.level == "token":
+        if rs.action == "clamp":
+            components = (
+                weight_component("token", lower=rs.clamp_lower, upper=rs.upper, **common),
+            )
+        else:
+            band = mask_component("token", rs.lower, rs.upper, statistic=statistic, **common)
+            components = (weight_component("token", **common), band)
+    else:
+        level: CanonicalLevel = {"sum": "sequence", "mean": "geometric", "max": "max"}[rs.agg]  # type: ignore[assignment]
+        band = mask_component(level, rs.lower, rs.upper, statistic=statistic, **common)
+        if rs.metric != "ratio":
+            components = (weight_component("token", **common), band)
+        elif rs.action == "mask":
+            components = (weight_component("geometric", **common), band)
+        elif rs.agg == "mean":
+            # The decision and the clamp both see e^G: a plain geometric truncation.
+            components = (
+                weight_component("geometric", lower=rs.clamp_lower, upper=rs.upper, **common),
+            )
+        else:
+            components = (
+                weight_component(
+                    "geometric", lower=rs.clamp_lower, upper=rs.upper, unless=band, **common
+                ),
+            )
+    if numerator == "rollout":
+        components = tuple(c for c in components if not identity_at_zero(c))
+    return Canonical(components, anchor)
+
+
+def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+    notes: list[str] = []
+    if c.anchor == "rollout":
+        # No recompute: prox = behave, so AReaL has no behaviour weight to apply.
+        for x in c.components:
+            lost(notes, x, "AReaL without recompute (its bypass) applies no behaviour weight")
+        spec = ArealCorrection(use_decoupled_loss=False, recompute_logprob=False, name=name)
+        return [(spec, tuple(notes))]
+    w = first_weight(c, notes, "AReaL", conditional=True)
+    masks = list(c.masks)
+    for x in (*c.weights[:1], *masks):
+        note_numerator(notes, x, "train", "AReaL")
+    rs = None
+    if w is not None and w.level != "token":
+        rs = _areal_sequence_weight(w, masks, notes)
+    elif w is not None:
+        rs = _areal_token_weight(w, masks, notes)
+    elif masks:
+        notes.append("AReaL weights the tokens it keeps by their ratio; the source applies none")
+        rs = _areal_mask(masks.pop(0), notes, geometric_weight=False)
+    for m in masks:
+        lost(notes, m, "AReaL takes one rejection_sampling; dropped")
+    note_extras(notes, c, "AReaL")
+    spec = ArealCorrection(
+        use_decoupled_loss=True, recompute_logprob=True, rejection_sampling=rs, name=name
+    )
+    return [(spec, tuple(notes))]
+
+
+def _areal_ratio_upper(upper: float | None, notes: list[str], c: Component) -> float | None:
+    """AReaL's ratio `upper`: open is +inf; at or below 1 AReaL refuses it (None)."""
+    if upper is None:
+        return math.inf
+    if upper <= 1.0:
+        lost(notes, c, "AReaL needs a ratio upper bound above 1; dropped")
+        return None
+    return upper
+
+
+def _areal_token_weight(
+    w: Component, masks: list[Component], notes: list[str]
+) -> RejectionSampling | None:
+    if w.zero is not None:
+        if w.lower is not None or w.upper is not None:
+            lost(notes, w, "AReaL's mask keeps the raw ratio; the truncation is dropped")
+        lost(
+            notes,
+            w.zero,
+            "AReaL removes those from the loss mask instead of zeroing them "
+            "(its denominator keeps them)",
+        )
+        return _areal_mask(w.zero, notes, geometric_weight=False)
+    if w.lower is not None or w.upper is not None:
+        upper = _areal_ratio_upper(w.upper, notes, w)
+        if upper is None:
+            return None
+        return RejectionSampling(action="clamp", upper=upper, lower=w.lower)
+    # A raw token weight leaves AReaL's one rejection free for the first mask it can take.
+    for m in masks:
+        mask_notes: list[str] = []
+        rs = _areal_mask(m, mask_notes, geometric_weight=False)
+        if rs is not None:
+            masks.remove(m)
+            notes += mask_notes
+            return rs
+    return RejectionSampling(upper=math.inf)  # the raw weight, nothing rejected
+
+
+def _areal_sequence_weight(
+    w: Component, masks: list[Component], notes: list[str]
+) -> RejectionSampling | None:
+    if w.level == "sequence":
+        lost(notes, w, "AReaL's sequence-level weight is the geometric mean e^G, not e^S")
+    elif w.level == "geometric_unmasked":
+        lost(notes, w, "AReaL's geometric mean runs over loss tokens only")
+    if w.zero is not None:
+        if w.lower is not None or w.upper is not None:
+            lost(notes, w, "AReaL's sequence mask keeps e^G raw; the truncation is dropped")
+        lost(
+            notes,
+            w.zero,
+            "AReaL removes those sequences from the loss mask instead of "
+            "zeroing them (its denominator keeps them)",
+        )
+        return _areal_mask(w.zero, notes, geometric_weight=True)
+    if w.lower is not None or w.upper is not None:
+        agg = "mean"
+        if w.unless is not None:
+            agg = {"sequence": "sum", "max": "max"}.get(w.unless.level, "mean")
+        upper = _areal_ratio_upper(w.upper, notes, w)
+        if upper is None:
+            return None
+        return RejectionSampling(
+            level="sequence", action="clamp", agg=agg, upper=upper, lower=w.lower
+        )
+    for m in masks:
+        if m.statistic == "ratio" and m.level in ("sequence", "geometric", "max"):
+            masks.remove(m)
+            return _areal_mask(m, notes, geometric_weight=True)
+    return RejectionSampling(level="sequence", upper=math.inf)
+
+
+def _areal_mask(
+    m: Component, notes: list[str], *, geometric_weight: bool
+) -> RejectionSampling | None:
+    """AReaL's rejection closest to a mask: metric ratio keeps the weight the geometric mean at
+    sequence level, the KL metrics keep per-token weights."""
+    level = ratio_level(m) if m.statistic == "ratio" else m.level
+    aggs = {"sequence": "sum", "geometric": "mean", "max": "max", "any_token": "max"}
+    if level == "geometric_unmasked":
+        lost(notes, m, "AReaL's sequence mean runs over loss tokens only")
+        level = "geometric"
+    bounds = ratio_bounds(m)
+    if level == "any_token":
+        if bounds is None or bounds[1] is None:
+            lost(notes, m, "AReaL bounds a sequence's largest token only from above; dropped")
+            return None
+        if bounds[0] is not None:
+            lost(notes, m, "AReaL bounds a sequence's largest token from above; lower dropped")
+        bounds = (None, bounds[1])
+    if m.strict:
+        lost(notes, m, "AReaL's bounds are inclusive")
+    if m.statistic == "ratio" and (level == "token" or geometric_weight):
+        upper = _areal_ratio_upper(bounds[1], notes, m)
+        if upper is None:
+            return None
+        # AReaL refuses a ratio lower bound <= 0, which bounds nothing anyway.
+        lower = bounds[0] if bounds[0] else None
+        if level == "token":
+            return RejectionSampling(upper=upper, lower=lower)
+        return RejectionSampling(level="sequence", agg=aggs[level], upper=upper, lower=lower)
+    if m.statistic in ("ratio", "log_ratio"):
+        metric = "kl_k1"
+        lower = log_or_none(bounds[0]) if m.statistic == "ratio" else m.lower
+        upper = log_or_none(bounds[1]) if m.statistic == "ratio" else m.upper
+        if level == "any_token":
+            lower, upper = None, math.log(bounds[1])
+        lower = None if lower == -math.inf else lower
+        upper = math.inf if upper is None else upper
+    else:
+        metric = {"k2": "kl_k2", "k3": "kl_k3", "k3_reverse": "kl_k3"}[m.statistic]
+        if m.statistic == "k3":
+            lost(notes, m, "AReaL's kl_k3 is e^-d - 1 + d, not e^d - 1 - d; same bound used")
+        lower, upper = m.lower, m.upper
+    if level == "token":
+        return RejectionSampling(metric=metric, upper=upper, lower=lower)
+    return RejectionSampling(
+        level="sequence", metric=metric, agg=aggs[level], upper=upper, lower=lower
+    )
+
+
+# ------------------------------------------------------------------ the framework
+
+FRAMEWORK = Framework(
+    name=NAME,
+    title="AReaL",
+    upstream=Upstream(
+        "inclusionAI/AReaL", "4aef98d8d818af55b43621aaadba047ae10f4e77", "2026-05-21"
+    ),
+    spec_types=(ArealCorrection,),
+    parse=parse,
+    presets=lambda: PRESETS,
+    to_canonical=to_canonical,
+    from_canonical=from_canonical,
+    render=lambda body, fmt: render.yaml_text(body),
+    families=frozenset({"token_tis"}),
+    metrics={
+        "k1": ("-behave_approx_kl",),
+        "k3_reverse": ("rejection_sampling kl_k3 statistic",),
+    },
+    traps=(
+        Trap(
+            "decoupled-loss-without-weight",
+            "AReaL: use_decoupled_loss without rejection_sampling applies no behaviour weight at "
+            "all (since PR #1088); set rejection_sampling as in the candidates.",
+        ),
+    ),
+    snippet_formats=("yaml",),
+)

@@ -50,49 +50,43 @@ float32 ratios with a Python float), which only matters for a ratio within float
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops
+from iscore import ops, render
 from iscore.batch import TokenBatch
+from iscore.canonical import (
+    BIG,
+    Candidate,
+    Canonical,
+    Numerator,
+    first_weight,
+    identity_at_zero,
+    lost,
+    mask_component,
+    note_extras,
+    note_numerator,
+    ratio_bounds,
+    ratio_level,
+    weight_component,
+)
+from iscore.canonical import Anchor as CanonicalAnchor
+from iscore.canonical import Level as CanonicalLevel
 from iscore.errors import ConfigError
-from iscore.frameworks._config import top_level
+from iscore.frameworks._config import check_choice, check_number, top_level
+from iscore.frameworks.base import Framework, Upstream
 from iscore.replay import Replay, per_token
 
-FRAMEWORK = "fireworks"
+NAME = "fireworks"
 
 Level = Literal["token", "sequence"]
 Anchor = Literal["old_policy", "rollout"]
 
 _LEVELS = ("token", "sequence")
 _ANCHORS = ("old_policy", "rollout")
-
-
-def _check_number(key: str, value: Any, *, ge: float | None = None, nullable: bool = False) -> None:
-    """Raise ConfigError naming `key` unless `value` is a number (>= ge), or None if nullable."""
-    if value is None and nullable:
-        return
-    ok = (
-        not isinstance(value, bool)
-        and isinstance(value, int | float)
-        and not math.isnan(value)
-        and (ge is None or value >= ge)
-    )
-    if not ok:
-        bound = f" >= {ge}" if ge is not None else ""
-        null = " or null" if nullable else ""
-        raise ConfigError(f"Expected `{key}` to be a float{bound}{null}, but got {value!r}")
-
-
-def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(
-            f"Expected `{key}` to be one of {', '.join(map(repr, choices))}, but got {value!r}"
-        )
 
 
 def _tis_weight(
@@ -122,23 +116,23 @@ class FireworksTIS:
         name: display name.
     """
 
-    framework: ClassVar[str] = FRAMEWORK
+    framework: ClassVar[str] = NAME
     cap: float = 5.0
     level: Level = "token"
     icepop_threshold: float | None = None
     anchor_logp: Anchor = "old_policy"
-    name: str = FRAMEWORK
+    name: str = NAME
 
     def __post_init__(self) -> None:
-        _check_number("tis.cap", self.cap, ge=0.0)
-        _check_choice("tis.level", self.level, _LEVELS)
-        _check_number("tis.icepop_threshold", self.icepop_threshold, ge=1.0, nullable=True)
+        check_number("tis.cap", self.cap, ge=0.0)
+        check_choice("tis.level", self.level, _LEVELS)
+        check_number("tis.icepop_threshold", self.icepop_threshold, ge=1.0, nullable=True)
         if self.icepop_threshold is not None and self.level != "token":
             raise ConfigError(
                 "Expected `tis.icepop_threshold` to be null with `tis.level: sequence`: "
                 "the cookbook supports IcePop at token level only"
             )
-        _check_choice("anchor_logp", self.anchor_logp, _ANCHORS)
+        check_choice("anchor_logp", self.anchor_logp, _ANCHORS)
 
     def to_config(self) -> dict[str, Any]:
         """The iscore config of this setting: the recipe `Config`'s `tis` (a `TISConfig`) and
@@ -149,7 +143,7 @@ class FireworksTIS:
         """
         tis = {"cap": self.cap, "level": self.level, "icepop_threshold": self.icepop_threshold}
         return {
-            "framework": FRAMEWORK,
+            "framework": NAME,
             "name": self.name,
             "tis": tis,
             "anchor_logp": self.anchor_logp,
@@ -182,18 +176,18 @@ class FireworksISCorrection:
         name: display name.
     """
 
-    framework: ClassVar[str] = FRAMEWORK
+    framework: ClassVar[str] = NAME
     tis_cap: float = 5.0
     tis_level: Level = "token"
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
-    name: str = FRAMEWORK
+    name: str = NAME
 
     def __post_init__(self) -> None:
-        _check_number("is_correction.tis_cap", self.tis_cap, ge=0.0)
-        _check_choice("is_correction.tis_level", self.tis_level, _LEVELS)
-        _check_number("is_correction.eps_clip", self.eps_clip)
-        _check_number("is_correction.eps_clip_high", self.eps_clip_high, nullable=True)
+        check_number("is_correction.tis_cap", self.tis_cap, ge=0.0)
+        check_choice("is_correction.tis_level", self.tis_level, _LEVELS)
+        check_number("is_correction.eps_clip", self.eps_clip)
+        check_number("is_correction.eps_clip_high", self.eps_clip_high, nullable=True)
 
     def to_config(self) -> dict[str, Any]:
         """The iscore config of this setting: PR #169's `is_correction` (an `ISConfig`), the
@@ -208,7 +202,7 @@ class FireworksISCorrection:
             "tis_cap": self.tis_cap,
             "tis_level": self.tis_level,
         }
-        return {"framework": FRAMEWORK, "name": self.name, "is_correction": is_correction}
+        return {"framework": NAME, "name": self.name, "is_correction": is_correction}
 
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights as PR #169's losses multiply them (no IcePop, no anchor choice)."""
@@ -233,7 +227,7 @@ def parse(config: Mapping[str, Any]) -> FireworksTIS | FireworksISCorrection:
     >>> parse({"framework": "fireworks", "is_correction": {"tis_cap": 10}}).tis_cap
     10.0
     """
-    top, name = top_level(config, FRAMEWORK)
+    top, name = top_level(config, NAME)
     if "is_correction" in config:
         newer = [k for k in ("tis", "anchor_logp") if k in config]
         if newer:
@@ -269,3 +263,128 @@ PRESETS: dict[str, FireworksTIS] = {
     "fireworks_deepmath": FireworksTIS(cap=2.0, name="fireworks_deepmath"),
 }
 """The recipes' default `TISConfig()` (token, cap 5) and the deepmath example's cap 2."""
+
+
+# ------------------------------------------------------------------ canonical form
+
+
+def to_canonical(spec: FireworksTIS | FireworksISCorrection) -> Canonical:
+    if isinstance(spec, FireworksISCorrection):
+        return _pr169_canonical(spec)
+    # Each token's log-ratio is clamped to +-20 before the sequence mean.
+    numerator: Numerator = "rollout" if spec.anchor_logp == "rollout" else "train"
+    level: CanonicalLevel = "token" if spec.level == "token" else "geometric"
+    zero = None
+    if spec.icepop_threshold is not None:
+        tau = spec.icepop_threshold
+        zero = mask_component("token", 1.0 / tau, tau, numerator=numerator, numerics="clamp")
+    weight = weight_component(
+        level, upper=spec.cap, numerator=numerator, numerics="clamp_each", zero=zero
+    )
+    anchor: CanonicalAnchor = "rollout" if spec.anchor_logp == "rollout" else "recompute"
+    components = () if numerator == "rollout" and identity_at_zero(weight) else (weight,)
+    return Canonical(components, anchor)
+
+
+def _pr169_canonical(spec: FireworksISCorrection) -> Canonical:
+    # PR #169's sequence mean runs over every response token, loss-masked ones included.
+    level: CanonicalLevel = "token" if spec.tis_level == "token" else "geometric_unmasked"
+    return Canonical((weight_component(level, upper=spec.tis_cap, numerics="clamp_each"),))
+
+
+def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+    notes: list[str] = []
+    if c.anchor == "rollout":
+        for x in c.components:
+            lost(notes, x, "the cookbook's rollout anchor makes every TIS weight 1")
+        return [(FireworksTIS(anchor_logp="rollout", name=name), tuple(notes))]
+    w = first_weight(c, notes, "the Fireworks cookbook")
+    masks = list(c.masks)
+    fields: dict[str, Any] = {"cap": BIG}
+    if w is not None:
+        note_numerator(notes, w, "train", "the cookbook")
+        if w.level != "token":
+            fields["level"] = "sequence"
+            if w.level == "sequence":
+                lost(
+                    notes,
+                    w,
+                    "the cookbook's sequence level is the geometric mean e^G, not the product e^S",
+                )
+            elif w.level == "geometric_unmasked":
+                lost(
+                    notes,
+                    w,
+                    "the current cookbook averages over loss tokens only (PR #169's "
+                    "is_correction did over every token)",
+                )
+        if w.lower is not None:
+            lost(notes, w, f"the cookbook has no lower clamp; weights below {w.lower:g} pass")
+        if w.upper is not None:
+            fields["cap"] = w.upper
+        elif w.zero is None:
+            lost(notes, w, "the cookbook always caps; a cap of 1e9, above e^20, never binds")
+        if w.zero is not None:
+            masks.insert(0, w.zero)
+    for m in masks:
+        bounds = ratio_bounds(m)
+        token = fields.get("level", "token") == "token"
+        if (
+            token
+            and bounds is not None
+            and ratio_level(m) == "token"
+            and "icepop_threshold" not in fields
+        ):
+            lower, upper = bounds
+            # The cookbook's band is [1/tau, tau]: take the wider side of the source's band.
+            tau = max(x for x in (upper, 1.0 / lower if lower else None, 1.0) if x is not None)
+            fields["icepop_threshold"] = tau
+            if lower != 1.0 / tau or upper != tau:
+                lost(notes, m, f"the cookbook's IcePop band is symmetric: [1/{tau:g}, {tau:g}]")
+            if w is None or m is not w.zero:
+                lost(notes, m, "the cookbook zeroes those weights instead of removing them")
+            if w is None:
+                notes.append(
+                    "the cookbook weights kept tokens by their ratio; the source applies no weight"
+                )
+        else:
+            lost(notes, m, "the cookbook has no rejection mask; dropped")
+    note_extras(notes, c, "the Fireworks cookbook")
+    if w is None and "icepop_threshold" not in fields:
+        notes.append(
+            "the cookbook's TIS weight is always on; anchor_logp: rollout makes it 1, but also "
+            "skips the recompute and anchors PPO on the rollout"
+        )
+        return [(FireworksTIS(anchor_logp="rollout", name=name), tuple(notes))]
+    return [(FireworksTIS(name=name, **fields), tuple(notes))]
+
+
+# ------------------------------------------------------------------ the framework
+
+
+def _render(body: Mapping[str, Any], fmt: str | None) -> str:
+    """YAML under the Python `Config(...)` it stands for."""
+    if "tis" in body:
+        tis = render.Raw(render.python_call("TISConfig", body["tis"]))
+        python = render.python_call("Config", {"tis": tis, "anchor_logp": body["anchor_logp"]})
+        comment = f"# training/recipes/rl_loop.py: {python}\n"
+    else:
+        is_correction = render.Raw(render.python_call("ISConfig", body["is_correction"]))
+        python = render.python_call("Config", {"is_correction": is_correction})
+        comment = f"# cookbook PR #169: {python}\n"
+    return comment + render.yaml_text(body)
+
+
+FRAMEWORK = Framework(
+    name=NAME,
+    title="Fireworks cookbook",
+    upstream=Upstream("fw-ai/cookbook", "76821fa1ded720d903029381b37d3c3ea7ce9ddd", "2026-08-19"),
+    spec_types=(FireworksTIS, FireworksISCorrection),
+    parse=parse,
+    presets=lambda: PRESETS,
+    to_canonical=to_canonical,
+    from_canonical=from_canonical,
+    render=_render,
+    families=frozenset({"token_tis"}),
+    snippet_formats=("yaml",),
+)

@@ -67,6 +67,7 @@ Where corrections.md section 2.3 and NeMo's code differ, or the spec is silent, 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -74,13 +75,29 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops
+from iscore import ops, render
 from iscore.batch import TokenBatch
+from iscore.canonical import (
+    Candidate,
+    Canonical,
+    Component,
+    Level,
+    Numerics,
+    first_weight,
+    lost,
+    mask_component,
+    note_extras,
+    note_numerator,
+    ratio_bounds,
+    ratio_level,
+    weight_component,
+)
 from iscore.errors import ConfigError
-from iscore.frameworks._config import Section, as_float, top_level
+from iscore.frameworks._config import Section, as_float, check_choice, top_level
+from iscore.frameworks.base import Aggregation, Framework, Measure, Trap, Upstream
 from iscore.replay import Replay, per_token
 
-FRAMEWORK = "nemo_rl"
+NAME = "nemo_rl"
 
 _LOSS_FN = "loss_fn"
 _ENABLED = f"{_LOSS_FN}.use_importance_sampling_correction"
@@ -122,9 +139,9 @@ class NemoRLSpec:
     ('token', 0.5)
     """
 
-    framework: ClassVar[str] = FRAMEWORK
+    framework: ClassVar[str] = NAME
 
-    name: str = FRAMEWORK
+    name: str = NAME
     use_importance_sampling_correction: bool = False
     truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
     truncated_importance_sampling_ratio: float | None = None
@@ -145,8 +162,8 @@ class NemoRLSpec:
                 raise ConfigError(
                     f"Expected `{key}` to be a bool, but got {getattr(self, field)!r}"
                 )
-        _check_choice(self.truncated_importance_sampling_type, _TYPE, _TRUNCATION_TYPES)
-        _check_choice(self.is_correction_level, _IS_LEVEL, _IS_LEVELS)
+        check_choice(_TYPE, self.truncated_importance_sampling_type, _TRUNCATION_TYPES)
+        check_choice(_IS_LEVEL, self.is_correction_level, _IS_LEVELS)
         if self.sequence_level_importance_ratios and self.token_level_loss:
             raise ConfigError(
                 f"Expected `{_SEQ_LEVEL}: true` to come with `{_TOKEN_LOSS}: false` (NeMo makes "
@@ -215,7 +232,7 @@ class NemoRLSpec:
         }
         if self.is_correction_level is not None:
             loss_fn["is_correction_level"] = self.is_correction_level
-        return {"framework": FRAMEWORK, "name": self.name, "loss_fn": loss_fn}
+        return {"framework": NAME, "name": self.name, "loss_fn": loss_fn}
 
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weight (and the unchanged keep mask) of this setting over `batch`."""
@@ -284,12 +301,6 @@ def _float32_exp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(w.float()), w, 0.0)
 
 
-def _check_choice(value: Any, key: str, choices: tuple[str | None, ...]) -> None:
-    if value not in choices:
-        allowed = ", ".join("null" if c is None else repr(c) for c in choices)
-        raise ConfigError(f"Expected `{key}` to be one of {allowed}, but got {value!r}")
-
-
 def _lax_bool(section: Section, key: str, default: bool) -> bool:
     """A bool as pydantic's lax mode reads it: bools, 0/1, and "true"/"false"-like strings."""
     value = section.raw(key, default)
@@ -317,7 +328,7 @@ def parse(config: Mapping[str, Any]) -> NemoRLSpec:
         ConfigError: an unknown key, a wrong type or value, or a combination NeMo-RL rejects;
             the message names the key.
     """
-    top, name = top_level(config, FRAMEWORK)
+    top, name = top_level(config, NAME)
     loss = top.section("loss_fn")
     top.done()
 
@@ -412,3 +423,172 @@ def _presets() -> dict[str, NemoRLSpec]:
 
 PRESETS: dict[str, NemoRLSpec] = _presets()
 """NeMo-RL's reference settings, under descriptive iscore names (all with the correction on)."""
+
+
+# ------------------------------------------------------------------ canonical form
+
+
+def to_canonical(spec: NemoRLSpec) -> Canonical:
+    if not spec.use_importance_sampling_correction:
+        return Canonical()
+    level: Level = {"token": "token", "sequence": "sequence", "sequence_mean": "geometric"}[
+        spec.level
+    ]
+    kind = spec.truncated_importance_sampling_type
+    upper = spec.truncated_importance_sampling_ratio
+    lower = spec.truncated_importance_sampling_ratio_min
+    numerics: Numerics = "overflow_zero"
+    if kind == "seq-mask-tis":
+        # The geometric mean itself is a plain float64 exp of the (nan-cleaned) mean.
+        weight = weight_component(
+            "token", numerics=numerics, zero=mask_component("geometric", lower, upper)
+        )
+    elif kind == "icepop":
+        band = mask_component(level, lower, upper, numerics=numerics)
+        weight = weight_component(level, numerics=numerics, zero=band)
+    elif kind == "tis":
+        weight = weight_component(level, lower=lower, upper=upper, numerics=numerics)
+    else:
+        weight = weight_component(level, numerics=numerics)
+    return Canonical((weight,))
+
+
+def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+    notes: list[str] = []
+    w = first_weight(c, notes, "NeMo-RL")
+    masks = list(c.masks)
+    fields: dict[str, Any] = {}
+    if w is not None:
+        note_numerator(notes, w, "train", "NeMo-RL")
+    zero = None if w is None else w.zero
+    bands = [*([zero] if zero is not None else []), *masks]
+    geo = next((m for m in bands if m.level == "geometric" and ratio_bounds(m)), None)
+    if geo is not None:
+        lower, upper = ratio_bounds(geo)
+        fields = _nemo_type("seq-mask-tis", lower or 0.0, upper)
+        if geo is not zero:
+            masks.remove(geo)
+            lost(
+                notes,
+                geo,
+                "NeMo-RL zeroes those sequences' weights (seq-mask-tis) instead "
+                "of removing them from the loss mask",
+            )
+        if w is None:
+            notes.append(
+                "NeMo-RL's seq-mask-tis weights kept tokens by their raw ratio; the "
+                "source applies no weight"
+            )
+        elif w.level != "token" or w.lower is not None or w.upper is not None:
+            lost(notes, w, "NeMo-RL's seq-mask-tis keeps raw, untruncated token weights")
+    elif w is not None:
+        fields = _nemo_weight(w, notes)
+    # A raw token weight (or none) leaves NeMo-RL's one band free for a token mask.
+    free = w is None or (w.level == "token" and not fields)
+    for m in masks:
+        bounds = ratio_bounds(m)
+        if free and bounds is not None and ratio_level(m) == "token":
+            fields = _nemo_type("icepop", bounds[0] or 0.0, bounds[1])
+            free = False
+            lost(
+                notes,
+                m,
+                "NeMo-RL zeroes those tokens' weights (IcePop) instead of removing "
+                "them; kept tokens carry the raw ratio",
+            )
+        else:
+            lost(notes, m, "NeMo-RL has no rejection mask; dropped")
+    note_extras(notes, c, "NeMo-RL")
+    if w is not None or fields:
+        fields["use_importance_sampling_correction"] = True
+    return [(NemoRLSpec(name=name, **fields), tuple(notes))]
+
+
+def _nemo_type(kind: str, lower: float | None, upper: float | None) -> dict[str, Any]:
+    return {
+        "truncated_importance_sampling_type": kind,
+        "truncated_importance_sampling_ratio": math.inf if upper is None else upper,
+        "truncated_importance_sampling_ratio_min": lower,
+    }
+
+
+def _nemo_weight(w: Component, notes: list[str]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    if w.level == "sequence":
+        fields = {"sequence_level_importance_ratios": True, "token_level_loss": False}
+        notes.append(
+            "NeMo-RL's sequence-level weight comes with GSPO: sequence_level_importance_ratios "
+            "also makes the PPO ratio a geometric mean and needs token_level_loss: false (open "
+            "PR #2269's is_correction_level: sequence would change the weight only)"
+        )
+    elif w.level != "token":
+        lost(
+            notes,
+            w,
+            "NeMo-RL main has no geometric-mean weight (open PR #2269's "
+            "is_correction_level: sequence_mean); written as a token-level weight",
+        )
+    if w.zero is not None:
+        lower, upper = ratio_bounds(w.zero) or (None, None)
+        if w.upper is not None and (upper is None or w.upper < upper):
+            lost(notes, w, f"NeMo-RL's icepop keeps the raw ratio; the cap {w.upper:g} is dropped")
+        if w.zero.strict:
+            lost(notes, w.zero, "NeMo-RL's bounds are inclusive")
+        return fields | _nemo_type("icepop", lower or 0.0, upper)
+    if w.lower is not None or w.upper is not None:
+        return fields | _nemo_type("tis", w.lower, w.upper)
+    return fields
+
+
+# ------------------------------------------------------------------ the framework
+
+
+def _aggregation(spec: NemoRLSpec) -> Aggregation:
+    return Aggregation("token-mean" if spec.token_level_loss else "seq-mean-token-mean")
+
+
+_FLOAT32_EXP_MAX = math.log(float(torch.finfo(torch.float32).max))  # 88.72
+
+
+def _overflow(batch: TokenBatch, measure: Measure) -> str | None:
+    m = batch.loss_mask
+    S = ops.segment_sum(ops.log_ratio(batch), batch, m)
+    overflow = int((S[ops.segment_count(batch, m) > 0] > _FLOAT32_EXP_MAX).sum())
+    if not overflow:
+        return None
+    return (
+        f"NeMo-RL's sequence-level weight e^S overflows float32 and becomes 0 (not the "
+        f"cap) for {overflow} sequence(s) with S > 88.7: with "
+        "sequence_level_importance_ratios those sequences get no gradient."
+    )
+
+
+FRAMEWORK = Framework(
+    name=NAME,
+    title="NeMo-RL",
+    upstream=Upstream("NVIDIA-NeMo/RL", "7ea279abfbeb698b092856d0dab61e7cf39bc909", "2026-08-22"),
+    spec_types=(NemoRLSpec,),
+    parse=parse,
+    presets=lambda: PRESETS,
+    to_canonical=to_canonical,
+    from_canonical=from_canonical,
+    render=render.nested,
+    aggregation=_aggregation,
+    families=frozenset({"token_tis", "icepop"}),
+    metrics={
+        "k1": ("gen_kl_error (kl_type k1)",),
+        "k2": ("gen_kl_error (kl_type k2)",),
+        "k3": ("gen_kl_error (default k3)",),
+        "k3_reverse": ("policy_kl_error",),
+        "token_mult_prob_error": ("token_mult_prob_error",),
+        "js": ("js_divergence_error",),
+    },
+    traps=(
+        Trap(
+            "float32-overflow-to-zero",
+            "NeMo-RL's sequence-level weight e^S overflows float32 above S = 88.7 and becomes 0 "
+            "(not the cap): those sequences get no gradient.",
+            _overflow,
+        ),
+    ),
+)

@@ -65,13 +65,26 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops
+from iscore import ops, render
 from iscore.batch import TokenBatch
+from iscore.canonical import (
+    Candidate,
+    Canonical,
+    first_weight,
+    lost,
+    mask_component,
+    note_extras,
+    note_numerator,
+    ratio_bounds,
+    ratio_level,
+    weight_component,
+)
 from iscore.errors import ConfigError
 from iscore.frameworks._config import flag_parser, top_level
+from iscore.frameworks.base import Aggregation, Framework, Trap, Upstream
 from iscore.replay import Replay
 
-FRAMEWORK = "openrlhf"
+NAME = "openrlhf"
 
 CorrectionType = Literal["tis", "icepop", "seq-mask-tis"]
 PolicyLossType = Literal["ppo", "gspo"]
@@ -110,14 +123,14 @@ class OpenRLHFCorrection:
         name: display name.
     """
 
-    framework: ClassVar[str] = FRAMEWORK
+    framework: ClassVar[str] = NAME
     enable: bool = False
     type: CorrectionType = "tis"
     lower: float | None = 0.5
     upper: float = 5.0
     policy_loss_type: PolicyLossType = "ppo"
     ignored_flags: tuple[str, ...] = ()
-    name: str = FRAMEWORK
+    name: str = NAME
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
@@ -178,7 +191,7 @@ class OpenRLHFCorrection:
                 flags += [flag["threshold"], repr(float(self.lower)), repr(float(self.upper))]
         if self.policy_loss_type != "ppo":
             flags += [flag["loss"], self.policy_loss_type]
-        return {"framework": FRAMEWORK, "name": self.name, "args": shlex.join(flags)}
+        return {"framework": NAME, "name": self.name, "args": shlex.join(flags)}
 
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights as `PolicyLoss.forward` multiplies them into the PPO loss."""
@@ -203,7 +216,7 @@ class OpenRLHFCorrection:
 
 def _parser() -> argparse.ArgumentParser:
     """The IS flags of every OpenRLHF version, all defaulting to None to see which were given."""
-    parser = flag_parser(FRAMEWORK)
+    parser = flag_parser(NAME)
     for dest, (current, old) in _FLAGS.items():
         for generation, flag in (("current", current), ("old", old)):
             if flag is None:
@@ -258,7 +271,7 @@ def parse(config: Mapping[str, Any]) -> OpenRLHFCorrection:
     >>> spec.type, spec.lower, spec.upper, spec.ignored_flags
     ('icepop', 0.5, 5.0, ('python3', '-m', 'openrlhf.cli.train_ppo_ray'))
     """
-    section, name = top_level(config, FRAMEWORK)
+    section, name = top_level(config, NAME)
     args = section.raw("args", "")
     section.done()
     ns, rest = _parse_known(_parser(), _argv(args))
@@ -328,3 +341,117 @@ PRESETS: dict[str, OpenRLHFCorrection] = {
     "openrlhf_icepop": OpenRLHFCorrection(enable=True, type="icepop", name="openrlhf_icepop"),
 }
 """OpenRLHF's documented settings: the README default (TIS [0.5, 5]) and its IcePop recipes."""
+
+
+# ------------------------------------------------------------------ canonical form
+
+
+def to_canonical(spec: OpenRLHFCorrection) -> Canonical:
+    if not spec.enable or spec.policy_loss_type == "gspo":
+        # GSPO with the correction on anchors its sequence ratio on the rollout instead.
+        return Canonical(anchor="rollout" if spec.enable else "recompute")
+    if spec.type == "tis":
+        weight = weight_component("token", lower=spec.lower, upper=spec.upper)
+    elif spec.type == "icepop":
+        weight = weight_component("token", zero=mask_component("token", spec.lower, spec.upper))
+    else:
+        weight = weight_component("token", zero=mask_component("geometric", spec.lower, spec.upper))
+    return Canonical((weight,))
+
+
+def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+    notes: list[str] = []
+    if c.anchor == "rollout":
+        for x in c.components:
+            lost(
+                notes,
+                x,
+                "OpenRLHF's rollout anchor (GSPO with the correction on) applies no IS weight",
+            )
+        notes.append(
+            "OpenRLHF anchors on the rollout only in its GSPO loss, whose sequence "
+            "ratio is exp(mean(policy - rollout))"
+        )
+        spec = OpenRLHFCorrection(enable=True, policy_loss_type="gspo", name=name)
+        return [(spec, tuple(notes))]
+    w = first_weight(c, notes, "OpenRLHF")
+    masks = list(c.masks)
+    fields: dict[str, Any] = {}
+    if w is not None:
+        note_numerator(notes, w, "train", "OpenRLHF")
+        if w.level != "token":
+            lost(notes, w, "OpenRLHF weights tokens only; written per token")
+        zero = w.zero
+        if zero is not None:
+            masks.insert(0, zero)
+            if w.upper is not None or w.lower is not None:
+                lost(
+                    notes,
+                    w,
+                    "OpenRLHF's icepop / seq-mask-tis keep the raw ratio; the "
+                    "truncation is dropped",
+                )
+        elif w.lower is not None or w.upper is not None:
+            fields = {"type": "tis", "lower": w.lower or 0.0}
+            fields["upper"] = math.inf if w.upper is None else w.upper
+    for m in masks:
+        bounds = ratio_bounds(m)
+        level = ratio_level(m)
+        if not fields and bounds is not None and level in ("token", "geometric"):
+            kind = "icepop" if level == "token" else "seq-mask-tis"
+            fields = {"type": kind, "lower": bounds[0] or 0.0}
+            fields["upper"] = math.inf if bounds[1] is None else bounds[1]
+            if w is None:
+                notes.append(
+                    f"OpenRLHF's {kind} weights kept tokens by their raw ratio; the "
+                    "source applies no weight"
+                )
+            if w is None or m is not w.zero:
+                lost(
+                    notes,
+                    m,
+                    "OpenRLHF zeroes those weights instead of removing them from the loss mask",
+                )
+            if m.strict:
+                lost(notes, m, "OpenRLHF's bounds are inclusive")
+        else:
+            lost(notes, m, "no OpenRLHF setting expresses it beside the rest; dropped")
+    if w is not None and not fields:
+        fields = {"type": "tis", "lower": 0.0, "upper": math.inf}  # the raw weight
+    note_extras(notes, c, "OpenRLHF")
+    spec = OpenRLHFCorrection(enable=bool(fields), name=name, **fields)
+    return [(spec, tuple(notes))]
+
+
+# ------------------------------------------------------------------ the framework
+
+
+def _aggregation(spec: OpenRLHFCorrection) -> Aggregation:
+    gspo = spec.policy_loss_type == "gspo"
+    return Aggregation("seq-mean-token-mean" if gspo else "token-mean")
+
+
+FRAMEWORK = Framework(
+    name=NAME,
+    title="OpenRLHF",
+    upstream=Upstream(
+        "OpenRLHF/OpenRLHF", "3c3be6234e0cb353e76bb8019947db9dfe99fca7", "2026-08-13"
+    ),
+    spec_types=(OpenRLHFCorrection,),
+    parse=parse,
+    presets=lambda: PRESETS,
+    to_canonical=to_canonical,
+    from_canonical=from_canonical,
+    render=lambda body, fmt: render.flag_lines(body["args"]),
+    aggregation=_aggregation,
+    families=frozenset({"token_tis", "icepop"}),
+    metrics={"k1": ("vllm_kl",)},
+    traps=(
+        Trap(
+            "seq-mask-tis-shares-thresholds",
+            "OpenRLHF's seq-mask-tis shares the TIS threshold pair; the default [0.5, 5] is "
+            "effectively no mask for a geometric mean: set thresholds like the candidate's.",
+        ),
+    ),
+    snippet_formats=("flags",),
+)

@@ -82,13 +82,27 @@ from typing import Any, ClassVar, Literal, get_args
 
 import torch
 
-from iscore import ops
+from iscore import ops, render
 from iscore.batch import TokenBatch
+from iscore.canonical import (
+    BIG,
+    Anchor,
+    Candidate,
+    Canonical,
+    Component,
+    lost,
+    mask_component,
+    note_numerator,
+    ratio_bounds,
+    ratio_level,
+    weight_component,
+)
 from iscore.errors import ConfigError
-from iscore.frameworks._config import Section, as_float, top_level
+from iscore.frameworks._config import Section, as_float, check_choice, top_level
+from iscore.frameworks.base import Framework, Upstream
 from iscore.replay import Replay, per_token
 
-FRAMEWORK = "skyrl"
+NAME = "skyrl"
 
 PolicyLossType = Literal[
     "regular",
@@ -180,9 +194,9 @@ class SkyRLSpec:
     (True, 0.99, 1.01)
     """
 
-    framework: ClassVar[str] = FRAMEWORK
+    framework: ClassVar[str] = NAME
 
-    name: str = FRAMEWORK
+    name: str = NAME
     tis_ratio_type: Literal["token", "sequence"] | None = None
     token_tis_ratio_clip_high: float = 2.0
     sequence_tis_ratio_clip_high: float = 5.0
@@ -205,10 +219,12 @@ class SkyRLSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise ConfigError(f"Expected `name` to be a string, but got {self.name!r}")
-        _check_choice(self, "tis_ratio_type", (None, "token", "sequence"))
-        _check_choice(self, "sequence_mask_metric", (None, "product", "geometric"))
-        _check_choice(self, "policy_loss_type", POLICY_LOSS_TYPES)
-        _check_choice(self, "cispo_anchor", ("old", "rollout"))
+        check_choice(_KEYS["tis_ratio_type"], self.tis_ratio_type, (None, "token", "sequence"))
+        check_choice(
+            _KEYS["sequence_mask_metric"], self.sequence_mask_metric, (None, "product", "geometric")
+        )
+        check_choice(_KEYS["policy_loss_type"], self.policy_loss_type, POLICY_LOSS_TYPES)
+        check_choice(_KEYS["cispo_anchor"], self.cispo_anchor, ("old", "rollout"))
         for field in ("token_tis_ratio_clip_high", "sequence_tis_ratio_clip_high"):
             _set_float(self, field, gt=0.0)
         for field in ("eps_clip_low", "eps_clip_high", "cispo_eps_clip_low", "cispo_eps_clip_high"):
@@ -281,7 +297,7 @@ class SkyRLSpec:
         """The iscore config of this setting in SkyRL's nesting, the inverse of `parse`."""
         opc = {field: getattr(self, field) for field in _KEYS if _KEYS[field].startswith(_OPC)}
         return {
-            "framework": FRAMEWORK,
+            "framework": NAME,
             "name": self.name,
             "trainer": {
                 "algorithm": {
@@ -392,13 +408,6 @@ def _product(like: torch.Tensor, *factors: torch.Tensor | None) -> torch.Tensor:
     return torch.ones_like(like) if product is None else product
 
 
-def _check_choice(spec: SkyRLSpec, field: str, choices: tuple[str | None, ...]) -> None:
-    value = getattr(spec, field)
-    if value not in choices:
-        allowed = ", ".join("null" if c is None else repr(c) for c in choices)
-        raise ConfigError(f"Expected `{_KEYS[field]}` to be one of {allowed}, but got {value!r}")
-
-
 def _set_float(
     spec: SkyRLSpec, field: str, *, gt: float | None = None, ge: float | None = None
 ) -> None:
@@ -502,7 +511,7 @@ def parse(config: Mapping[str, Any]) -> SkyRLSpec:
         ConfigError: an unknown key, a wrong type or value, or a combination SkyRL rejects; the
             message names the key.
     """
-    top, name = top_level(config, FRAMEWORK)
+    top, name = top_level(config, NAME)
     trainer = top.section("trainer")
     top.done()
     algorithm = trainer.section("algorithm")
@@ -609,3 +618,219 @@ def _presets() -> dict[str, SkyRLSpec]:
 
 PRESETS: dict[str, SkyRLSpec] = _presets()
 """SkyRL's documented recommendations, under descriptive iscore names."""
+
+
+# ------------------------------------------------------------------ canonical form
+
+
+def to_canonical(spec: SkyRLSpec) -> Canonical:
+    components: list[Component] = []
+    if spec.policy_loss_type == "rollout_is":
+        band = mask_component(
+            "token",
+            1.0 - spec.eps_clip_low,
+            1.0 + spec.eps_clip_high,
+            numerator="policy",
+            numerics="clamp",
+            strict=True,
+        )
+        components.append(
+            weight_component("token", numerator="policy", numerics="clamp", zero=band)
+        )
+    elif spec.rollout_anchored_cispo:
+        components.append(
+            weight_component(
+                "token",
+                lower=1.0 - spec.cispo_eps_clip_low,
+                upper=1.0 + spec.cispo_eps_clip_high,
+                numerator="policy",
+                numerics="clamp",
+            )
+        )
+    sequence_stage = False
+    if spec.corrects:
+        if spec.outlier_mask_enabled:
+            components.append(
+                mask_component(
+                    "any_token",
+                    spec.outlier_token_is_threshold_low,
+                    spec.outlier_token_is_threshold_high,
+                    numerics="clamp",
+                )
+            )
+        if spec.token_mask_enabled:
+            components.append(
+                mask_component(
+                    "token",
+                    spec.token_mask_is_threshold_low,
+                    spec.token_mask_is_threshold_high,
+                    numerics="clamp",
+                )
+            )
+        if spec.tis_ratio_type == "token":
+            components.append(
+                weight_component("token", upper=spec.token_tis_ratio_clip_high, numerics="clamp")
+            )
+        elif spec.tis_ratio_type == "sequence":
+            sequence_stage = True
+            components.append(
+                weight_component(
+                    "sequence", upper=spec.sequence_tis_ratio_clip_high, numerics="clamp"
+                )
+            )
+        if spec.sequence_mask_metric == "geometric":
+            sequence_stage = True
+            components.append(
+                mask_component("geometric", spec.geo_mask_low, spec.geo_mask_high, numerics="clamp")
+            )
+        elif spec.sequence_mask_metric == "product":
+            sequence_stage = True
+            components.append(
+                mask_component(
+                    "sequence", spec.product_mask_low, spec.product_mask_high, numerics="clamp"
+                )
+            )
+    anchor: Anchor = "recompute"
+    if spec.needs_policy:
+        anchor = "none"
+    elif spec.policy_loss_type == "dppo":
+        anchor = "rollout"
+    # The outlier mask drops whole sequences, so only the token mask changes what the sequence
+    # stages of the surviving sequences sum over.
+    kept = spec.corrects and spec.token_mask_enabled and sequence_stage
+    return Canonical(tuple(components), anchor, "kept" if kept else "original")
+
+
+def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+    notes: list[str] = []
+    fields: dict[str, Any] = {}
+    masks = list(c.masks)
+    policy = [w for w in c.weights if w.numerator == "policy"]
+    others = [w for w in c.weights if w.numerator != "policy"]
+    for extra in [*policy[1:], *others[1:]]:
+        lost(notes, extra, "SkyRL applies one weight of each kind; dropped")
+    if policy:
+        fields |= _skyrl_policy_loss(policy[0], notes)
+    if others:
+        w = others[0]
+        if fields.get("policy_loss_type") == "cispo":
+            lost(notes, w, "SkyRL refuses TIS beside rollout-anchored CISPO; dropped")
+        else:
+            masks += _skyrl_weight(w, fields, notes)
+    sequence_stage = fields.get("tis_ratio_type") == "sequence"
+    for m in masks:
+        note_numerator(notes, m, "train", "SkyRL")
+        bounds = ratio_bounds(m)
+        level = ratio_level(m)
+        if bounds is None or level in ("max", "geometric_unmasked"):
+            lost(notes, m, "no SkyRL mask expresses it; dropped")
+            continue
+        if m.strict:
+            lost(notes, m, "SkyRL's mask bounds are inclusive")
+        lower, upper = bounds
+        if level == "any_token":
+            keys = ("outlier_token_is_threshold_low", "outlier_token_is_threshold_high")
+            values = (lower, upper)
+        elif level == "token":
+            # SkyRL ignores a token mask with one bound: both are always written.
+            keys = ("token_mask_is_threshold_low", "token_mask_is_threshold_high")
+            values = (lower or 0.0, upper if upper is not None else BIG)
+        else:
+            metric = "geometric" if level == "geometric" else "product"
+            prefix = "geo_mask" if metric == "geometric" else "product_mask"
+            if fields.get("sequence_mask_metric") not in (None, metric):
+                lost(notes, m, "SkyRL takes one sequence mask; dropped")
+                continue
+            fields["sequence_mask_metric"] = metric
+            sequence_stage = True
+            keys = (f"{prefix}_low", f"{prefix}_high")
+            values = (lower or 0.0, upper if upper is not None else BIG)
+        if any(fields.get(k) is not None for k in keys):
+            lost(notes, m, "SkyRL takes one mask of this kind; dropped")
+            continue
+        fields |= dict(zip(keys, values, strict=True))
+    token_mask = fields.get("token_mask_is_threshold_low") is not None
+    if token_mask and sequence_stage and c.sequence_over == "original":
+        notes.append(
+            "SkyRL computes its sequence ratios over the tokens its token mask kept, not over "
+            "the whole loss mask"
+        )
+    if c.sequence_over == "kept" and not (token_mask and sequence_stage):
+        notes.append("the source's sequence ratios ran over the tokens its token mask kept")
+    if c.normalize is not None:
+        lost(notes, c.normalize, "SkyRL has no batch normalization; dropped")
+    return [(SkyRLSpec(name=name, **fields), tuple(notes))]
+
+
+def _skyrl_policy_loss(w: Component, notes: list[str]) -> dict[str, Any]:
+    """SkyRL's rollout-anchored loss closest to a current-policy weight (C12): rollout_is or
+    cispo with `cispo_anchor: rollout`, both REINFORCE-style (-sg(w) * A * log pi)."""
+    if w.level != "token":
+        lost(notes, w, "SkyRL's current-policy weights are per token")
+    zero = w.zero
+    if zero is not None and w.lower is None and w.upper is None:
+        lower, upper = ratio_bounds(zero) or (None, None)
+        if not zero.strict:
+            lost(notes, zero, "SkyRL's rollout_is loss also zeroes ratios exactly at a bound")
+        eps = {
+            "eps_clip_low": 1.0 if lower is None else 1.0 - lower,
+            "eps_clip_high": BIG if upper is None else upper - 1.0,
+        }
+        loss = "rollout_is"
+    else:
+        if zero is not None:
+            lost(notes, zero, "SkyRL's CISPO truncates and cannot zero; the band is dropped")
+        eps = {
+            "cispo_eps_clip_low": 1.0 if w.lower is None else 1.0 - w.lower,
+            "cispo_eps_clip_high": BIG if w.upper is None else w.upper - 1.0,
+        }
+        loss = "cispo"
+    for key, value in eps.items():
+        if value < 0:
+            lost(notes, w, f"SkyRL's bounds lie around 1 (`{key}` >= 0); {key} set to 0")
+            eps[key] = 0.0
+    extra = {"cispo_anchor": "rollout"} if loss == "cispo" else {}
+    return {"policy_loss_type": loss, **extra, **eps}
+
+
+def _skyrl_weight(w: Component, fields: dict[str, Any], notes: list[str]) -> list[Component]:
+    """SkyRL's TIS closest to a weight; returns its zeroing band, which SkyRL can only mask."""
+    note_numerator(notes, w, "train", "SkyRL")
+    level = "sequence" if w.level == "sequence" else "token"
+    if w.level not in ("token", "sequence"):
+        lost(notes, w, "SkyRL has no geometric-mean weight; written as token TIS")
+    extra = []
+    if w.zero is not None:
+        extra.append(w.zero)
+        lost(notes, w.zero, "SkyRL removes those from the loss mask instead of zeroing the weight")
+    if w.lower is not None:
+        lost(notes, w, f"SkyRL's TIS has no lower clamp; weights below {w.lower:g} pass")
+    if w.upper is None:
+        if w.zero is None:
+            lost(notes, w, "SkyRL always truncates; a cap of 1e9, above e^20, never binds")
+        cap = BIG
+    else:
+        cap = w.upper
+    fields |= {"tis_ratio_type": level, f"{level}_tis_ratio_clip_high": cap}
+    return extra
+
+
+# ------------------------------------------------------------------ the framework
+
+FRAMEWORK = Framework(
+    name=NAME,
+    title="SkyRL",
+    upstream=Upstream("NovaSky-AI/SkyRL", "a9564572eb8e91076be43c1bd5e4615e3de17265", "2026-08-21"),
+    spec_types=(SkyRLSpec,),
+    parse=parse,
+    presets=lambda: PRESETS,
+    to_canonical=to_canonical,
+    from_canonical=from_canonical,
+    render=render.nested,
+    families=frozenset({"token_tis", "seq_tis", "geometric_mask", "product_mask"}),
+    metrics={
+        "abs_diff_mean": ("policy/rollout_train_logprobs_abs_diff_mean",),
+        "abs_diff_max": ("policy/rollout_train_logprobs_abs_diff_max",),
+        "ratio_mean": ("is_ratio_mean",),
+    },
+)

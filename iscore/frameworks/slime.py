@@ -104,13 +104,39 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops
+from iscore import ops, render
 from iscore.batch import TokenBatch
+from iscore.canonical import (
+    BIG,
+    TINY,
+    Anchor,
+    Candidate,
+    Canonical,
+    Component,
+    Numerator,
+    first_weight,
+    lost,
+    mask_component,
+    normalize_component,
+    ratio_bounds,
+    ratio_level,
+    weight_component,
+)
+from iscore.canonical import Level as CanonicalLevel
 from iscore.errors import ConfigError
-from iscore.frameworks._config import Section, flag_parser, parse_flags, top_level
+from iscore.frameworks._config import (
+    Section,
+    check_bool,
+    check_choice,
+    check_number,
+    flag_parser,
+    parse_flags,
+    top_level,
+)
+from iscore.frameworks.base import Aggregation, Framework, Upstream
 from iscore.replay import Replay, per_token
 
-FRAMEWORK = "slime"
+NAME = "slime"
 
 TisFunction = Literal["vanilla", "icepop", "mis", "off_policy_is"]
 Level = Literal["token", "sequence", "geometric"]
@@ -173,27 +199,6 @@ _MIS_BOUND = 20.0
 _NORMALIZE_EPS = 1e-8
 
 
-def _check_choice(value: Any, choices: Sequence[str], key: str) -> None:
-    if value not in choices:
-        raise ConfigError(
-            f"Expected `{key}` to be one of {', '.join(map(repr, choices))}, but got {value!r}"
-        )
-
-
-def _check_bool(value: Any, key: str) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"Expected `{key}` to be a bool, but got {value!r}")
-
-
-def _check_number(value: Any, key: str, *, gt: float | None = None, nullable: bool = False):
-    if value is None and nullable:
-        return
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
-    if not ok or (gt is not None and not value > gt):
-        bound = f" > {gt}" if gt is not None else ""
-        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {value!r}")
-
-
 @dataclass(frozen=True, slots=True)
 class MisConfig:
     """The YAML keys of slime's `examples/train_infer_mismatch_helper/mis.py`.
@@ -225,15 +230,15 @@ class MisConfig:
 
     def __post_init__(self) -> None:
         key = "custom_config.{}".format
-        _check_bool(self.use_rs, key("use_rs"))
-        _check_bool(self.tis_batch_normalize, key("tis_batch_normalize"))
-        _check_choice(self.tis_level, _LEVELS, key("tis_level"))
-        _check_choice(self.rs_level, _LEVELS, key("rs_level"))
-        _check_choice(self.tis_mode, _MODES, key("tis_mode"))
-        _check_number(self.tis_upper_bound, key("tis_upper_bound"), gt=0.0)
+        check_bool(key("use_rs"), self.use_rs)
+        check_bool(key("tis_batch_normalize"), self.tis_batch_normalize)
+        check_choice(key("tis_level"), self.tis_level, _LEVELS)
+        check_choice(key("rs_level"), self.rs_level, _LEVELS)
+        check_choice(key("tis_mode"), self.tis_mode, _MODES)
+        check_number(key("tis_upper_bound"), self.tis_upper_bound, gt=0.0)
         for name in ("tis_lower_bound", "rs_lower_bound", "rs_upper_bound"):
-            _check_number(getattr(self, name), key(name), nullable=True)
-        _check_number(self.rs_veto_threshold, key("rs_veto_threshold"), gt=0.0, nullable=True)
+            check_number(key(name), getattr(self, name), nullable=True)
+        check_number(key("rs_veto_threshold"), self.rs_veto_threshold, gt=0.0, nullable=True)
         # mis.py asserts lower < upper (strictly) in its clip and mask helpers.
         if self.tis_mode != "truncate" and not self.tis_lower < self.tis_upper_bound:
             raise ConfigError(
@@ -289,7 +294,7 @@ class SlimeCorrection:
         name: display name.
     """
 
-    framework: ClassVar[str] = FRAMEWORK
+    framework: ClassVar[str] = NAME
     use_tis: bool = False
     get_mismatch_metrics: bool = False
     tis_function: TisFunction = "vanilla"
@@ -298,16 +303,16 @@ class SlimeCorrection:
     use_rollout_logprobs: bool = False
     mis: MisConfig | None = None
     ignored_flags: tuple[str, ...] = ()
-    name: str = FRAMEWORK
+    name: str = NAME
 
     def __post_init__(self) -> None:
-        _check_bool(self.use_tis, "--use-tis")
-        _check_bool(self.get_mismatch_metrics, "--get-mismatch-metrics")
-        _check_bool(self.use_rollout_logprobs, "--use-rollout-logprobs")
-        _check_choice(self.tis_function, tuple(_FUNCTIONS.values()), "--custom-tis-function-path")
+        check_bool("--use-tis", self.use_tis)
+        check_bool("--get-mismatch-metrics", self.get_mismatch_metrics)
+        check_bool("--use-rollout-logprobs", self.use_rollout_logprobs)
+        check_choice("--custom-tis-function-path", self.tis_function, tuple(_FUNCTIONS.values()))
         # argparse's type=float is slime's only check on these (torch's clamp then decides).
-        _check_number(self.tis_clip, "--tis-clip")
-        _check_number(self.tis_clip_low, "--tis-clip-low")
+        check_number("--tis-clip", self.tis_clip)
+        check_number("--tis-clip-low", self.tis_clip_low)
         if self.tis_function == "mis" and self.called and not isinstance(self.mis, MisConfig):
             raise ConfigError(
                 "Expected `custom_config` (the YAML at --custom-config-path) with mis.py's "
@@ -378,7 +383,7 @@ class SlimeCorrection:
         if custom:
             flags += ["--custom-config-path", CUSTOM_CONFIG_PATH]
         config: dict[str, Any] = {
-            "framework": FRAMEWORK,
+            "framework": NAME,
             "name": self.name,
             "args": shlex.join(flags),
         }
@@ -505,7 +510,7 @@ def _batch_mean(weight: torch.Tensor, batch: TokenBatch, per_sequence: bool) -> 
 
 def _parser() -> argparse.ArgumentParser:
     """slime's IS flags with its own defaults (`slime/utils/arguments.py`)."""
-    parser = flag_parser(FRAMEWORK)
+    parser = flag_parser(NAME)
     parser.add_argument("--use-tis", action="store_true")
     parser.add_argument("--get-mismatch-metrics", action="store_true")
     parser.add_argument("--tis-clip", type=float, default=2.0)
@@ -628,7 +633,7 @@ def parse(config: Mapping[str, Any]) -> SlimeCorrection:
     >>> spec.tis_function, spec.mis.tis_level, spec.ignored_flags
     ('mis', 'geometric', ('--tensor-model-parallel-size',))
     """
-    section, name = top_level(config, FRAMEWORK)
+    section, name = top_level(config, NAME)
     is_tokens, ignored = _split_flags(_argv(section.raw("args", "")))
     custom = section.section("custom_config")
     given_custom = section.data.get("custom_config") is not None
@@ -704,3 +709,241 @@ PRESETS: dict[str, SlimeCorrection] = {
     ),
 }
 """slime's documented settings: `--use-tis` alone, the GLM-5 IcePop bounds, mis.yaml."""
+
+
+# ------------------------------------------------------------------ canonical form
+
+
+def to_canonical(spec: SlimeCorrection) -> Canonical:
+    anchor: Anchor = "rollout" if spec.use_rollout_logprobs else "recompute"
+    if not spec.called or (spec.tis_function == "mis" and not spec.use_tis):
+        return Canonical(anchor=anchor)
+    numerator: Numerator = "policy" if spec.numerator == "policy" else "train"
+    if spec.tis_function == "mis":
+        return Canonical(_mis_components(spec.mis, numerator), anchor)
+    if spec.tis_function == "icepop":
+        band = mask_component("token", spec.tis_clip_low, spec.tis_clip, numerator=numerator)
+        weight = weight_component("token", numerator=numerator, zero=band)
+    else:
+        weight = weight_component(
+            "token", lower=spec.tis_clip_low, upper=spec.tis_clip, numerator=numerator
+        )
+    return Canonical((weight,), anchor)
+
+
+def _mis_components(mis: MisConfig, numerator: Numerator) -> tuple[Component, ...]:
+    """mis.py: every ratio clamped to +-20 after aggregating."""
+    levels: dict[str, CanonicalLevel] = {
+        "token": "token",
+        "sequence": "sequence",
+        "geometric": "geometric",
+    }
+    level = levels[mis.tis_level]
+    common: dict[str, Any] = {"numerator": numerator, "numerics": "clamp"}
+    components: list[Component] = []
+    if mis.tis_mode == "truncate":
+        components.append(weight_component(level, upper=mis.tis_upper_bound, **common))
+    elif mis.tis_mode == "clip":
+        components.append(
+            weight_component(level, lower=mis.tis_lower, upper=mis.tis_upper_bound, **common)
+        )
+    else:
+        components += [
+            weight_component(level, **common),
+            mask_component(level, mis.tis_lower, mis.tis_upper_bound, **common),
+        ]
+    if mis.use_rs:
+        components.append(
+            mask_component(levels[mis.rs_level], mis.rs_lower, mis.rs_upper, **common)
+        )
+        if mis.rs_veto_threshold is not None:
+            # slime compares d with the float32 log of the threshold; d itself is unclamped.
+            log_veto = float(torch.log(torch.tensor(mis.rs_veto_threshold, dtype=torch.float32)))
+            components.append(
+                mask_component("any_token", log_veto, statistic="log_ratio", numerator=numerator)
+            )
+    if mis.tis_batch_normalize:
+        components.append(normalize_component("token" if level == "token" else "sequence_all"))
+    return tuple(components)
+
+
+def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+    candidates = [_slime_builtin(c, name)]
+    policy = any(x.numerator == "policy" for x in c.components)
+    if (c.weights or c.masks) and (not policy or c.anchor == "rollout"):
+        candidates.append(_slime_mis(c, name))
+    return candidates
+
+
+def _slime_anchor(c: Canonical, fields: dict[str, Any]) -> None:
+    """--use-rollout-logprobs for a bypass; with a weight on the recompute, also
+    --get-mismatch-metrics (which makes slime recompute anyway)."""
+    if c.anchor != "rollout":
+        return
+    fields["use_rollout_logprobs"] = True
+    if any(x.numerator == "train" for x in c.components):
+        fields["get_mismatch_metrics"] = True
+
+
+def _slime_builtin(c: Canonical, name: str) -> Candidate:
+    """slime's own flags: vanilla_tis_function, icepop_function, PR #2084's off_policy_is."""
+    notes: list[str] = []
+    fields: dict[str, Any] = {"name": name}
+    _slime_anchor(c, fields)
+    w = first_weight(c, notes, "slime")
+    for m in c.masks:
+        lost(notes, m, "slime's built-in TIS functions have no mask (mis.py's RS has)")
+    if w is not None:
+        fields["use_tis"] = True
+        if w.level != "token":
+            lost(
+                notes,
+                w,
+                "slime's built-in TIS functions weight tokens (mis.py has sequence "
+                "levels); written per token",
+            )
+        policy = w.numerator == "policy" and c.anchor != "rollout"
+        if policy:
+            fields["tis_function"] = "off_policy_is"
+            notes.append("off_policy_is_function is slime PR #2084, open, not on main")
+        zero = w.zero
+        if zero is not None and ratio_level(zero) == "token" and not policy:
+            lower, upper = ratio_bounds(zero) or (None, None)
+            fields |= {"tis_function": "icepop", "tis_clip_low": lower or 0.0}
+            fields["tis_clip"] = math.inf if upper is None else upper
+            if w.upper is not None and (upper is None or w.upper < upper):
+                lost(
+                    notes, w, f"slime's icepop keeps the raw ratio; the cap {w.upper:g} is dropped"
+                )
+        else:
+            if zero is not None:
+                lost(notes, zero, "slime's built-in functions cannot zero on this band")
+            fields["tis_clip_low"] = w.lower or 0.0
+            fields["tis_clip"] = math.inf if w.upper is None else w.upper
+    if c.normalize is not None:
+        lost(notes, c.normalize, "slime's built-in functions do not normalize (mis.py does)")
+    if c.sequence_over == "kept":
+        notes.append("slime computes ratios over the original loss mask")
+    return SlimeCorrection(**fields), tuple(notes)
+
+
+def _slime_mis(c: Canonical, name: str) -> Candidate:
+    """slime's mis.py helper (examples/train_infer_mismatch_helper), configured by its YAML."""
+    notes: list[str] = []
+    fields: dict[str, Any] = {"name": name, "use_tis": True, "tis_function": "mis"}
+    _slime_anchor(c, fields)
+    w = first_weight(c, notes, "mis.py")
+    masks = list(c.masks)
+    levels = {"token": "token", "sequence": "sequence", "geometric": "geometric"}
+    mis: dict[str, Any] = {"tis_level": "token", "tis_upper_bound": BIG}
+    if w is None:
+        notes.append(
+            "mis.py always weights when it runs: tokens carry their ratio (truncated at "
+            "1e9, i.e. not at all); the source applies no weight"
+        )
+    else:
+        if w.level == "geometric_unmasked":
+            lost(notes, w, "mis.py's geometric mean runs over loss tokens only")
+        mis["tis_level"] = levels.get(w.level, "geometric")
+        zero = w.zero
+        if zero is not None and zero.level == w.level:
+            lower, upper = ratio_bounds(zero) or (None, None)
+            mis |= {"tis_mode": "mask", "tis_lower_bound": lower or TINY}
+            mis["tis_upper_bound"] = BIG if upper is None else upper
+            lost(notes, zero, "mis.py removes those from the loss mask instead of zeroing them")
+            if w.upper is not None and (upper is None or w.upper < upper):
+                lost(notes, w, f"mis.py's mask mode keeps the raw ratio; cap {w.upper:g} dropped")
+        else:
+            if zero is not None:
+                masks.append(zero)
+                lost(notes, zero, "mis.py rejects instead of zeroing")
+            if w.upper is not None:
+                mis["tis_upper_bound"] = w.upper
+            if w.lower is not None:
+                mis |= {"tis_mode": "clip", "tis_lower_bound": w.lower}
+    for m in masks:
+        bounds = ratio_bounds(m)
+        level = ratio_level(m)
+        if level in levels and bounds is not None and not mis.get("use_rs"):
+            mis |= {"use_rs": True, "rs_level": levels[level]}
+            mis["rs_lower_bound"] = bounds[0] or TINY
+            mis["rs_upper_bound"] = BIG if bounds[1] is None else bounds[1]
+        elif (
+            level == "any_token" and bounds and bounds[1] is None and "rs_veto_threshold" not in mis
+        ):
+            mis["rs_veto_threshold"] = bounds[0]
+        else:
+            lost(notes, m, "no mis.py key expresses it (one RS level, a lower-only veto); dropped")
+    if "rs_veto_threshold" in mis and not mis.get("use_rs"):
+        # The veto runs only with use_rs: a band mis.py's +-20 clamp never reaches.
+        mis |= {"use_rs": True, "rs_lower_bound": TINY, "rs_upper_bound": BIG}
+    norm = c.normalize
+    if norm is not None:
+        wanted = "token" if mis["tis_level"] == "token" else "sequence_all"
+        if mis["tis_level"] == "geometric" or norm.level != wanted:
+            lost(
+                notes,
+                norm,
+                f"mis.py normalizes {mis['tis_level']}-level weights over "
+                f"{'tokens' if wanted == 'token' else 'every sequence'} only; dropped",
+            )
+        else:
+            mis["tis_batch_normalize"] = True
+    if c.sequence_over == "kept":
+        notes.append("mis.py computes ratios over the original loss mask")
+    if (
+        mis.get("tis_mode") in ("clip", "mask")
+        and not mis["tis_lower_bound"] < mis["tis_upper_bound"]
+    ):
+        notes.append("mis.py needs lower < upper; the lower bound is dropped")
+        mis |= {"tis_mode": "truncate", "tis_lower_bound": None}
+    if mis.get("use_rs") and not mis["rs_lower_bound"] < mis["rs_upper_bound"]:
+        notes.append("mis.py needs an RS band with lower < upper; RS dropped")
+        mis |= {"use_rs": False, "rs_lower_bound": None, "rs_upper_bound": None}
+    return SlimeCorrection(mis=MisConfig(**mis), **fields), tuple(notes)
+
+
+# ------------------------------------------------------------------ the framework
+
+
+def _aggregation(spec: SlimeCorrection) -> Aggregation:
+    per_token = _PER_TOKEN_LOSS in spec.ignored_flags
+    return Aggregation("token-mean" if per_token else "seq-mean-token-mean")
+
+
+def _render(body: Mapping[str, Any], fmt: str | None) -> str:
+    """The launch flags, one per line; mis.py's YAML under a comment header."""
+    text = render.flag_lines(body["args"])
+    if "custom_config" in body:
+        header = f"# {CUSTOM_CONFIG_PATH}, the YAML --custom-config-path points to"
+        text += f"\n\n{header}\n{render.yaml_text(body['custom_config'])}"
+    return text
+
+
+FRAMEWORK = Framework(
+    name=NAME,
+    title="slime",
+    upstream=Upstream("THUDM/slime", "624b824a898ab0ec1fcb4d373004c7f3852bf515", "2026-08-21"),
+    spec_types=(SlimeCorrection,),
+    parse=parse,
+    presets=lambda: PRESETS,
+    to_canonical=to_canonical,
+    from_canonical=from_canonical,
+    render=_render,
+    aggregation=_aggregation,
+    families=frozenset({"token_tis", "icepop", "seq_tis"}),
+    metrics={
+        "k1": ("mis_kl (sequence-averaged)",),
+        "k3": ("mis_k3_kl (sequence-averaged)",),
+        "chi2_token": ("mis_chi2_token (sequence-averaged)",),
+        "chi2_seq": ("mis_chi2_seq",),
+        "abs_diff_mean": ("train/train_rollout_logprob_abs_diff (sequence-averaged)",),
+        "log_ppl_diff": ("mis_log_ppl_diff",),
+        "log_ppl_abs_diff": ("mis_log_ppl_abs_diff",),
+        "ppl_ratio": ("mis_ppl_ratio",),
+        "training_ppl": ("mis_training_ppl",),
+        "rollout_ppl": ("mis_rollout_ppl",),
+        "ratio_mean": ("tis (before clipping)",),
+    },
+    snippet_formats=("flags",),
+)

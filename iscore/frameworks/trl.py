@@ -69,13 +69,27 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops
+from iscore import ops, render
 from iscore.batch import TokenBatch
+from iscore.canonical import (
+    Candidate,
+    Canonical,
+    Level,
+    first_weight,
+    lost,
+    mask_component,
+    note_extras,
+    note_numerator,
+    ratio_bounds,
+    ratio_level,
+    weight_component,
+)
 from iscore.errors import ConfigError
 from iscore.frameworks._config import top_level
+from iscore.frameworks.base import Aggregation, Framework, Measure, Trap, Upstream
 from iscore.replay import Replay
 
-FRAMEWORK = "trl"
+NAME = "trl"
 
 Mode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
@@ -124,7 +138,7 @@ class TRLCorrection:
         name: display name.
     """
 
-    framework: ClassVar[str] = FRAMEWORK
+    framework: ClassVar[str] = NAME
     use_vllm: bool = True
     enabled: bool = True
     mode: Mode = "sequence_mask"
@@ -132,7 +146,7 @@ class TRLCorrection:
     clip_max: float | None = 3.0
     off_policy_mask_threshold: float | None = None
     loss_type: LossType = "dapo"
-    name: str = FRAMEWORK
+    name: str = NAME
 
     def __post_init__(self) -> None:
         for key, value in (
@@ -206,7 +220,7 @@ class TRLCorrection:
         ('token_truncate', 2.0)
         """
         return {
-            "framework": FRAMEWORK,
+            "framework": NAME,
             "name": self.name,
             "use_vllm": self.use_vllm,
             "vllm_importance_sampling_correction": self.enabled,
@@ -261,7 +275,7 @@ def parse(config: Mapping[str, Any]) -> TRLCorrection:
     >>> spec.mode, spec.clip_min, spec.clip_max
     ('token_truncate', None, 2.0)
     """
-    top, name = top_level(config, FRAMEWORK)
+    top, name = top_level(config, NAME)
     s = top.section("grpo_config") if "grpo_config" in config else top
     if s is not top:
         top.done()
@@ -299,3 +313,148 @@ PRESETS: dict[str, TRLCorrection] = {
     "trl_token_tis": TRLCorrection(mode="token_truncate", clip_max=2.0, name="trl_token_tis"),
 }
 """TRL's default (sequence product masked above 3) and the original token TIS setting."""
+
+
+# ------------------------------------------------------------------ canonical form
+
+
+def to_canonical(spec: TRLCorrection) -> Canonical:
+    if not spec.active:
+        return Canonical()
+    level: Level = "token" if spec.mode.startswith("token_") else "sequence"
+    if spec.mode.endswith("_truncate"):
+        weight = weight_component(
+            level, lower=spec.clip_min, upper=spec.clip_max, numerics="float32"
+        )
+    else:
+        band = mask_component(level, spec.clip_min, spec.clip_max, numerics="float32")
+        weight = weight_component(level, numerics="float32", zero=band)
+    return Canonical((weight,))
+
+
+def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+    notes: list[str] = []
+    w = first_weight(c, notes, "TRL")
+    masks = list(c.masks)
+    fields: dict[str, Any] = {}
+    level = "token"
+    if w is not None:
+        note_numerator(notes, w, "train", "TRL")
+        level = "sequence" if w.level == "sequence" else "token"
+        if w.level not in ("token", "sequence"):
+            lost(
+                notes,
+                w,
+                "TRL has no geometric-mean weight (its sequence modes use the "
+                "product e^S); written per token",
+            )
+        zero = w.zero
+        if zero is not None:
+            masks.insert(0, zero)
+            if w.upper is not None or w.lower is not None:
+                lost(notes, w, "TRL's mask modes keep the raw ratio; the truncation is dropped")
+        elif w.lower is not None or w.upper is not None:
+            fields = {"mode": f"{level}_truncate", "clip_min": w.lower, "clip_max": w.upper}
+    for m in masks:
+        bounds = ratio_bounds(m)
+        m_level = ratio_level(m)
+        same = m_level == level or (w is None and m_level in ("token", "sequence"))
+        # A truncation inside the band never binds, so a band within it replaces it.
+        inside = (
+            bounds is not None
+            and fields.get("clip_min") is None
+            and (fields.get("clip_max") is None or (bounds[1] or math.inf) <= fields["clip_max"])
+        )
+        replaceable = "mode" not in fields or fields["mode"].endswith("_truncate")
+        if same and inside and replaceable:
+            fields = {
+                "mode": f"{m_level}_mask",
+                "clip_min": bounds[0],
+                "clip_max": bounds[1],
+            }
+            if w is None:
+                notes.append(
+                    "TRL's mask modes weight kept tokens by their raw ratio; the source "
+                    "applies no weight"
+                )
+            if w is None or m is not w.zero:
+                lost(
+                    notes, m, "TRL zeroes those weights instead of removing them from the loss mask"
+                )
+        else:
+            lost(notes, m, "no TRL mode expresses it beside the rest; dropped")
+    if w is not None and not fields:
+        fields = {
+            "mode": f"{level}_mask",
+            "clip_min": None,
+            "clip_max": None,
+        }  # the raw weight
+    note_extras(notes, c, "TRL")
+    if not fields:
+        spec = TRLCorrection(enabled=False, name=name)
+    else:
+        low, high = fields["clip_min"], fields["clip_max"]
+        if low is not None and high is not None and not low < high:
+            notes.append("TRL needs clip_min < clip_max; clip_min dropped")
+            fields["clip_min"] = None
+        spec = TRLCorrection(name=name, **fields)
+    return [(spec, tuple(notes))]
+
+
+# ------------------------------------------------------------------ the framework
+
+
+def _aggregation(spec: TRLCorrection) -> Aggregation:
+    if spec.loss_type == "grpo":
+        return Aggregation("seq-mean-token-mean")
+    if spec.loss_type == "dr_grpo":
+        return Aggregation("seq-mean-token-sum")
+    return Aggregation("token-mean")
+
+
+def _render(body: Mapping[str, Any], fmt: str | None) -> str:
+    """YAML under the `GRPOConfig(...)` call it is, or `--key value` flags."""
+    if fmt == "yaml":
+        return f"# {render.python_call('GRPOConfig', body)}\n" + render.yaml_text(body)
+    if body.get("vllm_importance_sampling_clip_max", 0) is None:
+        raise ConfigError(
+            "Expected `fmt` to be 'yaml' for this TRL setting: "
+            "`vllm_importance_sampling_clip_max: null` has no command-line form"
+        )
+    return render.option_flags(body)
+
+
+def _default_mask(batch: TokenBatch, measure: Measure) -> str:
+    default = measure(TRLCorrection(name=NAME))
+    return (
+        "TRL's default vllm_importance_sampling_mode is sequence_mask (product ratio masked "
+        f"above 3.0): on this data it drops {default['seq_masked_fraction']:.1%} of sequences "
+        f"and scales the LR by {default['lr_scale']:.3g}."
+    )
+
+
+FRAMEWORK = Framework(
+    name=NAME,
+    title="TRL",
+    upstream=Upstream("huggingface/trl", "f2cd57710ae345ea6428ae95363267fcf38a3dc8", "2026-07-24"),
+    spec_types=(TRLCorrection,),
+    parse=parse,
+    presets=lambda: PRESETS,
+    to_canonical=to_canonical,
+    from_canonical=from_canonical,
+    render=_render,
+    aggregation=_aggregation,
+    families=frozenset({"token_tis", "icepop", "seq_tis"}),
+    metrics={
+        "abs_diff_mean": ("sampling/sampling_logp_difference/mean",),
+        "abs_diff_max": ("sampling/sampling_logp_difference/max",),
+    },
+    traps=(
+        Trap(
+            "default-sequence-mask",
+            "TRL's default vllm_importance_sampling_mode is sequence_mask: the product ratio "
+            "masked above 3.0, which drops long sequences.",
+            _default_mask,
+        ),
+    ),
+)

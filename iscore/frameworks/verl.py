@@ -73,13 +73,33 @@ from typing import Any, ClassVar, Literal, get_args
 
 import torch
 
-from iscore import ops
+from iscore import ops, render
 from iscore.batch import TokenBatch
+from iscore.canonical import (
+    BIG,
+    TINY,
+    Anchor,
+    Candidate,
+    Canonical,
+    Component,
+    Level,
+    Numerator,
+    first_weight,
+    lost,
+    mask_component,
+    normalize_component,
+    note_extras,
+    note_numerator,
+    ratio_bounds,
+    ratio_level,
+    weight_component,
+)
 from iscore.errors import ConfigError
-from iscore.frameworks._config import as_float, top_level
+from iscore.frameworks._config import as_float, check_number, top_level
+from iscore.frameworks.base import Aggregation, Framework, Trap, Upstream
 from iscore.replay import Replay, per_token
 
-FRAMEWORK = "verl"
+NAME = "verl"
 
 RSOption = Literal[
     "token_k1",
@@ -126,8 +146,7 @@ _BATCH_NORM_EPS = 1e-8
 
 def _check_positive(value: Any, key: str) -> float:
     """`value` as a float > 0 (NaN rejected); ints accepted, bools not."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(f"Expected `{key}` to be a float > 0, but got {value!r}")
+    check_number(key, value, gt=0.0)
     return float(value)
 
 
@@ -272,9 +291,9 @@ class VerlSpec:
     ('icepop', '0.5_5.0')
     """
 
-    framework: ClassVar[str] = FRAMEWORK
+    framework: ClassVar[str] = NAME
 
-    name: str = FRAMEWORK
+    name: str = NAME
     is_level: Literal["token", "sequence"] | None = None
     is_upper: float | None = None
     is_lower: float | None = None
@@ -364,7 +383,7 @@ class VerlSpec:
             "loss_type": self.loss_type,
         }
         return {
-            "framework": FRAMEWORK,
+            "framework": NAME,
             "name": self.name,
             "algorithm": {"rollout_correction": correction},
         }
@@ -555,7 +574,7 @@ def parse(config: Mapping[str, Any]) -> VerlSpec:
         ConfigError: an unknown key or preset, a wrong type or value, or a combination verl
             rejects; the message names the key.
     """
-    top, name = top_level(config, FRAMEWORK)
+    top, name = top_level(config, NAME)
     preset = top.raw("preset", None)
     defaults = _YAML_DEFAULTS
     if preset is not None:
@@ -793,7 +812,7 @@ def to_generation(spec: VerlSpec, generation: str = "current") -> GenerationConf
             )
             exact = False
 
-    name = {"framework": FRAMEWORK, "name": spec.name}
+    name = {"framework": NAME, "name": spec.name}
     if gen.name == "gen0":
         cap = spec.is_upper if spec.is_level is not None else -1
         if spec.is_level is not None:
@@ -883,3 +902,228 @@ def _gen2_config(spec: VerlSpec, gen: Generation, name: dict[str, str]) -> dict[
         "algorithm": {"rollout_correction": correction},
         "actor_rollout_ref": _LOG_PROBS,
     }
+
+
+# ------------------------------------------------------------------ canonical form
+
+
+def to_canonical(spec: VerlSpec) -> Canonical:
+    numerator: Numerator = "policy" if spec.bypass else "train"
+    components: list[Component] = []
+    if spec.applies_is_weight:
+        zero = None
+        if spec.is_lower is not None:
+            zero = mask_component(
+                spec.is_level, spec.is_lower, spec.is_upper, numerator=numerator, numerics="clamp"
+            )
+        upper = spec.is_upper if zero is None else None
+        components.append(
+            weight_component(
+                spec.is_level, upper=upper, numerator=numerator, numerics="clamp", zero=zero
+            )
+        )
+        if spec.batch_normalize:
+            components.append(normalize_component(spec.is_level))
+    levels: dict[str, Level] = {
+        "token": "token",
+        "seq_sum": "sequence",
+        "seq_mean": "geometric",
+        "seq_max": "max",
+    }
+    for criterion in spec.rs:
+        level = levels[criterion.aggregate]
+        if criterion.estimator == "k1":
+            # The statistic is -d: log L <= -d <= log U keeps d in [-log U, -log L].
+            lower, upper = -math.log(criterion.upper), -math.log(criterion.lower)
+            components.append(
+                mask_component(
+                    level,
+                    lower,
+                    upper,
+                    statistic="log_ratio",
+                    numerator=numerator,
+                    numerics="clamp_each",
+                )
+            )
+        else:
+            components.append(
+                mask_component(
+                    level,
+                    None,
+                    criterion.upper,
+                    statistic=criterion.estimator,
+                    numerator=numerator,
+                    numerics="clamp_each",
+                )
+            )
+    anchor: Anchor = "recompute"
+    if spec.bypass:
+        anchor = "none" if spec.loss_type == "reinforce" else "rollout"
+    return Canonical(tuple(components), anchor)
+
+
+def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+    notes: list[str] = []
+    bypass = c.anchor != "recompute"
+    loss_type = "reinforce" if c.anchor == "none" else "ppo_clip"
+    numerator = "policy" if bypass else "train"
+    fields: dict[str, Any] = {}
+    masks = list(c.masks)
+    w = first_weight(c, notes, "verl")
+    if w is not None and loss_type == "ppo_clip" and bypass:
+        lost(notes, w, "verl's bypass PPO-clip mode applies no IS weight; dropped")
+        w = None
+    if w is not None:
+        note_numerator(notes, w, numerator, "verl")
+        level = w.level
+        if level not in ("token", "sequence"):
+            lost(notes, w, "verl has no geometric-mean weight; written as a token-level weight")
+            level = "token"
+        fields = {"is_level": level, "is_upper": w.upper, "is_lower": None}
+        zero = w.zero
+        if zero is not None and ratio_level(zero) != w.level:
+            masks.append(zero)
+            lost(
+                notes,
+                zero,
+                "verl rejects those sequences (removing them from response_mask, "
+                "which its token-mean loss renormalizes) instead of zeroing their weights",
+            )
+        elif zero is not None:
+            lower, upper = ratio_bounds(zero) or (None, None)
+            fields |= {"is_lower": lower or TINY, "is_upper": upper or BIG}
+            if w.upper is not None and w.upper < fields["is_upper"]:
+                lost(
+                    notes,
+                    w,
+                    f"verl's IcePop keeps the raw ratio inside the band; the cap "
+                    f"{w.upper:g} is dropped",
+                )
+            if zero.strict:
+                lost(notes, zero, "verl's IcePop bounds are inclusive")
+        if fields["is_lower"] is None:
+            if w.lower is not None:
+                lost(notes, w, f"verl has no lower clamp; weights below {w.lower:g} pass")
+            if w.upper is None:
+                fields["is_upper"] = BIG
+                lost(
+                    notes,
+                    w,
+                    "verl always truncates; a threshold of 1e9, above verl's "
+                    "largest ratio e^20, never binds",
+                )
+    norm = c.normalize
+    if norm is not None:
+        if not fields:
+            lost(notes, norm, "no IS weight to normalize; dropped")
+        elif (norm.level == "token") != (fields["is_level"] == "token"):
+            lost(notes, norm, "verl normalizes at the IS weight's own level; dropped")
+        else:
+            fields["batch_normalize"] = True
+            if norm.level == "sequence_all":
+                lost(notes, norm, "verl's mean skips sequences without a loss token")
+    rs: list[RSCriterion] = []
+    for m in masks:
+        note_numerator(notes, m, numerator, "verl")
+        criterion = _verl_criterion(m, notes)
+        if criterion is None:
+            continue
+        if any(x.option == criterion.option for x in rs):
+            lost(notes, m, f"verl takes `{criterion.option}` once; dropped")
+            continue
+        rs.append(criterion)
+    note_extras(notes, c, "verl", normalize=True)
+    spec = VerlSpec(name=name, rs=tuple(rs), bypass=bypass, loss_type=loss_type, **fields)
+    return [(spec, tuple(notes))]
+
+
+def _verl_criterion(m: Component, notes: list[str]) -> RSCriterion | None:
+    """The `rollout_rs` criterion closest to a mask."""
+    aggregate = {
+        "token": "token",
+        "sequence": "seq_sum",
+        "geometric": "seq_mean",
+        "geometric_unmasked": "seq_mean",
+        "max": "seq_max",
+        "any_token": "seq_max",
+    }[m.level]
+    if m.level == "geometric_unmasked":
+        lost(notes, m, "verl's sequence mean runs over loss tokens only")
+    if m.strict:
+        lost(notes, m, "verl's bounds are inclusive")
+    if m.statistic in ("k2", "k3") and m.level != "any_token":
+        if m.lower is not None:
+            lost(notes, m, "verl bounds k2/k3 from above only; the lower bound is dropped")
+        return RSCriterion(f"{aggregate}_{m.statistic}", upper=m.upper)
+    if m.statistic == "k3_reverse" and m.level != "any_token":
+        lost(notes, m, "verl's k3 is e^d - 1 - d, not AReaL's e^-d - 1 + d; same bound used")
+        return RSCriterion(f"{aggregate}_k3", upper=m.upper)
+    bounds = ratio_bounds(m)
+    if bounds is None:
+        lost(notes, m, "no verl criterion expresses it; dropped")
+        return None
+    lower, upper = bounds
+    log_lower = math.log(lower) if lower else None
+    log_upper = math.log(upper) if upper is not None else None
+    if ratio_level(m) == "any_token" or m.level == "max":
+        # verl has no max-k1; seq_max_k2 bounds every token's |d| (a symmetric band).
+        radius = max(abs(x) for x in (log_lower, log_upper) if x is not None)
+        lost(
+            notes,
+            m,
+            f"verl has no per-token k1 over a whole sequence; seq_max_k2 rejects "
+            f"sequences with any |log-ratio| > {radius:g}",
+        )
+        return RSCriterion("seq_max_k2", upper=0.5 * radius * radius)
+    # k1 "L'_U'" keeps d in [-log U', -log L']: the sign trap, written the right way round.
+    upper_k1 = math.exp(-log_lower) if log_lower is not None else BIG
+    lower_k1 = math.exp(-log_upper) if log_upper is not None else 1.0 / BIG
+    return RSCriterion(f"{aggregate}_k1", upper=upper_k1, lower=lower_k1)
+
+
+# ------------------------------------------------------------------ the framework
+
+
+def _aggregation(spec: VerlSpec) -> Aggregation:
+    # token-mean; decoupled rejection sampling rewrites response_mask before the token count.
+    return Aggregation("token-mean", shrinks=not spec.bypass)
+
+
+FRAMEWORK = Framework(
+    name=NAME,
+    title="verl",
+    upstream=Upstream(
+        "verl-project/verl", "1dda039b9c6311889a9c9a26040677e1254814f9", "2026-08-22"
+    ),
+    spec_types=(VerlSpec,),
+    parse=parse,
+    presets=lambda: PRESETS,
+    to_canonical=to_canonical,
+    from_canonical=from_canonical,
+    render=render.nested,
+    aggregation=_aggregation,
+    families=frozenset(
+        {"token_tis", "icepop", "seq_tis", "geometric_mask", "product_mask", "k3_mask"}
+    ),
+    metrics={
+        "k1": ("rollout_corr/kl",),
+        "k3": ("rollout_corr/k3_kl",),
+        "chi2_token": ("rollout_corr/chi2_token",),
+        "chi2_seq": ("rollout_corr/chi2_seq",),
+        "log_ppl_diff": ("rollout_corr/log_ppl_diff",),
+        "log_ppl_abs_diff": ("rollout_corr/log_ppl_abs_diff",),
+        "ppl_ratio": ("rollout_corr/ppl_ratio",),
+        "training_ppl": ("rollout_corr/training_ppl",),
+        "rollout_ppl": ("rollout_corr/rollout_ppl",),
+    },
+    traps=(
+        Trap(
+            "k1-reciprocal-bounds",
+            "verl's k1 rejection (token_k1/seq_*_k1) keeps ratios in [1/U, 1/L], not [L, U]: "
+            'asymmetric bounds such as "0.5_1.5" keep [0.667, 2.0]. The geometric candidates '
+            "here already account for it.",
+        ),
+    ),
+    generations=tuple(GENERATIONS),
+    to_generation=to_generation,
+)

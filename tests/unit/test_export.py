@@ -14,10 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from iscore.batch import TokenBatch
+from iscore.canonical import Canonical
 from iscore.errors import ConfigError
-from iscore.export import Canonical, canonical, convert, snippet, to_file_text
+from iscore.export import canonical, convert, snippet, to_file_text
+from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
-from iscore.replay import FRAMEWORKS, parse_config
+from iscore.replay import parse_config
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 
@@ -679,7 +681,7 @@ def test_difference_is_skipped_without_the_policy_column():
 
 def test_convert_errors_name_the_argument():
     spec = verl.PRESETS["decoupled_token_is"]
-    with pytest.raises(ConfigError, match=r"Expected `to` to be one of verl, .*'megatron'"):
+    with pytest.raises(ConfigError, match=r"Expected `to` to be one of 'verl', .*'megatron'"):
         convert(spec, "megatron")
     with pytest.raises(ConfigError, match=r"`generation` to be None for skyrl"):
         convert(spec, "skyrl", generation="gen1")

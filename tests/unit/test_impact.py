@@ -12,7 +12,8 @@ import pytest
 from iscore import Dump, load
 from iscore.analyze import SCHEMA_VERSION, analyze, presets, resolve
 from iscore.errors import ConfigError
-from iscore.impact import Aggregation, SettingStats, aggregation_of
+from iscore.frameworks.base import Aggregation
+from iscore.impact import SettingStats, aggregation_of
 from iscore.report import render_html
 from iscore.simulate import SimConfig, write_simulated
 from tests.unit.frameworks.conftest import edge_batch, make_batch

@@ -6,8 +6,8 @@ import pytest
 
 from iscore import load
 from iscore.errors import ConfigError
+from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.recommend import Targets, recommend
-from iscore.replay import FRAMEWORKS
 from iscore.simulate import SimConfig, write_simulated
 from tests.unit.frameworks.conftest import edge_batch
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import iscore
+from iscore import frameworks
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import fireworks
 from iscore.frameworks.fireworks import PRESETS, FireworksISCorrection, FireworksTIS, parse
-from iscore.replay import framework_module
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import sequences
 
@@ -208,7 +208,7 @@ def test_presets_and_end_to_end_dispatch(edges):
     via_dispatch = iscore.replay(edges, config)
     direct = FireworksTIS(cap=2.0, icepop_threshold=2.0).replay(edges)
     assert torch.equal(via_dispatch.weight, direct.weight)
-    assert framework_module("fireworks") is fireworks
+    assert frameworks.get("fireworks") is fireworks.FRAMEWORK
 
 
 @pytest.mark.parametrize("device", DEVICES)

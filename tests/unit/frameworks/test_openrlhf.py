@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import iscore
+from iscore import frameworks
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import openrlhf
 from iscore.frameworks.openrlhf import PRESETS, OpenRLHFCorrection, parse
-from iscore.replay import framework_module
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import make_batch, sequences
 
@@ -275,7 +275,7 @@ def test_presets_and_end_to_end_dispatch(edges):
     via_dispatch = iscore.replay(edges, config)
     direct = OpenRLHFCorrection(enable=True, type="icepop").replay(edges)
     assert torch.equal(via_dispatch.weight, direct.weight)
-    assert framework_module("openrlhf") is openrlhf
+    assert frameworks.get("openrlhf") is openrlhf.FRAMEWORK
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import iscore
+from iscore import frameworks
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import trl
 from iscore.frameworks.trl import PRESETS, TRLCorrection, parse
-from iscore.replay import framework_module
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import sequences
 
@@ -213,7 +213,7 @@ def test_presets_and_end_to_end_dispatch(edges):
     via_dispatch = iscore.replay(edges, config)
     direct = TRLCorrection(mode="token_mask").replay(edges)
     assert torch.equal(via_dispatch.weight, direct.weight)
-    assert framework_module("trl") is trl
+    assert frameworks.get("trl") is trl.FRAMEWORK
 
 
 @pytest.mark.parametrize("device", DEVICES)

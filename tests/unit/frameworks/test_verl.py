@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import iscore
+from iscore import frameworks
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import verl
 from iscore.frameworks.verl import PRESETS, RSCriterion, VerlSpec, parse
-from iscore.replay import framework_module
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
 
@@ -772,5 +772,5 @@ def test_replay_dispatch(random_batch):
     result = iscore.replay(random_batch, config)
     expected = reference(random_batch, level="token", upper=2.0, rs=(("seq_mean_k3", None, 1e-3),))
     check(result, expected)
-    assert framework_module("verl") is verl
-    assert verl.FRAMEWORK == VerlSpec.framework == "verl"
+    assert frameworks.get("verl") is verl.FRAMEWORK
+    assert verl.FRAMEWORK.name == VerlSpec.framework == "verl"

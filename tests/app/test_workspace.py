@@ -1,5 +1,5 @@
-"""`iscore.session`, the engine side of the app: in-memory dumps, workspaces, and the Tune
-families as each framework's own setting."""
+"""`iscore.workspace` (in-memory dumps, workspaces) and the Tune families of `iscore.tune` as
+each framework's own setting: the engine side of the app."""
 
 from __future__ import annotations
 
@@ -15,22 +15,24 @@ from iscore.analyze import analyze, presets
 from iscore.dump import Dump, DumpProblems, StepRange
 from iscore.errors import ConfigError
 from iscore.impact import quick_stats
-from iscore.session import (
+from iscore.tune import (
     FAMILIES,
-    Workspace,
-    digest,
+    Tuner,
     family_spec,
     frameworks_for,
     grid,
     nearest,
-    open_path,
-    open_uploads,
     query,
-    select_steps,
-    sequence_tokens,
     sweep,
 )
-from iscore.tune import Tuner
+from iscore.workspace import (
+    Workspace,
+    digest,
+    open_path,
+    open_uploads,
+    select_steps,
+    sequence_tokens,
+)
 from tests.app.conftest import DATA
 
 

@@ -1,15 +1,14 @@
-"""What an interactive front end needs on top of the engine: in-memory dumps, one loaded dump
-with everything derived from it computed on demand, and the threshold families of `Tuner`
-as framework settings.
+"""The workspace of an interactive front end: dumps held in memory, and one loaded dump with
+everything derived from it (summaries, diagnostics, settings, tuners) computed on demand and
+cached.
 
 Headless (no streamlit): the app caches `Workspace` objects and calls their methods; every
 number it shows comes from here or from the modules these call.
 
 >>> from iscore.analyze import presets
->>> ws = open_path("data/dense_bf16.parquet")  # doctest: +SKIP
->>> ws.analysis([presets()["verl:decoupled_geo_rs"]]).settings[0]["lr_scale"]  # doctest: +SKIP
->>> family_spec("icepop", (0.5, 5.0), "nemo_rl").truncated_importance_sampling_type
-'icepop'
+>>> ws = open_path("data/dense_bf16.parquet")
+>>> round(ws.analysis([presets()["verl:decoupled_geo_rs"]]).settings[0]["lr_scale"], 3)
+1.0
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -35,18 +34,10 @@ from iscore.dump import (
     is_framework_dump,
     resolve_files,
 )
-from iscore.errors import ConfigError, DumpError
-from iscore.frameworks.areal import ArealCorrection, RejectionSampling
-from iscore.frameworks.fireworks import FireworksTIS
-from iscore.frameworks.nemo_rl import NemoRLSpec
-from iscore.frameworks.openrlhf import OpenRLHFCorrection
-from iscore.frameworks.skyrl import SkyRLSpec
-from iscore.frameworks.slime import MisConfig, SlimeCorrection
-from iscore.frameworks.trl import TRLCorrection
-from iscore.frameworks.verl import RSCriterion, VerlSpec
+from iscore.errors import DumpError
 from iscore.impact import SettingStats
 from iscore.replay import Spec
-from iscore.tune import Tuner, TuneResult
+from iscore.tune import Tuner, grid
 
 T = TypeVar("T")
 
@@ -333,234 +324,3 @@ def fingerprint(source: str) -> tuple[tuple[str, int, int], ...]:
         stat = Path(path).stat()
         out.append((str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns))
     return tuple(out)
-
-
-# --------------------------------------------------------------------------------------------
-# Threshold families: Tuner queries, and the same setting in each framework's terms.
-
-Statistic = Literal["token", "geometric", "product", "k3"]
-
-
-@dataclass(frozen=True, slots=True)
-class Family:
-    """A family of threshold settings that `Tuner` answers in O(log N).
-
-    Attributes:
-        key: the `Tuner` method; its positional arguments are `bounds`, in order.
-        label: for people.
-        statistic: what the bounds threshold (`Tuner.quantiles` family).
-        bounds: the thresholds' names.
-        defaults: a common setting, one value per bound.
-        span: the least range the thresholds' sliders cover, widened to the data's
-            0.1%-99.9% quantiles.
-        rule: the family's rule in one line.
-        truncates: whether it clamps weights (else `TuneResult.truncated_fraction` is 0).
-    """
-
-    key: str
-    label: str
-    statistic: Statistic
-    bounds: tuple[str, ...]
-    defaults: tuple[float, ...]
-    span: tuple[float, float]
-    rule: str
-    truncates: bool = False
-
-
-FAMILIES: dict[str, Family] = {
-    f.key: f
-    for f in (
-        Family(
-            "token_tis", "Token TIS cap", "token", ("upper",), (2.0,), (1.0, 10.0),
-            "w = min(rho, upper) per token, rho = e^d", truncates=True,
-        ),
-        Family(
-            "icepop", "IcePop band", "token", ("lower", "upper"), (0.5, 5.0), (0.1, 10.0),
-            "w = rho where lower ≤ rho ≤ upper, else 0",
-        ),
-        Family(
-            "seq_tis", "Sequence TIS cap", "product", ("upper",), (2.0,), (1.0, 10.0),
-            "w = min(e^S, upper) for every token of the sequence, S = Σd", truncates=True,
-        ),
-        Family(
-            "geometric_mask", "Geometric sequence mask", "geometric", ("lower", "upper"),
-            (0.999, 1.001), (0.999, 1.001),
-            "keep a sequence iff lower ≤ e^(S/T) ≤ upper; w = 1",
-        ),
-        Family(
-            "product_mask", "Product sequence mask", "product", ("lower", "upper"), (0.5, 2.0),
-            (0.1, 10.0), "keep a sequence iff lower ≤ e^S ≤ upper; w = 1",
-        ),
-        Family(
-            "k3_mask", "k3 sequence mask", "k3", ("threshold",), (0.01,), (1e-4, 0.1),
-            "keep a sequence iff its mean per-token k3 ≤ threshold; w = 1",
-        ),
-    )
-}  # fmt: skip
-"""The families of `Tuner`, by its method names."""
-
-
-def query(tuner: Tuner, family: str, values: Sequence[float]) -> TuneResult:
-    """What the setting `values` (one per bound) of `family` does, in O(log N)."""
-    return getattr(tuner, FAMILIES[family].key)(*values)
-
-
-def grid(tuner: Tuner, family: str, points: int = 61) -> dict[str, list[float]]:
-    """Log-spaced slider values per bound, from the family's span widened to the data's
-    0.1%-99.9% quantiles of the statistic it thresholds, rounded to 4 significant digits,
-    with the family's default among them.
-
-    Bounds named `lower` run up to 1, `upper` from 1; a lone `threshold` covers the span.
-    """
-    f = FAMILIES[family]
-    q = tuner.quantiles(f.statistic)
-    low = max(float(np.nanmin([f.span[0], q[0.001]])), 1e-9)
-    high = float(np.nanmax([f.span[1], q[0.999]]))
-    ranges = {"lower": (low, 1.0), "upper": (1.0, high), "threshold": (low, high)}
-    out = {}
-    for bound, default in zip(f.bounds, f.defaults, strict=True):
-        values = {float(f"{v:.4g}") for v in np.geomspace(*ranges[bound], points)}
-        out[bound] = sorted(values | {default})
-    return out
-
-
-def nearest(values: Sequence[float], target: float) -> float:
-    """The value of `values` closest to `target` on a log scale.
-
-    >>> nearest([0.5, 1.0, 2.0], 1.9)
-    2.0
-    """
-    logs = np.log(np.asarray(values, dtype=np.float64))
-    return float(values[int(np.argmin(np.abs(logs - np.log(target))))])
-
-
-def sweep(
-    tuner: Tuner, family: str, values: Sequence[float], bound: int, xs: Sequence[float]
-) -> list[TuneResult]:
-    """`query` with bound number `bound` set to each of `xs`, the others held at `values`."""
-    out = []
-    for x in xs:
-        point = list(values)
-        point[bound] = x
-        out.append(query(tuner, family, point))
-    return out
-
-
-def _verl_rs(option: str) -> Callable[..., VerlSpec]:
-    # verl's k1 statistic is -d, so a band [L, U] on the ratio is the k1 band [1/U, 1/L].
-    def build(lower: float, upper: float, name: str) -> VerlSpec:
-        return VerlSpec(name=name, rs=(RSCriterion(option, upper=1 / lower, lower=1 / upper),))
-
-    return build
-
-
-_BUILDERS: dict[str, dict[str, Callable[..., Spec]]] = {
-    "token_tis": {
-        "verl": lambda u, name: VerlSpec(name=name, is_level="token", is_upper=u),
-        "skyrl": lambda u, name: SkyRLSpec(
-            name=name, tis_ratio_type="token", token_tis_ratio_clip_high=u
-        ),
-        "nemo_rl": lambda u, name: NemoRLSpec(
-            name=name,
-            use_importance_sampling_correction=True,
-            truncated_importance_sampling_type="tis",
-            truncated_importance_sampling_ratio=u,
-        ),
-        "slime": lambda u, name: SlimeCorrection(use_tis=True, tis_clip=u, name=name),
-        "openrlhf": lambda u, name: OpenRLHFCorrection(enable=True, lower=None, upper=u, name=name),
-        "trl": lambda u, name: TRLCorrection(mode="token_truncate", clip_max=u, name=name),
-        "fireworks": lambda u, name: FireworksTIS(cap=u, name=name),
-        "areal": lambda u, name: ArealCorrection(
-            use_decoupled_loss=True,
-            rejection_sampling=RejectionSampling(action="clamp", upper=u),
-            name=name,
-        ),
-    },
-    "icepop": {
-        "verl": lambda lo, u, name: VerlSpec(name=name, is_level="token", is_upper=u, is_lower=lo),
-        "nemo_rl": lambda lo, u, name: NemoRLSpec(
-            name=name,
-            use_importance_sampling_correction=True,
-            truncated_importance_sampling_type="icepop",
-            truncated_importance_sampling_ratio=u,
-            truncated_importance_sampling_ratio_min=lo,
-        ),
-        "slime": lambda lo, u, name: SlimeCorrection(
-            use_tis=True, tis_function="icepop", tis_clip=u, tis_clip_low=lo, name=name
-        ),
-        "openrlhf": lambda lo, u, name: OpenRLHFCorrection(
-            enable=True, type="icepop", lower=lo, upper=u, name=name
-        ),
-        "trl": lambda lo, u, name: TRLCorrection(
-            mode="token_mask", clip_min=lo, clip_max=u, name=name
-        ),
-        "areal": lambda lo, u, name: ArealCorrection(
-            use_decoupled_loss=True,
-            rejection_sampling=RejectionSampling(action="mask", upper=u, lower=lo),
-            name=name,
-        ),
-    },
-    "seq_tis": {
-        "verl": lambda u, name: VerlSpec(name=name, is_level="sequence", is_upper=u),
-        "skyrl": lambda u, name: SkyRLSpec(
-            name=name, tis_ratio_type="sequence", sequence_tis_ratio_clip_high=u
-        ),
-        "slime": lambda u, name: SlimeCorrection(
-            use_tis=True,
-            tis_function="mis",
-            mis=MisConfig(tis_level="sequence", tis_upper_bound=u),
-            name=name,
-        ),
-        "trl": lambda u, name: TRLCorrection(mode="sequence_truncate", clip_max=u, name=name),
-    },
-    "geometric_mask": {
-        "verl": _verl_rs("seq_mean_k1"),
-        "skyrl": lambda lo, u, name: SkyRLSpec(
-            name=name, sequence_mask_metric="geometric", geo_mask_low=lo, geo_mask_high=u
-        ),
-    },
-    "product_mask": {
-        "verl": _verl_rs("seq_sum_k1"),
-        "skyrl": lambda lo, u, name: SkyRLSpec(
-            name=name, sequence_mask_metric="product", product_mask_low=lo, product_mask_high=u
-        ),
-    },
-    "k3_mask": {
-        "verl": lambda t, name: VerlSpec(name=name, rs=(RSCriterion("seq_mean_k3", upper=t),)),
-    },
-}
-
-
-def frameworks_for(family: str) -> list[str]:
-    """The frameworks that have `family` as a setting of their own (the same weights)."""
-    return list(_BUILDERS[family])
-
-
-def setting_name(family: str, values: Sequence[float]) -> str:
-    """A default name for a tuned setting, e.g. `icepop_0.5_5`.
-
-    >>> setting_name("icepop", (0.5, 5.0))
-    'icepop_0.5_5'
-    """
-    return "_".join([family, *(f"{v:.4g}" for v in values)])
-
-
-def family_spec(
-    family: str, values: Sequence[float], framework: str, name: str | None = None
-) -> Spec:
-    """The setting `values` of `family` as `framework`'s own spec (its weights are the family's
-    up to the framework's float32 / +-20-clamp details).
-
-    >>> family_spec("token_tis", (2.0,), "verl").is_upper
-    2.0
-
-    Raises:
-        ConfigError: `framework` has no such setting, or rejects the values.
-    """
-    builders = _BUILDERS[family]
-    if framework not in builders:
-        raise ConfigError(
-            f"{framework} has no {FAMILIES[family].label.lower()}; "
-            f"frameworks that do: {', '.join(builders)}"
-        )
-    return builders[framework](*values, name or setting_name(family, values))

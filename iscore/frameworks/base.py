@@ -1,0 +1,157 @@
+"""The contract every framework module fulfils, and the small types it is written in.
+
+A framework module (`iscore/frameworks/verl.py`, ...) is the one place that knows that framework:
+its config keys and how they parse into a frozen spec, its replay, its presets, its mapping to and
+from the framework-neutral `iscore.canonical.Canonical`, the threshold families it can express, its
+loss aggregation, the metric names it logs, how its config snippet is written, its traps and the
+upstream commit it follows. It exposes all of that as one `Framework` value named `FRAMEWORK`; the
+registry (`iscore.frameworks`) lists the modules, and everything else asks the registry.
+
+>>> from iscore import frameworks
+>>> fw = frameworks.get("verl")
+>>> fw.name, fw.upstream.repository
+('verl', 'verl-project/verl')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from iscore.batch import TokenBatch
+    from iscore.canonical import Candidate, Canonical
+    from iscore.replay import Spec
+
+Measure = Callable[["Spec"], dict[str, float]]
+"""What a setting does to a dump (`iscore.impact.quick_stats` bound to it), for traps that quote
+the dump's numbers without the framework module calling up into the statistics."""
+
+AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregation:
+    """How a framework turns per-token losses into the batch loss.
+
+    Attributes:
+        mode: token-mean (sum / tokens), seq-mean-token-mean (mean over sequences of each
+            sequence's token mean) or seq-mean-token-sum (mean over sequences of token sums).
+        shrinks: whether tokens a correction rejects leave the denominator (verl's decoupled
+            rejection sampling under token-mean) instead of only zeroing their numerator.
+    """
+
+    mode: AggregationMode = "token-mean"
+    shrinks: bool = False
+
+    def describe(self) -> str:
+        return self.mode + (", rejected tokens leave the denominator" if self.shrinks else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """The framework source a module replays.
+
+    >>> print(Upstream("verl-project/verl", "1dda039b9c63", "2026-08-22"))
+    verl-project/verl@1dda039b (2026-08-22)
+    """
+
+    repository: str
+    commit: str
+    date: str
+
+    def __str__(self) -> str:
+        return f"{self.repository}@{self.commit[:8]} ({self.date})"
+
+
+@dataclass(frozen=True, slots=True)
+class Trap:
+    """A way a framework's setting surprises its users, in plain words.
+
+    Attributes:
+        name: a short identifier, e.g. "k1-reciprocal-bounds".
+        text: the trap in a sentence or two.
+        check: given a dump and a way to measure a setting on it, the warning with that dump's
+            numbers, or None where the trap does not bite it; None means it always applies.
+    """
+
+    name: str
+    text: str
+    check: Callable[[TokenBatch, Measure], str | None] | None = None
+
+    def warning(self, batch: TokenBatch, measure: Measure) -> str | None:
+        """The warning for `batch`, or None where the trap does not bite it."""
+        return self.text if self.check is None else self.check(batch, measure)
+
+
+@dataclass(frozen=True, eq=False)
+class Framework:
+    """Everything iscore knows about one RL framework, behind one interface.
+
+    Attributes:
+        name: the `framework:` value of its configs.
+        title: its name for people.
+        upstream: the commit its semantics were read from.
+        spec_types: the spec classes `parse` returns.
+        parse: its own config (a mapping with a top-level `framework:`) -> a frozen spec.
+        presets: the named settings, built on first use.
+        to_canonical: a spec -> the framework-neutral setting.
+        from_canonical: a neutral setting and a name -> candidate specs, each with notes on
+            what it could not express (`iscore.export.convert` picks the closest).
+        render: the body of `spec.to_config()` (without `framework:`/`name:`) and a format
+            ("yaml", "flags" or None for the usual one) -> the text to paste.
+        aggregation: a spec -> the loss aggregation it trains with.
+        families: the `iscore.tune.FAMILIES` it expresses exactly.
+        family_defaults: per family, the threshold values the framework defaults to, where it
+            has its own (e.g. a sequence TIS cap).
+        metrics: per iscore mismatch statistic, the name(s) it logs it under.
+        traps: its traps.
+        snippet_formats: the formats `render` accepts, the usual one first.
+        generations: older config generations it can write (verl only).
+        to_generation: (spec, generation) -> `GenerationConfig`, when `generations`.
+    """
+
+    name: str
+    title: str
+    upstream: Upstream
+    spec_types: tuple[type, ...]
+    parse: Callable[[Mapping[str, Any]], Spec]
+    presets: Callable[[], Mapping[str, Spec]]
+    to_canonical: Callable[[Any], Canonical]
+    from_canonical: Callable[[Canonical, str], list[Candidate]]
+    render: Callable[[Mapping[str, Any], str | None], str]
+    aggregation: Callable[[Any], Aggregation] = lambda spec: Aggregation()
+    families: frozenset[str] = frozenset()
+    family_defaults: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    traps: tuple[Trap, ...] = ()
+    snippet_formats: tuple[str, ...] = ("yaml", "flags")
+    generations: tuple[str, ...] = ()
+    to_generation: Callable[[Any, str], Any] | None = None
+
+    def closest(self, setting: Canonical, name: str) -> Candidate:
+        """This framework's setting closest to `setting`, with notes on what differs: identical
+        canonical forms first, then the same rule computed along another numerical path, then
+        the fewest notes; ties go to the framework's first candidate."""
+
+        def rank(candidate: Candidate) -> tuple[int, int]:
+            result = self.to_canonical(candidate[0])
+            same = 2 if result == setting else 1 if result.loosely_equals(setting) else 0
+            return -same, len(candidate[1])
+
+        return min(self.from_canonical(setting, name), key=rank)
+
+    def express(self, setting: Canonical, name: str) -> Spec | None:
+        """This framework's setting that computes `setting` (up to the +-20 clamp and float32
+        details of `Canonical.loosely_equals`), or None where it cannot."""
+        spec, _ = self.closest(setting, name)
+        result = self.to_canonical(spec)
+        return spec if result == setting or result.loosely_equals(setting) else None
+
+    def owns(self, spec: object) -> bool:
+        """Whether `spec` is one of this framework's settings."""
+        return isinstance(spec, self.spec_types)
+
+    def __repr__(self) -> str:
+        return f"Framework({self.name!r})"

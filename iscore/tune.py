@@ -16,7 +16,8 @@ sum and mean of d over a sequence's loss tokens, T their count):
   `seq_mean_k3`), w = 1.
 
 Each returns a `TuneResult`; `lr_scale` is sum(w) / N (token-mean over loss tokens, rejected
-tokens keeping their place in the denominator, as most frameworks do).
+tokens keeping their place in the denominator, as most frameworks do), or under the
+`aggregation` given (`query(..., framework)` takes the framework's, as Compare does).
 
 >>> tuner = Tuner(iscore.load("data/long_collapse.parquet"))  # doctest: +SKIP
 >>> tuner.geometric_mask(0.999, 1.001).seq_masked_fraction    # doctest: +SKIP
@@ -26,7 +27,7 @@ tokens keeping their place in the denominator, as most frameworks do).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -36,7 +37,10 @@ from iscore.batch import TokenBatch
 from iscore.canonical import Canonical, mask_component, weight_component
 from iscore.errors import ConfigError
 from iscore.frameworks._config import check_choice
+from iscore.frameworks.base import Aggregation
 from iscore.replay import Spec
+
+_TOKEN = Aggregation()  # token-mean: sum(w) / N
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +50,8 @@ class TuneResult:
     Attributes:
         weight_mean: <w>_tok.
         ess: (sum w)^2 / (N sum w^2), the effective sample size as a fraction of tokens.
-        lr_scale: sum(w) / N: the token-mean loss's gradient scale relative to no correction.
+        lr_scale: the loss gradient's scale relative to no correction: sum(w) / N under
+            token-mean, else under the aggregation the query was given.
         token_masked_fraction: tokens whose weight is 0.
         seq_masked_fraction: sequences all of whose tokens have weight 0 (None where a
             token-level family cannot say without a replay).
@@ -120,9 +125,22 @@ class Tuner:
         seq_ratio = np.exp(np.clip(S, -20.0, 20.0))
         self._geo = _Sorted(S / T, T=T, one=np.ones_like(T))
         self._product = _Sorted(
-            seq_ratio, T=T, one=np.ones_like(T), Tw=T * seq_ratio, Tw2=T * seq_ratio**2
+            seq_ratio, T=T, one=np.ones_like(T), w=seq_ratio, Tw=T * seq_ratio, Tw2=T * seq_ratio**2
         )
         self._k3 = _Sorted(k3, T=T, one=np.ones_like(T))
+        self._batch = batch
+        self._per_sequence_rho: _Sorted | None = None
+
+    def _rho_by_sequence(self) -> _Sorted:
+        """The token ratios sorted with each token's 1/T: what a sequence-mean aggregation
+        weighs them by. Sorted on first use (an argsort), only for such aggregations."""
+        if self._per_sequence_rho is None:
+            batch, m = self._batch, self._batch.loss_mask
+            inv_t = 1.0 / ops.segment_count(batch, m).clamp(min=1).double()
+            rho = ops.exp(ops.log_ratio(batch))[m].double().cpu().numpy()
+            c = ops.broadcast(inv_t, batch)[m].cpu().numpy()
+            self._per_sequence_rho = _Sorted(rho, c=c, wc=rho * c)
+        return self._per_sequence_rho
 
     def _result(
         self, w: float, w2: float, masked: float, seq_masked: float | None, truncated: float
@@ -137,7 +155,9 @@ class Tuner:
             truncated_fraction=truncated / n,
         )
 
-    def token_tis(self, upper: float | None, lower: float | None = None) -> TuneResult:
+    def token_tis(
+        self, upper: float | None, lower: float | None = None, *, aggregation: Aggregation = _TOKEN
+    ) -> TuneResult:
         """w = clamp(rho, lower, upper) per token."""
         r = self._rho
         lo = r.index(lower, side="left")  # rho < lower: raised to lower
@@ -145,48 +165,81 @@ class Tuner:
         n_low, n_high = lo, r.keys.size - hi
         w = r.total("w", lo, hi) + (lower or 0.0) * n_low + (upper or 0.0) * n_high
         w2 = r.total("w2", lo, hi) + (lower or 0.0) ** 2 * n_low + (upper or 0.0) ** 2 * n_high
-        return self._result(w, w2, 0.0, None, n_low * bool(lower) + n_high)
+        result = self._result(w, w2, 0.0, None, n_low * bool(lower) + n_high)
+        if aggregation.mode != "seq-mean-token-mean":
+            return result
+        c = self._rho_by_sequence()
+        lo, hi = c.index(lower, side="left"), c.index(upper, side="right")
+        per_seq = c.total("wc", lo, hi) + (lower or 0.0) * c.total("c", 0, lo)
+        per_seq += (upper or 0.0) * c.total("c", hi, c.keys.size)
+        return replace(result, lr_scale=per_seq / max(self.sequences, 1))
 
-    def icepop(self, lower: float | None, upper: float | None) -> TuneResult:
+    def icepop(
+        self, lower: float | None, upper: float | None, *, aggregation: Aggregation = _TOKEN
+    ) -> TuneResult:
         """w = rho inside [lower, upper], 0 outside."""
         r = self._rho
         lo, hi = r.index(lower, side="left"), r.index(upper, side="right")
         kept = max(hi - lo, 0)
         w = r.total("w", lo, hi) if kept else 0.0
         w2 = r.total("w2", lo, hi) if kept else 0.0
-        return self._result(w, w2, self.tokens - kept, None, 0.0)
+        result = self._result(w, w2, self.tokens - kept, None, 0.0)
+        if aggregation.mode != "seq-mean-token-mean":
+            return result
+        c = self._rho_by_sequence()
+        lo, hi = c.index(lower, side="left"), c.index(upper, side="right")
+        per_seq = c.total("wc", lo, hi) if hi > lo else 0.0
+        return replace(result, lr_scale=per_seq / max(self.sequences, 1))
 
-    def _sequence_mask(self, table: _Sorted, lo: int, hi: int) -> TuneResult:
+    def _sequence_mask(
+        self, table: _Sorted, lo: int, hi: int, aggregation: Aggregation
+    ) -> TuneResult:
+        """Sequences lo..hi-1 of `table` kept with w = 1, the others removed from the loss."""
         kept_seqs = max(hi - lo, 0)
         kept_tokens = table.total("T", lo, hi) if kept_seqs else 0.0
         seq_masked = 1.0 - kept_seqs / max(self.sequences, 1)
-        return self._result(kept_tokens, kept_tokens, self.tokens - kept_tokens, seq_masked, 0.0)
+        result = self._result(kept_tokens, kept_tokens, self.tokens - kept_tokens, seq_masked, 0.0)
+        if aggregation.mode == "seq-mean-token-mean":
+            return replace(result, lr_scale=kept_seqs / max(self.sequences, 1))
+        if aggregation.shrinks and aggregation.mode == "token-mean":
+            # The removed tokens leave the denominator: every kept token counts 1 / kept.
+            return replace(result, lr_scale=1.0 if kept_tokens else 0.0)
+        return result
 
-    def geometric_mask(self, lower: float | None, upper: float | None) -> TuneResult:
+    def geometric_mask(
+        self, lower: float | None, upper: float | None, *, aggregation: Aggregation = _TOKEN
+    ) -> TuneResult:
         """Keep sequences whose e^G lies in [lower, upper]."""
         g = self._geo
         lo = g.index(None if lower is None else float(np.log(lower)), side="left")
         hi = g.index(None if upper is None else float(np.log(upper)), side="right")
-        return self._sequence_mask(g, lo, hi)
+        return self._sequence_mask(g, lo, hi, aggregation)
 
-    def product_mask(self, lower: float | None, upper: float | None) -> TuneResult:
+    def product_mask(
+        self, lower: float | None, upper: float | None, *, aggregation: Aggregation = _TOKEN
+    ) -> TuneResult:
         """Keep sequences whose e^clamp(S, +-20) lies in [lower, upper]."""
         p = self._product
-        return self._sequence_mask(p, p.index(lower, side="left"), p.index(upper, side="right"))
+        lo, hi = p.index(lower, side="left"), p.index(upper, side="right")
+        return self._sequence_mask(p, lo, hi, aggregation)
 
-    def k3_mask(self, threshold: float) -> TuneResult:
+    def k3_mask(self, threshold: float, *, aggregation: Aggregation = _TOKEN) -> TuneResult:
         """Keep sequences whose mean per-token k3 is at most `threshold`."""
         k = self._k3
-        return self._sequence_mask(k, 0, k.index(threshold, side="right"))
+        return self._sequence_mask(k, 0, k.index(threshold, side="right"), aggregation)
 
-    def seq_tis(self, upper: float) -> TuneResult:
+    def seq_tis(self, upper: float, *, aggregation: Aggregation = _TOKEN) -> TuneResult:
         """w = min(e^clamp(S, +-20), upper), broadcast to the sequence's tokens."""
         p = self._product
         hi = p.index(upper, side="right")
         capped_tokens = p.total("T", hi, p.keys.size)
         w = p.total("Tw", 0, hi) + upper * capped_tokens
         w2 = p.total("Tw2", 0, hi) + upper**2 * capped_tokens
-        return self._result(w, w2, 0.0, 0.0, capped_tokens)
+        result = self._result(w, w2, 0.0, 0.0, capped_tokens)
+        if aggregation.mode != "seq-mean-token-mean":
+            return result
+        per_seq = p.total("w", 0, hi) + upper * (p.keys.size - hi)
+        return replace(result, lr_scale=per_seq / max(self.sequences, 1))
 
     def quantiles(
         self, family: str, qs: tuple[float, ...] = (0.001, 0.01, 0.5, 0.99, 0.999)
@@ -267,9 +320,16 @@ FAMILIES: dict[str, Family] = {
 """The families of `Tuner`, by its method names."""
 
 
-def query(tuner: Tuner, family: str, values: Sequence[float]) -> TuneResult:
-    """What the setting `values` (one per bound) of `family` does, in O(log N)."""
-    return getattr(tuner, FAMILIES[family].key)(*values)
+def query(
+    tuner: Tuner, family: str, values: Sequence[float], framework: str | None = None
+) -> TuneResult:
+    """What the setting `values` (one per bound) of `family` does, in O(log N); with a
+    `framework`, `lr_scale` under the loss aggregation of that framework's setting (so Tune
+    reads what Compare shows for the same setting)."""
+    aggregation = _TOKEN
+    if framework is not None:
+        aggregation = frameworks.get(framework).aggregation(family_spec(family, values, framework))
+    return getattr(tuner, FAMILIES[family].key)(*values, aggregation=aggregation)
 
 
 def grid(tuner: Tuner, family: str, points: int = 61) -> dict[str, list[float]]:
@@ -302,14 +362,19 @@ def nearest(values: Sequence[float], target: float) -> float:
 
 
 def sweep(
-    tuner: Tuner, family: str, values: Sequence[float], bound: int, xs: Sequence[float]
+    tuner: Tuner,
+    family: str,
+    values: Sequence[float],
+    bound: int,
+    xs: Sequence[float],
+    framework: str | None = None,
 ) -> list[TuneResult]:
     """`query` with bound number `bound` set to each of `xs`, the others held at `values`."""
     out = []
     for x in xs:
         point = list(values)
         point[bound] = x
-        out.append(query(tuner, family, point))
+        out.append(query(tuner, family, point, framework))
     return out
 
 

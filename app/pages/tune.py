@@ -6,7 +6,7 @@ from __future__ import annotations
 import common
 import streamlit as st
 
-from iscore import tune
+from iscore import frameworks, tune
 from iscore.errors import IscoreError
 from iscore.tune import FAMILIES
 
@@ -21,12 +21,19 @@ st.caption(
     "data: they reach past its 0.1% and 99.9% quantiles of the thresholded statistic."
 )
 common.notice()
-family = st.selectbox(
+cols = st.columns(2)
+family = cols[0].selectbox(
     "Family", list(FAMILIES), format_func=lambda k: FAMILIES[k].label,
     **common.persist("tune_family", "token_tis"),
 )  # fmt: skip
 f = FAMILIES[family]
-st.caption(f"{f.rule}. Read-outs are over loss tokens, LR scale as a token-mean loss sees it.")
+choices = tune.frameworks_for(family)
+if state.get("tune_framework") not in choices:  # a family the last framework cannot express
+    state.tune_framework = choices[0]
+framework = cols[1].selectbox(
+    "Framework", choices, key="tune_framework",
+    help="Whose setting this is: the LR scale follows that framework's loss aggregation",
+)  # fmt: skip
 grids = ws.grid(family, steps)
 values = []
 for col, bound, default in zip(st.columns(len(f.bounds)), f.bounds, f.defaults, strict=True):
@@ -38,7 +45,12 @@ for col, bound, default in zip(st.columns(len(f.bounds)), f.bounds, f.defaults, 
             bound, grids[bound], format_func=lambda v: f"{v:.4g}", **common.persist(key, default)
         )
     )
-result = tune.query(tuner, family, values)
+result = tune.query(tuner, family, values, framework)
+aggregation = frameworks.get(framework).aggregation(tune.family_spec(family, values, framework))
+st.caption(
+    f"{f.rule}. Read-outs are over loss tokens; the LR scale is under {framework}'s loss "
+    f"aggregation ({aggregation.describe()})."
+)
 
 cols = st.columns(5)
 cols[0].metric("Tokens with weight 0", f"{result.token_masked_fraction:.2%}", border=True)
@@ -49,7 +61,9 @@ cols[1].metric(
     border=True,
 )
 cols[2].metric(
-    "LR scale", f"{result.lr_scale:.4g}", help="sum(w) / N: 1 leaves the step size alone",
+    "LR scale", f"{result.lr_scale:.4g}",
+    help="The corrected gradient's scale under the framework's loss aggregation: 1 leaves the "
+    "step size alone",
     border=True,
 )  # fmt: skip
 cols[3].metric(
@@ -71,24 +85,21 @@ shown = [
 
 for col, (i, bound) in zip(st.columns(len(f.bounds)), enumerate(f.bounds), strict=True):
     with col:
-        curve = tune.sweep(tuner, family, values, i, grids[bound])
+        curve = tune.sweep(tuner, family, values, i, grids[bound], framework)
         common.plot(common.tune_figure(bound, grids[bound], curve, values[i], shown))
 
 
 def _use() -> None:
     chosen = [state[f"tune_{family}_{bound}"] for bound in f.bounds]
     try:
-        spec = tune.family_spec(
-            family, chosen, state.tune_framework, state.tune_name.strip() or None
-        )
+        spec = tune.family_spec(family, chosen, framework, state.tune_name.strip() or None)
         common.say("success", f"Added {common.add_setting(spec)} to the Compare list.")
     except IscoreError as e:
         common.say("error", str(e))
 
 
 st.subheader("Use this setting")
-cols = st.columns([1, 2, 1], vertical_alignment="bottom")
-cols[0].selectbox("As a config of", tune.frameworks_for(family), key="tune_framework")
-cols[1].text_input("Name", placeholder=tune.setting_name(family, values), key="tune_name")
-cols[2].button("Use this setting", icon=":material/playlist_add:", on_click=_use, type="primary")
+cols = st.columns([3, 1], vertical_alignment="bottom")
+cols[0].text_input("Name", placeholder=tune.setting_name(family, values), key="tune_name")
+cols[1].button("Use this setting", icon=":material/playlist_add:", on_click=_use, type="primary")
 st.page_link("pages/compare.py", label="Compare it with others", icon=":material/arrow_forward:")

@@ -127,6 +127,8 @@ def fp8() -> tuple[iscore.TokenBatch, Tuner]:
     [(f, fw) for f in FAMILIES for fw in frameworks_for(f)],
 )
 def test_a_tuned_setting_replays_as_the_tuner_says(fp8, family: str, framework: str) -> None:
+    # What Tune reads out for a framework's setting is what Compare (a replay) shows for it,
+    # LR scale under that framework's loss aggregation included.
     batch, tuner = fp8
     values = [
         nearest(grid(tuner, family)[b], d)
@@ -134,9 +136,11 @@ def test_a_tuned_setting_replays_as_the_tuner_says(fp8, family: str, framework: 
     ]
     spec = family_spec(family, values, framework)
     assert spec.framework == framework
-    tuned = query(tuner, family, values)
+    tuned = query(tuner, family, values, framework)
     replayed = quick_stats(batch, spec)
     assert replayed["weight_mean"] == pytest.approx(tuned.weight_mean, rel=1e-4)
+    assert replayed["lr_scale"] == pytest.approx(tuned.lr_scale, rel=1e-4)
+    assert replayed["ess"] == pytest.approx(tuned.ess, rel=1e-4)
     if not (framework == "trl" and family == "seq_tis"):  # TRL's float32 e^S underflows to 0
         masked = replayed["token_masked_fraction"]
         assert masked == pytest.approx(tuned.token_masked_fraction, abs=1e-6)

@@ -171,6 +171,10 @@ def analyze(
             batch-normalizing settings need.
         device: where to compute; default CUDA when available, else CPU.
         progress: called with the number of tokens of each chunk done.
+
+    >>> a = analyze("data/fp8.parquet", ["verl:decoupled_geo_rs"])
+    >>> a.settings[0]["name"], round(a.settings[0]["lr_scale"], 3)
+    ('decoupled_geo_rs', 1.0)
     """
     specs = [resolve(s) for s in settings]
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -294,6 +294,10 @@ def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None)
         batch: the loaded dump.
         framework: one of `iscore.frameworks.NAMES`.
         targets: what a good setting does; defaults to `Targets()`.
+
+    >>> import iscore
+    >>> recommend(iscore.load("data/fp8.parquet"), "skyrl").best.kind
+    'geo_mask'
     """
     fw = frameworks.get(framework)
     targets = targets or Targets()

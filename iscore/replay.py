@@ -166,6 +166,11 @@ def replay(batch: TokenBatch, config: Spec | Mapping[str, Any] | str | Path) -> 
     Args:
         batch: the packed dump (any device).
         config: a spec, a framework config mapping, or the path of a YAML config.
+
+    >>> import iscore
+    >>> r = replay(iscore.load("data/fp8.parquet"), {"framework": "fireworks", "tis": {"cap": 2}})
+    >>> float(r.weight.max()) <= 2.0, r.keep.shape == r.weight.shape
+    (True, True)
     """
     spec = config if hasattr(config, "replay") else parse_config(config)
     return spec.replay(batch)

@@ -574,6 +574,8 @@ FRAMEWORK = Framework(
     from_canonical=from_canonical,
     render=render.nested,
     aggregation=_aggregation,
+    # Not seq_tis: NeMo-RL's e^S overflows float32 to a weight of 0 above S = 88.7, where the
+    # family caps it (and the setting also makes the PPO ratio GSPO's).
     families=frozenset({"token_tis", "icepop"}),
     metrics={
         "k1": ("gen_kl_error (kl_type k1)",),

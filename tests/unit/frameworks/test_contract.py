@@ -1,0 +1,97 @@
+"""The Framework contract, checked for every registered framework: registering a framework
+runs these on its presets, fresh random data and the hand-made edge cases of `conftest.py`.
+
+Each framework's own float64 reference tests (`test_<framework>.py`) check its arithmetic; these
+check that the parts fit: parse and `to_config` invert each other, the canonical form maps back to
+an identical setting, snippets render, the Tune families it declares are the ones it expresses,
+and every replay is well formed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import yaml
+
+from iscore import frameworks
+from iscore.export import to_file_text
+from iscore.frameworks.base import Aggregation
+from iscore.mismatch import METRIC_NAMES
+from iscore.replay import parse_config
+from iscore.tune import FAMILIES, family_setting
+
+REGISTERED = frameworks.every()
+PRESETS = [(fw, name, spec) for fw in REGISTERED for name, spec in fw.presets().items()]
+
+
+def _id(case) -> str:
+    return f"{case[0].name}:{case[1]}"
+
+
+@pytest.mark.parametrize("fw", REGISTERED, ids=lambda fw: fw.name)
+def test_registered_under_its_name(fw) -> None:
+    assert frameworks.get(fw.name) is fw
+    assert re.fullmatch(r"[0-9a-f]{40}", fw.upstream.commit), "upstream: a full commit hash"
+    assert all(t.framework == fw.name for t in fw.spec_types)
+    assert fw.presets(), "at least one preset"
+    assert set(fw.metrics) <= set(METRIC_NAMES), "metrics keyed by iscore's statistics"
+    assert fw.snippet_formats and set(fw.snippet_formats) <= {"yaml", "flags"}
+    assert set(fw.families) <= set(FAMILIES)
+    for trap in fw.traps:
+        assert trap.name and trap.text.endswith("."), "a trap is a named, whole sentence"
+
+
+@pytest.mark.parametrize("case", PRESETS, ids=_id)
+def test_config_round_trip(case) -> None:
+    fw, _, spec = case
+    assert fw.parse(spec.to_config()) == spec
+    # The iscore config file is read back as the same setting.
+    assert parse_config(yaml.safe_load(to_file_text(spec))) == spec
+    assert isinstance(fw.aggregation(spec), Aggregation)
+
+
+@pytest.mark.parametrize("case", PRESETS, ids=_id)
+def test_canonical_form_maps_back_to_an_identical_setting(case) -> None:
+    fw, _, spec = case
+    setting = fw.to_canonical(spec)
+    back, _ = fw.closest(setting, spec.name)
+    result = fw.to_canonical(back)
+    # Equal, or equal up to the last digit of a bound written as its reciprocal (verl's k1).
+    assert result == setting or result.loosely_equals(setting)
+
+
+@pytest.mark.parametrize("case", PRESETS, ids=_id)
+def test_snippets_render_in_every_declared_format(case) -> None:
+    fw, _, spec = case
+    body = {k: v for k, v in spec.to_config().items() if k not in ("framework", "name")}
+    for fmt in fw.snippet_formats:
+        assert isinstance(fw.render(body, fmt), str)
+
+
+@pytest.mark.parametrize(
+    ("fw", "family"),
+    [(fw, family) for fw in REGISTERED for family in sorted(fw.families)],
+    ids=lambda x: getattr(x, "name", x),
+)
+def test_declared_families_are_expressed(fw, family: str) -> None:
+    # A framework may leave out a family it expresses only up to numerics that matter on real
+    # data (NeMo-RL's overflow of e^S to 0), never declare one it cannot express.
+    spec = fw.express(family_setting(family, FAMILIES[family].defaults), "tuned")
+    assert spec is not None and fw.owns(spec)
+
+
+@pytest.mark.parametrize("case", PRESETS, ids=_id)
+def test_replays_are_well_formed(case, random_batch, edges) -> None:
+    _, _, spec = case
+    for batch in (random_batch, edges):
+        if getattr(spec, "needs_policy", False) and batch.policy is None:
+            continue
+        result = spec.replay(batch)
+        n = batch.num_tokens
+        assert result.weight.shape == result.keep.shape == result.raw.shape == (n,)
+        assert result.weight.dtype == torch.float32 and result.keep.dtype == torch.bool
+        assert bool(torch.isfinite(result.weight).all())
+        assert not bool((result.keep & ~batch.loss_mask).any()), "keep within the loss mask"
+        assert not bool(result.weight[~result.keep].any()), "dropped tokens carry weight 0"

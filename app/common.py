@@ -24,10 +24,11 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
-from iscore import export as engine
 from iscore.analyze import Analysis, presets
 from iscore.dump import DumpProblems, StepRange
 from iscore.errors import IscoreError
+from iscore.export import convert as convert_setting
+from iscore.export import to_file_text
 from iscore.figures import color
 from iscore.replay import Spec
 from iscore.report import SUMMARY_COLUMNS
@@ -311,7 +312,7 @@ def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -
 
     def convert() -> Exported:
         batch = None if framework == spec.framework else ws.batch(steps)
-        result = engine.convert(spec, framework, batch=batch)
+        result = convert_setting(spec, framework, batch=batch)
         difference = None
         if result.difference is not None:
             difference = pd.DataFrame(
@@ -322,7 +323,7 @@ def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -
             )
         return Exported(
             result.text,
-            engine.to_file_text(result.spec),
+            to_file_text(result.spec),
             result.exact,
             tuple(result.notes),
             difference,

@@ -8,7 +8,7 @@ and note helpers here; `iscore.export` converts between frameworks through it.
 
 >>> c = Canonical((weight_component("token", upper=2.0),))
 >>> c.describe()
-'C1 w = min(rho, 2)'
+'token TIS: w = min(rho, 2)'
 """
 
 from __future__ import annotations
@@ -22,9 +22,31 @@ from iscore import ops
 from iscore.replay import Spec
 
 MethodId = Literal[
-    "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9", "C10", "C11", "C12", "C13", "C14",
-    "C15", "C16",
+    "token-tis", "kl-mask", "batch-normalization", "current-policy-is", "sequence-tis",
+    "geometric-tis", "icepop", "token-mask", "sequence-mask", "geometric-mask", "seq-mask-tis",
+    "outlier-veto",
 ]  # fmt: skip
+"""The corrections of docs/corrections.md, by name. Within a role, components sort in this
+order, so a target that takes one weight takes the first (token TIS before a current-policy
+weight, before sequence-level ones)."""
+
+METHODS: tuple[str, ...] = MethodId.__args__
+
+METHOD_LABELS: dict[str, str] = {
+    "token-tis": "token TIS",
+    "kl-mask": "KL-estimator mask",
+    "batch-normalization": "batch normalization",
+    "current-policy-is": "current-policy IS",
+    "sequence-tis": "sequence TIS",
+    "geometric-tis": "geometric-mean TIS",
+    "icepop": "IcePop",
+    "token-mask": "token mask",
+    "sequence-mask": "sequence mask",
+    "geometric-mask": "geometric sequence mask",
+    "seq-mask-tis": "raw token weights in a geometric mask",
+    "outlier-veto": "outlier veto",
+}
+"""Each correction's name for people."""
 Role = Literal["weight", "mask", "normalize"]
 Level = Literal[
     "token", "sequence", "geometric", "geometric_unmasked", "max", "any_token", "sequence_all"
@@ -49,10 +71,10 @@ class Component:
     """One mechanism of a correction setting, in the terms of corrections.md section 1.
 
     Args:
-        method: the catalogue id (C1 token TIS, C2 sequence TIS, C3 geometric TIS, C4 IcePop,
-            C5 token rejection, C6 sequence rejection, C7 geometric rejection, C8 raw token
-            weights in a geometric mask, C9 any-token veto / outlier mask, C10 KL-estimator
-            rejection, C11 batch normalization, C12 current-policy IS).
+        method: which correction of the catalogue it is (`METHODS`, named for people in
+            `METHOD_LABELS`): token / sequence / geometric-mean TIS, IcePop, token / sequence /
+            geometric masks, raw token weights in a geometric mask, an outlier veto, a
+            KL-estimator mask, batch normalization or current-policy IS.
         role: "weight" (multiplies the loss term), "mask" (removes tokens from the loss mask)
             or "normalize" (divides the weights by their batch mean).
         level: what the ratio or statistic is taken over: "token"; "sequence" (the product
@@ -94,16 +116,17 @@ class Component:
     unless: Component | None = None
 
     def describe(self) -> str:
-        """One line: the method id and what it does, e.g. "C1 w = min(rho, 2)"."""
+        """One line: the correction and what it does, e.g. "token TIS: w = min(rho, 2)"."""
+        label = METHOD_LABELS[self.method]
         if self.role == "normalize":
             over = {"token": "tokens", "sequence": "sequences", "sequence_all": "all sequences"}
-            return f"C11 weights divided by their batch mean over {over[self.level]}"
+            return f"{label}: weights divided by their batch mean over {over[self.level]}"
         ratio = _symbol(self.level, self.statistic, self.numerator)
         if self.role == "mask":
             if self.level == "any_token":
-                return f"{self.method} drop sequences unless every token has {_band(self)}"
+                return f"{label}: drop sequences unless every token has {_band(self)}"
             what = "tokens" if self.level == "token" else "sequences"
-            return f"{self.method} drop {what} unless {_band(self)}"
+            return f"{label}: drop {what} unless {_band(self)}"
         value = ratio
         if self.lower is not None and self.upper is not None:
             value = f"clamp({ratio}, {self.lower:g}, {self.upper:g})"
@@ -115,7 +138,7 @@ class Component:
             value += f" where not {_band(self.unless)}"
         if self.zero is not None:
             value += f", zeroed unless {_band(self.zero)}"
-        return f"{self.method} w = {value}"
+        return f"{label}: w = {value}"
 
 
 def _symbol(level: str, statistic: str = "ratio", numerator: str = "train") -> str:
@@ -166,12 +189,14 @@ def weight_component(
 
 def _weight_method(level: str, numerator: str, zero: Component | None) -> MethodId:
     if numerator == "policy":
-        return "C12"
+        return "current-policy-is"
     if level == "token":
-        return "C1" if zero is None else "C8" if zero.level == "geometric" else "C4"
+        if zero is None:
+            return "token-tis"
+        return "seq-mask-tis" if zero.level == "geometric" else "icepop"
     if level == "sequence":
-        return "C2" if zero is None else "C6"
-    return "C3"
+        return "sequence-tis" if zero is None else "sequence-mask"
+    return "geometric-tis"
 
 
 def mask_component(
@@ -186,16 +211,16 @@ def mask_component(
 ) -> Component:
     """A mask (or zeroing band) component with its catalogue id."""
     if level == "any_token":
-        method = "C9"
+        method = "outlier-veto"
     elif statistic in K_STATISTICS or level == "max":
-        method = "C10"
+        method = "kl-mask"
     else:
-        method = {"token": "C5", "sequence": "C6"}.get(level, "C7")
+        method = {"token": "token-mask", "sequence": "sequence-mask"}.get(level, "geometric-mask")
     return Component(method, "mask", level, lower, upper, statistic, numerator, numerics, strict)
 
 
 def normalize_component(level: Level) -> Component:
-    return Component("C11", "normalize", level)
+    return Component("batch-normalization", "normalize", level)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,14 +234,14 @@ class Canonical:
     Args:
         components: the weights, masks and normalization the setting applies.
         anchor: what the loss's PPO ratio is taken against: "recompute" (the trainer's
-            recompute, decoupled), "rollout" (bypass, C13) or "none" (a REINFORCE-style loss
-            weighted by the current policy over the rollout, C12).
+            recompute, decoupled), "rollout" (bypass: PPO anchored on the rollout) or "none" (a
+            REINFORCE-style loss weighted by the current policy over the rollout).
         sequence_over: "kept" when sequence-level ratios run over the tokens an earlier token
             mask kept (SkyRL), "original" when over the loss mask as given.
 
     >>> from iscore.frameworks import skyrl
     >>> [c.method for c in skyrl.to_canonical(skyrl.PRESETS["skyrl_tldr_stack"]).components]
-    ['C1', 'C5', 'C7', 'C9']
+    ['token-tis', 'token-mask', 'geometric-mask', 'outlier-veto']
     """
 
     components: tuple[Component, ...] = ()
@@ -228,7 +253,9 @@ class Canonical:
         effective = (_effective(c) for c in self.components)
         # A mask open on both sides removes nothing.
         kept = (c for c in effective if c.role != "mask" or (c.lower, c.upper) != (None, None))
-        components = tuple(sorted(kept, key=lambda c: (order[c.role], repr(c))))
+        components = tuple(
+            sorted(kept, key=lambda c: (order[c.role], METHODS.index(c.method), repr(c)))
+        )
         object.__setattr__(self, "components", components)
 
     @property
@@ -245,17 +272,17 @@ class Canonical:
 
     @property
     def method(self) -> str:
-        """The leading method: the first weight's, else the first mask's; "C13" for a bypass
-        PPO without either, "none" for no correction."""
+        """The leading method: the first weight's, else the first mask's; "bypass" for a PPO
+        anchored on the rollout without either, "none" for no correction."""
         if self.components:
             return self.components[0].method
-        return "C13" if self.anchor == "rollout" else "none"
+        return "bypass" if self.anchor == "rollout" else "none"
 
     def describe(self) -> str:
         """The setting in one line, component by component."""
         parts = [c.describe() for c in self.components]
         if self.anchor == "rollout":
-            parts.append("C13 PPO ratio anchored on the rollout (bypass)")
+            parts.append("bypass: PPO ratio anchored on the rollout")
         elif self.anchor == "none":
             parts.append("REINFORCE-style loss, no PPO ratio")
         if self.sequence_over == "kept":

@@ -21,11 +21,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from iscore import export
 from iscore.analyze import analyze, presets, resolve
 from iscore.columns import parse_mapping
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange, resolve_files
 from iscore.errors import IscoreError
+from iscore.export import convert as convert_setting
+from iscore.export import snippet, to_file_text
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS, convert
 from iscore.recommend import Targets, recommend
@@ -216,7 +217,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         with _atomic_output(args.json) as tmp:
             Path(tmp).write_text(json.dumps(rec.to_dict(), indent=1) + "\n")
     print(f"\nbest: {rec.best.spec.name}")
-    print(export.snippet(rec.best.spec).rstrip())
+    print(snippet(rec.best.spec).rstrip())
     return 0
 
 
@@ -234,8 +235,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     spec = resolve(args.config)
     batch = _open_dump(args).load() if args.dump else None
-    result = export.convert(spec, args.to, generation=args.generation, batch=batch)
-    text = export.to_file_text(result.spec) if args.out else export.snippet(result.spec)
+    result = convert_setting(spec, args.to, generation=args.generation, batch=batch)
+    text = to_file_text(result.spec) if args.out else snippet(result.spec)
     if args.generation and args.out is None:
         text = result.text  # the older generation's own keys
     if args.out:

@@ -7,7 +7,7 @@ Three things, each the inverse of something `parse` does or a bridge between fra
   framework's nesting, or its command-line flags), and `to_file_text(spec)`, the iscore config
   file `iscore replay --config FILE` reads as is. Both come from the spec's `to_config()`, which
   each framework module writes next to its `parse`.
-- `canonical(spec)`: the setting on the method catalogue of corrections.md section 1 (C1..C16),
+- `canonical(spec)`: the setting on the catalogue of docs/corrections.md (`iscore.canonical`),
   as a tuple of components (weights, masks, batch normalization) with the numerical details
   that decide whether two frameworks compute the same thing (the +-20 exponent clamp, float32
   comparisons, NeMo-RL's overflow to 0).
@@ -20,7 +20,7 @@ Three things, each the inverse of something `parse` does or a bridge between fra
 >>> from iscore.frameworks import nemo_rl
 >>> out = convert(nemo_rl.PRESETS["nemo_icepop"], "openrlhf")
 >>> out.exact, canonical(out.spec).method
-(True, 'C4')
+(True, 'icepop')
 >>> print(out.text)
 --algo.advantage.is_correction_enable \\
 --algo.advantage.is_correction_type icepop \\
@@ -51,8 +51,10 @@ def canonical(spec: Spec) -> Canonical:
 
     >>> from iscore.frameworks import verl
     >>> c = canonical(verl.PRESETS["decoupled_geo_rs_token_tis"])
-    >>> [x.describe() for x in c.components]
-    ['C1 w = min(rho, 2)', 'C7 drop sequences unless 0.999001 <= e^G <= 1.001']
+    >>> for x in c.components:
+    ...     print(x.describe())
+    token TIS: w = min(rho, 2)
+    geometric sequence mask: drop sequences unless 0.999001 <= e^G <= 1.001
 
     Raises:
         ConfigError: `spec` is not a setting of one of iscore's frameworks.

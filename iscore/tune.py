@@ -395,7 +395,7 @@ def family_setting(family: str, values: Sequence[float]) -> Canonical:
     """The framework-neutral setting `values` (one per bound) of `family` computes.
 
     >>> family_setting("token_tis", (2.0,)).describe()
-    'C1 w = min(rho, 2)'
+    'token TIS: w = min(rho, 2)'
     """
     check_choice("family", family, tuple(FAMILIES))
     if family == "token_tis":

@@ -763,7 +763,7 @@ def from_canonical(c: Canonical, name: str) -> list[Candidate]:
 
 
 def _skyrl_policy_loss(w: Component, notes: list[str]) -> dict[str, Any]:
-    """SkyRL's rollout-anchored loss closest to a current-policy weight (C12): rollout_is or
+    """SkyRL's rollout-anchored loss closest to a current-policy weight: rollout_is or
     cispo with `cispo_anchor: rollout`, both REINFORCE-style (-sg(w) * A * log pi)."""
     if w.level != "token":
         lost(notes, w, "SkyRL's current-policy weights are per token")

@@ -490,16 +490,18 @@ def test_snippet_format_errors(spec, fmt, match):
 
 def test_canonical_separates_the_traps():
     # "Sequence-level IS": a product in verl, a geometric mean in AReaL and Fireworks.
-    assert canonical(verl.PRESETS["decoupled_seq_is"]).method == "C2"
-    assert canonical(fireworks.FireworksTIS(level="sequence")).method == "C3"
+    assert canonical(verl.PRESETS["decoupled_seq_is"]).method == "sequence-tis"
+    assert canonical(fireworks.FireworksTIS(level="sequence")).method == "geometric-tis"
     clamp = areal.RejectionSampling(level="sequence", action="clamp")
-    assert canonical(areal.ArealCorrection(True, rejection_sampling=clamp)).method == "C3"
+    assert (
+        canonical(areal.ArealCorrection(True, rejection_sampling=clamp)).method == "geometric-tis"
+    )
     # OpenRLHF's TIS is two-sided; verl's is not.
     assert canonical(openrlhf.PRESETS["openrlhf_tis"]).weights[0].lower == 0.5
     assert canonical(verl.PRESETS["decoupled_token_is"]).weights[0].lower is None
     # SkyRL's token mask has no weight; verl's IcePop zeroes the weight in place.
     assert canonical(skyrl.PRESETS["skyrl_token_mask"]).weights == ()
-    assert canonical(verl.PRESETS["decoupled_token_icepop"]).method == "C4"
+    assert canonical(verl.PRESETS["decoupled_token_icepop"]).method == "icepop"
     # verl's k1 bounds keep ratios in [1/U, 1/L].
     (mask,) = canonical(verl.VerlSpec(rs=(verl.RSCriterion("token_k1", 1.5, 0.5),))).masks
     assert (math.exp(mask.lower), math.exp(mask.upper)) == pytest.approx((1 / 1.5, 2.0))
@@ -509,10 +511,15 @@ def test_canonical_separates_the_traps():
 
 def test_canonical_combinations_are_component_tuples():
     c = canonical(skyrl.PRESETS["skyrl_tldr_stack"])
-    assert [x.method for x in c.components] == ["C1", "C5", "C7", "C9"]
+    assert [x.method for x in c.components] == [
+        "token-tis",
+        "token-mask",
+        "geometric-mask",
+        "outlier-veto",
+    ]
     assert c.sequence_over == "kept"
     c = canonical(verl.PRESETS["decoupled_seq_is_rs"])
-    assert [x.method for x in c.components] == ["C2", "C6"]
+    assert [x.method for x in c.components] == ["sequence-tis", "sequence-mask"]
     assert canonical(verl.PRESETS["bypass_ppo_clip"]) == Canonical(anchor="rollout")
     assert canonical(verl.PRESETS["bypass_pg_is"]).weights[0].numerator == "policy"
     with pytest.raises(ConfigError, match="`spec`"):

@@ -182,12 +182,13 @@ class MismatchStats:
             else ops.segment_sums_of(batch, {"T": m})["T"]
         )
         max_abs[sums["T"] == 0] = -np.inf  # no loss token: as segment_max gives
-        # chi = <e^clamp(2d, +-20)>: the same values as rho2 unless some |d| > 10.
-        if max_abs.size == 0 or max_abs.max() <= 10.0:
+        # chi = <e^(2 clamp(d, +-20))> (verl squares the clamped ratio): the same values as
+        # rho2 unless some |d| > 20.
+        bound = ops.SAFETY_BOUND
+        if max_abs.size == 0 or max_abs.max() <= bound:
             sums["chi"] = sums["rho2"]
-        else:
-            bound = ops.SAFETY_BOUND  # e^clamp(2d, +-b) = clamp(e^2d, e^-b, e^b)
-            chi = torch.clamp(rho2, math.exp(-bound), math.exp(bound), out=mult)
+        else:  # e^(2 clamp(d, +-b)) = clamp(e^2d, e^-2b, e^2b)
+            chi = torch.clamp(rho2, math.exp(-2 * bound), math.exp(2 * bound), out=mult)
             sums["chi"] = ops.segment_sums_of(batch, {"chi": loss_only(chi)})["chi"]
         for name in _SEQ_FIELDS:
             if name == "length":

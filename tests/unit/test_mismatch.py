@@ -76,6 +76,8 @@ def test_edge_cases_fully_masked_and_overflow():
     ref = reference(batch)
     for key in ("k1", "k3", "chi2_seq", "abs_diff_max", "sequences", "tokens"):
         assert got[key] == pytest.approx(ref[key], rel=1e-9), key
+    # d = +-30: the ratio is clamped at e^20 before squaring (e^40), not its square at e^20.
+    assert got["chi2_token"] == pytest.approx(ref["chi2_token"], rel=1e-6)
     assert got["sequences"] == batch.num_sequences - 1  # the fully masked one has no tokens
     assert got["abs_diff_max"] == 30.0  # the masked-out d = 30 token does not count
 

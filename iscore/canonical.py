@@ -68,7 +68,7 @@ _COLLAPSIBLE = ("exact", "clamp", "overflow_zero")
 
 @dataclass(frozen=True, slots=True)
 class Component:
-    """One mechanism of a correction setting, in the terms of corrections.md section 1.
+    """One mechanism of a correction setting, in the terms of docs/corrections.md#catalogue.
 
     Args:
         method: which correction of the catalogue it is (`METHODS`, named for people in

@@ -31,8 +31,8 @@ PER_SEQUENCE = ("seq_id", "step")
 EXTRA = ("advantage", "token_id", "group_id", "reward", "entropy")
 """Optional columns recognized and reported; carried through by readers that need them."""
 
-# Names each framework writes for the same quantity (reference/ecosystem.md, corrections.md
-# section 0.1). Deliberately absent: AReaL's `old_logprobs`/`logprobs`, which hold the
+# Names each framework writes for the same quantity (docs/corrections.md#frameworks).
+# Deliberately absent: AReaL's `old_logprobs`/`logprobs`, which hold the
 # *rollout* (behaviour) log-probs there but the trainer's elsewhere; a name that means
 # opposite things in two frameworks must be mapped explicitly.
 ALIASES: dict[str, tuple[str, ...]] = {

@@ -18,9 +18,10 @@ multiplies a token's loss, 0 where a mask drops it; raw = `Replay.raw`):
   leave the denominator where the framework recounts it; `seq_masked_fraction`: sequences all of
   whose loss tokens have w = 0.
 - `lr_scale`: the corrected loss gradient's scale relative to the uncorrected one, under the
-  framework's loss aggregation (corrections.md section 5): token-mean sum(w) / n (or / kept tokens
-  where rejection shrinks the denominator); seq-mean-token-mean mean over sequences of sum(w) / T;
-  seq-mean-token-sum sum(w) / sum(T). 1 means the setting leaves the step size alone.
+  framework's loss aggregation (docs/corrections.md#loss-aggregation): token-mean sum(w) / n
+  (or / kept tokens where rejection shrinks the denominator); seq-mean-token-mean mean over
+  sequences of sum(w) / T; seq-mean-token-sum sum(w) / sum(T). 1 means the setting leaves the
+  step size alone.
 """
 
 from __future__ import annotations

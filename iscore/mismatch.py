@@ -54,7 +54,8 @@ METRIC_NAMES: dict[str, list[str]] = {
     + list(_ELSEWHERE.get(statistic, ()))
     for statistic in _STATISTICS
 }
-"""For each statistic, the names the frameworks log it under (corrections.md section 4).
+"""For each statistic, the names the frameworks log it under
+(docs/corrections.md#mismatch-diagnostics).
 
 Where a framework averages per sequence first (slime's mis_*), its value differs from the
 token average iscore reports; the name says so.
@@ -607,7 +608,7 @@ def _worst_sequences(s: dict[str, np.ndarray]) -> list[dict[str, Any]]:
 
 
 def _flags(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) -> list[dict]:
-    """Signatures of semantics bugs, as opposed to numerical noise (ecosystem.md section 2)."""
+    """Signatures of semantics bugs, as opposed to numerical noise."""
     flags = []
     if not result.get("tokens"):
         return flags

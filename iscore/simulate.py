@@ -1,8 +1,7 @@
 """Simulate paired rollout/trainer logprob dumps whose mismatch is known exactly.
 
-No public dataset pairs rollout and trainer log-probs token by token (see
-reference/ecosystem.md, section 4), so tests, demos and the app use simulated dumps whose
-ground truth is exact rather than estimated.
+No public dataset pairs rollout and trainer log-probs token by token, so tests, demos and the
+app use simulated dumps whose ground truth is exact rather than estimated.
 
 The model, at every position of every sequence:
 

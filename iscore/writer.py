@@ -1,7 +1,7 @@
 """Write canonical sequence-layout Parquet dumps, from a training loop or from an importer.
 
 verl, TRL, OpenRLHF and AReaL hold the rollout and trainer log-probs in memory and never
-write them (reference/ecosystem.md, section 1). `DumpWriter` turns the tensors they already
+write them. `DumpWriter` turns the tensors they already
 have into the dump iscore reads (README, "The dump"): one row per sequence, one Parquet row
 group per `add` call, written to disk before `add` returns. Calling it every step of a long
 run therefore holds one step's data in memory, never the run's.
@@ -23,7 +23,8 @@ too, with or without a mask.
 >>> iscore.load(path).lengths.tolist()
 [2, 2]
 
-Where to call it, per framework (names as of the commits in reference/ecosystem.md). Create
+Where to call it, per framework (names as of the upstream commits of
+docs/corrections.md#frameworks). Create
 `writer = DumpWriter("run.parquet", framework=...)` once and call `writer.close()` at the end
 (or use it as a context manager). With several processes, give each its own file and pass
 `seq_ids` that are unique across them: a dump identifies a sequence by (step, seq_id).

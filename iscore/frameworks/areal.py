@@ -53,7 +53,8 @@ with it raises, as in PR #930, which raised on its default cap 5.0 too). The old
 weight) -> `upper: .inf`. The old forms zeroed the weight but kept the token in the mask; the
 gradient is the same.
 
-Where corrections.md section 2.5 and the code differ, or the spec is silent (the code wins):
+Where AReaL's documentation (docs/corrections.md#areal) and its code differ, or the spec is silent
+(the code wins):
 
 - `rejection_sampling` is passed to the loss whatever `use_decoupled_loss` says
   (`actor.py` line 353); without decoupling prox and behave are the same tensor, so d = 0.

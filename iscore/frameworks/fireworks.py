@@ -20,7 +20,7 @@ Sources read: `fw-ai/cookbook` @ 76821fa1 (2026-08-19), `training/utils/rl/tis.p
 
 `anchor_logp: rollout` skips the trainer forward and uses the rollout log-probs as old_policy
 (bypass: the PPO ratio is anchored on the rollout). Then z = 0 and the weight is
-clamp(1, 0, cap) = min(1, cap): 1 for every cap >= 1 (corrections.md says "TIS weight 1"; the
+clamp(1, 0, cap) = min(1, cap): 1 for every cap >= 1 (the cookbook's notes say "TIS weight 1"; the
 code gives `cap` when cap < 1, and so does the replay).
 
 Config keys: `tis: {cap: 5.0, level: token, icepop_threshold: null}` (`TISConfig`: cap >= 0;
@@ -34,7 +34,8 @@ of the same config; they do not change the IS weight and are kept only so the se
 written back. The PR-era `ISConfig` validated nothing (any `tis_level` other than "sequence" meant
 token, a negative cap clamped everything to it); the replay rejects those instead.
 
-Where corrections.md §2.6 and the code differ: `anchor_logp: rollout` gives min(1, cap), not 1
+Where the cookbook's documentation (docs/corrections.md#fireworks) and its code differ:
+`anchor_logp: rollout` gives min(1, cap), not 1
 (above). Everything else matches; the bounds compare in float64 here (the cookbook compares its
 float32 ratios with a Python float), which only matters for a ratio within float32 rounding of
 1/tau.

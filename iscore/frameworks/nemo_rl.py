@@ -45,7 +45,8 @@ the weight, every other `ClippedPGLossConfig` key: `disable_ppo_ratio`, `ratio_c
 `positive_example_nll_weight`. Values follow pydantic's lax parsing (bools from "true"/"1"/1,
 floats from numeric strings).
 
-Where corrections.md section 2.3 and NeMo's code differ, or the spec is silent, the code wins:
+Where NeMo-RL's documentation (docs/corrections.md#nemo-rl) and its code differ, or the spec is
+silent, the code wins:
 
 - `ClippedPGLossConfig` is a pydantic model with `extra="allow"` (loss_functions.py:111): NeMo
   silently ignores unknown keys, and on main that includes `is_correction_level`, which only

@@ -39,7 +39,8 @@ Older forms also parse: `--use_icepop` (2025-12-11 to 2026-02-05, the forerunner
 and new names together, so mixing them is an error, as is an unknown flag that looks like an IS
 flag (a typo would otherwise land silently in `ignored_flags`).
 
-Where corrections.md §2.7 and the code differ: nowhere in the math. Details it leaves out,
+Where OpenRLHF's documentation (docs/corrections.md#openrlhf) and its code differ: nowhere in the
+math. Details it leaves out,
 read in the code: G is a plain masked mean (sum / count, float32), so a fully masked
 sequence gets G = NaN and a false mask (irrelevant: none of its tokens is in the loss; the
 replay reports e^0 = 1 for it); the thresholds are not validated (LOW > HIGH is accepted; for

@@ -50,7 +50,8 @@ Config keys: `trainer.algorithm.off_policy_correction.*` (all twelve), `trainer.
 `AlgorithmConfig` keys are type-checked and ignored, so a whole `trainer.algorithm` block parses.
 Missing keys take the dataclass defaults (SkyRL's YAML and dataclass agree).
 
-Where corrections.md section 2.2 and SkyRL's code differ, or the spec is silent, the code wins:
+Where SkyRL's documentation (docs/corrections.md#skyrl) and its code differ, or the spec is silent,
+the code wins:
 
 - Legacy `use_tis: true` (utils.py:400-406) ALWAYS overwrites `tis_ratio_type` with "token" and
   `token_tis_ratio_clip_high` with `tis_imp_ratio_cap`, even when the new keys are set; SkyRL only

@@ -60,7 +60,8 @@ keys: mis.py's (`use_rs`, `tis_level`, `rs_level`, `tis_mode`, `tis_lower_bound`
 only when mis.py is the function and is called; otherwise they are listed in `ignored_flags` as
 `custom_config.<key>`.
 
-Where corrections.md section 2.4 and the code differ, or the spec is silent (the code wins):
+Where slime's documentation (docs/corrections.md#slime) and its code differ, or the spec is silent
+(the code wins):
 
 - Order in `mis.py`: TIS (line 220; mask mode drops tokens there), the RS mask (244), the veto
   (259), then batch normalization (273). The masks multiply, so their order does not matter;

@@ -46,7 +46,8 @@ Validation follows TRL: clip_min >= clip_max is an error (TRL checks it even wit
 correction off, after applying the deprecated cap); a truncate mode needs at least one bound;
 `vespo` with a sequence mode is rejected (by TRL, with use_vllm and the correction on).
 
-Where corrections.md §2.8 and the code differ: nowhere in the math. The docstring of
+Where TRL's documentation (docs/corrections.md#trl) and its code differ: nowhere in the math. The
+docstring of
 `GRPOConfig` still calls `token_truncate` the default (grpo_config.py:339) while the field
 default is `sequence_mask` (grpo_config.py:925), as the spec notes.
 

@@ -40,7 +40,8 @@ and ignored. iscore's own top-level keys: `framework: verl`, `name:` and `preset
 `PRESETS`, verl's `RolloutCorrectionConfig` classmethods with their default arguments); keys under
 `algorithm.rollout_correction` then override the preset's values.
 
-Where the spec (corrections.md section 2.1) and verl's code differ, or the spec is silent, the code
+Where verl's documentation (docs/corrections.md#verl) and its code differ, or the spec is silent,
+the code
 is followed:
 
 - `rollout_rs` must be a string: a YAML list raises in verl (`rollout_corr_helper.py:235`), so it
@@ -678,7 +679,7 @@ PRESETS: dict[str, VerlSpec] = _presets()
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """One of verl's rollout-correction config generations (corrections.md 2.1, History).
+    """One of verl's rollout-correction config generations (docs/corrections.md#verl).
 
     Args:
         name: "gen0", "gen1", "gen2" or "gen3".

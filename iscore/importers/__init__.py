@@ -1,7 +1,6 @@
 r"""Read the dumps RL frameworks write into iscore's canonical sequence-layout table.
 
-One module per source format, each reading exactly what that framework writes
-(reference/ecosystem.md, section 1):
+One module per source format, each reading exactly what that framework writes:
 
 - `nemo_rl`: NeMo-RL's `train_data_step{N}.jsonl`, written every GRPO step by default.
 - `prime_rl`: prime-rl's `token_exports/step_{N}/rank_{R}.jsonl` (`trainer.enable_token_export`).

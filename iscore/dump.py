@@ -38,7 +38,7 @@ from iscore.columns import (
     ColumnMap,
     resolve_columns,
 )
-from iscore.errors import DumpError
+from iscore.errors import DumpError, quote
 from iscore.writer import PROVENANCE_KEY
 
 DEFAULT_CHUNK_TOKENS = 2_000_000
@@ -118,7 +118,7 @@ class StepRange:
             return cls(int(lo) if lo.strip() else None, int(hi) if hi.strip() else None)
         except ValueError:
             raise DumpError(
-                f"Expected a step range like 5, 3:7, 3: or :7, but got {text!r}"
+                f"Expected a step range like 5, 3:7, 3: or :7, but got {quote(text)}"
             ) from None
 
     def row_group_may_match(self, lo: int, hi: int) -> bool:
@@ -360,7 +360,7 @@ def _check_types(path: str, schema: pa.Schema, columns: ColumnMap, layout: Layou
 
 def _label(columns: ColumnMap, name: str) -> str:
     source = columns.source.get(name, name)
-    return name if source == name else f"{name} (source {source!r})"
+    return name if source == name else f"{name} (source {quote(source)})"
 
 
 def _first(mask: np.ndarray, rows: np.ndarray) -> tuple[tuple[int, ...], int]:
@@ -736,7 +736,7 @@ class _Reader:
             if first is not self.info.path or key in self._here:
                 where = "" if first is self.info.path else f" (it is also in {first})"
                 message = (
-                    f"sequence seq_id={i!r} step={s} appears twice or its rows are not "
+                    f"sequence seq_id={quote(i)} step={s} appears twice or its rows are not "
                     f"contiguous{where}; a dump holds each sequence once, its rows together"
                 )
                 label = _label(self.info.columns, "seq_id")

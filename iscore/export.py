@@ -41,7 +41,7 @@ import yaml
 
 from iscore import ops
 from iscore.batch import TokenBatch
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
 from iscore.impact import aggregation_of, quick_stats
 from iscore.replay import FRAMEWORKS, Spec
@@ -1726,11 +1726,13 @@ def convert(
             than verl.
     """
     if to not in FRAMEWORKS:
-        raise ConfigError(f"Expected `to` to be one of {', '.join(FRAMEWORKS)}, but got {to!r}")
+        raise ConfigError(
+            f"Expected `to` to be one of {', '.join(FRAMEWORKS)}, but got {quote(to)}"
+        )
     if generation is not None and to != "verl":
         raise ConfigError(
             f"Expected `generation` to be None for {to} (only verl has config generations), "
-            f"but got {generation!r}"
+            f"but got {quote(generation)}"
         )
     source = canonical(spec)
     name = spec.name if spec.name != spec.framework else to
@@ -1897,7 +1899,7 @@ def _render(framework: str, config: Mapping[str, Any], fmt: str | None) -> str:
     native = "flags" if framework in _FLAG_FRAMEWORKS else "yaml"
     fmt = native if fmt is None else fmt
     if fmt not in ("yaml", "flags"):
-        raise ConfigError(f"Expected `fmt` to be 'yaml', 'flags' or None, but got {fmt!r}")
+        raise ConfigError(f"Expected `fmt` to be 'yaml', 'flags' or None, but got {quote(fmt)}")
     if framework in _FLAG_FRAMEWORKS:
         if fmt == "yaml":
             raise ConfigError(

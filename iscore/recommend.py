@@ -22,7 +22,7 @@ import numpy as np
 
 from iscore import ops
 from iscore.batch import TokenBatch
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.impact import quick_stats
 from iscore.replay import FRAMEWORKS, Spec, parse_config
 from iscore.tune import Tuner
@@ -504,7 +504,7 @@ def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None)
     """
     if framework not in FRAMEWORKS:
         raise ConfigError(
-            f"Expected `framework` to be one of {', '.join(FRAMEWORKS)}, but got {framework!r}"
+            f"Expected `framework` to be one of {', '.join(FRAMEWORKS)}, but got {quote(framework)}"
         )
     targets = targets or Targets()
     tuner = Tuner(batch)

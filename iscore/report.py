@@ -14,6 +14,7 @@ from typing import Any
 from iscore.analyze import Analysis
 from iscore.errors import IscoreError
 from iscore.figures import all_figures, color
+from iscore.output import output_path
 
 SUMMARY_COLUMNS = (
     ("weight_mean", "mean w (token)", "{:.4g}"),
@@ -82,7 +83,9 @@ def render_html(analysis: Analysis) -> str:
 
 def write_html(analysis: Analysis, path: str | Path) -> None:
     """Write the report to `path`."""
-    Path(path).write_text(render_html(analysis), encoding="utf-8")
+    text = render_html(analysis)
+    with output_path(path) as tmp:
+        Path(tmp).write_text(text, encoding="utf-8")
 
 
 def _none(value: Any) -> None:

@@ -97,7 +97,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from iscore.errors import DumpError
+from iscore.errors import DumpError, quote
 
 __all__ = ["COLUMN_ORDER", "PROVENANCE_KEY", "DumpWriter", "canonical_table", "schema_mismatch"]
 
@@ -181,7 +181,7 @@ def canonical_table(
     for name, values in tokens.items():
         if name not in _TOKEN_TYPES:
             raise DumpError(
-                f"Unknown per-token column {name!r}; expected one of {tuple(_TOKEN_TYPES)}"
+                f"Unknown per-token column {quote(name)}; expected one of {tuple(_TOKEN_TYPES)}"
             )
         values = np.asarray(values)
         if values.shape != (total,):
@@ -194,7 +194,8 @@ def canonical_table(
     for name, values in (sequences or {}).items():
         if name not in _SEQUENCE_TYPES:
             raise DumpError(
-                f"Unknown per-sequence column {name!r}; expected one of {tuple(_SEQUENCE_TYPES)}"
+                f"Unknown per-sequence column {quote(name)}; expected one of "
+                f"{tuple(_SEQUENCE_TYPES)}"
             )
         if name in columns:
             raise DumpError(f"{name} given both per token and per sequence")
@@ -451,7 +452,7 @@ class DumpWriter:
         if self._closed:
             raise DumpError(f"{self.path}: the writer is closed")
         if isinstance(step, bool) or not isinstance(step, int | np.integer):
-            raise DumpError(f"Expected argument `step` to be an integer, but got {step!r}")
+            raise DumpError(f"Expected argument `step` to be an integer, but got {quote(step)}")
         layout = _Layout(rollout_logprobs)
         lengths = layout.set_mask(mask)
         tokens: dict[str, np.ndarray] = {}

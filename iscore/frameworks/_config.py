@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 
 _MISSING = object()
 
@@ -35,7 +35,7 @@ class Section:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError(
-                f"Expected `{path}` to be a mapping, but got {type(data).__name__}: {data!r}"
+                f"Expected `{path}` to be a mapping, but got {type(data).__name__}: {quote(data)}"
             )
         self.data = data
         self.path = path
@@ -63,7 +63,7 @@ class Section:
         if value is None and default is None:
             return None
         if not isinstance(value, bool):
-            raise ConfigError(f"Expected `{self.key(key)}` to be a bool, but got {value!r}")
+            raise ConfigError(f"Expected `{self.key(key)}` to be a bool, but got {quote(value)}")
         return value
 
     def float(
@@ -87,7 +87,9 @@ class Section:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or (ge is not None and value < ge):
             bound = f" >= {ge}" if ge is not None else ""
-            raise ConfigError(f"Expected `{self.key(key)}` to be an int{bound}, but got {value!r}")
+            raise ConfigError(
+                f"Expected `{self.key(key)}` to be an int{bound}, but got {quote(value)}"
+            )
         return value
 
     def choice(self, key: str, default: str | None, choices: Sequence[str | None]) -> str | None:
@@ -95,7 +97,7 @@ class Section:
         if value not in choices:
             allowed = ", ".join("null" if c is None else repr(c) for c in choices)
             raise ConfigError(
-                f"Expected `{self.key(key)}` to be one of {allowed}, but got {value!r}"
+                f"Expected `{self.key(key)}` to be one of {allowed}, but got {quote(value)}"
             )
         return value
 
@@ -118,9 +120,11 @@ def as_float(value: Any, key: str, *, gt: float | None = None, ge: float | None 
             raise ValueError
         number = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {value!r}") from None
+        raise ConfigError(
+            f"Expected `{key}` to be a float{bound}, but got {quote(value)}"
+        ) from None
     if (gt is not None and not number > gt) or (ge is not None and not number >= ge):
-        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {value!r}")
+        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {quote(value)}")
     return number
 
 
@@ -134,7 +138,7 @@ def top_level(config: Mapping[str, Any], framework: str) -> tuple[Section, str]:
     section.raw("framework")
     name = section.raw("name", None)
     if name is not None and not isinstance(name, str):
-        raise ConfigError(f"Expected `name` to be a string, but got {name!r}")
+        raise ConfigError(f"Expected `name` to be a string, but got {quote(name)}")
     return section, name or framework
 
 
@@ -157,7 +161,7 @@ def parse_flags(parser: argparse.ArgumentParser, args: Any) -> argparse.Namespac
     elif isinstance(args, Sequence) and all(isinstance(a, str) for a in args):
         argv = list(args)
     else:
-        raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {args!r}")
+        raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {quote(args)}")
     try:
         return parser.parse_args(argv)
     except argparse.ArgumentError as e:

@@ -92,7 +92,7 @@ import torch
 
 from iscore import ops
 from iscore.batch import TokenBatch
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import Section, top_level
 from iscore.replay import Replay, per_token
 
@@ -140,7 +140,7 @@ _LEGACY_MODES = ("token_mask", "token_truncate", "sequence_mask", "sequence_trun
 def _check_choice(value: Any, choices: tuple[str, ...], key: str) -> None:
     if value not in choices:
         raise ConfigError(
-            f"Expected `{key}` to be one of {', '.join(map(repr, choices))}, but got {value!r}"
+            f"Expected `{key}` to be one of {', '.join(map(repr, choices))}, but got {quote(value)}"
         )
 
 
@@ -148,7 +148,7 @@ def _check_float(value: Any, key: str, nullable: bool = False) -> None:
     if value is None and nullable:
         return
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ConfigError(f"Expected `{key}` to be a float, but got {value!r}")
+        raise ConfigError(f"Expected `{key}` to be a float, but got {quote(value)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,26 +189,27 @@ class RejectionSampling:
                 raise ConfigError(
                     f"Expected `{_RS}.upper` to be a float > 1.0 for metric 'ratio' (AReaL "
                     f"rejects it: every token with a non-identical ratio would go), but got "
-                    f"{self.upper!r}"
+                    f"{quote(self.upper)}"
                 )
             if self.lower is not None and self.lower <= 0:
                 raise ConfigError(
                     f"Expected `{_RS}.lower` to be a float > 0 for metric 'ratio', but got "
-                    f"{self.lower!r}"
+                    f"{quote(self.lower)}"
                 )
         if self.metric in ("kl_k2", "kl_k3") and self.upper <= 0:
             raise ConfigError(
-                f"Expected `{_RS}.upper` to be a float > 0 for metric {self.metric!r}, but got "
-                f"{self.upper!r}"
+                f"Expected `{_RS}.upper` to be a float > 0 for metric {quote(self.metric)}, but "
+                "got "
+                f"{quote(self.upper)}"
             )
         if self.action == "clamp" and self.metric != "ratio":
             raise ConfigError(
                 f"Expected `{_RS}.metric` to be 'ratio' with action 'clamp' (AReaL clamps only "
-                f"the ratio; use action 'mask' for KL filtering), but got {self.metric!r}"
+                f"the ratio; use action 'mask' for KL filtering), but got {quote(self.metric)}"
             )
         if self.level == "token" and self.agg != "mean":
             warnings.warn(
-                f"`{_RS}.agg` {self.agg!r} is ignored at level 'token' (AReaL aggregates only "
+                f"`{_RS}.agg` {quote(self.agg)} is ignored at level 'token' (AReaL aggregates only "
                 "for sequence-level filtering)",
                 UserWarning,
                 stacklevel=3,
@@ -248,7 +249,7 @@ class ArealCorrection:
         for key in ("use_decoupled_loss", "recompute_logprob"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(
-                    f"Expected `actor.{key}` to be a bool, but got {getattr(self, key)!r}"
+                    f"Expected `actor.{key}` to be a bool, but got {quote(getattr(self, key))}"
                 )
         _check_choice(self.prox_logp_method, _PROX_METHODS, "actor.prox_logp_method")
         _check_choice(self.importance_sampling_level, _LEVELS, "actor.importance_sampling_level")
@@ -257,7 +258,7 @@ class ArealCorrection:
         ):
             raise ConfigError(
                 f"Expected `{_RS}` to be null or a RejectionSampling, but got "
-                f"{self.rejection_sampling!r}"
+                f"{quote(self.rejection_sampling)}"
             )
         if self.use_decoupled_loss and self.prox_logp_method == "loglinear":
             raise ConfigError(
@@ -404,7 +405,7 @@ def _legacy(actor: Section) -> tuple[bool, RejectionSampling | None]:
         if actor.float(cap_key, None) is not None:
             raise ConfigError(
                 f"Expected `actor.{cap_key}` to be null with behave_imp_weight_mode 'disabled' "
-                f"(AReaL raised), but got {actor.data[cap_key]!r}"
+                f"(AReaL raised), but got {quote(actor.data[cap_key])}"
             )
         rs = None
     else:
@@ -412,7 +413,9 @@ def _legacy(actor: Section) -> tuple[bool, RejectionSampling | None]:
         cap = actor.float(cap_key, None if old else 5.0, nullable=True)
         upper = math.inf if cap is None else cap
         if not upper > 1.0:
-            raise ConfigError(f"Expected `actor.{cap_key}` to be a float > 1.0, but got {cap!r}")
+            raise ConfigError(
+                f"Expected `actor.{cap_key}` to be a float > 1.0, but got {quote(cap)}"
+            )
         level, action = mode.split("_")
         rs = RejectionSampling(
             level=level, action="mask" if action == "mask" else "clamp", upper=upper

@@ -59,7 +59,7 @@ import torch
 
 from iscore import ops
 from iscore.batch import TokenBatch
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import top_level
 from iscore.replay import Replay, per_token
 
@@ -85,13 +85,13 @@ def _check_number(key: str, value: Any, *, ge: float | None = None, nullable: bo
     if not ok:
         bound = f" >= {ge}" if ge is not None else ""
         null = " or null" if nullable else ""
-        raise ConfigError(f"Expected `{key}` to be a float{bound}{null}, but got {value!r}")
+        raise ConfigError(f"Expected `{key}` to be a float{bound}{null}, but got {quote(value)}")
 
 
 def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(
-            f"Expected `{key}` to be one of {', '.join(map(repr, choices))}, but got {value!r}"
+            f"Expected `{key}` to be one of {', '.join(map(repr, choices))}, but got {quote(value)}"
         )
 
 

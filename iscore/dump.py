@@ -17,8 +17,11 @@ first offending rows (0-based row numbers of that file); `DumpError.problems` ho
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
+import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,11 +183,21 @@ class DropReport:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
+MAX_LISTED = 100_000
+"""The most directory entries one directory walk or glob looks at before it stops."""
+
+LIST_SECONDS = 10.0
+"""The longest one directory walk or glob runs before it stops."""
+
+
 def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
     """Expand a file, a directory (every `*.parquet` below it) or a glob into sorted paths.
 
+    A path that exists is read as itself, even when its name looks like a glob
+    (`run[1].parquet`). See `list_files` for the limits of walks and globs.
+
     Raises:
-        DumpError: nothing matches.
+        DumpError: nothing matches, or a walk or glob went past its budget.
     """
     if isinstance(source, str | Path):
         sources: Sequence[str | Path] = [source]
@@ -192,21 +205,129 @@ def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
         sources = source
     files: list[str] = []
     for item in sources:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(str(p) for p in path.rglob("*.parquet"))
-            if not found:
-                raise DumpError(f"{path}: directory holds no *.parquet files")
-        elif glob.has_magic(str(item)):
-            found = sorted(p for p in glob.glob(str(item), recursive=True) if Path(p).is_file())
-            if not found:
-                raise DumpError(f"{item}: the pattern matches no files")
-        elif path.is_file():
-            found = [str(path)]
-        else:
-            raise DumpError(f"{path}: no such file or directory")
+        found = sorted(list_files(item, (".parquet",)))
+        if not found:
+            is_dir = Path(item).is_dir()
+            what = (
+                "directory holds no *.parquet files" if is_dir else "the pattern matches no files"
+            )
+            raise DumpError(f"{item}: {what}")
         files.extend(found)
     return files
+
+
+def list_files(
+    item: str | Path,
+    suffixes: tuple[str, ...],
+    *,
+    max_listed: int = MAX_LISTED,
+    seconds: float = LIST_SECONDS,
+) -> Iterator[str]:
+    """The files `item` names: itself if it exists, else the files under a directory whose
+    names end with one of `suffixes`, else the files a glob (`*`, `?`, `[...]`, `**`) matches.
+
+    Walks and globs never enter a symlinked directory (a link to a file is a file), so a
+    link cycle (`/proc`, a link to `..`) cannot make them loop, and they stop with an error
+    after looking at `max_listed` directory entries or running `seconds`.
+
+    Raises:
+        DumpError: `item` does not exist and is no glob, or the budget ran out.
+    """
+    path = Path(item)
+    if path.is_file():
+        yield str(path)
+    elif path.is_dir():
+        # Hidden names included, as Path.rglob did here before.
+        budget = _Budget(str(item), max_listed, seconds, hidden=True)
+        for found in _match(budget, str(path), ("**", "*")):
+            if found.endswith(suffixes):
+                yield found
+    elif glob.has_magic(str(item)):
+        # Hidden names need a pattern that names them (`.*`), as in glob.glob.
+        budget = _Budget(str(item), max_listed, seconds, hidden=False)
+        parts = path.parts
+        literal = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+        root = str(Path(*parts[:literal])) if literal else ""
+        yield from dict.fromkeys(_match(budget, root, parts[literal:]))  # `**/**` repeats
+    else:
+        raise DumpError(f"{item}: no such file or directory")
+
+
+@dataclass(slots=True)
+class _Budget:
+    """What a walk or glob may still look at, and whether `*` and `**` see hidden names."""
+
+    item: str
+    max_listed: int
+    seconds: float
+    hidden: bool
+    listed: int = 0
+    start: float = field(default_factory=time.monotonic)
+
+    def scan(self, directory: str, head: str) -> Iterator[tuple[str, os.DirEntry]]:
+        """(path, entry) of the entries of `directory` that `head` may match, counted.
+
+        A directory that cannot be listed (unreadable, vanished) has no entries, as in glob.
+        """
+        try:
+            with os.scandir(directory or ".") as it:
+                entries = list(it)
+        except OSError:
+            return
+        self.listed += len(entries)
+        if self.listed > self.max_listed:
+            raise DumpError(
+                f"{self.item}: stopped after looking at {self.max_listed:,} directory entries; "
+                "name the files more narrowly"
+            )
+        if time.monotonic() - self.start > self.seconds:
+            raise DumpError(
+                f"{self.item}: stopped after {self.seconds:g} s of listing directories; "
+                "name the files more narrowly"
+            )
+        # As in glob.glob, hidden names match only a pattern that starts with a dot.
+        hidden = self.hidden or head.startswith(".")
+        for e in entries:
+            if hidden or not e.name.startswith("."):
+                yield os.path.join(directory, e.name), e
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    """A directory that is not a symlink (one that cannot be examined is not entered)."""
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _is_file(entry: os.DirEntry) -> bool:
+    """A regular file, or a symlink to one."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
+def _match(budget: _Budget, directory: str, parts: tuple[str, ...]) -> Iterator[str]:
+    """Files under `directory` matching the path components `parts` (`**`: any depth)."""
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        if rest:
+            yield from _match(budget, directory, rest)  # `**` matching no directory at all
+        for path, entry in budget.scan(directory, head):
+            if _is_dir(entry):
+                yield from _match(budget, path, parts)
+            elif not rest and _is_file(entry):
+                yield path
+        return
+    for path, entry in budget.scan(directory, head):
+        if not fnmatch.fnmatchcase(entry.name, head):
+            continue
+        if rest:
+            if _is_dir(entry):
+                yield from _match(budget, path, rest)
+        elif _is_file(entry):
+            yield path
 
 
 Source = str | bytes
@@ -276,8 +397,8 @@ def is_framework_dump(item: str | Path) -> bool:
     """Whether `item` is a framework's own dump (JSONL, .pt, .pkl) rather than Parquet."""
     path = Path(item)
     if path.is_dir():
-        return not any(path.rglob("*.parquet"))
-    if glob.has_magic(str(item)):
+        return not any(list_files(path, (".parquet",)))
+    if glob.has_magic(str(item)) and not path.exists():
         return False
     return path.suffix in (".jsonl", ".pt", ".pkl")
 

@@ -34,7 +34,6 @@ provenance as JSON under `iscore.provenance`: `framework`, `source_files`, `step
 
 from __future__ import annotations
 
-import glob
 import importlib
 import json
 import re
@@ -46,6 +45,7 @@ from types import ModuleType
 import numpy as np
 import pyarrow as pa
 
+from iscore.dump import list_files
 from iscore.errors import DumpError, quote
 from iscore.output import output_path
 from iscore.writer import PROVENANCE_KEY, DumpWriter, schema_mismatch
@@ -114,19 +114,12 @@ def _natural_key(path: Path) -> list:
 def _expand(source: str | Path) -> tuple[list[Path], bool]:
     """The files under `source`, and whether it named one file explicitly."""
     path = Path(source)
-    if path.is_dir():
-        found = [p for p in path.rglob("*") if p.suffix in _SUFFIXES and p.is_file()]
-        explicit = False
-    elif glob.has_magic(str(source)):
-        found = [Path(p) for p in glob.glob(str(source), recursive=True) if Path(p).is_file()]
-        explicit = False
-        if not found:
-            raise DumpError(f"{source}: the pattern matches no files")
-    elif path.is_file():
+    if path.is_file():
         return [path], True
-    else:
-        raise DumpError(f"{source}: no such file or directory")
-    return sorted(found, key=_natural_key), explicit
+    found = [Path(p) for p in list_files(source, tuple(_SUFFIXES))]
+    if not found and not path.is_dir():
+        raise DumpError(f"{source}: the pattern matches no files")
+    return sorted(found, key=_natural_key), False
 
 
 def _claims(files: list[Path]) -> dict[str, list[Path]]:

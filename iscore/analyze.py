@@ -30,7 +30,7 @@ import torch
 from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
-from iscore.errors import ConfigError, quote
+from iscore.errors import ConfigError, DumpError, quote
 from iscore.impact import SettingStats
 from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import output_path
@@ -203,6 +203,13 @@ def analyze(
             if progress is not None:
                 progress(batch.num_tokens)
     summary = mismatch.compute()
+    if not summary["tokens"]:
+        # Every statistic is a mean over loss tokens: with none, there is nothing to report.
+        where = ", ".join(files) or "the batch"
+        raise DumpError(
+            f"{where}: no token is in the loss (loss_mask false everywhere, or no tokens); "
+            "nothing to analyze"
+        )
     result = Analysis(
         source={
             "files": files,

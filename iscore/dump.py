@@ -53,6 +53,8 @@ _READ_TOKENS = 262_144
 _SHOW_ROWS = 5
 """How many offending rows a problem names."""
 
+_INT64_MAX = 2**63 - 1
+
 Layout = Literal["token", "sequence"]
 
 
@@ -623,6 +625,7 @@ class Dump:
             DumpProblems: the first chunk with problems, listing every problem in it.
         """
         seen: dict[tuple[int, object], str] = {}
+        sequences = tokens = in_loss = 0
         for info, parquet in zip(self.files, self._parquet, strict=True):
             reader = _reader(info, parquet, self.steps, seen, whole_steps)
             for chunk in reader.chunks(max_tokens):
@@ -632,7 +635,24 @@ class Dump:
                 if problems:
                     raise DumpProblems(problems)
                 if chunk.lengths.size:
-                    yield _to_batch(chunk)
+                    batch = _to_batch(chunk)
+                    sequences += batch.num_sequences
+                    tokens += batch.num_tokens
+                    in_loss += int(batch.loss_mask.sum())
+                    yield batch
+        if sequences and not in_loss:
+            raise DumpProblems([self.nothing_in_loss(sequences, tokens)])
+
+    def nothing_in_loss(self, sequences: int, tokens: int) -> Problem:
+        """The problem of a dump whose sequences hold no token in the loss."""
+        where = self.files[0].path if len(self.files) == 1 else f"{len(self.files)} files"
+        if not tokens:
+            return Problem(where, None, f"all {sequences:,} sequences are empty (0 tokens)")
+        return Problem(
+            where,
+            "loss_mask",
+            f"no token is in the loss: loss_mask is false for all {tokens:,} tokens",
+        )
 
     def scan(
         self, max_tokens: int | None = DEFAULT_CHUNK_TOKENS
@@ -687,10 +707,21 @@ _INVALID = "invalid log-prob"
 
 
 def _invalid(values: pa.Array) -> np.ndarray:
-    """NaN, +-inf, > 0 or null entries of a float array."""
-    x = values.to_numpy(zero_copy_only=False)
+    """NaN, +-inf, > 0 or null entries of a float array, as the engine will hold them."""
+    x = _as_float32(values)
     bad = ~np.isfinite(x) | (x > 0)
     return bad
+
+
+def _as_float32(values: pa.Array) -> np.ndarray:
+    """The values as float32, the engine's dtype, nulls as NaN.
+
+    Checked after this cast, not before: a float64 -1e300 is finite but becomes -inf in the
+    engine, and must be reported as what the engine would see.
+    """
+    x = values.to_numpy(zero_copy_only=False)
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32, copy=False)
 
 
 def _check(chunk: _Chunk, columns: ColumnMap) -> list[Problem]:
@@ -700,10 +731,10 @@ def _check(chunk: _Chunk, columns: ColumnMap) -> list[Problem]:
     for name in LOGPROB_COLUMNS:
         if name not in chunk.per_token:
             continue
-        x = chunk.per_token[name].to_numpy(zero_copy_only=False)
+        x = _as_float32(chunk.per_token[name])
         kinds = [
             ("NaN or null", np.isnan(x)),
-            ("infinite", np.isinf(x)),
+            ("infinite (or beyond float32's range, +-3.4e38)", np.isinf(x)),
             ("positive (a log-prob must be <= 0)", x > 0),
         ]
         for what, mask in kinds:
@@ -828,25 +859,43 @@ class _Reader:
         mask = self.steps.mask(table["step"].combine_chunks())
         return table.filter(mask), rows[mask.to_numpy(zero_copy_only=False)]
 
-    def _null_problems(self, table: pa.Table, rows: np.ndarray) -> list[Problem]:
+    def _read_problems(self, table: pa.Table, rows: np.ndarray) -> list[Problem]:
+        """Nulls (inside lists too) and steps or positions int64 cannot hold, as read."""
         problems = []
         for name in table.column_names:
-            if name in LOGPROB_COLUMNS and self.info.layout == "token":
-                continue  # reported with the invalid values, so --drop-invalid can drop them
-            column = table[name]
-            if column.null_count:
-                nulls = column.is_null().to_numpy(zero_copy_only=False)
-                r, count = _first(nulls, rows)
-                problems.append(
-                    Problem(
-                        self.info.path,
-                        _label(self.info.columns, name),
-                        f"{count:,} null values",
-                        r,
-                        count,
-                    )
-                )
+            column = table[name].combine_chunks()
+            label = _label(self.info.columns, name)
+            # Null log-probs of token layout are reported with the invalid values (as NaN),
+            # so that --drop-invalid can drop their sequences; so are those inside lists.
+            if column.null_count and not (name in LOGPROB_COLUMNS and self.info.layout == "token"):
+                problems.append(self._problem(label, "null values", column.is_null(), rows))
+            values = pc.list_flatten(column) if _is_list(column.type) else column
+            if values is not column and values.null_count and name not in LOGPROB_COLUMNS:
+                what = "null values inside its lists"
+                problems.append(self._problem(label, what, values.is_null(), rows, column))
+            if name in ("step", "pos") and values.type == pa.uint64():
+                above = pc.greater(values, pa.scalar(_INT64_MAX, pa.uint64()))
+                if pc.any(above).as_py():
+                    what = f"values above {_INT64_MAX:,} (2^63 - 1), which int64 cannot hold"
+                    lists = column if values is not column else None
+                    problems.append(self._problem(label, what, above, rows, lists))
         return problems
+
+    def _problem(
+        self,
+        label: str,
+        what: str,
+        bad: pa.Array,
+        rows: np.ndarray,
+        lists: pa.Array | None = None,
+    ) -> Problem:
+        """A problem at the rows where `bad` is true; with `lists`, `bad` is over their
+        flattened values and each value is mapped back to the row of its list."""
+        if lists is not None:
+            lengths = pc.list_value_length(lists).fill_null(0)
+            rows = np.repeat(rows, lengths.to_numpy(zero_copy_only=False))
+        r, count = _first(bad.fill_null(False).to_numpy(zero_copy_only=False), rows)
+        return Problem(self.info.path, label, f"{count:,} {what}", tuple(dict.fromkeys(r)), count)
 
     def _mark_seen(self, step: np.ndarray, seq_id: pa.Array, first_rows: np.ndarray) -> None:
         """Remember each sequence's file; a sequence met twice is an error naming both."""
@@ -877,7 +926,7 @@ class _TokenReader(_Reader):
             table, rows = self._filter_steps(table, rows)
             if not table.num_rows:
                 continue
-            problems = self._null_problems(table, rows)
+            problems = self._read_problems(table, rows)
             if problems:
                 raise DumpProblems(problems)
             pending.append(table)
@@ -1006,7 +1055,7 @@ class _SequenceReader(_Reader):
             yield _concat_chunks(pending)
 
     def _chunk(self, table: pa.Table, rows: np.ndarray) -> _Chunk:
-        problems = self._null_problems(table, rows)
+        problems = self._read_problems(table, rows)
         if problems:
             raise DumpProblems(problems)
         lists = {n: table[n].combine_chunks() for n in PER_TOKEN if n in table.column_names}

@@ -48,7 +48,7 @@ import pyarrow as pa
 from iscore.dump import list_files
 from iscore.errors import DumpError, quote
 from iscore.output import output_path
-from iscore.writer import PROVENANCE_KEY, DumpWriter, schema_mismatch
+from iscore.writer import PROVENANCE_KEY, DumpWriter, exact_cast, schema_mismatch
 
 __all__ = ["FORMATS", "ConvertReport", "Part", "convert", "detect", "read"]
 
@@ -341,7 +341,7 @@ def as_ints(values: object, where: str, key: str) -> np.ndarray:
     array = np.asarray(values)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
         raise DumpError(f"{where}: {quote(key)} must be a flat list of integers")
-    return array.astype(np.int64)
+    return exact_cast(f"{where}: {key}", array, np.dtype(np.int64))
 
 
 def require_lengths(where: str, arrays: dict[str, np.ndarray], reference: str) -> None:

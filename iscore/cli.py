@@ -554,7 +554,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return 1
     except IscoreError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # One line, whatever the message holds, so scripts can grep and log it.
+        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"error: {message}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.

@@ -222,20 +222,23 @@ def list_files(
     item: str | Path,
     suffixes: tuple[str, ...],
     *,
-    max_listed: int = MAX_LISTED,
-    seconds: float = LIST_SECONDS,
+    max_listed: int | None = None,
+    seconds: float | None = None,
 ) -> Iterator[str]:
     """The files `item` names: itself if it exists, else the files under a directory whose
     names end with one of `suffixes`, else the files a glob (`*`, `?`, `[...]`, `**`) matches.
 
     Walks and globs never enter a symlinked directory (a link to a file is a file), so a
     link cycle (`/proc`, a link to `..`) cannot make them loop, and they stop with an error
-    after looking at `max_listed` directory entries or running `seconds`.
+    after looking at `max_listed` directory entries or running `seconds` (by default
+    `MAX_LISTED` and `LIST_SECONDS`, read when called).
 
     Raises:
         DumpError: `item` does not exist and is no glob, or the budget ran out.
     """
     path = Path(item)
+    max_listed = MAX_LISTED if max_listed is None else max_listed
+    seconds = LIST_SECONDS if seconds is None else seconds
     if path.is_file():
         yield str(path)
     elif path.is_dir():

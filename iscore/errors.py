@@ -34,7 +34,15 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
     >>> quote(2.5)
     '2.5'
     """
-    text = repr(value)
+    return clip(repr(value), limit)
+
+
+def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """`text` cut to `limit` characters, saying how long it was (for names and keys).
+
+    >>> clip("abc"), clip("k" * 300, 4)
+    ('abc', 'kkkk... (300 characters)')
+    """
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text):,} characters)"

@@ -30,7 +30,7 @@ import yaml
 
 from iscore import ops
 from iscore.batch import TokenBatch
-from iscore.errors import ConfigError, quote
+from iscore.errors import ConfigError, clip, quote
 from iscore.output import output_path
 
 FRAMEWORKS = ("verl", "skyrl", "nemo_rl", "slime", "areal", "openrlhf", "trl", "fireworks")
@@ -190,8 +190,13 @@ def load_config_text(text: str | bytes, source: str = "<config>") -> Any:
         return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
+    except yaml.MarkedYAMLError as e:
+        # Its str() spans several lines with a snippet; one line says where, which is enough.
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{source}: not valid YAML: {e.problem}{where}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {e}") from None
+        raise ConfigError(f"{source}: not valid YAML: {clip(' '.join(str(e).split()))}") from None
     except RecursionError:
         raise ConfigError(f"{source}: the config nests too deeply to be a config") from None
 
@@ -220,9 +225,8 @@ def parse_config(config: Mapping[str, Any] | str | Path) -> Spec:
             f"{where}Expected a mapping with a top-level `framework:` "
             f"(one of {', '.join(FRAMEWORKS)}), but got {type(config).__name__}"
         )
-    module = framework_module(config["framework"])
     try:
-        return module.parse(config)
+        return framework_module(config["framework"]).parse(config)
     except ConfigError as e:
         if source is None:
             raise

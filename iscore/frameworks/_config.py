@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from iscore.errors import ConfigError, quote
+from iscore.errors import ConfigError, clip, quote
 
 _MISSING = object()
 
@@ -43,7 +43,7 @@ class Section:
 
     def key(self, key: str) -> str:
         """The dotted path of `key`, for messages."""
-        return f"{self.path}.{key}" if self.path else key
+        return clip(f"{self.path}.{key}" if self.path else key)
 
     def raw(self, key: str, default: Any = _MISSING) -> Any:
         """The value as given; required when no default."""

@@ -26,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import iscore.dump
 from iscore.cli import main
@@ -359,7 +361,6 @@ class _Scripts(HTMLParser):
             self.scripts[-1] += data
 
 
-@pytest.mark.slow
 def test_report_escapes_names_and_allows_only_its_scripts(tmp_path, good_dump, capsys):
     evil = "</script><script>alert(1)</script><!--\u2028"
     config = tmp_path / "evil.yaml"
@@ -380,3 +381,100 @@ def test_report_escapes_names_and_allows_only_its_scripts(tmp_path, good_dump, c
         digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
         assert f"'sha256-{digest}'" in csp
     assert page.links == []  # opens with no network: no element loads anything
+
+
+# ------------------------------------------------------------------------------- fuzzing
+
+_FLOATS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    st.sampled_from([-1e300, -3.5e38, -1e-50, 0.0, -0.0, 1e300]),
+)
+_TYPES = {
+    "f64": pa.float64(),
+    "f32": pa.float32(),
+    "i64": pa.int64(),
+    "u64": pa.uint64(),
+    "str": pa.string(),
+    "bool": pa.bool_(),
+}
+
+
+@st.composite
+def _dumps(draw):
+    """Token-layout tables of random column types and values, nulls included."""
+    n = draw(st.integers(1, 12))
+    ids = sorted(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    columns = {"seq_id": pa.array(ids)}
+    for name in ("rollout_logprob", "train_logprob", "loss_mask", "step", "pos"):
+        if name not in ("rollout_logprob", "train_logprob") and draw(st.booleans()):
+            continue
+        kind = draw(st.sampled_from(list(_TYPES)))
+        if kind in ("f64", "f32"):
+            values = draw(st.lists(st.one_of(st.none(), _FLOATS), min_size=n, max_size=n))
+        elif kind == "i64":
+            values = draw(
+                st.lists(
+                    st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), min_size=n, max_size=n
+                )
+            )
+        elif kind == "u64":
+            values = draw(
+                st.lists(st.one_of(st.none(), st.integers(0, 2**64 - 1)), min_size=n, max_size=n)
+            )
+        elif kind == "bool":
+            values = draw(st.lists(st.one_of(st.none(), st.booleans()), min_size=n, max_size=n))
+        else:
+            values = draw(
+                st.lists(st.one_of(st.none(), st.text(max_size=3)), min_size=n, max_size=n)
+            )
+        columns[name] = pa.array(values, _TYPES[kind])
+    return pa.table(columns)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_dumps())
+def test_fuzzed_dump_is_read_faithfully_or_refused(table):
+    """Either a batch whose values are the input's, as float32, or a DumpError."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    try:
+        batch = Dump.from_buffers([("f.parquet", sink.getvalue().to_pybytes())]).load()
+    except DumpError:
+        return
+    if "pos" not in table.column_names:  # file order is batch order
+        for name, tensor in (("rollout_logprob", batch.rollout), ("train_logprob", batch.train)):
+            expected = np.asarray(table[name].to_pylist(), np.float64).astype(np.float32)
+            assert np.array_equal(tensor.numpy(), expected)
+    assert batch.num_tokens == table.num_rows
+    assert np.isfinite(batch.rollout.numpy()).all() and (batch.rollout.numpy() <= 0).all()
+    assert batch.loss_mask.any()
+    if "step" in table.column_names:
+        assert set(batch.step.tolist()) <= set(table["step"].to_pylist())
+
+
+# -------------------------------------------------------------------------------- memory
+
+_LIMITED = """
+import resource, sys
+from iscore.errors import ConfigError
+from iscore.replay import parse_config
+# The limit counts from what the imports (torch) already mapped: 300 MB more, no further.
+with open("/proc/self/status") as f:
+    size = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (size + 300 * 2**20, size + 300 * 2**20))
+try:
+    parse_config(sys.argv[1])
+except ConfigError as e:
+    print("refused:", str(e)[:200])
+"""
+
+
+@pytest.mark.parametrize("case", ["yaml_alias_bomb", "oversized", "deep_nesting"])
+def test_config_fails_cleanly_under_an_address_space_limit(case, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(hostile.configs()[case])
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITED, str(config)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("refused:") and "Traceback" not in done.stderr

@@ -3,8 +3,8 @@ wrong answer, always one short line (or, for a dump's problems, one line per pro
 
 Corpus size per class (see `tests/unit/hostile.py`), each run through every command that
 reads it: dump values 23 x 5 commands (validate, analyze, replay, recommend, export --dump),
-configs 11 x 3 commands (replay, analyze, export), paths 6, outputs 7, report 3, plus the
-hypothesis fuzzing of the reader and 2 memory-limited subprocesses.
+configs 11 x 3 commands (replay, analyze, export), paths 6, outputs 8, report 1, writer casts
+4, 150 hypothesis-fuzzed tables for the reader, and 3 configs under an address-space limit.
 """
 
 from __future__ import annotations

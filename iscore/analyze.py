@@ -30,9 +30,10 @@ import torch
 from iscore import frameworks, ops
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, DumpError, quote
 from iscore.impact import SettingStats
 from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
+from iscore.output import output_path
 from iscore.replay import Spec, parse_config
 
 SCHEMA_VERSION = 1
@@ -68,11 +69,11 @@ def resolve(setting: Setting) -> Spec:
     if len(matches) == 1:
         return known[matches[0]]
     if len(matches) > 1:
-        raise ConfigError(f"preset {text!r} is ambiguous: say which of {', '.join(matches)}")
+        raise ConfigError(f"preset {quote(text)} is ambiguous: say which of {', '.join(matches)}")
     if Path(text).is_file():
         return parse_config(text)
     raise ConfigError(
-        f"{text!r} is neither a config file nor a preset; presets: {', '.join(sorted(known))}"
+        f"{quote(text)} is neither a config file nor a preset; presets: {', '.join(sorted(known))}"
     )
 
 
@@ -104,7 +105,9 @@ class Analysis:
         )
 
     def write_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
+        text = json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n"
+        with output_path(path) as tmp:
+            Path(tmp).write_text(text)
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """Tidy tables for notebooks: one row per statistic's unit (step, bucket, setting).
@@ -204,6 +207,13 @@ def analyze(
             if progress is not None:
                 progress(batch.num_tokens)
     summary = mismatch.compute()
+    if not summary["tokens"]:
+        # Every statistic is a mean over loss tokens: with none, there is nothing to report.
+        where = ", ".join(files) or "the batch"
+        raise DumpError(
+            f"{where}: no token is in the loss (loss_mask false everywhere, or no tokens); "
+            "nothing to analyze"
+        )
     result = Analysis(
         source={
             "files": files,

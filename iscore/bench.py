@@ -51,8 +51,9 @@ from iscore import ops
 from iscore.analyze import Setting, analyze, resolve
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, StepRange
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.impact import aggregation_of
+from iscore.output import output_path
 from iscore.simulate import SimConfig, write_simulated
 from iscore.tune import Tuner
 
@@ -140,7 +141,9 @@ def run_bench(
     if tokens < 1000:
         raise ConfigError(f"Expected argument `tokens` to be an int >= 1000, but got {tokens}")
     if device not in (None, "cpu", "cuda"):
-        raise ConfigError(f"Expected argument `device` to be 'cpu' or 'cuda', but got {device!r}")
+        raise ConfigError(
+            f"Expected argument `device` to be 'cpu' or 'cuda', but got {quote(device)}"
+        )
     say = log or (lambda line: None)
     specs = [resolve(s) for s in settings]
     names = [f"{s.framework}:{s.name}" for s in specs]
@@ -262,7 +265,9 @@ def format_table(result: dict[str, Any]) -> str:
 
 def write_json(result: dict[str, Any], path: str | Path) -> None:
     """Write the bench result as JSON (NaN and infinities as null)."""
-    Path(path).write_text(json.dumps(_clean(result), indent=1, allow_nan=False) + "\n")
+    text = json.dumps(_clean(result), indent=1, allow_nan=False) + "\n"
+    with output_path(path) as tmp:
+        Path(tmp).write_text(text)
 
 
 # ---------------------------------------------------------------------------------------------

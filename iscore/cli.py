@@ -13,9 +13,7 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -24,11 +22,12 @@ from tqdm import tqdm
 from iscore.analyze import analyze, presets, resolve
 from iscore.columns import parse_mapping
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange, resolve_files
-from iscore.errors import IscoreError
+from iscore.errors import IscoreError, quote
 from iscore.export import convert as convert_setting
 from iscore.export import snippet, to_file_text
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS, convert
+from iscore.output import output_path
 from iscore.recommend import Targets, recommend
 from iscore.replay import parse_config, replay
 from iscore.report import write_html
@@ -112,7 +111,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     with _progress(dump, "validate", args) as bar:
         report = validate(dump, max_tokens=args.chunk_tokens, progress=bar.update)
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        with output_path(args.json) as tmp:
+            Path(tmp).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     print(report.render())
     return 0 if report.ok else 1
 
@@ -121,7 +121,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     spec = parse_config(args.config)
     dump = _open_dump(args)
     tokens = kept = 0
-    with _atomic_output(args.out) as tmp, _progress(dump, "replay", args) as bar:
+    with output_path(args.out) as tmp, _progress(dump, "replay", args) as bar:
         writer = None
         # Whole steps per chunk: batch-normalizing settings divide by a step's mean weight.
         for batch in dump.batches(max_tokens=args.chunk_tokens, whole_steps=True):
@@ -143,20 +143,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextmanager
-def _atomic_output(path: str) -> Iterator[str]:
-    """A temporary path beside `path`, renamed to it only if the block succeeds."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        yield tmp
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def _cmd_analyze(args: argparse.Namespace) -> int:
     settings = [*args.config, *args.preset]
     specs = [resolve(s) for s in settings]
@@ -169,8 +155,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         (args.html, lambda p: write_html(result, p)),
     ):
         if path:
-            with _atomic_output(path) as tmp:
-                write(tmp)
+            write(path)
             written.append(path)
     m = result.mismatch
     nan = float("nan")
@@ -199,7 +184,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         lr_scale = (float(lo), float(hi))
     except ValueError:
         raise IscoreError(
-            f"Expected --lr-scale LO:HI, e.g. 0.8:1.25, but got {args.lr_scale!r}"
+            f"Expected --lr-scale LO:HI, e.g. 0.8:1.25, but got {quote(args.lr_scale)}"
         ) from None
     targets = Targets(args.max_token_drop, args.max_seq_drop, lr_scale, args.min_ess)
     batch = _open_dump(args).load()
@@ -214,7 +199,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     for warning in rec.warnings:
         print(f"  ! {warning}")
     if args.json:
-        with _atomic_output(args.json) as tmp:
+        with output_path(args.json) as tmp:
             Path(tmp).write_text(json.dumps(rec.to_dict(), indent=1) + "\n")
     print(f"\nbest: {rec.best.spec.name}")
     print(snippet(rec.best.spec).rstrip())
@@ -240,7 +225,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     if args.generation and args.out is None:
         text = result.text  # the older generation's own keys
     if args.out:
-        with _atomic_output(args.out) as tmp:
+        with output_path(args.out) as tmp:
             Path(tmp).write_text(text)
         print(f"wrote {args.out} ({args.to}); `iscore replay --config {args.out}` reads it")
     else:
@@ -277,8 +262,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     print(format_table(result))
     if args.json:
-        with _atomic_output(args.json) as tmp:
-            write_json(result, tmp)
+        write_json(result, args.json)
         print(f"wrote {args.json}")
     return 0
 
@@ -572,7 +556,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return 1
     except IscoreError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # One line, whatever the message holds, so scripts can grep and log it.
+        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"error: {message}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.

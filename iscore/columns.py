@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from iscore.errors import DumpError
+from iscore.errors import DumpError, quote
 
 REQUIRED = ("seq_id", "rollout_logprob", "train_logprob")
 """Columns every dump must have (in sequence layout `seq_id` defaults to the row number)."""
@@ -114,7 +114,7 @@ def parse_mapping(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         name, sep, source = item.partition("=")
         if not sep or not name or not source:
-            raise DumpError(f"Expected a column mapping CANONICAL=SOURCE, but got {item!r}")
+            raise DumpError(f"Expected a column mapping CANONICAL=SOURCE, but got {quote(item)}")
         mapping[name.strip()] = source.strip()
     return mapping
 
@@ -143,13 +143,14 @@ def resolve_columns(
     for canonical, source in mapping.items():
         if canonical not in ALIASES:
             raise DumpError(
-                f"Unknown canonical column {canonical!r} in the column mapping; "
+                f"Unknown canonical column {quote(canonical)} in the column mapping; "
                 f"expected one of {', '.join(CANONICAL)}"
             )
         if source not in present:
             raise DumpError(
-                f"{path}: the column mapping says {canonical} <- {source!r}, but the file has no "
-                f"column {source!r} (columns: {', '.join(names)})"
+                f"{path}: the column mapping says {canonical} <- {quote(source)}, but the file "
+                "has no "
+                f"column {quote(source)} (columns: {', '.join(names)})"
             )
     source: dict[str, str] = {}
     taken = set(mapping.values())

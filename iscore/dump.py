@@ -17,8 +17,11 @@ first offending rows (0-based row numbers of that file); `DumpError.problems` ho
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
+import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +41,7 @@ from iscore.columns import (
     ColumnMap,
     resolve_columns,
 )
-from iscore.errors import DumpError
+from iscore.errors import DumpError, quote
 from iscore.writer import PROVENANCE_KEY
 
 DEFAULT_CHUNK_TOKENS = 2_000_000
@@ -49,6 +52,8 @@ _READ_TOKENS = 262_144
 
 _SHOW_ROWS = 5
 """How many offending rows a problem names."""
+
+_INT64_MAX = 2**63 - 1
 
 Layout = Literal["token", "sequence"]
 
@@ -118,7 +123,7 @@ class StepRange:
             return cls(int(lo) if lo.strip() else None, int(hi) if hi.strip() else None)
         except ValueError:
             raise DumpError(
-                f"Expected a step range like 5, 3:7, 3: or :7, but got {text!r}"
+                f"Expected a step range like 5, 3:7, 3: or :7, but got {quote(text)}"
             ) from None
 
     def row_group_may_match(self, lo: int, hi: int) -> bool:
@@ -180,11 +185,21 @@ class DropReport:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
+MAX_LISTED = 100_000
+"""The most directory entries one directory walk or glob looks at before it stops."""
+
+LIST_SECONDS = 10.0
+"""The longest one directory walk or glob runs before it stops."""
+
+
 def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
     """Expand a file, a directory (every `*.parquet` below it) or a glob into sorted paths.
 
+    A path that exists is read as itself, even when its name looks like a glob
+    (`run[1].parquet`). See `list_files` for the limits of walks and globs.
+
     Raises:
-        DumpError: nothing matches.
+        DumpError: nothing matches, or a walk or glob went past its budget.
     """
     if isinstance(source, str | Path):
         sources: Sequence[str | Path] = [source]
@@ -192,21 +207,132 @@ def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
         sources = source
     files: list[str] = []
     for item in sources:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(str(p) for p in path.rglob("*.parquet"))
-            if not found:
-                raise DumpError(f"{path}: directory holds no *.parquet files")
-        elif glob.has_magic(str(item)):
-            found = sorted(p for p in glob.glob(str(item), recursive=True) if Path(p).is_file())
-            if not found:
-                raise DumpError(f"{item}: the pattern matches no files")
-        elif path.is_file():
-            found = [str(path)]
-        else:
-            raise DumpError(f"{path}: no such file or directory")
+        found = sorted(list_files(item, (".parquet",)))
+        if not found:
+            is_dir = Path(item).is_dir()
+            what = (
+                "directory holds no *.parquet files" if is_dir else "the pattern matches no files"
+            )
+            raise DumpError(f"{item}: {what}")
         files.extend(found)
     return files
+
+
+def list_files(
+    item: str | Path,
+    suffixes: tuple[str, ...],
+    *,
+    max_listed: int | None = None,
+    seconds: float | None = None,
+) -> Iterator[str]:
+    """The files `item` names: itself if it exists, else the files under a directory whose
+    names end with one of `suffixes`, else the files a glob (`*`, `?`, `[...]`, `**`) matches.
+
+    Walks and globs never enter a symlinked directory (a link to a file is a file), so a
+    link cycle (`/proc`, a link to `..`) cannot make them loop, and they stop with an error
+    after looking at `max_listed` directory entries or running `seconds` (by default
+    `MAX_LISTED` and `LIST_SECONDS`, read when called).
+
+    Raises:
+        DumpError: `item` does not exist and is no glob, or the budget ran out.
+    """
+    path = Path(item)
+    max_listed = MAX_LISTED if max_listed is None else max_listed
+    seconds = LIST_SECONDS if seconds is None else seconds
+    if path.is_file():
+        yield str(path)
+    elif path.is_dir():
+        # Hidden names included, as Path.rglob did here before.
+        budget = _Budget(str(item), max_listed, seconds, hidden=True)
+        for found in _match(budget, str(path), ("**", "*")):
+            if found.endswith(suffixes):
+                yield found
+    elif glob.has_magic(str(item)):
+        # Hidden names need a pattern that names them (`.*`), as in glob.glob.
+        budget = _Budget(str(item), max_listed, seconds, hidden=False)
+        parts = path.parts
+        literal = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+        root = str(Path(*parts[:literal])) if literal else ""
+        yield from dict.fromkeys(_match(budget, root, parts[literal:]))  # `**/**` repeats
+    else:
+        raise DumpError(f"{item}: no such file or directory")
+
+
+@dataclass(slots=True)
+class _Budget:
+    """What a walk or glob may still look at, and whether `*` and `**` see hidden names."""
+
+    item: str
+    max_listed: int
+    seconds: float
+    hidden: bool
+    listed: int = 0
+    start: float = field(default_factory=time.monotonic)
+
+    def scan(self, directory: str, head: str) -> Iterator[tuple[str, os.DirEntry]]:
+        """(path, entry) of the entries of `directory` that `head` may match, counted.
+
+        A directory that cannot be listed (unreadable, vanished) has no entries, as in glob.
+        """
+        try:
+            with os.scandir(directory or ".") as it:
+                entries = list(it)
+        except OSError:
+            return
+        self.listed += len(entries)
+        if self.listed > self.max_listed:
+            raise DumpError(
+                f"{self.item}: stopped after looking at {self.max_listed:,} directory entries; "
+                "name the files more narrowly"
+            )
+        if time.monotonic() - self.start > self.seconds:
+            raise DumpError(
+                f"{self.item}: stopped after {self.seconds:g} s of listing directories; "
+                "name the files more narrowly"
+            )
+        # As in glob.glob, hidden names match only a pattern that starts with a dot.
+        hidden = self.hidden or head.startswith(".")
+        for e in entries:
+            if hidden or not e.name.startswith("."):
+                yield os.path.join(directory, e.name), e
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    """A directory that is not a symlink (one that cannot be examined is not entered)."""
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _is_file(entry: os.DirEntry) -> bool:
+    """A regular file, or a symlink to one."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
+def _match(budget: _Budget, directory: str, parts: tuple[str, ...]) -> Iterator[str]:
+    """Files under `directory` matching the path components `parts` (`**`: any depth)."""
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        if rest:
+            yield from _match(budget, directory, rest)  # `**` matching no directory at all
+        for path, entry in budget.scan(directory, head):
+            if _is_dir(entry):
+                yield from _match(budget, path, parts)
+            elif not rest and _is_file(entry):
+                yield path
+        return
+    for path, entry in budget.scan(directory, head):
+        if not fnmatch.fnmatchcase(entry.name, head):
+            continue
+        if rest:
+            if _is_dir(entry):
+                yield from _match(budget, path, rest)
+        elif _is_file(entry):
+            yield path
 
 
 Source = str | bytes
@@ -276,8 +402,8 @@ def is_framework_dump(item: str | Path) -> bool:
     """Whether `item` is a framework's own dump (JSONL, .pt, .pkl) rather than Parquet."""
     path = Path(item)
     if path.is_dir():
-        return not any(path.rglob("*.parquet"))
-    if glob.has_magic(str(item)):
+        return not any(list_files(path, (".parquet",)))
+    if glob.has_magic(str(item)) and not path.exists():
         return False
     return path.suffix in (".jsonl", ".pt", ".pkl")
 
@@ -360,7 +486,7 @@ def _check_types(path: str, schema: pa.Schema, columns: ColumnMap, layout: Layou
 
 def _label(columns: ColumnMap, name: str) -> str:
     source = columns.source.get(name, name)
-    return name if source == name else f"{name} (source {source!r})"
+    return name if source == name else f"{name} (source {quote(source)})"
 
 
 def _first(mask: np.ndarray, rows: np.ndarray) -> tuple[tuple[int, ...], int]:
@@ -502,6 +628,7 @@ class Dump:
             DumpProblems: the first chunk with problems, listing every problem in it.
         """
         seen: dict[tuple[int, object], str] = {}
+        sequences = tokens = in_loss = 0
         for info, parquet in zip(self.files, self._parquet, strict=True):
             reader = _reader(info, parquet, self.steps, seen, whole_steps)
             for chunk in reader.chunks(max_tokens):
@@ -511,7 +638,24 @@ class Dump:
                 if problems:
                     raise DumpProblems(problems)
                 if chunk.lengths.size:
-                    yield _to_batch(chunk)
+                    batch = _to_batch(chunk)
+                    sequences += batch.num_sequences
+                    tokens += batch.num_tokens
+                    in_loss += int(batch.loss_mask.sum())
+                    yield batch
+        if sequences and not in_loss:
+            raise DumpProblems([self.nothing_in_loss(sequences, tokens)])
+
+    def nothing_in_loss(self, sequences: int, tokens: int) -> Problem:
+        """The problem of a dump whose sequences hold no token in the loss."""
+        where = self.files[0].path if len(self.files) == 1 else f"{len(self.files)} files"
+        if not tokens:
+            return Problem(where, None, f"all {sequences:,} sequences are empty (0 tokens)")
+        return Problem(
+            where,
+            "loss_mask",
+            f"no token is in the loss: loss_mask is false for all {tokens:,} tokens",
+        )
 
     def scan(
         self, max_tokens: int | None = DEFAULT_CHUNK_TOKENS
@@ -566,10 +710,21 @@ _INVALID = "invalid log-prob"
 
 
 def _invalid(values: pa.Array) -> np.ndarray:
-    """NaN, +-inf, > 0 or null entries of a float array."""
-    x = values.to_numpy(zero_copy_only=False)
+    """NaN, +-inf, > 0 or null entries of a float array, as the engine will hold them."""
+    x = _as_float32(values)
     bad = ~np.isfinite(x) | (x > 0)
     return bad
+
+
+def _as_float32(values: pa.Array) -> np.ndarray:
+    """The values as float32, the engine's dtype, nulls as NaN.
+
+    Checked after this cast, not before: a float64 -1e300 is finite but becomes -inf in the
+    engine, and must be reported as what the engine would see.
+    """
+    x = values.to_numpy(zero_copy_only=False)
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32, copy=False)
 
 
 def _check(chunk: _Chunk, columns: ColumnMap) -> list[Problem]:
@@ -579,10 +734,10 @@ def _check(chunk: _Chunk, columns: ColumnMap) -> list[Problem]:
     for name in LOGPROB_COLUMNS:
         if name not in chunk.per_token:
             continue
-        x = chunk.per_token[name].to_numpy(zero_copy_only=False)
+        x = _as_float32(chunk.per_token[name])
         kinds = [
             ("NaN or null", np.isnan(x)),
-            ("infinite", np.isinf(x)),
+            ("infinite (or beyond float32's range, +-3.4e38)", np.isinf(x)),
             ("positive (a log-prob must be <= 0)", x > 0),
         ]
         for what, mask in kinds:
@@ -707,25 +862,43 @@ class _Reader:
         mask = self.steps.mask(table["step"].combine_chunks())
         return table.filter(mask), rows[mask.to_numpy(zero_copy_only=False)]
 
-    def _null_problems(self, table: pa.Table, rows: np.ndarray) -> list[Problem]:
+    def _read_problems(self, table: pa.Table, rows: np.ndarray) -> list[Problem]:
+        """Nulls (inside lists too) and steps or positions int64 cannot hold, as read."""
         problems = []
         for name in table.column_names:
-            if name in LOGPROB_COLUMNS and self.info.layout == "token":
-                continue  # reported with the invalid values, so --drop-invalid can drop them
-            column = table[name]
-            if column.null_count:
-                nulls = column.is_null().to_numpy(zero_copy_only=False)
-                r, count = _first(nulls, rows)
-                problems.append(
-                    Problem(
-                        self.info.path,
-                        _label(self.info.columns, name),
-                        f"{count:,} null values",
-                        r,
-                        count,
-                    )
-                )
+            column = table[name].combine_chunks()
+            label = _label(self.info.columns, name)
+            # Null log-probs of token layout are reported with the invalid values (as NaN),
+            # so that --drop-invalid can drop their sequences; so are those inside lists.
+            if column.null_count and not (name in LOGPROB_COLUMNS and self.info.layout == "token"):
+                problems.append(self._problem(label, "null values", column.is_null(), rows))
+            values = pc.list_flatten(column) if _is_list(column.type) else column
+            if values is not column and values.null_count and name not in LOGPROB_COLUMNS:
+                what = "null values inside its lists"
+                problems.append(self._problem(label, what, values.is_null(), rows, column))
+            if name in ("step", "pos") and values.type == pa.uint64():
+                above = pc.greater(values, pa.scalar(_INT64_MAX, pa.uint64()))
+                if pc.any(above).as_py():
+                    what = f"values above {_INT64_MAX:,} (2^63 - 1), which int64 cannot hold"
+                    lists = column if values is not column else None
+                    problems.append(self._problem(label, what, above, rows, lists))
         return problems
+
+    def _problem(
+        self,
+        label: str,
+        what: str,
+        bad: pa.Array,
+        rows: np.ndarray,
+        lists: pa.Array | None = None,
+    ) -> Problem:
+        """A problem at the rows where `bad` is true; with `lists`, `bad` is over their
+        flattened values and each value is mapped back to the row of its list."""
+        if lists is not None:
+            lengths = pc.list_value_length(lists).fill_null(0)
+            rows = np.repeat(rows, lengths.to_numpy(zero_copy_only=False))
+        r, count = _first(bad.fill_null(False).to_numpy(zero_copy_only=False), rows)
+        return Problem(self.info.path, label, f"{count:,} {what}", tuple(dict.fromkeys(r)), count)
 
     def _mark_seen(self, step: np.ndarray, seq_id: pa.Array, first_rows: np.ndarray) -> None:
         """Remember each sequence's file; a sequence met twice is an error naming both."""
@@ -736,7 +909,7 @@ class _Reader:
             if first is not self.info.path or key in self._here:
                 where = "" if first is self.info.path else f" (it is also in {first})"
                 message = (
-                    f"sequence seq_id={i!r} step={s} appears twice or its rows are not "
+                    f"sequence seq_id={quote(i)} step={s} appears twice or its rows are not "
                     f"contiguous{where}; a dump holds each sequence once, its rows together"
                 )
                 label = _label(self.info.columns, "seq_id")
@@ -756,7 +929,7 @@ class _TokenReader(_Reader):
             table, rows = self._filter_steps(table, rows)
             if not table.num_rows:
                 continue
-            problems = self._null_problems(table, rows)
+            problems = self._read_problems(table, rows)
             if problems:
                 raise DumpProblems(problems)
             pending.append(table)
@@ -885,7 +1058,7 @@ class _SequenceReader(_Reader):
             yield _concat_chunks(pending)
 
     def _chunk(self, table: pa.Table, rows: np.ndarray) -> _Chunk:
-        problems = self._null_problems(table, rows)
+        problems = self._read_problems(table, rows)
         if problems:
             raise DumpProblems(problems)
         lists = {n: table[n].combine_chunks() for n in PER_TOKEN if n in table.column_names}

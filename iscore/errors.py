@@ -17,3 +17,32 @@ class DumpError(IscoreError):
 
 class ConfigError(IscoreError):
     """A configuration value is missing, of the wrong type or out of range."""
+
+
+QUOTE_LIMIT = 200
+"""The most characters of a user's value an error message quotes."""
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`repr(value)` cut to `limit` characters, for error messages.
+
+    A message quotes what the user gave so they can find it, but a value can be a whole
+    pasted config or a megabyte string: printing it back would flood a terminal or a page.
+
+    >>> quote("x" * 500)[:12], len(quote("x" * 500))
+    ("'xxxxxxxxxxx", 220)
+    >>> quote(2.5)
+    '2.5'
+    """
+    return clip(repr(value), limit)
+
+
+def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """`text` cut to `limit` characters, saying how long it was (for names and keys).
+
+    >>> clip("abc"), clip("k" * 300, 4)
+    ('abc', 'kkkk... (300 characters)')
+    """
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"

@@ -38,7 +38,7 @@ import torch
 from iscore import frameworks
 from iscore.batch import TokenBatch
 from iscore.canonical import Canonical
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import check_choice
 from iscore.frameworks.base import Framework
 from iscore.impact import aggregation_of, quick_stats
@@ -121,7 +121,7 @@ def convert(
         with_generations = [fw.name for fw in frameworks.every() if fw.generations]
         raise ConfigError(
             f"Expected `generation` to be None for {to} (only {', '.join(with_generations)} "
-            f"has config generations), but got {generation!r}"
+            f"has config generations), but got {quote(generation)}"
         )
     source = canonical(spec)
     name = spec.name if spec.name != spec.framework else to
@@ -271,7 +271,7 @@ def _render(framework: Framework, config: Mapping[str, Any], fmt: str | None) ->
     body = {k: v for k, v in config.items() if k not in ("framework", "name")}
     formats = framework.snippet_formats
     if fmt not in (None, "yaml", "flags"):
-        raise ConfigError(f"Expected `fmt` to be 'yaml', 'flags' or None, but got {fmt!r}")
+        raise ConfigError(f"Expected `fmt` to be 'yaml', 'flags' or None, but got {quote(fmt)}")
     if fmt is not None and fmt not in formats:
         why = (
             "which is configured by its launch flags"
@@ -280,6 +280,6 @@ def _render(framework: Framework, config: Mapping[str, Any], fmt: str | None) ->
         )
         raise ConfigError(
             f"Expected `fmt` to be {formats[0]!r} or None for {framework.name}, {why}, "
-            f"but got {fmt!r}"
+            f"but got {quote(fmt)}"
         )
     return framework.render(body, fmt or formats[0])

@@ -327,6 +327,8 @@ class MismatchStats:
         """Per log2 bucket of T: the measured sequence ratios beside the independent-token
         expectation S ~ N(mu T, var T) at the dump's per-token mean and variance of d."""
         rows = []
+        if not overall["tokens"]:
+            return rows  # no token in the loss: no mean or variance of d to compare with
         mu, var = overall["d_mean"], overall["d_var"]
         has = s["T"] > 0
         buckets = np.floor(np.log2(np.maximum(s["T"], 1))).astype(int)

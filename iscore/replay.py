@@ -29,7 +29,8 @@ import yaml
 
 from iscore import frameworks, ops
 from iscore.batch import TokenBatch
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, clip
+from iscore.output import output_path
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -132,6 +133,61 @@ class Spec(Protocol):
     def replay(self, batch: TokenBatch) -> Replay: ...
 
 
+MAX_CONFIG_BYTES = 1_000_000
+"""The largest config text read; real framework configs are a few kilobytes."""
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses aliases (`*name`, and so `<<: *name` merges).
+
+    Expanding aliases is how a few hundred bytes of YAML ("billion laughs") become gigabytes
+    of nested lists; frameworks' configs do not need them, so the first alias stops parsing.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigError(
+                f"line {mark.line + 1}: YAML aliases (*name) are not allowed in a config; "
+                "write the value out"
+            )
+        return super().compose_node(parent, index)
+
+
+def load_config_text(text: str | bytes, source: str = "<config>") -> Any:
+    """Parse config text (YAML or JSON) into plain Python values, within memory bounds.
+
+    The text is capped at `MAX_CONFIG_BYTES` and aliases are refused, so a pasted or uploaded
+    config cannot grow beyond a few times its size in memory.
+
+    >>> load_config_text("framework: verl\\nname: a")
+    {'framework': 'verl', 'name': 'a'}
+
+    Raises:
+        ConfigError: too large, not valid YAML, uses aliases or nests too deeply; the message
+            starts with `source`.
+    """
+    size = len(text.encode() if isinstance(text, str) else text)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{source}: the config is larger than {MAX_CONFIG_BYTES:,} bytes; "
+            "expected a framework config of a few kilobytes"
+        )
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    except yaml.MarkedYAMLError as e:
+        # Its str() spans several lines with a snippet; one line says where, which is enough.
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{source}: not valid YAML: {e.problem}{where}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML: {clip(' '.join(str(e).split()))}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: the config nests too deeply to be a config") from None
+
+
 def parse_config(config: Mapping[str, Any] | str | Path) -> Spec:
     """Parse a framework config (a mapping, or a YAML file's path) into its frozen spec.
 
@@ -143,9 +199,13 @@ def parse_config(config: Mapping[str, Any] | str | Path) -> Spec:
     if isinstance(config, str | Path):
         source = str(config)
         try:
-            config = yaml.safe_load(Path(config).read_text())
-        except (OSError, yaml.YAMLError) as e:
+            # One byte past the cap tells an oversized file apart without reading all of it
+            # (it may be /dev/zero or a FIFO that never ends).
+            with open(config, "rb") as f:
+                data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as e:
             raise ConfigError(f"{source}: cannot read the config: {e}") from e
+        config = load_config_text(data, source)
     if not isinstance(config, Mapping) or "framework" not in config:
         where = f"{source}: " if source else ""
         raise ConfigError(
@@ -178,4 +238,6 @@ def replay(batch: TokenBatch, config: Spec | Mapping[str, Any] | str | Path) -> 
 
 def write_replay(batch: TokenBatch, result: Replay, path: str | Path) -> None:
     """Write `result` as Parquet, one row per token in batch order."""
-    pq.write_table(result.to_arrow(batch), path, compression="zstd")
+    table = result.to_arrow(batch)
+    with output_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")

@@ -1,10 +1,16 @@
 """A self-contained HTML report of an analysis: plotly.js inlined, opens with no network.
 
+Everything the report shows from a dump or a config (file names, setting names, notes) is
+escaped, and a Content-Security-Policy allows only the report's own two scripts (by their
+SHA-256) and no network at all: a setting named `</script><script>...` stays text.
+
 >>> write_html(analysis, "report.html")  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import importlib.util
 import json
@@ -14,6 +20,7 @@ from typing import Any
 from iscore.analyze import Analysis
 from iscore.errors import IscoreError
 from iscore.figures import all_figures, color
+from iscore.output import output_path
 
 SUMMARY_COLUMNS = (
     ("weight_mean", "mean w (token)", "{:.4g}"),
@@ -71,18 +78,54 @@ def render_html(analysis: Analysis) -> str:
         parts.append(f"<h2>{html.escape(title)}</h2><div class='grid'>")
         for key in present:
             parts.append(f"<div class='fig' id='fig-{key}'></div>")
-            spec = json.dumps(figures[key], allow_nan=False, default=_none)
+            spec = script_json(figures[key])
             scripts.append(
                 f"Plotly.newPlot('fig-{key}', ...(s => [s.data, s.layout])({spec}), "
                 "{displaylogo: false, responsive: true});"
             )
         parts.append("</div>")
-    return _PAGE.format(plotly=plotly_js(), body="\n".join(parts), scripts="\n".join(scripts))
+    plotly = plotly_js()
+    figures_js = "\n" + "\n".join(scripts) + "\n"
+    csp = "; ".join(
+        (
+            "default-src 'none'",  # no fetch, image, font or frame from anywhere
+            f"script-src {_sha256(plotly)} {_sha256(figures_js)}",
+            "style-src 'unsafe-inline'",  # the report's <style> and plotly's inline styles
+            "img-src data:",  # plotly's modebar icons and downloads
+            "base-uri 'none'",
+            "form-action 'none'",
+        )
+    )
+    return _PAGE.format(
+        csp=html.escape(csp, quote=False), plotly=plotly, body="\n".join(parts), scripts=figures_js
+    )
+
+
+def script_json(value: Any) -> str:
+    """`value` as JSON that is safe inside an HTML `<script>` element.
+
+    `<`, `>` and `&` are written as \\u escapes so that no `</script>` or `<!--` in a name
+    can end the element or change how it is parsed; `json.dumps` already writes every
+    non-ASCII character (U+2028 and U+2029 among them) as an escape.
+
+    >>> script_json({"name": "</script><!--\u2028"})
+    '{"name": "\\\\u003c/script\\\\u003e\\\\u003c!--\\\\u2028"}'
+    """
+    text = json.dumps(value, allow_nan=False, default=_none, ensure_ascii=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _sha256(script: str) -> str:
+    """A CSP source allowing exactly the inline script with this text."""
+    digest = hashlib.sha256(script.encode()).digest()
+    return f"'sha256-{base64.b64encode(digest).decode()}'"
 
 
 def write_html(analysis: Analysis, path: str | Path) -> None:
     """Write the report to `path`."""
-    Path(path).write_text(render_html(analysis), encoding="utf-8")
+    text = render_html(analysis)
+    with output_path(path) as tmp:
+        Path(tmp).write_text(text, encoding="utf-8")
 
 
 def _none(value: Any) -> None:
@@ -164,7 +207,9 @@ def _mismatch_table(doc: dict[str, Any]) -> str:
 
 
 _PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>iscore report</title>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<title>iscore report</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
 h1 {{ margin-bottom: 4px; }} .meta, .note {{ color: #666; font-size: 13px; }}
@@ -179,8 +224,6 @@ td.lo {{ background: #e3eefc; }} td.hi {{ background: #fde4e1; }}
 <script>{plotly}</script></head>
 <body>
 {body}
-<script>
-{scripts}
-</script>
+<script>{scripts}</script>
 </body></html>
 """

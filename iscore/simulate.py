@@ -77,7 +77,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iscore.errors import ConfigError, DumpError
+from iscore.errors import ConfigError, DumpError, quote
 
 METADATA_KEY = b"iscore.simulate"
 """Parquet key-value metadata key of the file's `SimTruth` (JSON, see `SimTruth.to_dict`)."""
@@ -200,7 +200,9 @@ def _check_int(name: str, value: Any, low: int, low_name: str = "") -> int:
     """Return `value` as an int, or raise if it is not an integer >= low."""
     if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
         bound = f"{low_name}={low}" if low_name else str(low)
-        raise ConfigError(f"Expected argument `{name}` to be an int >= {bound}, but got {value!r}")
+        raise ConfigError(
+            f"Expected argument `{name}` to be an int >= {bound}, but got {quote(value)}"
+        )
     return int(value)
 
 
@@ -250,7 +252,7 @@ class SimConfig:
         if not isinstance(self.regime, str) or self.regime not in REGIMES:
             raise ConfigError(
                 f"Expected argument `regime` to be one of {', '.join(map(repr, REGIMES))}, "
-                f"but got {self.regime!r}"
+                f"but got {quote(self.regime)}"
             )
         # Normalized through object.__setattr__ so numpy integers become plain ints and
         # the config stays hashable and JSON-serializable.
@@ -277,7 +279,7 @@ class SimConfig:
         sigma = self.length_sigma
         if isinstance(sigma, bool) or not isinstance(sigma, Real) or not 0 <= sigma <= 4:
             raise ConfigError(
-                f"Expected argument `length_sigma` to be a float in [0, 4], but got {sigma!r}"
+                f"Expected argument `length_sigma` to be a float in [0, 4], but got {quote(sigma)}"
             )
         object.__setattr__(self, "length_sigma", float(sigma))
 
@@ -400,7 +402,7 @@ def read_truth(path: str | Path) -> SimTruth:
         raise DumpError(f"{path}: cannot read the Parquet metadata: {e}") from e
     if METADATA_KEY not in metadata:
         raise DumpError(
-            f"{path}: expected key {METADATA_KEY.decode()!r} in the Parquet metadata of a "
+            f"{path}: expected key {quote(METADATA_KEY.decode())} in the Parquet metadata of a "
             f"simulated dump, but found keys {sorted(k.decode() for k in metadata)}"
         )
     return SimTruth.from_dict(json.loads(metadata[METADATA_KEY]))
@@ -803,7 +805,7 @@ def write_simulated(
     """
     if layout not in ("sequence", "token"):
         raise ConfigError(
-            f"Expected argument `layout` to be 'sequence' or 'token', but got {layout!r}"
+            f"Expected argument `layout` to be 'sequence' or 'token', but got {quote(layout)}"
         )
     regime = REGIMES[config.regime]
     schema = SEQUENCE_SCHEMA if layout == "sequence" else TOKEN_SCHEMA

@@ -171,6 +171,8 @@ def validate(
     for q in QUANTILES:
         report.length[f"p{round(q * 100)}"] = int(np.quantile(all_lengths, q))
     report.length["max"] = int(all_lengths.max())
+    if not report.loss_tokens and not report.problems:
+        report.problems.append(dump.nothing_in_loss(report.sequences, report.tokens))
     if report.loss_tokens:
         report.abs_diff_mean = abs_sum / report.loss_tokens
         report.abs_diff_max = abs_max

@@ -34,7 +34,7 @@ from iscore.dump import (
     is_framework_dump,
     resolve_files,
 )
-from iscore.errors import DumpError
+from iscore.errors import DumpError, quote
 from iscore.impact import SettingStats
 from iscore.replay import Spec
 from iscore.tune import Tuner, grid
@@ -127,7 +127,7 @@ def sequence_tokens(batch: TokenBatch, step: int, seq_id: Any) -> dict[str, np.n
         same_id = np.zeros(len(ids), dtype=bool)
     hits = np.flatnonzero(same_id & (batch.step.cpu().numpy() == step))
     if not hits.size:
-        raise DumpError(f"no sequence seq_id={seq_id!r} step={step} in the loaded dump")
+        raise DumpError(f"no sequence seq_id={quote(seq_id)} step={step} in the loaded dump")
     i = int(hits[0])
     a, b = int(batch.cu_seqlens[i]), int(batch.cu_seqlens[i + 1])
     rollout = batch.rollout[a:b].cpu().numpy()

@@ -98,7 +98,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from iscore.errors import DumpError
+from iscore.errors import DumpError, quote
 
 __all__ = ["COLUMN_ORDER", "PROVENANCE_KEY", "DumpWriter", "canonical_table", "schema_mismatch"]
 
@@ -172,7 +172,7 @@ def canonical_table(
         if name not in tokens:
             raise DumpError(f"Expected per-token column {name}, but it is missing")
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-    steps = np.asarray(step, dtype=np.int64)
+    steps = exact_cast("step", np.asarray(step), np.dtype(np.int64))
     if steps.shape not in ((), (count,)):
         raise DumpError(f"Expected one step, or {count} (one per sequence), but got {steps.shape}")
     columns: dict[str, pa.Array] = {
@@ -182,7 +182,7 @@ def canonical_table(
     for name, values in tokens.items():
         if name not in _TOKEN_TYPES:
             raise DumpError(
-                f"Unknown per-token column {name!r}; expected one of {tuple(_TOKEN_TYPES)}"
+                f"Unknown per-token column {quote(name)}; expected one of {tuple(_TOKEN_TYPES)}"
             )
         values = np.asarray(values)
         if values.shape != (total,):
@@ -190,12 +190,13 @@ def canonical_table(
                 f"Expected {total:,} values of {name} (the sequences' lengths sum to that), "
                 f"but got shape {list(values.shape)}"
             )
-        flat = pa.array(values.astype(_TOKEN_TYPES[name].to_pandas_dtype()))
+        flat = pa.array(exact_cast(name, values, np.dtype(_TOKEN_TYPES[name].to_pandas_dtype())))
         columns[name] = pa.ListArray.from_arrays(offsets, flat)
     for name, values in (sequences or {}).items():
         if name not in _SEQUENCE_TYPES:
             raise DumpError(
-                f"Unknown per-sequence column {name!r}; expected one of {tuple(_SEQUENCE_TYPES)}"
+                f"Unknown per-sequence column {quote(name)}; expected one of "
+                f"{tuple(_SEQUENCE_TYPES)}"
             )
         if name in columns:
             raise DumpError(f"{name} given both per token and per sequence")
@@ -209,7 +210,7 @@ def canonical_table(
                 f"Expected {count} values of {name} (one per sequence), "
                 f"but got shape {list(values.shape)}"
             )
-        columns[name] = pa.array(values.astype(kind.to_pandas_dtype()))
+        columns[name] = pa.array(exact_cast(name, values, np.dtype(kind.to_pandas_dtype())))
     return pa.table({name: columns[name] for name in COLUMN_ORDER if name in columns})
 
 
@@ -218,7 +219,7 @@ def _id_array(name: str, values: Sequence | np.ndarray | pa.Array, count: int) -
     if isinstance(values, pa.Array):
         array = values
     elif isinstance(values, np.ndarray) and values.dtype.kind in "iu":
-        array = pa.array(values.astype(np.int64))
+        array = pa.array(exact_cast(name, values, np.dtype(np.int64)))
     else:
         items = values.tolist() if isinstance(values, np.ndarray) else list(values)
         if all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in items):
@@ -235,6 +236,38 @@ def _id_array(name: str, values: Sequence | np.ndarray | pa.Array, count: int) -
             f"Expected {count} values of {name} (one per sequence), but got {len(array)}"
         )
     return array
+
+
+def exact_cast(name: str, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`values` cast to `dtype`, refusing what the cast would change rather than store it.
+
+    numpy's casts wrap integers (token id 2**40 into int32, uint64 2**63 into int64),
+    truncate fractions (step 1.5 -> 1) and drop imaginary parts; each is an error here.
+    Floats that overflow float32 become infinite and are reported when the dump is read.
+
+    Raises:
+        DumpError: complex values, fractions or non-finite values for an integer column,
+            or integers outside its range.
+    """
+    kind = values.dtype.kind
+    if kind == "c" or (kind not in "biuf" and values.size):
+        raise DumpError(f"Expected `{name}` to hold real numbers, but got {values.dtype}")
+    if dtype.kind in "iu" and values.size:
+        if kind == "f":
+            whole = np.isfinite(values) & (values == np.trunc(values))
+            if not whole.all():
+                bad = values[~whole][0]
+                raise DumpError(f"Expected `{name}` to hold integers, but got {float(bad)!r}")
+        info = np.iinfo(dtype)
+        lo, hi = values.min(), values.max()
+        if (kind == "f" and (lo < info.min or hi > info.max)) or (
+            kind in "iu" and (int(lo) < info.min or int(hi) > info.max)
+        ):
+            raise DumpError(
+                f"Expected `{name}` to fit {dtype} ({info.min:,} to {info.max:,}), "
+                f"but got values from {lo} to {hi}"
+            )
+    return values.astype(dtype)
 
 
 def schema_mismatch(expected: pa.Schema, found: pa.Schema) -> str | None:
@@ -452,7 +485,7 @@ class DumpWriter:
         if self._closed:
             raise DumpError(f"{self.path}: the writer is closed")
         if isinstance(step, bool) or not isinstance(step, int | np.integer):
-            raise DumpError(f"Expected argument `step` to be an integer, but got {step!r}")
+            raise DumpError(f"Expected argument `step` to be an integer, but got {quote(step)}")
         layout = _Layout(rollout_logprobs)
         lengths = layout.set_mask(mask)
         tokens: dict[str, np.ndarray] = {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from iscore.errors import ConfigError
@@ -33,7 +34,6 @@ NAMES = ("verl", "skyrl", "nemo_rl", "slime", "areal", "openrlhf", "trl", "firew
 """The frameworks whose corrections iscore replays, each a module of this package."""
 
 
-@cache
 def get(name: str) -> Framework:
     """The framework called `name` (its module is imported on first use).
 
@@ -41,7 +41,12 @@ def get(name: str) -> Framework:
         ConfigError: no such framework; the message lists them and the nearest match.
     """
     check_choice("framework", name, NAMES)
-    return importlib.import_module(f"iscore.frameworks.{name}").FRAMEWORK
+    return _module(name).FRAMEWORK
+
+
+@cache
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(f"iscore.frameworks.{name}")
 
 
 def every() -> tuple[Framework, ...]:

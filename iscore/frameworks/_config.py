@@ -19,7 +19,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, clip, quote
 
 _MISSING = object()
 
@@ -37,7 +37,7 @@ class Section:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError(
-                f"Expected `{path}` to be a mapping, but got {type(data).__name__}: {data!r}"
+                f"Expected `{path}` to be a mapping, but got {type(data).__name__}: {quote(data)}"
             )
         self.data = data
         self.path = path
@@ -45,7 +45,7 @@ class Section:
 
     def key(self, key: str) -> str:
         """The dotted path of `key`, for messages."""
-        return f"{self.path}.{key}" if self.path else key
+        return clip(f"{self.path}.{key}" if self.path else key)
 
     def raw(self, key: str, default: Any = _MISSING) -> Any:
         """The value as given; required when no default."""
@@ -65,7 +65,7 @@ class Section:
         if value is None and default is None:
             return None
         if not isinstance(value, bool):
-            raise ConfigError(f"Expected `{self.key(key)}` to be a bool, but got {value!r}")
+            raise ConfigError(f"Expected `{self.key(key)}` to be a bool, but got {quote(value)}")
         return value
 
     def float(
@@ -89,7 +89,9 @@ class Section:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or (ge is not None and value < ge):
             bound = f" >= {ge}" if ge is not None else ""
-            raise ConfigError(f"Expected `{self.key(key)}` to be an int{bound}, but got {value!r}")
+            raise ConfigError(
+                f"Expected `{self.key(key)}` to be an int{bound}, but got {quote(value)}"
+            )
         return value
 
     def choice(self, key: str, default: str | None, choices: Sequence[str | None]) -> str | None:
@@ -121,7 +123,7 @@ def check_choice(key: str, value: Any, choices: Sequence[Any]) -> None:
         return
     allowed = ", ".join("null" if c is None else repr(c) for c in choices)
     hint = _nearest(value, [c for c in choices if isinstance(c, str)])
-    raise ConfigError(f"Expected `{key}` to be one of {allowed}, but got {value!r}{hint}")
+    raise ConfigError(f"Expected `{key}` to be one of {allowed}, but got {quote(value)}{hint}")
 
 
 def check_number(
@@ -140,13 +142,13 @@ def check_number(
     if not ok or (gt is not None and not value > gt) or (ge is not None and not value >= ge):
         bound = f" > {gt}" if gt is not None else f" >= {ge}" if ge is not None else ""
         null = " or null" if nullable else ""
-        raise ConfigError(f"Expected `{key}` to be a float{bound}{null}, but got {value!r}")
+        raise ConfigError(f"Expected `{key}` to be a float{bound}{null}, but got {quote(value)}")
 
 
 def check_bool(key: str, value: Any) -> None:
     """Raise ConfigError naming `key` unless `value` is a bool."""
     if not isinstance(value, bool):
-        raise ConfigError(f"Expected `{key}` to be a bool, but got {value!r}")
+        raise ConfigError(f"Expected `{key}` to be a bool, but got {quote(value)}")
 
 
 def _nearest(value: Any, options: Any) -> str:
@@ -165,9 +167,11 @@ def as_float(value: Any, key: str, *, gt: float | None = None, ge: float | None 
             raise ValueError
         number = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {value!r}") from None
+        raise ConfigError(
+            f"Expected `{key}` to be a float{bound}, but got {quote(value)}"
+        ) from None
     if (gt is not None and not number > gt) or (ge is not None and not number >= ge):
-        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {value!r}")
+        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {quote(value)}")
     return number
 
 
@@ -181,7 +185,7 @@ def top_level(config: Mapping[str, Any], framework: str) -> tuple[Section, str]:
     section.raw("framework")
     name = section.raw("name", None)
     if name is not None and not isinstance(name, str):
-        raise ConfigError(f"Expected `name` to be a string, but got {name!r}")
+        raise ConfigError(f"Expected `name` to be a string, but got {quote(name)}")
     return section, name or framework
 
 
@@ -204,7 +208,7 @@ def parse_flags(parser: argparse.ArgumentParser, args: Any) -> argparse.Namespac
     elif isinstance(args, Sequence) and all(isinstance(a, str) for a in args):
         argv = list(args)
     else:
-        raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {args!r}")
+        raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {quote(args)}")
     try:
         return parser.parse_args(argv)
     except argparse.ArgumentError as e:

@@ -112,7 +112,7 @@ from iscore.canonical import (
     weight_component,
 )
 from iscore.canonical import Level as CanonicalLevel
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import Section, check_choice, check_number, top_level
 from iscore.frameworks.base import Framework, Trap, Upstream
 from iscore.replay import Replay, per_token
@@ -196,26 +196,27 @@ class RejectionSampling:
                 raise ConfigError(
                     f"Expected `{_RS}.upper` to be a float > 1.0 for metric 'ratio' (AReaL "
                     f"rejects it: every token with a non-identical ratio would go), but got "
-                    f"{self.upper!r}"
+                    f"{quote(self.upper)}"
                 )
             if self.lower is not None and self.lower <= 0:
                 raise ConfigError(
                     f"Expected `{_RS}.lower` to be a float > 0 for metric 'ratio', but got "
-                    f"{self.lower!r}"
+                    f"{quote(self.lower)}"
                 )
         if self.metric in ("kl_k2", "kl_k3") and self.upper <= 0:
             raise ConfigError(
-                f"Expected `{_RS}.upper` to be a float > 0 for metric {self.metric!r}, but got "
-                f"{self.upper!r}"
+                f"Expected `{_RS}.upper` to be a float > 0 for metric {quote(self.metric)}, but "
+                "got "
+                f"{quote(self.upper)}"
             )
         if self.action == "clamp" and self.metric != "ratio":
             raise ConfigError(
                 f"Expected `{_RS}.metric` to be 'ratio' with action 'clamp' (AReaL clamps only "
-                f"the ratio; use action 'mask' for KL filtering), but got {self.metric!r}"
+                f"the ratio; use action 'mask' for KL filtering), but got {quote(self.metric)}"
             )
         if self.level == "token" and self.agg != "mean":
             warnings.warn(
-                f"`{_RS}.agg` {self.agg!r} is ignored at level 'token' (AReaL aggregates only "
+                f"`{_RS}.agg` {quote(self.agg)} is ignored at level 'token' (AReaL aggregates only "
                 "for sequence-level filtering)",
                 UserWarning,
                 stacklevel=3,
@@ -255,7 +256,7 @@ class ArealCorrection:
         for key in ("use_decoupled_loss", "recompute_logprob"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(
-                    f"Expected `actor.{key}` to be a bool, but got {getattr(self, key)!r}"
+                    f"Expected `actor.{key}` to be a bool, but got {quote(getattr(self, key))}"
                 )
         check_choice("actor.prox_logp_method", self.prox_logp_method, _PROX_METHODS)
         check_choice("actor.importance_sampling_level", self.importance_sampling_level, _LEVELS)
@@ -264,7 +265,7 @@ class ArealCorrection:
         ):
             raise ConfigError(
                 f"Expected `{_RS}` to be null or a RejectionSampling, but got "
-                f"{self.rejection_sampling!r}"
+                f"{quote(self.rejection_sampling)}"
             )
         if self.use_decoupled_loss and self.prox_logp_method == "loglinear":
             raise ConfigError(
@@ -411,7 +412,7 @@ def _legacy(actor: Section) -> tuple[bool, RejectionSampling | None]:
         if actor.float(cap_key, None) is not None:
             raise ConfigError(
                 f"Expected `actor.{cap_key}` to be null with behave_imp_weight_mode 'disabled' "
-                f"(AReaL raised), but got {actor.data[cap_key]!r}"
+                f"(AReaL raised), but got {quote(actor.data[cap_key])}"
             )
         rs = None
     else:
@@ -419,7 +420,9 @@ def _legacy(actor: Section) -> tuple[bool, RejectionSampling | None]:
         cap = actor.float(cap_key, None if old else 5.0, nullable=True)
         upper = math.inf if cap is None else cap
         if not upper > 1.0:
-            raise ConfigError(f"Expected `actor.{cap_key}` to be a float > 1.0, but got {cap!r}")
+            raise ConfigError(
+                f"Expected `actor.{cap_key}` to be a float > 1.0, but got {quote(cap)}"
+            )
         level, action = mode.split("_")
         rs = RejectionSampling(
             level=level, action="mask" if action == "mask" else "clamp", upper=upper

@@ -93,7 +93,7 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import Section, as_float, check_choice, top_level
 from iscore.frameworks.base import Aggregation, Framework, Measure, Trap, Upstream
 from iscore.replay import Replay, per_token
@@ -153,7 +153,7 @@ class NemoRLSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
-            raise ConfigError(f"Expected `name` to be a string, but got {self.name!r}")
+            raise ConfigError(f"Expected `name` to be a string, but got {quote(self.name)}")
         for field, key in (
             ("use_importance_sampling_correction", _ENABLED),
             ("sequence_level_importance_ratios", _SEQ_LEVEL),
@@ -161,7 +161,7 @@ class NemoRLSpec:
         ):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(
-                    f"Expected `{key}` to be a bool, but got {getattr(self, field)!r}"
+                    f"Expected `{key}` to be a bool, but got {quote(getattr(self, field))}"
                 )
         check_choice(_TYPE, self.truncated_importance_sampling_type, _TRUNCATION_TYPES)
         check_choice(_IS_LEVEL, self.is_correction_level, _IS_LEVELS)
@@ -177,12 +177,13 @@ class NemoRLSpec:
             if upper is not None:
                 raise ConfigError(
                     f"Expected `{_TYPE}` to be one of 'tis', 'icepop', 'seq-mask-tis' when "
-                    f"`{_RATIO}` is set ({upper!r}), but got None (NeMo raises 'Invalid truncated "
+                    f"`{_RATIO}` is set ({quote(upper)}), but got None (NeMo raises 'Invalid "
+                    "truncated "
                     "importance sampling type: None')"
                 )
             if lower is not None:
                 raise ConfigError(
-                    f"Expected `{_RATIO_MIN}` to be None without `{_TYPE}`, but got {lower!r}"
+                    f"Expected `{_RATIO_MIN}` to be None without `{_TYPE}`, but got {quote(lower)}"
                 )
             return
         if not self.use_importance_sampling_correction:
@@ -203,14 +204,15 @@ class NemoRLSpec:
             lower = as_float(lower, _RATIO_MIN)
             if not lower <= upper:
                 raise ConfigError(
-                    f"Expected `{_RATIO_MIN}` <= `{_RATIO}` ({upper!r}), but got {lower!r}"
+                    f"Expected `{_RATIO_MIN}` <= `{_RATIO}` ({quote(upper)}), but got "
+                    f"{quote(lower)}"
                 )
             object.__setattr__(self, "truncated_importance_sampling_ratio_min", lower)
         if kind == "seq-mask-tis" and self.level != "token":
             key = _IS_LEVEL if self.is_correction_level is not None else _SEQ_LEVEL
             raise ConfigError(
                 f"Expected token-level IS weights with `{_TYPE}: seq-mask-tis` (raw token "
-                f"weights inside a sequence mask), but `{key}` makes them {self.level!r}"
+                f"weights inside a sequence mask), but `{key}` makes them {quote(self.level)}"
             )
 
     @property
@@ -311,7 +313,7 @@ def _lax_bool(section: Section, key: str, default: bool) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
-    raise ConfigError(f"Expected `{section.key(key)}` to be a bool, but got {value!r}")
+    raise ConfigError(f"Expected `{section.key(key)}` to be a bool, but got {quote(value)}")
 
 
 def parse(config: Mapping[str, Any]) -> NemoRLSpec:
@@ -370,7 +372,8 @@ def _parse_other_keys(loss: Section, *, seq_level: bool, token_level_loss: bool)
     clip_c = loss.float("ratio_clip_c", None)
     if clip_c is not None and not clip_c > 1:
         raise ConfigError(
-            f"Expected `{loss.key('ratio_clip_c')}` to be a float > 1 or null, but got {clip_c!r}"
+            f"Expected `{loss.key('ratio_clip_c')}` to be a float > 1 or null, but got "
+            f"{quote(clip_c)}"
         )
     loss.float("reference_policy_kl_penalty", 0.01)
     loss.choice("reference_policy_kl_type", "k3", ("k1", "k2", "k3"))

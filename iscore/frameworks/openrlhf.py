@@ -80,7 +80,7 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import flag_parser, top_level
 from iscore.frameworks.base import Aggregation, Framework, Trap, Upstream
 from iscore.replay import Replay
@@ -136,24 +136,24 @@ class OpenRLHFCorrection:
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
             raise ConfigError(
-                f"Expected `{_FLAGS['enable'][0]}` to be a bool, but got {self.enable!r}"
+                f"Expected `{_FLAGS['enable'][0]}` to be a bool, but got {quote(self.enable)}"
             )
         if self.type not in _TYPES:
             raise ConfigError(
                 f"Expected `{_FLAGS['type'][0]}` to be one of {', '.join(_TYPES)}, "
-                f"but got {self.type!r}"
+                f"but got {quote(self.type)}"
             )
         if self.policy_loss_type not in _LOSS_TYPES:
             raise ConfigError(
                 f"Expected `{_FLAGS['loss'][0]}` to be one of {', '.join(_LOSS_TYPES)}, "
-                f"but got {self.policy_loss_type!r}"
+                f"but got {quote(self.policy_loss_type)}"
             )
         for side, value in (("LOW", self.lower), ("HIGH", self.upper)):
             if value is None and side == "LOW":
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
                 raise ConfigError(
-                    f"Expected {side} of `{_THRESHOLD}` to be a number, but got {value!r}"
+                    f"Expected {side} of `{_THRESHOLD}` to be a number, but got {quote(value)}"
                 )
 
     def to_config(self) -> dict[str, Any]:
@@ -175,7 +175,7 @@ class OpenRLHFCorrection:
         """
         if self.lower is None and self.type != "tis":
             raise ConfigError(
-                f"Expected LOW of `{_THRESHOLD}` to be a number with type {self.type!r}: only "
+                f"Expected LOW of `{_THRESHOLD}` to be a number with type {quote(self.type)}: only "
                 "OpenRLHF's 2025 single-value threshold had no lower bound, and only for tis"
             )
         generation = 1 if self.lower is None else 0
@@ -249,7 +249,7 @@ def _argv(args: Any) -> list[str]:
     ):
         tokens = list(args)
     else:
-        raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {args!r}")
+        raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {quote(args)}")
     return [t for t in tokens if t.strip() and t != "--"]
 
 

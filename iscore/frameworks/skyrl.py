@@ -98,7 +98,7 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import Section, as_float, check_choice, top_level
 from iscore.frameworks.base import Framework, Upstream
 from iscore.replay import Replay, per_token
@@ -219,7 +219,7 @@ class SkyRLSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
-            raise ConfigError(f"Expected `name` to be a string, but got {self.name!r}")
+            raise ConfigError(f"Expected `name` to be a string, but got {quote(self.name)}")
         check_choice(_KEYS["tis_ratio_type"], self.tis_ratio_type, (None, "token", "sequence"))
         check_choice(
             _KEYS["sequence_mask_metric"], self.sequence_mask_metric, (None, "product", "geometric")
@@ -238,7 +238,8 @@ class SkyRLSpec:
             lo, hi = getattr(self, low), getattr(self, high)
             if lo is not None and hi is not None and lo > hi:
                 raise ConfigError(
-                    f"Expected `{_KEYS[low]}` <= `{_KEYS[high]}` ({hi!r}), but got {lo!r} "
+                    f"Expected `{_KEYS[low]}` <= `{_KEYS[high]}` ({quote(hi)}), but got "
+                    f"{quote(lo)} "
                     "(SkyRL would mask every token)"
                 )
         uses_weight_or_seq_mask = (
@@ -247,14 +248,14 @@ class SkyRLSpec:
         if self.policy_loss_type in ("clip_cov", "kl_cov") and uses_weight_or_seq_mask:
             raise ConfigError(
                 f"Expected `{_KEYS['policy_loss_type']}` to support off_policy_correction, but got "
-                f"{self.policy_loss_type!r}: SkyRL rejects `tis_ratio_type` / "
+                f"{quote(self.policy_loss_type)}: SkyRL rejects `tis_ratio_type` / "
                 "`sequence_mask_metric` with clip_cov and kl_cov"
             )
         if self.rollout_anchored_cispo and self.tis_ratio_type is not None:
             raise ConfigError(
                 f"Expected `{_KEYS['tis_ratio_type']}` to be null with `{_KEYS['cispo_anchor']}: "
                 f"rollout` (the CISPO ratio already corrects the mismatch; TIS would count it "
-                f"twice), but got {self.tis_ratio_type!r}"
+                f"twice), but got {quote(self.tis_ratio_type)}"
             )
 
     @property
@@ -430,7 +431,9 @@ def _ignored(section: Section, key: str, kind: str) -> None:
     else:
         value = section.raw(key, None)
         if value is not None and not isinstance(value, str):
-            raise ConfigError(f"Expected `{section.key(key)}` to be a string, but got {value!r}")
+            raise ConfigError(
+                f"Expected `{section.key(key)}` to be a string, but got {quote(value)}"
+            )
 
 
 # `AlgorithmConfig` keys that do not change the correction, with their types.
@@ -576,7 +579,8 @@ def _apply_legacy_tis(algorithm: Section, fields: dict[str, Any]) -> None:
     if not cap > 0:
         raise ConfigError(
             f"Expected `{_ALGORITHM}.tis_imp_ratio_cap` to be a float > 0 with "
-            f"`{_ALGORITHM}.use_tis: true`, but got {cap!r} (SkyRL would clamp every TIS weight "
+            f"`{_ALGORITHM}.use_tis: true`, but got {quote(cap)} (SkyRL would clamp every TIS "
+            "weight "
             "to it)"
         )
     overridden = [

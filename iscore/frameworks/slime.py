@@ -124,7 +124,7 @@ from iscore.canonical import (
     weight_component,
 )
 from iscore.canonical import Level as CanonicalLevel
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import (
     Section,
     check_bool,
@@ -245,7 +245,7 @@ class MisConfig:
             raise ConfigError(
                 f"Expected `{key('tis_lower_bound')}` ({self.tis_lower}) to be < "
                 f"`{key('tis_upper_bound')}` ({self.tis_upper_bound}) for tis_mode "
-                f"{self.tis_mode!r}, as mis.py asserts"
+                f"{quote(self.tis_mode)}, as mis.py asserts"
             )
         if self.use_rs and not self.rs_lower < self.rs_upper:
             raise ConfigError(
@@ -317,12 +317,12 @@ class SlimeCorrection:
         if self.tis_function == "mis" and self.called and not isinstance(self.mis, MisConfig):
             raise ConfigError(
                 "Expected `custom_config` (the YAML at --custom-config-path) with mis.py's "
-                f"settings, since mis.py is the TIS function, but got {self.mis!r}"
+                f"settings, since mis.py is the TIS function, but got {quote(self.mis)}"
             )
         if self.tis_function != "mis" and self.mis is not None:
             raise ConfigError(
                 "Expected no mis.py settings (`custom_config`) with "
-                f"tis_function={self.tis_function!r}: only mis.py reads them"
+                f"tis_function={quote(self.tis_function)}: only mis.py reads them"
             )
 
     @property
@@ -532,7 +532,7 @@ def _argv(args: Any) -> list[str]:
         and all(isinstance(a, str) for a in args)
     ):
         return list(args)
-    raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {args!r}")
+    raise ConfigError(f"Expected `args` to be a string of CLI flags, but got {quote(args)}")
 
 
 def _is_flag(token: str) -> bool:
@@ -554,7 +554,7 @@ def _split_flags(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
     for token in argv:
         if not _is_flag(token):
             if owner is None:
-                raise ConfigError(f"`args`: expected a flag first, but got {token!r}")
+                raise ConfigError(f"`args`: expected a flag first, but got {quote(token)}")
             if owner is is_tokens:
                 is_tokens.append(token)
             continue
@@ -582,7 +582,7 @@ def _function(path: str | None) -> TisFunction:
     if function is None:
         raise ConfigError(
             f"Expected `--custom-tis-function-path` to name one of slime's TIS functions "
-            f"({', '.join(_FUNCTION_PATHS)}), but got {path!r}"
+            f"({', '.join(_FUNCTION_PATHS)}), but got {quote(path)}"
         )
     return function
 

@@ -85,7 +85,7 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import top_level
 from iscore.frameworks.base import Aggregation, Framework, Measure, Trap, Upstream
 from iscore.replay import Replay
@@ -155,16 +155,16 @@ class TRLCorrection:
             ("vllm_importance_sampling_correction", self.enabled),
         ):
             if not isinstance(value, bool):
-                raise ConfigError(f"Expected `{key}` to be a bool, but got {value!r}")
+                raise ConfigError(f"Expected `{key}` to be a bool, but got {quote(value)}")
         if self.mode not in _MODES:
             raise ConfigError(
                 f"Expected `vllm_importance_sampling_mode` to be one of {', '.join(_MODES)}, "
-                f"but got {self.mode!r}"
+                f"but got {quote(self.mode)}"
             )
         if self.loss_type not in _LOSS_TYPES:
             raise ConfigError(
                 f"Expected `loss_type` to be one of {', '.join(_LOSS_TYPES)}, "
-                f"but got {self.loss_type!r}"
+                f"but got {quote(self.loss_type)}"
             )
         for key, value in (
             ("vllm_importance_sampling_clip_min", self.clip_min),
@@ -173,7 +173,7 @@ class TRLCorrection:
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)
             ):
-                raise ConfigError(f"Expected `{key}` to be a float or null, but got {value!r}")
+                raise ConfigError(f"Expected `{key}` to be a float or null, but got {quote(value)}")
         both = self.clip_min is not None and self.clip_max is not None
         if both and self.clip_min >= self.clip_max:
             raise ConfigError(
@@ -197,7 +197,7 @@ class TRLCorrection:
             if not self.mode.startswith("token_"):
                 raise ConfigError(
                     "Expected `vllm_importance_sampling_mode` to be token_truncate or token_mask "
-                    f"with `loss_type: vespo` (TRL rejects {self.mode!r})"
+                    f"with `loss_type: vespo` (TRL rejects {quote(self.mode)})"
                 )
             raise ConfigError(
                 "`loss_type: vespo` folds the vLLM IS ratio into VESPO's gamma weights, which "

@@ -95,7 +95,7 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import as_float, check_number, top_level
 from iscore.frameworks.base import Aggregation, Framework, Trap, Upstream
 from iscore.replay import Replay, per_token
@@ -175,7 +175,8 @@ class RSCriterion:
     def __post_init__(self) -> None:
         if self.option not in RS_OPTIONS:
             raise ConfigError(
-                f"Expected `option` to be one of {', '.join(RS_OPTIONS)}, but got {self.option!r}"
+                f"Expected `option` to be one of {', '.join(RS_OPTIONS)}, but got "
+                f"{quote(self.option)}"
             )
         object.__setattr__(self, "upper", _check_positive(self.upper, f"{self.option}.upper"))
         if self.estimator == "k1":
@@ -184,13 +185,14 @@ class RSCriterion:
             lower = _check_positive(self.lower, f"{self.option}.lower")
             if lower > self.upper:
                 raise ConfigError(
-                    f"Expected `{self.option}.lower` <= `upper` ({self.upper!r}), but got {lower!r}"
+                    f"Expected `{self.option}.lower` <= `upper` ({quote(self.upper)}), but got "
+                    f"{quote(lower)}"
                 )
             object.__setattr__(self, "lower", lower)
         elif self.lower is not None:
             raise ConfigError(
                 f"Expected `{self.option}.lower` to be None (k2/k3 take an upper bound only), "
-                f"but got {self.lower!r}"
+                f"but got {quote(self.lower)}"
             )
 
     @property
@@ -305,18 +307,18 @@ class VerlSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
-            raise ConfigError(f"Expected `name` to be a string, but got {self.name!r}")
+            raise ConfigError(f"Expected `name` to be a string, but got {quote(self.name)}")
         if self.is_level not in (None, "token", "sequence"):
             raise ConfigError(
                 f"Expected `is_level` to be one of null, 'token', 'sequence', "
-                f"but got {self.is_level!r}"
+                f"but got {quote(self.is_level)}"
             )
         if self.is_level is None:
             for field in ("is_upper", "is_lower"):
                 if getattr(self, field) is not None:
                     raise ConfigError(
                         f"Expected `{field}` to be None without an IS level, "
-                        f"but got {getattr(self, field)!r}"
+                        f"but got {quote(getattr(self, field))}"
                     )
             if self.batch_normalize:
                 raise ConfigError(
@@ -329,22 +331,25 @@ class VerlSpec:
                 lower = _check_positive(self.is_lower, "is_lower")
                 if lower > upper:
                     raise ConfigError(
-                        f"Expected `is_lower` <= `is_upper` ({upper!r}), but got {lower!r}"
+                        f"Expected `is_lower` <= `is_upper` ({quote(upper)}), but got "
+                        f"{quote(lower)}"
                     )
                 object.__setattr__(self, "is_lower", lower)
         for field in ("batch_normalize", "bypass"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(
-                    f"Expected `{field}` to be a bool, but got {getattr(self, field)!r}"
+                    f"Expected `{field}` to be a bool, but got {quote(getattr(self, field))}"
                 )
         if self.loss_type not in ("ppo_clip", "reinforce"):
             raise ConfigError(
                 f"Expected `loss_type` to be one of 'ppo_clip', 'reinforce', "
-                f"but got {self.loss_type!r}"
+                f"but got {quote(self.loss_type)}"
             )
         rs = tuple(self.rs)
         if not all(isinstance(c, RSCriterion) for c in rs):
-            raise ConfigError(f"Expected `rs` to be a tuple of RSCriterion, but got {self.rs!r}")
+            raise ConfigError(
+                f"Expected `rs` to be a tuple of RSCriterion, but got {quote(self.rs)}"
+            )
         options = [c.option for c in rs]
         if len(set(options)) != len(options):
             raise ConfigError(f"Expected `rs` to name each option once, but got {options}")
@@ -468,7 +473,7 @@ def _parse_is_threshold(value: Any) -> tuple[float | None, float]:
     """(lower, upper) from `rollout_is_threshold`: U, a numeric string, or "L_U" (IcePop)."""
     expected = (
         f"Expected `{_IS_THRESHOLD_KEY}` to be a float > 0 or a 'lower_upper' string "
-        f"with 0 < lower <= upper, but got {value!r}"
+        f"with 0 < lower <= upper, but got {quote(value)}"
     )
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ConfigError(expected)
@@ -491,7 +496,7 @@ def _parse_rs(options_value: Any, threshold_value: Any) -> tuple[RSCriterion, ..
     if not isinstance(options_value, str):
         raise ConfigError(
             f"Expected `{_RS_KEY}` to be a comma-separated string of options (verl rejects "
-            f"lists), but got {options_value!r}"
+            f"lists), but got {quote(options_value)}"
         )
     options: list[str] = []
     for option in (part.strip() for part in options_value.split(",")):
@@ -500,13 +505,13 @@ def _parse_rs(options_value: Any, threshold_value: Any) -> tuple[RSCriterion, ..
         if option not in RS_OPTIONS:
             raise ConfigError(
                 f"Expected `{_RS_KEY}` options to be among {', '.join(RS_OPTIONS)}, "
-                f"but got {option!r}"
+                f"but got {quote(option)}"
             )
         if option not in options:  # verl drops repeated options
             options.append(option)
     if not options:
         raise ConfigError(
-            f"Expected `{_RS_KEY}` to name at least one option, but got {options_value!r}"
+            f"Expected `{_RS_KEY}` to name at least one option, but got {quote(options_value)}"
         )
     if threshold_value is None:
         raise ConfigError(
@@ -515,7 +520,7 @@ def _parse_rs(options_value: Any, threshold_value: Any) -> tuple[RSCriterion, ..
     if isinstance(threshold_value, bool) or not isinstance(threshold_value, int | float | str):
         raise ConfigError(
             f"Expected `{_RS_THRESHOLD_KEY}` to be a number or a comma-separated string, "
-            f"but got {threshold_value!r}"
+            f"but got {quote(threshold_value)}"
         )
     if isinstance(threshold_value, str):
         entries = [part.strip() for part in threshold_value.split(",") if part.strip()]
@@ -524,7 +529,7 @@ def _parse_rs(options_value: Any, threshold_value: Any) -> tuple[RSCriterion, ..
     if len(entries) not in (1, len(options)):
         raise ConfigError(
             f"Expected `{_RS_THRESHOLD_KEY}` to hold 1 entry or {len(options)} (one per distinct "
-            f"`rollout_rs` option), but got {len(entries)}: {threshold_value!r}"
+            f"`rollout_rs` option), but got {len(entries)}: {quote(threshold_value)}"
         )
     if len(entries) == 1:
         entries = entries * len(options)
@@ -543,16 +548,18 @@ def _parse_rs_entry(option: str, entry: str) -> RSCriterion:
             upper = as_float(entry, key, gt=0.0)
             lower = 1.0 / upper
             if not lower > 0:  # U = inf gives L = 0, which verl rejects
-                raise ConfigError(f"Expected `{key}` to be a finite float > 0, but got {entry!r}")
+                raise ConfigError(
+                    f"Expected `{key}` to be a finite float > 0, but got {quote(entry)}"
+                )
         if lower > upper:
             raise ConfigError(
-                f"Expected `{key}` to be 'lower_upper' with lower <= upper, but got {entry!r}"
+                f"Expected `{key}` to be 'lower_upper' with lower <= upper, but got {quote(entry)}"
             )
         return RSCriterion(option, upper=upper, lower=lower)  # type: ignore[arg-type]
     if "_" in entry:
         raise ConfigError(
             f"Expected `{key}` to be a single upper bound (verl accepts 'lower_upper' only for "
-            f"k1 options), but got {entry!r}"
+            f"k1 options), but got {quote(entry)}"
         )
     return RSCriterion(option, upper=as_float(entry, key, gt=0.0))  # type: ignore[arg-type]
 
@@ -581,7 +588,7 @@ def parse(config: Mapping[str, Any]) -> VerlSpec:
     if preset is not None:
         if not isinstance(preset, str) or preset not in PRESETS:
             raise ConfigError(
-                f"Expected `preset` to be one of {', '.join(PRESETS)}, but got {preset!r}"
+                f"Expected `preset` to be one of {', '.join(PRESETS)}, but got {quote(preset)}"
             )
         defaults = PRESETS[preset].to_config()["algorithm"]["rollout_correction"]
         if config.get("name") is None:
@@ -764,7 +771,8 @@ def to_generation(spec: VerlSpec, generation: str = "current") -> GenerationConf
     gen = GENERATIONS.get(generation)
     if gen is None:
         raise ConfigError(
-            f"Expected `generation` to be one of {', '.join(GENERATIONS)}, but got {generation!r}"
+            f"Expected `generation` to be one of {', '.join(GENERATIONS)}, but got "
+            f"{quote(generation)}"
         )
     label = f"Gen-{gen.name[-1]} ({gen.versions})"
     notes: list[str] = []

@@ -33,10 +33,8 @@ provenance as JSON under `iscore.provenance`: `framework`, `source_files`, `step
 
 from __future__ import annotations
 
-import glob
 import importlib
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -46,8 +44,10 @@ from types import ModuleType
 import numpy as np
 import pyarrow as pa
 
-from iscore.errors import DumpError
-from iscore.writer import PROVENANCE_KEY, DumpWriter, schema_mismatch
+from iscore.dump import list_files
+from iscore.errors import DumpError, quote
+from iscore.output import output_path
+from iscore.writer import PROVENANCE_KEY, DumpWriter, exact_cast, schema_mismatch
 
 __all__ = ["FORMATS", "ConvertReport", "Part", "convert", "detect", "read"]
 
@@ -101,7 +101,7 @@ class ConvertReport:
 def _module(fmt: str) -> ModuleType:
     # Imported on demand: the format modules import this package's helpers.
     if fmt not in FORMATS:
-        raise DumpError(f"Unknown dump format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        raise DumpError(f"Unknown dump format {quote(fmt)}; expected one of {', '.join(FORMATS)}")
     return importlib.import_module(f"iscore.importers.{fmt}")
 
 
@@ -113,19 +113,12 @@ def _natural_key(path: Path) -> list:
 def _expand(source: str | Path) -> tuple[list[Path], bool]:
     """The files under `source`, and whether it named one file explicitly."""
     path = Path(source)
-    if path.is_dir():
-        found = [p for p in path.rglob("*") if p.suffix in _SUFFIXES and p.is_file()]
-        explicit = False
-    elif glob.has_magic(str(source)):
-        found = [Path(p) for p in glob.glob(str(source), recursive=True) if Path(p).is_file()]
-        explicit = False
-        if not found:
-            raise DumpError(f"{source}: the pattern matches no files")
-    elif path.is_file():
+    if path.is_file():
         return [path], True
-    else:
-        raise DumpError(f"{source}: no such file or directory")
-    return sorted(found, key=_natural_key), explicit
+    found = [Path(p) for p in list_files(source, tuple(_SUFFIXES))]
+    if not found and not path.is_dir():
+        raise DumpError(f"{source}: the pattern matches no files")
+    return sorted(found, key=_natural_key), False
 
 
 def _claims(files: list[Path]) -> dict[str, list[Path]]:
@@ -231,23 +224,20 @@ def convert(
     ConvertReport(framework='skyrl', out='skyrl.parquet', files=3, steps=3, ...)
     """
     fmt, files = _plan(source, fmt)
-    out = Path(out)
-    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
-    writer = DumpWriter(partial, framework=fmt)
     parts: list[Part] = []
-    try:
-        for part in _parts(fmt, files, allow_pickle):
-            if part.table is not None:
-                writer.write_table(part.table)
-            parts.append(replace(part, table=None))  # keep the notes, not the data
-        if not writer.sequences:
-            raise DumpError(f"{source}: no sequences in {len(files)} {fmt} file(s)")
-        summary = _summary(parts)
-        writer.close({"source_files": [str(f) for f in files], **summary})
-        os.replace(partial, out)
-    finally:
-        writer.close()
-        partial.unlink(missing_ok=True)
+    with output_path(out) as tmp:
+        writer = DumpWriter(tmp, framework=fmt)
+        try:
+            for part in _parts(fmt, files, allow_pickle):
+                if part.table is not None:
+                    writer.write_table(part.table)
+                parts.append(replace(part, table=None))  # keep the notes, not the data
+            if not writer.sequences:
+                raise DumpError(f"{source}: no sequences in {len(files)} {fmt} file(s)")
+            summary = _summary(parts)
+            writer.close({"source_files": [str(f) for f in files], **summary})
+        finally:
+            writer.close()
     return ConvertReport(
         framework=fmt,
         out=str(out),
@@ -329,9 +319,11 @@ def as_floats(values: object, where: str, key: str) -> np.ndarray:
     try:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError):
-        raise DumpError(f"{where}: {key!r} must be a list of numbers") from None
+        raise DumpError(f"{where}: {quote(key)} must be a list of numbers") from None
     if array.ndim != 1:
-        raise DumpError(f"{where}: {key!r} must be a flat list, found shape {list(array.shape)}")
+        raise DumpError(
+            f"{where}: {quote(key)} must be a flat list, found shape {list(array.shape)}"
+        )
     return array
 
 
@@ -339,7 +331,7 @@ def as_mask(values: object, where: str, key: str) -> np.ndarray:
     """A 1-D bool array from booleans or numbers (non-zero is true)."""
     array = np.asarray(values)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "biuf"):
-        raise DumpError(f"{where}: {key!r} must be a flat list of booleans or 0/1")
+        raise DumpError(f"{where}: {quote(key)} must be a flat list of booleans or 0/1")
     return array != 0
 
 
@@ -347,8 +339,8 @@ def as_ints(values: object, where: str, key: str) -> np.ndarray:
     """A 1-D int64 array."""
     array = np.asarray(values)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise DumpError(f"{where}: {key!r} must be a flat list of integers")
-    return array.astype(np.int64)
+        raise DumpError(f"{where}: {quote(key)} must be a flat list of integers")
+    return exact_cast(f"{where}: {key}", array, np.dtype(np.int64))
 
 
 def require_lengths(where: str, arrays: dict[str, np.ndarray], reference: str) -> None:
@@ -357,7 +349,7 @@ def require_lengths(where: str, arrays: dict[str, np.ndarray], reference: str) -
     for key, array in arrays.items():
         if array.size != n:
             raise DumpError(
-                f"{where}: {key!r} has {array.size} values but {reference!r} has {n}; "
+                f"{where}: {quote(key)} has {array.size} values but {quote(reference)} has {n}; "
                 "per-token fields must align"
             )
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from iscore.errors import DumpError
+from iscore.errors import DumpError, quote
 from iscore.importers import (
     Part,
     as_floats,
@@ -112,7 +112,7 @@ def _read(path: Path) -> Part:
             sequences["reward"].append(_scalar(record, "rewards", where))
         idx = record.get("idx", count)
         if isinstance(idx, bool) or not isinstance(idx, int):
-            raise DumpError(f"{where}: 'idx' must be an integer, found {idx!r}")
+            raise DumpError(f"{where}: 'idx' must be an integer, found {quote(idx)}")
         ids.append(idx)
         lengths.append(n)
     if not ids:
@@ -136,18 +136,20 @@ def _require_keys(record: dict, where: str, present: tuple[str, ...], first_line
     for key in (*_LOGPROBS, *present):
         if key not in record:
             also = f", which line {first_line} has" if key in present else ""
-            raise DumpError(f"{where}: missing key {key!r}{also}")
+            raise DumpError(f"{where}: missing key {quote(key)}{also}")
 
 
 def _row(record: dict, key: str, where: str) -> list:
     """A per-token list, unwrapped from NeMo-RL's batch dimension of 1 ([[...]])."""
     value = record[key]
     if not isinstance(value, list):
-        raise DumpError(f"{where}: {key!r} must be a list ([[...]]), found {type(value).__name__}")
+        raise DumpError(
+            f"{where}: {quote(key)} must be a list ([[...]]), found {type(value).__name__}"
+        )
     if value and isinstance(value[0], list):
         if len(value) != 1:
             raise DumpError(
-                f"{where}: {key!r} has a batch dimension of {len(value)}; NeMo-RL writes one "
+                f"{where}: {quote(key)} has a batch dimension of {len(value)}; NeMo-RL writes one "
                 "sequence per line ([[...]])"
             )
         return value[0]
@@ -160,5 +162,5 @@ def _scalar(record: dict, key: str, where: str) -> float:
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if not isinstance(value, int | float):
-        raise DumpError(f"{where}: {key!r} must be one number ([x]), found {value!r}")
+        raise DumpError(f"{where}: {quote(key)} must be one number ([x]), found {quote(value)}")
     return float(value)

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from iscore.errors import DumpError
+from iscore.errors import DumpError, quote
 from iscore.importers import (
     Part,
     as_floats,
@@ -98,7 +98,7 @@ def _read(path: Path) -> Part:
         for key in ("loss_mask", *_LOGPROBS, *present):
             if key not in record:
                 also = f", which line {first_line} has" if key in present else ""
-                raise DumpError(f"{where}: missing key {key!r}{also}")
+                raise DumpError(f"{where}: missing key {quote(key)}{also}")
         rows = {"loss_mask": as_mask(record["loss_mask"], where, "loss_mask")}
         for key in (*_LOGPROBS, *present):
             convert = as_ints if key == "token_ids" else as_floats
@@ -127,7 +127,7 @@ def _step(record: dict, folder_step: int | None, where: str) -> int:
         value = record.get(key)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int):
-                raise DumpError(f"{where}: {key!r} must be an integer, found {value!r}")
+                raise DumpError(f"{where}: {quote(key)} must be an integer, found {quote(value)}")
             return value
     if folder_step is None:
         raise DumpError(f"{where}: no 'export_step' or 'step', and the file is not in step_{{N}}/")

@@ -60,7 +60,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iscore.errors import DumpError
+from iscore.errors import DumpError, quote
 from iscore.importers import Part, unpickling_detail
 from iscore.writer import canonical_table
 
@@ -128,7 +128,7 @@ class _Batch(dict):
 def _rebuild_batch(cls: object, state: object) -> _Batch:
     """Stand-in for SkyRL's `_rebuild_tensor_batch(cls, state)`."""
     if cls is not _Batch:
-        raise pickle.UnpicklingError(f"_rebuild_tensor_batch of {cls!r}, not a SkyRL batch")
+        raise pickle.UnpicklingError(f"_rebuild_tensor_batch of {quote(cls)}, not a SkyRL batch")
     batch = _Batch()
     batch.__setstate__(state)
     return batch
@@ -141,33 +141,33 @@ def _decode(value: object, key: str) -> object:
     if isinstance(value, bytes):  # before Jan 2026: torch.save of each tensor
         return _torch_bytes(value, key)
     if not isinstance(value, dict):
-        raise pickle.UnpicklingError(f"field {key!r}: unexpected {type(value).__name__}")
+        raise pickle.UnpicklingError(f"field {quote(key)}: unexpected {type(value).__name__}")
     kind = value.get("format", "numpy")  # the first numpy states had no "format"
     if kind == "tensor_list":
         return [_decode(item, key) for item in value.get("items", ())]
     if kind == "torch":
         return _torch_bytes(value.get("data"), key)
     if kind != "numpy":
-        raise pickle.UnpicklingError(f"field {key!r}: unknown tensor format {kind!r}")
+        raise pickle.UnpicklingError(f"field {quote(key)}: unknown tensor format {quote(kind)}")
     dtype = np.dtype(str(value.get("dtype")))
     if dtype.kind not in "biuf":
-        raise pickle.UnpicklingError(f"field {key!r}: refused dtype {dtype}")
+        raise pickle.UnpicklingError(f"field {quote(key)}: refused dtype {dtype}")
     shape = tuple(int(d) for d in value.get("shape", ()))
     return np.frombuffer(value.get("data"), dtype=dtype).reshape(shape)
 
 
 def _torch_bytes(data: object, key: str) -> object:
     if not isinstance(data, bytes):
-        raise pickle.UnpicklingError(f"field {key!r}: tensor bytes expected")
+        raise pickle.UnpicklingError(f"field {quote(key)}: tensor bytes expected")
     try:
         value = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
         raise pickle.UnpicklingError(
-            f"field {key!r}: torch.load(weights_only=True) refused its bytes "
+            f"field {quote(key)}: torch.load(weights_only=True) refused its bytes "
             f"({unpickling_detail(e)})"
         ) from None
     if value is not None and not isinstance(value, torch.Tensor):
-        raise pickle.UnpicklingError(f"field {key!r}: {type(value).__name__}, not a tensor")
+        raise pickle.UnpicklingError(f"field {quote(key)}: {type(value).__name__}, not a tensor")
     return value
 
 
@@ -264,7 +264,7 @@ def _table(path: Path, batch: _Batch) -> pa.Table:
                 if key == "rollout_logprobs"
                 else ""
             )
-            raise DumpError(f"{path}: the batch has no {key!r}{hint}")
+            raise DumpError(f"{path}: the batch has no {quote(key)}{hint}")
     fields = {k: _array(batch[k]) for k in _RESPONSE if batch.get(k) is not None}
     shape = fields["rollout_logprobs"].shape
     if len(shape) != 2:
@@ -272,7 +272,7 @@ def _table(path: Path, batch: _Batch) -> pa.Table:
     for key, array in fields.items():
         if array.shape != shape:
             raise DumpError(
-                f"{path}: {key!r} has shape {list(array.shape)} but 'rollout_logprobs' has "
+                f"{path}: {quote(key)} has shape {list(array.shape)} but 'rollout_logprobs' has "
                 f"{list(shape)}"
             )
     selector = "response_mask" if "response_mask" in fields else "loss_mask"
@@ -281,7 +281,7 @@ def _table(path: Path, batch: _Batch) -> pa.Table:
     metadata = batch.metadata or {}
     pad = metadata.get("pad_size") or 0
     if not isinstance(pad, int) or not 0 <= pad <= shape[0]:
-        raise DumpError(f"{path}: metadata pad_size {pad!r} is not a row count <= {shape[0]}")
+        raise DumpError(f"{path}: metadata pad_size {quote(pad)} is not a row count <= {shape[0]}")
     rows = shape[0] - pad
     selected = fields[selector][:rows] != 0
     loss_mask = fields.get("loss_mask", np.ones(shape))[:rows] != 0

@@ -53,7 +53,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iscore.errors import DumpError
+from iscore.errors import DumpError, quote
 from iscore.importers import (
     Part,
     as_floats,
@@ -183,7 +183,7 @@ def _samples(payload: object, path: Path) -> tuple[list[dict], object, int | Non
     if "format_version" in payload:
         if payload["format_version"] != 2:
             raise DumpError(
-                f"{path}: format_version {payload['format_version']!r}; iscore reads slime's "
+                f"{path}: format_version {quote(payload['format_version'])}; iscore reads slime's "
                 "format_version 2 and the older per-rank layout"
             )
         samples = payload.get("samples")
@@ -232,7 +232,7 @@ def _read(path: Path, allow_pickle: bool, seen: set[tuple[int, int]]) -> Part:
     samples, raw_reward, version, older = _samples(payload, path)
     rollout_id = payload.get("rollout_id")
     if isinstance(rollout_id, bool) or not isinstance(rollout_id, int):
-        raise DumpError(f"{path}: 'rollout_id' must be an integer, found {rollout_id!r}")
+        raise DumpError(f"{path}: 'rollout_id' must be an integer, found {quote(rollout_id)}")
     notes: list[str] = []
     if older and samples and all("log_probs" not in s for s in samples):
         notes.append(
@@ -285,7 +285,7 @@ class _Columns:
         for key in ("response_lengths", "rollout_log_probs", "log_probs", *self.optional):
             if sample.get(key) is None:
                 also = f", which {self.first} has" if key in self.optional else ""
-                raise DumpError(f"{where}: no {key!r}{also}")
+                raise DumpError(f"{where}: no {quote(key)}{also}")
         n = int(sample["response_lengths"])
         floats = ("rollout_log_probs", "log_probs", *(k for k in _PER_TOKEN if k in self.optional))
         rows = {key: as_floats(_numpy(sample[key]), where, key) for key in floats}
@@ -302,7 +302,8 @@ class _Columns:
                     else ""
                 )
                 raise DumpError(
-                    f"{where}: {key!r} has {values.size} values but response_lengths is {n}{cp}"
+                    f"{where}: {quote(key)} has {values.size} values but response_lengths is "
+                    f"{n}{cp}"
                 )
         if "tokens" in self.optional:
             tokens = as_ints(_numpy(sample["tokens"]), where, "tokens")
@@ -389,7 +390,7 @@ def _group(joined: list[dict], sample: dict, position: object, where: str) -> ob
     """The sample's group_index in the rollout dump, checking the two dumps belong together."""
     if not isinstance(position, int) or not 0 <= position < len(joined):
         raise DumpError(
-            f"{where}: rollout_position {position!r} is not a sample of the rollout dump "
+            f"{where}: rollout_position {quote(position)} is not a sample of the rollout dump "
             f"({len(joined)} samples)"
         )
     other = joined[position]

@@ -1,0 +1,178 @@
+"""A generated corpus of hostile inputs: dumps, configs and paths an attacker or a broken
+pipeline could hand iscore, each with what iscore must answer.
+
+`dumps()` and `configs()` return name -> writer (a function of a directory that writes the
+input there and returns its path); `test_hostile.py` runs every one through every command
+that reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from iscore.replay import MAX_CONFIG_BYTES
+
+Writer = Callable[[Path], Path]
+
+_F64 = pa.list_(pa.float64())
+
+
+def _write(table: pa.Table, name: str) -> Writer:
+    def write(directory: Path) -> Path:
+        path = directory / name
+        pq.write_table(table, path)
+        return path
+
+    return write
+
+
+def _sequence(**columns: pa.Array) -> pa.Table:
+    """Two sequences of two tokens, with `columns` replacing or adding to the defaults."""
+    base = {
+        "seq_id": pa.array([0, 1]),
+        "rollout_logprob": pa.array([[-1.0, -0.5], [-2.0, -0.1]], _F64),
+        "train_logprob": pa.array([[-1.1, -0.5], [-2.0, -0.2]], _F64),
+    }
+    return pa.table({**base, **columns})
+
+
+def _token(**columns: pa.Array) -> pa.Table:
+    """The same two sequences in token layout."""
+    base = {
+        "seq_id": pa.array([0, 0, 1, 1]),
+        "rollout_logprob": pa.array([-1.0, -0.5, -2.0, -0.1]),
+        "train_logprob": pa.array([-1.1, -0.5, -2.0, -0.2]),
+    }
+    return pa.table({**base, **columns})
+
+
+def dumps() -> dict[str, Writer]:
+    """Dumps every reader must refuse with a problem naming file, column and row."""
+    big = 2**63 + 5
+    return {
+        # float64 values beyond float32's range are infinite once cast to the engine's dtype
+        "logprob_f64_overflow_neg": _write(
+            _token(rollout_logprob=pa.array([-1.0, -1e300, -2.0, -0.1])), "t.parquet"
+        ),
+        "logprob_f64_overflow_in_list": _write(
+            _sequence(train_logprob=pa.array([[-1.1, -1e39], [-2.0, -0.2]], _F64)), "s.parquet"
+        ),
+        "logprob_positive_f64": _write(
+            _token(train_logprob=pa.array([-1.0, 1e300, -2.0, -0.1])), "t.parquet"
+        ),
+        "logprob_nan": _write(
+            _token(train_logprob=pa.array([-1.0, float("nan"), -2.0, -0.1])), "t.parquet"
+        ),
+        # integers int64 cannot hold
+        "step_uint64_above_int64": _write(
+            _sequence(step=pa.array([big, 1], pa.uint64())), "s.parquet"
+        ),
+        "step_uint64_token_layout": _write(
+            _token(step=pa.array([big, big, 1, 1], pa.uint64())), "t.parquet"
+        ),
+        "pos_uint64_above_int64": _write(
+            _token(pos=pa.array([0, big, 0, 1], pa.uint64())), "t.parquet"
+        ),
+        "pos_uint64_in_list": _write(
+            _sequence(pos=pa.array([[0, big], [0, 1]], pa.list_(pa.uint64()))), "s.parquet"
+        ),
+        # nulls
+        "null_in_loss_mask_list": _write(
+            _sequence(loss_mask=pa.array([[True, None], [True, True]])), "s.parquet"
+        ),
+        "null_in_pos_list": _write(
+            _sequence(pos=pa.array([[0, None], [0, 1]], pa.list_(pa.int64()))), "s.parquet"
+        ),
+        "null_in_logprob_list": _write(
+            _sequence(rollout_logprob=pa.array([[-1.0, None], [-2.0, -0.1]], _F64)), "s.parquet"
+        ),
+        "null_loss_mask_token": _write(
+            _token(loss_mask=pa.array([True, None, True, True])), "t.parquet"
+        ),
+        "null_seq_id": _write(_sequence(seq_id=pa.array([0, None])), "s.parquet"),
+        # nothing to compute on
+        "all_sequences_empty": _write(
+            _sequence(
+                rollout_logprob=pa.array([[], []], _F64), train_logprob=pa.array([[], []], _F64)
+            ),
+            "s.parquet",
+        ),
+        "no_loss_token": _write(_token(loss_mask=pa.array([False] * 4)), "t.parquet"),
+        "no_loss_token_lists": _write(
+            _sequence(loss_mask=pa.array([[False, False], [False, False]])), "s.parquet"
+        ),
+        # fractional ids and positions (Parquet has no complex type: see test_writer_casts)
+        "step_fractional": _write(_sequence(step=pa.array([1.5, 2.0])), "s.parquet"),
+        "seq_id_fractional": _write(_token(seq_id=pa.array([0.5, 0.5, 1.0, 1.0])), "t.parquet"),
+        "pos_fractional": _write(_token(pos=pa.array([0.0, 0.5, 0.0, 1.0])), "t.parquet"),
+        "loss_mask_two": _write(_token(loss_mask=pa.array([1, 2, 1, 1])), "t.parquet"),
+        # files that are not what they claim
+        "not_parquet": lambda d: _bytes(d / "x.parquet", b'{"a": 1}\n'),
+        "truncated": lambda d: _bytes(d / "x.parquet", b"PAR1" + b"\0" * 64),
+        "empty_file": lambda d: _bytes(d / "x.parquet", b""),
+    }
+
+
+def _bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+VERL = "algorithm: {rollout_correction: {rollout_is: token, rollout_is_threshold: 2.0}}\n"
+
+
+def _bomb(levels: int = 9) -> str:
+    """A "billion laughs" YAML: 9 levels of 9 aliases each expand to 9**9 strings."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    return "framework: verl\n" + "\n".join(lines) + "\n"
+
+
+def configs() -> dict[str, str]:
+    """Config texts every config reader must refuse with one short line."""
+    return {
+        "yaml_alias_bomb": _bomb(),
+        "yaml_merge_alias": "base: &b {rollout_is: token}\nframework: verl\n"
+        "algorithm: {rollout_correction: {<<: *b}}\n",
+        "oversized": "framework: verl\n" + VERL + "# " + "x" * MAX_CONFIG_BYTES + "\n",
+        "deep_nesting": "framework: verl\nx: " + "[" * 20_000 + "]" * 20_000 + "\n",
+        "long_value": "framework: verl\nalgorithm: {rollout_correction: {rollout_is: "
+        + "t" * 300_000
+        + "}}\n",
+        "long_framework": "framework: " + "v" * 300_000 + "\n",
+        "long_key": "framework: verl\n" + "k" * 300_000 + ": 1\n",
+        "not_a_mapping": "- framework\n- verl\n",
+        "invalid_yaml": "framework: verl\nalgorithm: {\n",
+        "binary": "\x00\x01\x02framework",
+        "wrong_type_mapping": "framework: verl\nalgorithm: {rollout_correction: "
+        + "["
+        + ", ".join(["1"] * 50_000)
+        + "]}\n",
+    }
+
+
+def sizes() -> dict[str, int]:
+    """Corpus size per class (the security note quotes these)."""
+    return {"dump values": len(dumps()), "configs": len(configs())}
+
+
+def valid_dump() -> pa.Table:
+    """A small valid dump in sequence layout (the reference answers are computed on it)."""
+    rng = np.random.default_rng(0)
+    rollout = [(-rng.random(n) * 3).tolist() for n in (3, 5, 2, 7)]
+    train = [[x + 0.01 * rng.standard_normal() for x in r] for r in rollout]
+    train = [[min(x, 0.0) for x in r] for r in train]
+    return pa.table(
+        {
+            "step": [0, 0, 1, 1],
+            "seq_id": [0, 1, 2, 3],
+            "rollout_logprob": pa.array(rollout, _F64),
+            "train_logprob": pa.array(train, _F64),
+        }
+    )

@@ -1,0 +1,470 @@
+"""Hostile inputs through every command that reads them: never a traceback, never a silent
+wrong answer, always one short line (or, for a dump's problems, one line per problem).
+
+Corpus size per class (see `tests/unit/hostile.py`), each run through every command that
+reads it: dump values 23 x 5 commands (validate, analyze, replay, recommend, export --dump),
+configs 11 x 3 commands (replay, analyze, export), paths 6, outputs 8, report 1, writer casts
+4, 150 hypothesis-fuzzed tables for the reader, and 3 configs under an address-space limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+from html.parser import HTMLParser
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import iscore.dump
+from iscore.cli import main
+from iscore.dump import Dump, DumpError, DumpProblems
+from iscore.errors import ConfigError
+from iscore.replay import parse_config
+from iscore.writer import canonical_table
+from tests.unit import hostile
+
+PRESET = "verl:decoupled_geo_rs"
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def one_line_error(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err[:2000]
+    assert len(lines[0]) < 1000, lines[0][:300]
+    return lines[0]
+
+
+def problem_lines(text: str) -> list[str]:
+    lines = text.splitlines()
+    assert re.match(r"^(\S.*: )?\d+ problems?:?$", lines[0]), lines[0]
+    assert lines[1:] and all(line.startswith("  - ") for line in lines[1:]), text
+    return lines[1:]
+
+
+# ---------------------------------------------------------------------------------- dumps
+
+DUMP_COMMANDS = {
+    "validate": lambda d, out: ["validate", str(d), "-q"],
+    "analyze": lambda d, out: ["analyze", str(d), "-q", "--preset", PRESET],
+    "replay": lambda d, out: ["replay", str(d), "-q", "--config", PRESET_FILE, "--out", out],
+    "recommend": lambda d, out: ["recommend", str(d), "-q", "--framework", "verl"],
+    "export": lambda d, out: ["export", "--config", PRESET, "--to", "skyrl", "--dump", str(d)],
+}
+PRESET_FILE = ""  # set by the fixture below: replay needs a config file
+
+
+@pytest.fixture(autouse=True)
+def _config_file(tmp_path, monkeypatch):
+    path = tmp_path / "verl.yaml"
+    path.write_text("framework: verl\n" + hostile.VERL)
+    monkeypatch.setattr(sys.modules[__name__], "PRESET_FILE", str(path))
+
+
+@pytest.mark.parametrize("command", list(DUMP_COMMANDS))
+@pytest.mark.parametrize("case", list(hostile.dumps()))
+def test_hostile_dump(case, command, tmp_path, capsys):
+    dump = hostile.dumps()[case](tmp_path)
+    out_path = tmp_path / "out.parquet"
+    code, out, err = run(DUMP_COMMANDS[command](dump, str(out_path)), capsys)
+    assert not out_path.exists()
+    assert list(tmp_path.glob(".*")) == []  # no temporary file left behind
+    if command == "validate":
+        assert code == 1
+        lines = problem_lines(out if out.strip() else err)
+    elif code == 1:
+        lines = problem_lines(err)
+    else:
+        assert code == 2, (code, out, err)
+        lines = [one_line_error(err)]
+    assert any(dump.name in line for line in lines), lines
+
+
+def test_float64_overflow_names_file_column_row(tmp_path, capsys):
+    dump = hostile.dumps()["logprob_f64_overflow_neg"](tmp_path)
+    code, out, _ = run(["validate", str(dump), "-q"], capsys)
+    assert code == 1
+    assert "t.parquet, column rollout_logprob: invalid log-prob: 1 infinite" in out
+    assert "at row 1" in out
+
+
+def test_uint64_step_names_row(tmp_path, capsys):
+    dump = hostile.dumps()["step_uint64_above_int64"](tmp_path)
+    code, out, _ = run(["validate", str(dump), "-q"], capsys)
+    assert code == 1 and "column step: 1 values above" in out
+    assert "which int64 cannot hold at row 0" in out
+
+
+def test_null_inside_loss_mask_list_is_not_false(tmp_path, capsys):
+    dump = hostile.dumps()["null_in_loss_mask_list"](tmp_path)
+    code, out, _ = run(["validate", str(dump), "-q"], capsys)
+    assert code == 1 and "column loss_mask: 1 null values inside its lists at row 0" in out
+
+
+def test_no_loss_token_is_a_clear_error_for_streams_and_batches(tmp_path, good_dump):
+    from iscore.analyze import analyze
+
+    with pytest.raises(DumpProblems, match="no token is in the loss"):
+        list(Dump(hostile.dumps()["no_loss_token"](tmp_path)).batches())
+    batch = iscore.dump.load(good_dump)
+    masked = dataclasses.replace(batch, loss_mask=torch.zeros_like(batch.loss_mask), _seq_index=[])
+    with pytest.raises(DumpError, match="no token is in the loss"):  # was a KeyError
+        analyze(masked, [PRESET])
+
+
+def test_writer_casts_refuse_wrapping_truncating_complex():
+    tokens = {"rollout_logprob": np.array([-1.0, -1.0]), "train_logprob": np.array([-1.0, -1.0])}
+    base = {"seq_id": [1, 2], "lengths": np.array([1, 1])}
+    cases = {
+        "token_id 2**40 into int32": dict(
+            step=3, tokens=dict(tokens, token_id=np.array([2**40, 1]))
+        ),
+        "fractional step": dict(step=1.5, tokens=tokens),
+        "complex step": dict(step=np.array([1 + 2j, 1]), tokens=tokens),
+        "uint64 step above int64": dict(step=np.array([2**63, 1], np.uint64), tokens=tokens),
+    }
+    for what, kwargs in cases.items():
+        with pytest.raises(DumpError, match=r"Expected `(token_id|step)`"):
+            canonical_table(**base, **kwargs)
+            pytest.fail(what)
+
+
+# -------------------------------------------------------------------------------- configs
+
+CONFIG_COMMANDS = {
+    "replay": lambda c, d, o: ["replay", str(d), "-q", "--config", str(c), "--out", o],
+    "analyze": lambda c, d, o: ["analyze", str(d), "-q", "--config", str(c)],
+    "export": lambda c, d, o: ["export", "--config", str(c), "--to", "skyrl"],
+}
+
+
+@pytest.fixture
+def good_dump(tmp_path):
+    path = tmp_path / "good.parquet"
+    pq.write_table(hostile.valid_dump(), path)
+    return path
+
+
+@pytest.mark.parametrize("command", list(CONFIG_COMMANDS))
+@pytest.mark.parametrize("case", list(hostile.configs()))
+def test_hostile_config(case, command, tmp_path, good_dump, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(hostile.configs()[case])
+    out_path = tmp_path / "out.parquet"
+    code, _, err = run(CONFIG_COMMANDS[command](config, good_dump, str(out_path)), capsys)
+    assert code == 2
+    assert "c.yaml" in one_line_error(err)
+    assert not out_path.exists()
+
+
+def test_alias_bomb_fails_at_its_first_alias(tmp_path):
+    config = tmp_path / "bomb.yaml"
+    config.write_text(hostile.configs()["yaml_alias_bomb"])
+    with pytest.raises(ConfigError, match=r"line 3: YAML aliases \(\*name\) are not allowed"):
+        parse_config(config)
+
+
+# ---------------------------------------------------------------------------------- paths
+
+
+def _reference(good_dump, capsys) -> str:
+    code, out, _ = run(["validate", str(good_dump), "-q"], capsys)
+    assert code == 0
+    return out.split("\n", 1)[1]
+
+
+def test_existing_file_with_glob_characters_is_read_as_itself(tmp_path, good_dump, capsys):
+    odd = tmp_path / "run[1].parquet"
+    odd.write_bytes(good_dump.read_bytes())
+    (tmp_path / "run1.parquet").write_bytes(b"not parquet")  # what the glob would match
+    code, out, _ = run(["validate", str(odd), "-q"], capsys)
+    assert code == 0 and out.split("\n", 1)[1] == _reference(good_dump, capsys)
+
+
+def test_globs_and_walks_skip_symlinked_directories(tmp_path, good_dump, capsys):
+    root = tmp_path / "runs"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "x.parquet").write_bytes(good_dump.read_bytes())
+    (root / "a" / "loop").symlink_to("..")  # a cycle glob.glob would follow
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "y.parquet").write_bytes(b"junk")
+    (root / "out").symlink_to(outside)
+    want = [str(root / "a" / "x.parquet")]
+    assert iscore.dump.resolve_files(str(root / "**" / "*.parquet")) == want
+    assert iscore.dump.resolve_files(str(root)) == want
+    code, out, _ = run(["validate", str(root / "**" / "*.parquet"), "-q"], capsys)
+    assert code == 0 and out.split("\n", 1)[1] == _reference(good_dump, capsys)
+
+
+def test_walks_stop_past_the_file_budget(tmp_path, monkeypatch, capsys):
+    for i in range(30):
+        (tmp_path / f"f{i}.txt").write_bytes(b"")
+    monkeypatch.setattr(iscore.dump, "MAX_LISTED", 20)
+    code, _, err = run(["validate", str(tmp_path / "**" / "*.parquet"), "-q"], capsys)
+    assert code == 2 and "stopped after looking at 20 directory entries" in one_line_error(err)
+
+
+def test_walks_stop_past_the_time_budget(tmp_path, monkeypatch, capsys):
+    (tmp_path / "d").mkdir()
+    monkeypatch.setattr(iscore.dump, "LIST_SECONDS", -1.0)
+    code, _, err = run(["validate", str(tmp_path), "-q"], capsys)
+    assert code == 2 and "s of listing directories" in one_line_error(err)
+
+
+@pytest.mark.parametrize("path", ["missing.parquet", "no/such/*.parquet"])
+def test_missing_paths(path, tmp_path, capsys):
+    code, _, err = run(["validate", str(tmp_path / path), "-q"], capsys)
+    assert code == 2 and one_line_error(err)
+
+
+# -------------------------------------------------------------------------------- outputs
+
+
+def test_output_gets_the_umask_mode(tmp_path, good_dump, capsys):
+    old = os.umask(0o027)
+    try:
+        out = tmp_path / "w.parquet"
+        code, _, _ = run(
+            ["replay", str(good_dump), "-q", "--config", PRESET_FILE, "--out", str(out)], capsys
+        )
+    finally:
+        os.umask(old)
+    assert code == 0 and stat.S_IMODE(out.stat().st_mode) == 0o640
+
+
+def test_output_over_a_directory_is_refused(tmp_path, good_dump, capsys):
+    target = tmp_path / "adir"
+    target.mkdir()
+    code, _, err = run(
+        ["replay", str(good_dump), "-q", "--config", PRESET_FILE, "--out", str(target)], capsys
+    )
+    assert code == 2 and "is a directory" in one_line_error(err)
+    assert list(target.iterdir()) == []
+
+
+def test_output_through_a_symlink_keeps_the_link(tmp_path, good_dump, capsys):
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    code, _, _ = run(["validate", str(good_dump), "-q", "--json", str(link)], capsys)
+    assert code == 0 and link.is_symlink() and json.loads(real.read_text())["ok"]
+
+
+def test_output_to_a_fifo_writes_into_it(tmp_path, good_dump, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    code, _, _ = run(["validate", str(good_dump), "-q", "--json", str(fifo)], capsys)
+    reader.join(10)
+    assert code == 0 and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert json.loads(received[0])["ok"]
+
+
+def test_output_to_dev_stdout_is_written_directly(tmp_path, good_dump):
+    code = (
+        "import sys; from iscore.cli import main; "
+        f"sys.exit(main(['validate', {str(good_dump)!r}, '-q', '--json', '/dev/stdout']))"
+    )
+    was_link = os.path.islink("/dev/stdout")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and '"ok": true' in done.stdout
+    assert os.path.islink("/dev/stdout") == was_link  # never replaced by a regular file
+
+
+def test_failed_write_leaves_no_temporary(tmp_path, capsys):
+    dump = hostile.dumps()["no_loss_token"](tmp_path)
+    out = tmp_path / "w.parquet"
+    code, _, _ = run(
+        ["replay", str(dump), "-q", "--config", PRESET_FILE, "--out", str(out)], capsys
+    )
+    assert code == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet", "verl.yaml"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_removes_the_temporary(sig, tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import os, signal, sys
+        from pathlib import Path
+        from iscore.output import output_path
+        with output_path({str(tmp_path / "o.json")!r}) as tmp:
+            Path(tmp).write_text("partial")
+            os.kill(os.getpid(), {int(sig)})
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(("o.json", ".o.json"))]
+
+
+# --------------------------------------------------------------------------------- report
+
+
+class _Scripts(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.scripts: list[str] = []
+        self.csp = None
+        self.links: list[str] = []
+        self._in = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.links += [attrs[k] for k in ("src", "href") if attrs.get(k)]
+        if tag == "script":
+            self._in = True
+            self.scripts.append("")
+        if tag == "meta" and attrs.get("http-equiv") == "Content-Security-Policy":
+            self.csp = attrs["content"]
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in = False
+
+    def handle_data(self, data):
+        if self._in:
+            self.scripts[-1] += data
+
+
+def test_report_escapes_names_and_allows_only_its_scripts(tmp_path, good_dump, capsys):
+    evil = "</script><script>alert(1)</script><!--\u2028"
+    config = tmp_path / "evil.yaml"
+    config.write_text(f"framework: verl\nname: {json.dumps(evil)}\n" + hostile.VERL)
+    html = tmp_path / "r.html"
+    code, _, _ = run(
+        ["analyze", str(good_dump), "-q", "--config", str(config), "--html", str(html)], capsys
+    )
+    assert code == 0
+    text = html.read_text()
+    page = _Scripts()
+    page.feed(text)
+    assert len(page.scripts) == 2  # plotly and the figures: nothing injected
+    assert "alert(1)" not in page.scripts[0] and "<script>alert" not in text
+    csp = page.csp
+    assert "default-src 'none'" in csp and "connect-src" not in csp
+    for script in page.scripts:
+        digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in csp
+    assert page.links == []  # opens with no network: no element loads anything
+
+
+# ------------------------------------------------------------------------------- fuzzing
+
+_FLOATS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    st.sampled_from([-1e300, -3.5e38, -1e-50, 0.0, -0.0, 1e300]),
+)
+_TYPES = {
+    "f64": pa.float64(),
+    "f32": pa.float32(),
+    "i64": pa.int64(),
+    "u64": pa.uint64(),
+    "str": pa.string(),
+    "bool": pa.bool_(),
+}
+
+
+@st.composite
+def _dumps(draw):
+    """Token-layout tables of random column types and values, nulls included."""
+    n = draw(st.integers(1, 12))
+    ids = sorted(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
+    columns = {"seq_id": pa.array(ids)}
+    for name in ("rollout_logprob", "train_logprob", "loss_mask", "step", "pos"):
+        if name not in ("rollout_logprob", "train_logprob") and draw(st.booleans()):
+            continue
+        kind = draw(st.sampled_from(list(_TYPES)))
+        if kind in ("f64", "f32"):
+            values = draw(st.lists(st.one_of(st.none(), _FLOATS), min_size=n, max_size=n))
+        elif kind == "i64":
+            values = draw(
+                st.lists(
+                    st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), min_size=n, max_size=n
+                )
+            )
+        elif kind == "u64":
+            values = draw(
+                st.lists(st.one_of(st.none(), st.integers(0, 2**64 - 1)), min_size=n, max_size=n)
+            )
+        elif kind == "bool":
+            values = draw(st.lists(st.one_of(st.none(), st.booleans()), min_size=n, max_size=n))
+        else:
+            values = draw(
+                st.lists(st.one_of(st.none(), st.text(max_size=3)), min_size=n, max_size=n)
+            )
+        columns[name] = pa.array(values, _TYPES[kind])
+    return pa.table(columns)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_dumps())
+def test_fuzzed_dump_is_read_faithfully_or_refused(table):
+    """Either a batch whose values are the input's, as float32, or a DumpError."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    try:
+        batch = Dump.from_buffers([("f.parquet", sink.getvalue().to_pybytes())]).load()
+    except DumpError:
+        return
+    if "pos" not in table.column_names:  # file order is batch order
+        for name, tensor in (("rollout_logprob", batch.rollout), ("train_logprob", batch.train)):
+            expected = np.asarray(table[name].to_pylist(), np.float64).astype(np.float32)
+            assert np.array_equal(tensor.numpy(), expected)
+    assert batch.num_tokens == table.num_rows
+    assert np.isfinite(batch.rollout.numpy()).all() and (batch.rollout.numpy() <= 0).all()
+    assert batch.loss_mask.any()
+    if "step" in table.column_names:
+        assert set(batch.step.tolist()) <= set(table["step"].to_pylist())
+
+
+# -------------------------------------------------------------------------------- memory
+
+_LIMITED = """
+import resource, sys
+from iscore.errors import ConfigError
+from iscore.replay import parse_config
+# The limit counts from what the imports (torch) already mapped: 300 MB more, no further.
+with open("/proc/self/status") as f:
+    size = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (size + 300 * 2**20, size + 300 * 2**20))
+try:
+    parse_config(sys.argv[1])
+except ConfigError as e:
+    print("refused:", str(e)[:200])
+"""
+
+
+@pytest.mark.parametrize("case", ["yaml_alias_bomb", "oversized", "deep_nesting"])
+def test_config_fails_cleanly_under_an_address_space_limit(case, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(hostile.configs()[case])
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITED, str(config)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("refused:") and "Traceback" not in done.stderr

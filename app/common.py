@@ -1,10 +1,12 @@
 """Shared helpers of the pages: the session's state, the cached workspaces, plots and errors.
 
 Caching: a loaded dump is an `iscore.workspace.Workspace` (the batch, and the analyses, settings
-and tuner computed from it on demand, memoized inside). Uploads are cached with
-`st.cache_resource(scope="session")` keyed by the content digest, so each browser session has
-its own and loses it when it disconnects; dumps opened from a server-side path or a bundled
-sample are cached globally, keyed by their files' (path, size, mtime).
+and tuner computed from it on demand, memoized inside), held in the process's
+`iscore.budget.WorkspaceCache` within its memory budget. Uploads are keyed by the session and
+the content digest, so each browser session has its own (one at a time, within the token
+budget); dumps opened from a server-side path (only inside the data folders, see
+`iscore.serving.DataRoots`) or a bundled sample are shared, keyed by their files' (path, size,
+mtime). A session's holds are released when Streamlit drops the session.
 
 State that outlives a page switch lives in `st.session_state` under plain keys; widgets get
 a mirror key (`persist`), since Streamlit drops the state of widgets that are not rendered.
@@ -12,7 +14,10 @@ a mirror key (`persist`), since Streamlit drops the state of widgets that are no
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +30,7 @@ import streamlit as st
 from plotly.subplots import make_subplots
 
 from iscore.analyze import Analysis, presets
+from iscore.budget import CACHE_MB, MAX_UPLOAD_TOKENS, WorkspaceCache, check_upload
 from iscore.dump import DumpProblems, StepRange
 from iscore.errors import IscoreError
 from iscore.export import convert as convert_setting
@@ -32,6 +38,7 @@ from iscore.export import to_file_text
 from iscore.figures import color
 from iscore.replay import Spec
 from iscore.report import SUMMARY_COLUMNS
+from iscore.serving import DataRoots, dump_folder
 from iscore.tune import TuneResult
 from iscore.workspace import Workspace, digest, fingerprint, open_path, open_uploads
 
@@ -118,24 +125,90 @@ def notice() -> None:
 # Workspaces
 
 
-@st.cache_resource(scope="session", max_entries=3, show_spinner=False)
-def _upload_workspace(
-    key: str, drop_invalid: bool, _files: tuple[tuple[str, bytes], ...] | None
-) -> Workspace:
-    """The uploads' workspace, cached per session by their content digests (`key`); the
-    bytes (`_files`, not hashed) are needed only on the first call."""
-    if _files is None:
-        raise IscoreError(
-            "the uploaded dump is no longer in this session's memory; upload it again"
-        )
-    return open_uploads(_files, drop_invalid=drop_invalid)
+@dataclass(frozen=True, slots=True)
+class Options:
+    """How the operator started the app: `streamlit run app/serve.py -- [--path DUMP]
+    [--data-dir DIR ...] [--max-upload-tokens N] [--cache-mb MB]`, as `iscore app` does.
+
+    Attributes:
+        preload: the dump to open on the Data page.
+        roots: the folders the server-path box may read: every `--data-dir`, the folder of
+            `preload`, the bundled samples.
+        max_upload_tokens: the most tokens one session may upload.
+        cache_mb: memory for the loaded dumps of every session together.
+    """
+
+    preload: str | None
+    roots: DataRoots
+    max_upload_tokens: int
+    cache_mb: int
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def _path_workspace(files: tuple[tuple[str, int, int], ...], drop_invalid: bool) -> Workspace:
-    """A server-side dump's workspace, shared by every session, keyed by its files' (path,
-    size, mtime): a rewritten file is read again."""
-    return open_path([path for path, _, _ in files], drop_invalid=drop_invalid)
+def options() -> Options:
+    """The app's `Options`, from the script's arguments (read on each run: it is cheap)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--path")
+    parser.add_argument("--data-dir", action="append", default=[])
+    parser.add_argument("--max-upload-tokens", type=int, default=MAX_UPLOAD_TOKENS)
+    parser.add_argument("--cache-mb", type=int, default=CACHE_MB)
+    args, _ = parser.parse_known_args(sys.argv[1:])
+    folders = [ROOT / "data", *args.data_dir]
+    if args.path:
+        folders.append(dump_folder(args.path))
+    return Options(args.path, DataRoots(folders), args.max_upload_tokens, args.cache_mb)
+
+
+@st.cache_resource(show_spinner=False)
+def _cache(limit_mb: int) -> WorkspaceCache:
+    """The process's loaded dumps, within the memory budget."""
+    return WorkspaceCache(limit_mb << 20)
+
+
+@dataclass(frozen=True, slots=True)
+class _Session:
+    """A browser session's hold on the cache, released when Streamlit drops the session."""
+
+    id: str
+    cache: WorkspaceCache
+
+
+def _end_session(session: _Session) -> None:
+    session.cache.release(session.id)
+
+
+@st.cache_resource(scope="session", show_spinner=False, on_release=_end_session)
+def _session(limit_mb: int) -> _Session:
+    return _Session(uuid.uuid4().hex, _cache(limit_mb))
+
+
+def _this_session() -> _Session:
+    return _session(options().cache_mb)
+
+
+def _gone() -> Workspace:
+    raise IscoreError("the uploaded dump is no longer in this session's memory; upload it again")
+
+
+def _upload_key(session: _Session, key: str, drop_invalid: bool) -> tuple:
+    return ("upload", session.id, key, drop_invalid)
+
+
+def _path_workspace(source: str, drop_invalid: bool) -> Workspace:
+    """A server-side dump's workspace, shared by the sessions that open it, keyed by its
+    files' (path, size, mtime): a rewritten file is read again.
+
+    Raises:
+        IscoreError: `source` is missing or outside the data folders (one message for both),
+            or is not a valid dump.
+    """
+    files = options().roots.files(source, fingerprint)
+    session = _this_session()
+    paths = [path for path, _, _ in files]
+    return session.cache.get(
+        ("path", files, drop_invalid),
+        session.id,
+        lambda: open_path(paths, drop_invalid=drop_invalid),
+    )
 
 
 def upload_digest(upload: Any) -> str:
@@ -150,12 +223,20 @@ def load_uploads(uploads: Sequence[Any], drop_invalid: bool) -> Workspace:
     """Open uploaded files (Streamlit `UploadedFile`s) as the session's dump, from memory.
 
     Raises:
-        IscoreError: the files are not a valid dump (`DumpProblems` lists every problem).
+        IscoreError: more tokens than the session's budget, or the files are not a valid dump
+            (`DumpProblems` lists every problem).
     """
     key = "+".join(upload_digest(u) for u in uploads)
     files = tuple((u.name, u.getvalue()) for u in uploads)
+    check_upload(files, options().max_upload_tokens)
+    session = _this_session()
+    this = _upload_key(session, key, drop_invalid)
     with st.spinner(f"Reading {len(files)} uploaded file{'s' * (len(files) > 1)}…"):
-        workspace = _upload_workspace(key, drop_invalid, files)
+        workspace = session.cache.get(
+            this, session.id, lambda: open_uploads(files, drop_invalid=drop_invalid)
+        )
+    # A session holds one uploaded dump: its token budget bounds what it keeps.
+    session.cache.discard(session.id, keep=lambda k: k[0] != "upload" or k == this)
     label = ", ".join(u.name for u in uploads)
     _set_loaded(Loaded("upload", key, label, drop_invalid))
     return workspace
@@ -165,10 +246,10 @@ def load_path(source: str, drop_invalid: bool) -> Workspace:
     """Open a dump on the server (file, directory or glob) as the session's dump.
 
     Raises:
-        IscoreError: nothing matches, or the files are not a valid dump.
+        IscoreError: nothing matches in the data folders, or the files are not a valid dump.
     """
     with st.spinner(f"Reading {source}…"):
-        workspace = _path_workspace(fingerprint(source), drop_invalid)
+        workspace = _path_workspace(source, drop_invalid)
     _set_loaded(Loaded("path", source, source, drop_invalid))
     return workspace
 
@@ -187,8 +268,10 @@ def workspace() -> Workspace | None:
         return None
     try:
         if loaded.kind == "upload":
-            return _upload_workspace(loaded.key, loaded.drop_invalid, None)
-        return _path_workspace(fingerprint(loaded.key), loaded.drop_invalid)
+            session = _this_session()
+            key = _upload_key(session, loaded.key, loaded.drop_invalid)
+            return session.cache.get(key, session.id, _gone)
+        return _path_workspace(loaded.key, loaded.drop_invalid)
     except IscoreError as e:
         show_error(e)
         return None

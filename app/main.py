@@ -1,4 +1,5 @@
-"""iscore's dashboard: `iscore app [DUMP]`, or `streamlit run app/main.py [-- --path DUMP]`.
+"""iscore's dashboard: `iscore app [DUMP]`, or `streamlit run app/serve.py [-- --path DUMP]`
+(`app/serve.py` adds the Host check; `common.Options` lists the script's arguments).
 
 The entry file builds the navigation and the sidebar; each page is a small module under
 `pages/` that calls iscore and plots its small result tables.
@@ -6,23 +7,11 @@ The entry file builds the navigation and the sidebar; each page is a small modul
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import common
 import streamlit as st
 
-
-def _preload() -> str | None:
-    """The dump named on the command line (`-- --path DUMP`), opened on the Data page."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--path")
-    args, _ = parser.parse_known_args(sys.argv[1:])
-    return args.path
-
-
 st.set_page_config(page_title="iscore", page_icon=":material/balance:", layout="wide")
-common.init_state(_preload())
+common.init_state(common.options().preload)
 page = st.navigation(
     [
         st.Page("pages/data.py", title="Data", icon=":material/database:", default=True),

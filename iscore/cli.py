@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from iscore.analyze import analyze, presets, resolve
+from iscore.budget import CACHE_MB, MAX_UPLOAD_TOKENS
 from iscore.columns import parse_mapping
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange, resolve_files
 from iscore.errors import IscoreError, quote
@@ -31,6 +32,7 @@ from iscore.output import output_path
 from iscore.recommend import Targets, recommend
 from iscore.replay import parse_config, replay
 from iscore.report import write_html
+from iscore.serving import LOOPBACK_HOSTS
 from iscore.validate import validate
 
 
@@ -294,35 +296,56 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+APP_OPTIONS = {
+    "--data-dir": "a folder whose dumps the server-path box may open (repeatable; the DUMP's "
+    "folder and the bundled samples always may be)",
+    "--allowed-host": "a Host name the server answers besides the loopback names, e.g. the "
+    "name a proxy serves it under (repeatable; `*` for any)",
+    "--max-upload-tokens": "the most tokens one session may upload "
+    f"(default {MAX_UPLOAD_TOKENS:,})",
+    "--cache-mb": f"memory for loaded dumps, shared by all sessions (default {CACHE_MB:,} MB)",
+}
+"""iscore's own options of `iscore app`; every other `--section.option` goes to Streamlit."""
+
+
 def _cmd_app(args: argparse.Namespace) -> int:
-    """Serve the dashboard: `streamlit run app/main.py` in the checkout iscore is installed from,
-    so its `.streamlit/config.toml` applies (as do STREAMLIT_* variables and --server.* flags)."""
+    """Serve the dashboard: `streamlit run app/serve.py` in the checkout iscore is installed
+    from, so its `.streamlit/config.toml` applies (as do STREAMLIT_* variables and --server.*
+    flags). It listens on 127.0.0.1 unless given an address, and answers loopback names only
+    unless given allowed hosts."""
     if {"-h", "--help"} & set(args.args):
         args.app_parser.print_help()
+        print("\niscore's options:")
+        for name, text in APP_OPTIONS.items():
+            print(f"  {name} VALUE\n      {text}")
         return 0
     paths, flags = [], []
+    own: dict[str, list[str]] = {name: [] for name in APP_OPTIONS}
     items = iter(args.args)
     for item in items:
         if not item.startswith("--"):
             paths.append(item)
             continue
-        if "." not in item.split("=", 1)[0]:
+        name, has_value, value = item.partition("=")
+        if name not in own and "." not in name:
             raise IscoreError(
-                "Expected Streamlit's --section.option flags after `iscore app` (e.g. "
-                f"--server.port 8600), but got {item}"
+                f"Expected {', '.join(APP_OPTIONS)} or Streamlit's --section.option flags "
+                f"after `iscore app` (e.g. --server.port 8600), but got {item}"
             )
-        flags.append(item)
-        if "=" not in item:
+        if not has_value:
             value = next(items, None)
             if value is None:
                 raise IscoreError(f"Expected a value after {item}")
-            flags.append(value)
+        if name in own:
+            own[name].append(value)
+        else:
+            flags += [name, value]
     if len(paths) > 1:
         raise IscoreError(
             f"Expected one dump (a file, a directory or a quoted glob), but got {len(paths)}: "
             + " ".join(paths)
         )
-    main = Path(__file__).resolve().parents[1] / "app" / "main.py"
+    main = Path(__file__).resolve().parents[1] / "app" / "serve.py"
     if not main.is_file():
         raise IscoreError(
             f"the dashboard is not installed: expected {main}; install iscore from a checkout "
@@ -333,12 +356,37 @@ def _cmd_app(args: argparse.Namespace) -> int:
     script_args = []
     if paths:
         resolve_files(paths[0])  # a typo fails here, not later in the browser
-        script_args = ["--", "--path", str(Path(paths[0]).absolute())]
+        script_args += ["--path", str(Path(paths[0]).absolute())]
+    for folder in own["--data-dir"]:
+        if not Path(folder).is_dir():
+            raise IscoreError(f"Expected --data-dir to be a directory, but got {folder}")
+        script_args += ["--data-dir", str(Path(folder).absolute())]
+    for name in ("--max-upload-tokens", "--cache-mb"):
+        for value in own[name]:
+            script_args += [name, str(_positive_int(name, value))]
+    # Loopback only unless told otherwise, whatever Streamlit's own default (every interface).
+    if "--server.address" not in flags and "STREAMLIT_SERVER_ADDRESS" not in os.environ:
+        flags += ["--server.address", "127.0.0.1"]
+    if own["--allowed-host"]:
+        for host in (*LOOPBACK_HOSTS, *own["--allowed-host"]):
+            flags += ["--server.allowedHosts", host]
     # Streamlit replaces this process, so that signals (Ctrl-C, `docker stop`, kill) reach it
     # directly and no server is left behind; from the checkout, where its config lives.
     os.chdir(main.parents[1])
-    command = [sys.executable, "-m", "streamlit", "run", str(main), *flags, *script_args]
+    command = [sys.executable, "-m", "streamlit", "run", str(main), *flags]
+    if script_args:
+        command += ["--", *script_args]
     os.execv(sys.executable, command)
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise IscoreError(f"Expected {name} to be a positive integer, but got {text[:200]}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -535,8 +583,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the dashboard (Streamlit), opening on the Data page with DUMP loaded. "
         "Streamlit's own configuration applies: the checkout's .streamlit/config.toml, "
         "STREAMLIT_* environment variables and --section.option flags passed here, e.g. "
-        "`iscore app runs/ --server.port 8600`.",
-        usage="iscore app [DUMP] [--server.OPTION VALUE ...]",
+        "`iscore app runs/ --server.port 8600`. It listens on 127.0.0.1 unless given "
+        "--server.address; see docs/security.md before serving it to others.",
+        usage="iscore app [DUMP] [--data-dir DIR ...] [--allowed-host NAME ...] "
+        "[--max-upload-tokens N] [--cache-mb MB] [--server.OPTION VALUE ...]",
         prefix_chars="+",
         add_help=False,
     )

@@ -32,6 +32,7 @@ from iscore.dump import (
     Dump,
     StepRange,
     is_framework_dump,
+    list_files,
     resolve_files,
 )
 from iscore.errors import DumpError, quote
@@ -315,8 +316,7 @@ def fingerprint(source: str) -> tuple[tuple[str, int, int], ...]:
         DumpError: nothing matches.
     """
     if is_framework_dump(source):  # JSONL / .pt / .pkl files, imported when opened
-        root = Path(source)
-        paths = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        paths = sorted(list_files(source, ("",)))
     else:
         paths = resolve_files(source)
     out = []

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import common
 import streamlit as st
-import yaml
 
 from iscore import figures
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.replay import parse_config
+from iscore.replay import load_config_text, parse_config
 from iscore.tune import FAMILIES, family_spec, frameworks_for
 
 ws = common.require_workspace()
@@ -24,10 +23,9 @@ def _pick() -> None:
 
 def _add_pasted() -> None:
     try:
-        config = yaml.safe_load(state.paste_yaml) if state.paste_yaml.strip() else None
+        text = state.paste_yaml
+        config = load_config_text(text, "the pasted config") if text.strip() else None
         common.say("success", f"Added {common.add_setting(parse_config(config))}.")
-    except yaml.YAMLError as e:
-        common.say("error", f"Not valid YAML: {e}")
     except IscoreError as e:
         common.say("error", str(e))
 

@@ -52,6 +52,11 @@ with upload_tab:
     if uploads and "upload" in errors:
         common.show_error(errors["upload"])
 with path_tab:
+    folders = common.options().roots.folders
+    st.caption(
+        "Inside the folders this server may read: "
+        + ", ".join(f"`{common.escape(str(f))}`" for f in folders)
+    )
     st.session_state.setdefault("_w_path", st.session_state.path)  # after a page switch
     with st.form("open_path", border=False):
         text = st.text_input(

@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from iscore import cli
-from tests.app.conftest import APP, DATA, ROOT
+from tests.app.conftest import DATA, ROOT
+
+SERVE = ROOT / "app" / "serve.py"
 
 
 @pytest.fixture
@@ -22,18 +24,49 @@ def launched(monkeypatch) -> dict:
 
 def test_dump_and_streamlit_flags(launched: dict, monkeypatch) -> None:
     monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("STREAMLIT_SERVER_ADDRESS", raising=False)
     cli.main(["app", "data/fp8.parquet", "--server.port", "8600", "--theme.base=dark"])
     assert launched["cwd"] == ROOT
     assert launched["argv"] == [
-        sys.executable, "-m", "streamlit", "run", str(APP),
-        "--server.port", "8600", "--theme.base=dark",
+        sys.executable, "-m", "streamlit", "run", str(SERVE),
+        "--server.port", "8600", "--theme.base", "dark", "--server.address", "127.0.0.1",
         "--", "--path", str(DATA / "fp8.parquet"),
     ]  # fmt: skip
 
 
-def test_no_dump(launched: dict) -> None:
+def test_no_dump(launched: dict, monkeypatch) -> None:
+    monkeypatch.delenv("STREAMLIT_SERVER_ADDRESS", raising=False)
     cli.main(["app", "--server.headless", "true"])
-    assert launched["argv"][-2:] == ["--server.headless", "true"]
+    assert launched["argv"][-4:] == [
+        "--server.headless", "true", "--server.address", "127.0.0.1",
+    ]  # fmt: skip
+
+
+def test_an_address_given_is_kept(launched: dict, monkeypatch) -> None:
+    monkeypatch.delenv("STREAMLIT_SERVER_ADDRESS", raising=False)
+    cli.main(["app", "--server.address=0.0.0.0"])
+    assert launched["argv"][-2:] == ["--server.address", "0.0.0.0"]
+    monkeypatch.setenv("STREAMLIT_SERVER_ADDRESS", "10.0.0.2")
+    launched.clear()
+    cli.main(["app"])
+    assert "--server.address" not in launched["argv"]
+
+
+def test_iscore_options_go_to_the_script(launched: dict, tmp_path) -> None:
+    cli.main(
+        [
+            "app", str(DATA / "fp8.parquet"), "--data-dir", str(tmp_path),
+            "--allowed-host", "iscore.example.org", "--max-upload-tokens=1000",
+            "--cache-mb", "512",
+        ]
+    )  # fmt: skip
+    argv = launched["argv"]
+    hosts = [argv[i + 1] for i, a in enumerate(argv) if a == "--server.allowedHosts"]
+    assert hosts == ["localhost", "127.0.0.1", "::1", "iscore.example.org"]
+    assert argv[argv.index("--") :] == [
+        "--", "--path", str(DATA / "fp8.parquet"), "--data-dir", str(tmp_path),
+        "--max-upload-tokens", "1000", "--cache-mb", "512",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -41,8 +74,11 @@ def test_no_dump(launched: dict) -> None:
     [
         (["app", "nowhere.parquet"], "nowhere.parquet: no such file"),
         (["app", "a.parquet", "b.parquet"], "Expected one dump"),
-        (["app", "--steps", "3"], "Expected Streamlit's --section.option flags"),
+        (["app", "--steps", "3"], "or Streamlit's --section.option flags"),
         (["app", "--server.port"], "Expected a value after --server.port"),
+        (["app", "--data-dir", "nowhere/"], "Expected --data-dir to be a directory"),
+        (["app", "--max-upload-tokens", "-5"], "to be a positive integer, but got -5"),
+        (["app", "--cache-mb", "lots"], "to be a positive integer, but got lots"),
     ],
 )
 def test_mistakes_are_one_line_errors(launched: dict, capsys, argv: list, message: str) -> None:

@@ -135,7 +135,7 @@ def test_uploads_stay_in_their_session_and_leave_with_it(monkeypatch) -> None:
     assert "no longer in this session's memory" in plain(first.error[0].value)
 
 
-def test_framework_dump_opens_by_path_and_shows_its_provenance(at: AppTest, tmp_path) -> None:
+def test_framework_dump_opens_by_path_and_shows_its_provenance(monkeypatch, tmp_path) -> None:
     """A NeMo-RL log directory is read directly (format detected) and says where it came from."""
     line = {
         "token_loss_mask": [[0, 1, 1]],
@@ -143,9 +143,70 @@ def test_framework_dump_opens_by_path_and_shows_its_provenance(at: AppTest, tmp_
         "prev_logprobs": [[0.0, -0.5, -0.375]],
     }
     (tmp_path / "train_data_step7.jsonl").write_text(json.dumps(line) + "\n")
-    at = open_path(at, tmp_path)
+    monkeypatch.setattr(sys, "argv", ["main.py", "--data-dir", str(tmp_path)])
+    at = open_path(new_app(), tmp_path)
     no_exception(at)
     assert not at.error
     shown = [plain(info.value) for info in at.info]
     assert any("imported from nemo_rl" in line for line in shown)
     assert any("train_data_step7.jsonl (steps 7)" in line for line in shown)
+
+
+def _refusal(at: AppTest) -> str:
+    """The error shown for the server path, with the path typed left out."""
+    return plain(at.error[0].value).split(": ", 1)[1]
+
+
+def test_server_paths_outside_the_data_folders_are_refused_alike(at: AppTest) -> None:
+    """Missing or not allowed: one message, so the box tells nothing about other files."""
+    open_path(at, "/etc/passwd")
+    outside = _refusal(at)
+    assert "no such file, directory or glob match in the folders this app may read" in outside
+    for path in ("/etc/no-such-file", "/etc", "/etc/*", str(DATA / "missing.parquet")):
+        open_path(at, path)
+        no_exception(at)
+        assert _refusal(at) == outside, path
+    assert [i.value for i in at.info] == ["No dump loaded yet."]
+
+
+def test_symlinks_and_dotdot_do_not_leave_the_data_folders(monkeypatch, tmp_path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "fp8.parquet").write_bytes((DATA / "fp8.parquet").read_bytes())
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "link.parquet").symlink_to(outside / "fp8.parquet")
+    (root / "linked_dir").symlink_to(outside)
+    monkeypatch.setattr(sys, "argv", ["main.py", "--data-dir", str(root)])
+    at = new_app()
+    for path in (
+        root / "link.parquet",
+        root / "linked_dir",
+        root / "linked_dir" / "*.parquet",
+        root / ".." / "outside" / "fp8.parquet",
+        f"{root}/*/../../outside/*.parquet",
+    ):
+        open_path(at, path)
+        no_exception(at)
+        assert "folders this app may read" in plain(at.error[0].value), path
+    assert [i.value for i in at.info] == ["No dump loaded yet."]
+
+
+def test_a_data_folder_named_by_the_operator_opens(monkeypatch, tmp_path) -> None:
+    (tmp_path / "run.parquet").write_bytes((DATA / "fp8.parquet").read_bytes())
+    monkeypatch.setattr(sys, "argv", ["main.py", "--data-dir", str(tmp_path)])
+    at = new_app()
+    assert str(tmp_path) in plain(at.caption[1].value)  # the Server path tab names it
+    at = open_path(at, tmp_path / "*.parquet")
+    no_exception(at)
+    assert metric(at, "Sequences") == "48"
+
+
+def test_an_upload_over_the_token_budget_is_refused_before_decoding(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["main.py", "--max-upload-tokens", "1000"])
+    at = new_app()
+    at.file_uploader[0].upload("fp8.parquet", (DATA / "fp8.parquet").read_bytes()).run()
+    no_exception(at)
+    message = plain(at.error[0].value)
+    assert "more than the 1,000 one session may load" in message
+    assert [i.value for i in at.info] == ["No dump loaded yet."]

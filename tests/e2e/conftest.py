@@ -1,4 +1,4 @@
-"""Browser tests: `streamlit run app/main.py` on 127.0.0.1, driven in Debian's Chromium.
+"""Browser tests: `streamlit run app/serve.py` on 127.0.0.1, driven in Debian's Chromium.
 
 Never `playwright install`: pytest-playwright launches /usr/bin/chromium instead. The tests
 are skipped, with the reason, where Chromium or playwright is missing.
@@ -56,7 +56,7 @@ def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with open(log_path, "wb") as log:
         server = subprocess.Popen(
             [
-                sys.executable, "-m", "streamlit", "run", "app/main.py",
+                sys.executable, "-m", "streamlit", "run", "app/serve.py",
                 "--server.address", "127.0.0.1", "--server.port", str(port),
                 "--server.headless", "true",
             ],

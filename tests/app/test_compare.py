@@ -45,7 +45,7 @@ def test_paste_a_config_and_see_its_errors(loaded: AppTest) -> None:
     assert "rollout_is" in plain(at.error[0].value)
     at.text_area[0].input("framework: [verl")
     next(b for b in at.button if b.label == "Add this config").click().run()
-    assert "Not valid YAML" in plain(at.error[0].value)
+    assert "not valid YAML" in plain(at.error[0].value)
 
 
 def test_build_a_setting_for_a_framework(loaded: AppTest) -> None:

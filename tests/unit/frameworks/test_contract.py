@@ -1,10 +1,10 @@
 """The Framework contract, checked for every registered framework: registering a framework
 runs these on its presets, fresh random data and the hand-made edge cases of `conftest.py`.
 
-Each framework's own float64 reference tests (`test_<framework>.py`) check its arithmetic; these
-check that the parts fit: parse and `to_config` invert each other, the canonical form maps back to
-an identical setting, snippets render, the Tune families it declares are the ones it expresses,
-and every replay is well formed.
+The differential harness (`test_harness.py`) checks each framework's arithmetic against its own
+float64 reference (`test_<framework>.py`); these check that the parts fit: parse and `to_config`
+invert each other, the canonical form maps back to an identical setting, snippets render, the
+Tune families it declares are the ones it expresses, and every replay is well formed.
 """
 
 from __future__ import annotations

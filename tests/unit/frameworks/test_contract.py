@@ -86,8 +86,6 @@ def test_declared_families_are_expressed(fw, family: str) -> None:
 def test_replays_are_well_formed(case, random_batch, edges) -> None:
     _, _, spec = case
     for batch in (random_batch, edges):
-        if getattr(spec, "needs_policy", False) and batch.policy is None:
-            continue
         result = spec.replay(batch)
         n = batch.num_tokens
         assert result.weight.shape == result.keep.shape == result.raw.shape == (n,)

@@ -35,12 +35,11 @@ import pytest
 import torch
 
 from iscore import frameworks
-from tests.conftest import DEVICES
+from tests.conftest import ACCELERATORS
 from tests.unit.frameworks.conftest import SEEDS, edge_batch, random_batch_of
 
 RTOL = 1e-6
 ATOL = 1e-37
-ACCELERATORS = [device for device in DEVICES if device != "cpu"]
 BATCHES = {**{f"seed{seed}": seed for seed in SEEDS}, "edges": None}
 
 REGISTERED = frameworks.every()

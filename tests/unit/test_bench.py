@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from iscore import bench
 from iscore.bench import format_table, run_bench, write_json
@@ -37,6 +38,8 @@ GOALS = {
 }
 
 
+# Writes and streams a 200k-token simulated dump through every benchmark row (about 30 s on
+# two cores): every test that takes it is marked slow, so `-m "not slow"` skips the fixture.
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     path = tmp_path_factory.mktemp("bench") / "dump.parquet"
@@ -52,6 +55,7 @@ def result(tmp_path_factory) -> dict:
     )
 
 
+@pytest.mark.slow
 def test_structure(result):
     assert result["schema"] == "iscore.bench"
     assert result["settings"] == list(bench.SETTINGS)
@@ -75,9 +79,10 @@ def test_structure(result):
     assert baselines["padding_factor"] >= 1
     tune = result["tune"]
     assert tune["queries"] == 60 and tune["query_p50_s"] <= tune["query_p99_s"]
-    assert result["cuda"] == {"available": result["cuda"]["available"], "skipped": "device='cpu'"}
+    assert result["cuda"] == {"available": torch.cuda.is_available(), "skipped": "device='cpu'"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("baseline", ["padded", "pandas"])
 def test_baselines_agree_with_the_engine(result, baseline):
     agreement = result["agreement"][baseline]
@@ -86,6 +91,7 @@ def test_baselines_agree_with_the_engine(result, baseline):
     assert agreement["max_rel_diff"] <= agreement["tolerance"] == bench.TOLERANCE[baseline]
 
 
+@pytest.mark.slow
 def test_memory_is_measured_in_subprocesses(result):
     memory = result["memory"]
     for mode in ("import", "stream", "stream_part", "load"):
@@ -93,6 +99,7 @@ def test_memory_is_measured_in_subprocesses(result):
     assert memory["stream_mb"] >= memory["import_mb"]
 
 
+@pytest.mark.slow
 def test_table_and_json(result, tmp_path):
     table = format_table(result)
     for name in ROWS:
@@ -105,6 +112,7 @@ def test_table_and_json(result, tmp_path):
     assert loaded["agreement"]["pandas"]["agrees"] is True
 
 
+@pytest.mark.slow
 def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, monkeypatch):
     kept = Path(result["dump"]["path"])
     assert kept.exists() and result["dump"]["generated_s"] is not None

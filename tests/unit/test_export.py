@@ -20,7 +20,7 @@ from iscore.export import canonical, convert, snippet, to_file_text
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
 from iscore.replay import parse_config
-from tests.conftest import DEVICES
+from tests.conftest import ACCELERATORS
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 
 _RNG = np.random.default_rng(7)
@@ -770,7 +770,7 @@ def test_verl_gen3_before_icepop_strings():
     assert current.exact and current.text == snippet(verl.PRESETS["decoupled_token_icepop"])
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ACCELERATORS)
 def test_difference_on_device_matches_cpu(device):
     spec = verl.PRESETS["decoupled_seq_is"]
     cpu = convert(spec, "areal", batch=WILD)

@@ -95,12 +95,20 @@ def sequences(batch: TokenBatch):
         )
 
 
-@pytest.fixture(params=[0, 1, 2])
-def random_batch(request) -> TokenBatch:
-    """Fresh random data: long-tailed lengths incl. 1-token sequences, three seeds."""
-    rng = np.random.default_rng(100 + request.param)
+SEEDS = (0, 1, 2)
+"""The seeds of `random_batch_of`: sigma 0.02, 0.1 and 0.4."""
+
+
+def random_batch_of(seed: int) -> TokenBatch:
+    """Fresh random data: long-tailed lengths incl. 1-token sequences; one of `SEEDS`."""
+    rng = np.random.default_rng(100 + seed)
     lengths = [1, 1, 2, *rng.lognormal(4.0, 1.2, 40).astype(int).clip(1, 3000).tolist()]
-    return make_batch(lengths, seed=request.param, sigma=[0.02, 0.1, 0.4][request.param])
+    return make_batch(lengths, seed=seed, sigma=[0.02, 0.1, 0.4][seed])
+
+
+@pytest.fixture(params=SEEDS)
+def random_batch(request) -> TokenBatch:
+    return random_batch_of(request.param)
 
 
 @pytest.fixture

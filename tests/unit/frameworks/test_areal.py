@@ -13,7 +13,6 @@ from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import areal
 from iscore.replay import parse_config, replay
-from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import make_batch, sequences
 
 
@@ -98,6 +97,18 @@ def ref_areal(batch: TokenBatch, rs: dict | None, decoupled=True, recompute=Fals
         keeps.append(keep)
         raws.append(raw)
     return np.concatenate(weights), np.concatenate(keeps), np.concatenate(raws)
+
+
+def reference_of(spec: areal.ArealCorrection, batch: TokenBatch):
+    """(weight, keep, raw) of `ref_areal` for `spec`, for the registry's harness."""
+    rs = _as_dict(spec.rejection_sampling)
+    return ref_areal(batch, rs, spec.use_decoupled_loss, spec.recompute_logprob)
+
+
+def _as_dict(rs: areal.RejectionSampling | None) -> dict | None:
+    if rs is None:
+        return None
+    return {k: getattr(rs, k) for k in ("level", "action", "metric", "agg", "upper", "lower")}
 
 
 def check(result, weight, keep, raw):
@@ -295,12 +306,6 @@ def test_legacy_keys_map_with_a_warning(random_batch, legacy, expected):
     check(spec.replay(random_batch), *ref_areal(random_batch, _as_dict(expected)))
 
 
-def _as_dict(rs: areal.RejectionSampling | None) -> dict | None:
-    if rs is None:
-        return None
-    return {k: getattr(rs, k) for k in ("level", "action", "metric", "agg", "upper", "lower")}
-
-
 def test_legacy_uncapped_weight_is_the_raw_ratio(random_batch):
     with pytest.warns(UserWarning):
         result = replay(random_batch, cfg(None, behav_imp_weight_cap=None))
@@ -439,33 +444,20 @@ def test_spec_validation_from_python():
         areal.RejectionSampling(level="sequence", agg="max")
 
 
-def test_presets_replay(random_batch):
-    for key, spec in areal.PRESETS.items():
-        assert spec.name == key
-        check(
-            spec.replay(random_batch), *ref_areal(random_batch, _as_dict(spec.rejection_sampling))
-        )
+# ---------------------------------------------------------------- the harness and dispatch
 
-
-# ---------------------------------------------------------------- devices and dispatch
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "rs",
-    [
-        {"metric": "ratio", "upper": 2.0, "lower": 0.5},
-        {"level": "sequence", "action": "clamp", "metric": "ratio", "agg": "sum", "upper": 1.5},
-        {"level": "sequence", "metric": "kl_k3", "agg": "max", "upper": 0.02},
-    ],
-    ids=str,
-)
-def test_device_replay_equals_cpu(random_batch, device, rs):
-    cpu = replay(random_batch, cfg(rs))
-    other = replay(random_batch.to(device), cfg(rs))
-    assert torch.equal(other.keep.cpu(), cpu.keep)
-    torch.testing.assert_close(other.weight.cpu(), cpu.weight, rtol=1e-6, atol=0)
-    torch.testing.assert_close(other.raw.cpu(), cpu.raw, rtol=1e-6, atol=0)
+# Settings beyond the presets for the registry's harness (test_harness.py), which replays them
+# against `reference_of` and on every device: a two-sided token mask, a sequence clamp decided
+# on the sum, and a sequence KL mask on the max.
+EXTRA_SPECS = {
+    "token_ratio_band": areal.parse(cfg({"metric": "ratio", "upper": 2.0, "lower": 0.5})),
+    "sequence_clamp_sum": areal.parse(
+        cfg({"level": "sequence", "action": "clamp", "metric": "ratio", "agg": "sum", "upper": 1.5})
+    ),
+    "sequence_kl_k3_max": areal.parse(
+        cfg({"level": "sequence", "metric": "kl_k3", "agg": "max", "upper": 0.02})
+    ),
+}
 
 
 def test_replay_dispatch_from_a_yaml_file(tmp_path):

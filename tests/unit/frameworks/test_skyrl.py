@@ -13,7 +13,6 @@ from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import skyrl
 from iscore.replay import replay
-from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
 
 BOUND = 20.0
@@ -140,6 +139,12 @@ def reference(batch: TokenBatch, options: dict):
     for k in ("seq_raw", "seq_weight"):
         result[k] = None if out[k][0] is None else np.array(out[k], dtype=np.float64)
     return result
+
+
+def reference_of(spec: skyrl.SkyRLSpec, batch: TokenBatch):
+    """(weight, keep, raw) of `reference` for `spec`, for the registry's harness."""
+    expected = reference(batch, {key: getattr(spec, key) for key in DEFAULTS})
+    return expected["weight"], expected["keep"], expected["raw"]
 
 
 def assert_matches(result, expected) -> None:
@@ -465,12 +470,6 @@ def test_real_layouts_parse():
     )
 
 
-@pytest.mark.parametrize("name", skyrl.PRESETS)
-def test_to_config_round_trips(name):
-    spec = skyrl.PRESETS[name]
-    assert skyrl.parse(spec.to_config()) == spec
-
-
 def algorithm_config(**algorithm) -> dict:
     return {"framework": "skyrl", "trainer": {"algorithm": algorithm}}
 
@@ -541,17 +540,12 @@ def test_spec_validates_python_construction():
     assert skyrl.SkyRLSpec(geo_mask_low="0.9").geo_mask_low == 0.9
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_device_replay_matches_cpu(device):
-    batch = make_batch([1, 5, 300, 40, 2000], seed=7, sigma=0.1)
-    for case in ("stack_sequence", "stack_token", "rollout_is_stack", "cispo_rollout_masks"):
-        spec = skyrl.parse(config(**CASES[case]))
-        cpu = spec.replay(batch)
-        other = spec.replay(batch.to(device))
-        assert other.weight.device.type == device
-        assert torch.equal(other.keep.cpu(), cpu.keep)
-        torch.testing.assert_close(other.weight.cpu(), cpu.weight, rtol=1e-6, atol=0)
-        torch.testing.assert_close(other.seq_raw.cpu(), cpu.seq_raw, rtol=1e-6, atol=0)
+# Settings beyond the presets for the registry's harness (test_harness.py), which replays them
+# against `reference_of` and on every device: the stacks of masks, TIS and policy losses.
+EXTRA_SPECS = {
+    case: skyrl.SkyRLSpec(name=case, **CASES[case])
+    for case in ("stack_sequence", "stack_token", "rollout_is_stack", "cispo_rollout_masks")
+}
 
 
 def test_replay_dispatches_by_framework():

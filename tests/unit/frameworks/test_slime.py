@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -13,7 +14,6 @@ from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import slime
 from iscore.replay import parse_config, replay
-from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import make_batch, sequences
 
 ICEPOP = "slime.backends.megatron_utils.loss.icepop_function"
@@ -119,6 +119,21 @@ def ref_mis(batch: TokenBatch, c: dict):
     keep = np.concatenate([k for _, k, _, _ in per_seq])
     raw = np.concatenate([r for _, _, r, _ in per_seq])
     return weight, keep, raw
+
+
+def reference_of(spec: slime.SlimeCorrection, batch: TokenBatch):
+    """(weight, keep, raw) of `ref_simple` or `ref_mis` for `spec`, for the registry's harness.
+
+    Only settings whose TIS function weights the loss from the recomputed log-probs (or, for
+    off_policy_is, the current policy's); the metrics-only and bypass paths are hand-checked
+    below.
+    """
+    assert spec.use_tis and not spec.use_rollout_logprobs, "not modelled by ref_simple/ref_mis"
+    if spec.tis_function == "mis":
+        return ref_mis(batch, dataclasses.asdict(spec.mis))
+    function = "icepop" if spec.tis_function == "icepop" else "vanilla"
+    numerator = "policy" if spec.tis_function == "off_policy_is" else "train"
+    return ref_simple(batch, function, spec.tis_clip_low, spec.tis_clip, numerator)
 
 
 def check(result, weight, keep, raw):
@@ -510,35 +525,21 @@ def test_spec_validation_from_python():
     assert slime.SlimeCorrection(tis_function="mis").replay(batch).weight.eq(1).all()
 
 
-def test_presets_replay(random_batch):
-    for key, spec in slime.PRESETS.items():
-        assert spec.name == key
-        result = spec.replay(random_batch)
-        assert result.weight.shape == (random_batch.num_tokens,)
-    icepop = slime.PRESETS["slime_icepop"].replay(random_batch)
-    check(icepop, *ref_simple(random_batch, "icepop", 0.5, 2.0))
+# ---------------------------------------------------------------- the harness and dispatch
 
-
-# ---------------------------------------------------------------- devices and dispatch
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "config",
-    [
-        cfg(f"--use-tis --custom-tis-function-path {ICEPOP} --tis-clip-low 0.5"),
+# Settings beyond the presets for the registry's harness (test_harness.py), which replays them
+# against `reference_of` and on every device: mis.py at sequence level with RS, veto and batch
+# normalization, and its clip mode normalized per token.
+EXTRA_SPECS = {
+    "mis_sequence_mask_rs_normalized": slime.parse(
         mis_cfg(tis_level="sequence", tis_mode="mask", tis_upper_bound=5.0, use_rs=True,
                 rs_level="geometric", rs_lower_bound=0.9, rs_upper_bound=1.1,
-                rs_veto_threshold=1e-4, tis_batch_normalize=True),
-        mis_cfg(tis_level="token", tis_mode="clip", tis_upper_bound=2.0, tis_batch_normalize=True),
-    ],
-)  # fmt: skip
-def test_device_replay_equals_cpu(random_batch, device, config):
-    cpu = replay(random_batch, config)
-    other = replay(random_batch.to(device), config)
-    assert torch.equal(other.keep.cpu(), cpu.keep)
-    torch.testing.assert_close(other.weight.cpu(), cpu.weight, rtol=1e-6, atol=0)
-    torch.testing.assert_close(other.raw.cpu(), cpu.raw, rtol=1e-6, atol=0)
+                rs_veto_threshold=1e-4, tis_batch_normalize=True)
+    ),
+    "mis_token_clip_normalized": slime.parse(
+        mis_cfg(tis_level="token", tis_mode="clip", tis_upper_bound=2.0, tis_batch_normalize=True)
+    ),
+}  # fmt: skip
 
 
 def test_replay_dispatch_from_a_yaml_file(tmp_path, edges):

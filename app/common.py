@@ -36,9 +36,9 @@ from iscore.errors import IscoreError
 from iscore.export import convert as convert_setting
 from iscore.export import to_file_text
 from iscore.figures import color
-from iscore.replay import Spec
 from iscore.report import SUMMARY_COLUMNS
 from iscore.serving import DataRoots, dump_folder
+from iscore.spec import Spec
 from iscore.tune import TuneResult
 from iscore.workspace import Workspace, digest, fingerprint, open_path, open_uploads
 

@@ -22,7 +22,8 @@ from iscore.dump import Dump, Problem, StepRange, load
 from iscore.errors import ConfigError, DumpError, IscoreError
 from iscore.export import convert as export
 from iscore.recommend import recommend
-from iscore.replay import Replay, parse_config, replay
+from iscore.replay import parse_config, replay
+from iscore.spec import Replay
 from iscore.writer import DumpWriter
 
 __all__ = [

@@ -34,7 +34,8 @@ from iscore.errors import ConfigError, DumpError, quote
 from iscore.impact import SettingStats
 from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import output_path
-from iscore.replay import Spec, parse_config
+from iscore.replay import parse_config
+from iscore.spec import Spec
 
 SCHEMA_VERSION = 1
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from iscore import ops
-from iscore.replay import Spec
+from iscore.spec import Spec
 
 MethodId = Literal[
     "token-tis", "kl-mask", "batch-normalization", "current-policy-is", "sequence-tis",

@@ -43,7 +43,7 @@ from iscore.frameworks._config import check_choice
 from iscore.frameworks.base import Framework
 from iscore.impact import aggregation_of, quick_stats
 from iscore.render import yaml_text
-from iscore.replay import Spec
+from iscore.spec import Spec
 
 
 def canonical(spec: Spec) -> Canonical:

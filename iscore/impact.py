@@ -37,7 +37,7 @@ from iscore import frameworks, ops
 from iscore.batch import TokenBatch
 from iscore.frameworks.base import Aggregation
 from iscore.histogram import Binned, LogHistogram, bin_values, bucket_label
-from iscore.replay import Replay, Spec
+from iscore.spec import Replay, Spec
 
 QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
 

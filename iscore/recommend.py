@@ -26,7 +26,7 @@ from iscore.canonical import Canonical, Component, mask_component, weight_compon
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Framework
 from iscore.impact import quick_stats
-from iscore.replay import Spec
+from iscore.spec import Spec
 from iscore.tune import Tuner
 
 

@@ -18,120 +18,17 @@ can also be built directly from Python (typed fields, no string mini-languages).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 import yaml
 
-from iscore import frameworks, ops
+from iscore import frameworks
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError, clip
 from iscore.output import output_path
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Replay:
-    """What a correction does to each token of a batch.
-
-    Attributes:
-        weight: float32 [N], the detached factor multiplying each token's loss term; 0 where
-            the method zeroes the weight and wherever `keep` is false, so `weight` is exactly
-            what each token's gradient is scaled by.
-        keep: bool [N], the token's loss mask after the correction: false where the method
-            removes it from the loss mask and where `loss_mask` was already false.
-        raw: float32 [N], the importance ratio the method starts from before truncating or
-            masking (per token, or the sequence ratio broadcast for sequence-level methods).
-        seq_raw: float32 [B] or None, the per-sequence ratio of sequence-level methods.
-        seq_weight: float32 [B] or None, the per-sequence weight applied (after truncation).
-        pre_norm: float32 [N] or None, for settings that batch-normalize the weights: the
-            weight before that division (what truncation made of `raw`).
-    """
-
-    weight: torch.Tensor
-    keep: torch.Tensor
-    raw: torch.Tensor
-    seq_raw: torch.Tensor | None = None
-    seq_weight: torch.Tensor | None = None
-    pre_norm: torch.Tensor | None = None
-
-    @classmethod
-    def build(
-        cls,
-        batch: TokenBatch,
-        weight: torch.Tensor,
-        keep: torch.Tensor,
-        raw: torch.Tensor,
-        seq_raw: torch.Tensor | None = None,
-        seq_weight: torch.Tensor | None = None,
-        pre_norm: torch.Tensor | None = None,
-    ) -> Replay:
-        """Assemble a result: AND `keep` with the loss mask, zero dropped weights, cast."""
-        keep = keep & batch.loss_mask
-        every = _all(keep)
-
-        def f32(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x.float()
-
-        def zeroed(x: torch.Tensor | None) -> torch.Tensor | None:
-            if x is None:
-                return None
-            out = x.to(torch.float32, copy=True)  # never the caller's own tensor
-            if not every:  # zeroed in place: one float32 [N], not two
-                torch.where(keep, out, out.new_zeros(()), out=out)
-            return out
-
-        return cls(
-            weight=zeroed(weight),
-            keep=keep,
-            raw=raw.float(),
-            seq_raw=f32(seq_raw),
-            seq_weight=f32(seq_weight),
-            pre_norm=zeroed(pre_norm),
-        )
-
-    def to_arrow(self, batch: TokenBatch) -> pa.Table:
-        """One row per token: seq_id, pos, step, weight, keep (the `iscore replay` output)."""
-        lengths = batch.lengths.cpu().numpy()
-        seq_rows = pa.array(
-            torch.repeat_interleave(torch.arange(batch.num_sequences), batch.lengths.cpu()).numpy()
-        )
-        return pa.table(
-            {
-                "seq_id": batch.seq_id.take(seq_rows),
-                "pos": pa.array(batch.positions().cpu().numpy()),
-                "step": pa.array(batch.step.cpu().numpy().repeat(lengths)),
-                "weight": pa.array(self.weight.cpu().numpy()),
-                "keep": pa.array(self.keep.cpu().numpy()),
-            }
-        )
-
-
-def per_token(values: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
-    """float32 [N], each token's copy of its sequence's value in `values` [B]: what `Replay`
-    stores of a per-sequence weight or ratio. The float32 values are broadcast, which gives
-    the same tensor as casting the broadcast float64 ones, without the float64 [N] copy."""
-    return ops.broadcast(values.float(), batch)
-
-
-def _all(mask: torch.Tensor) -> bool:
-    """Whether every value of bool `mask` is true (numpy's test, ~20x faster, on CPU)."""
-    if mask.device.type == "cpu":
-        return bool(mask.numpy().all())
-    return bool(mask.all())
-
-
-class Spec(Protocol):
-    """A parsed, validated correction setting of one framework."""
-
-    framework: str
-    name: str
-
-    def replay(self, batch: TokenBatch) -> Replay: ...
-
+from iscore.spec import Replay, Spec
 
 MAX_CONFIG_BYTES = 1_000_000
 """The largest config text read; real framework configs are a few kilobytes."""

@@ -38,7 +38,7 @@ from iscore.canonical import Canonical, mask_component, weight_component
 from iscore.errors import ConfigError
 from iscore.frameworks._config import check_choice
 from iscore.frameworks.base import Aggregation
-from iscore.replay import Spec
+from iscore.spec import Spec
 
 _TOKEN = Aggregation()  # token-mean: sum(w) / N
 

@@ -32,12 +32,12 @@ from iscore.dump import (
     Dump,
     StepRange,
     is_framework_dump,
-    list_files,
     resolve_files,
 )
 from iscore.errors import DumpError, quote
 from iscore.impact import SettingStats
-from iscore.replay import Spec
+from iscore.paths import list_files
+from iscore.spec import Spec
 from iscore.tune import Tuner, grid
 
 T = TypeVar("T")

@@ -115,7 +115,7 @@ from iscore.canonical import Level as CanonicalLevel
 from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import Section, check_choice, check_number, top_level
 from iscore.frameworks.base import Framework, Trap, Upstream
-from iscore.replay import Replay, per_token
+from iscore.spec import Replay, per_token
 
 NAME = "areal"
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from iscore.batch import TokenBatch
     from iscore.canonical import Candidate, Canonical
-    from iscore.replay import Spec
+    from iscore.spec import Spec
 
 Measure = Callable[["Spec"], dict[str, float]]
 """What a setting does to a dump (`iscore.impact.quick_stats` bound to it), for traps that quote

@@ -79,7 +79,7 @@ from iscore.canonical import Level as CanonicalLevel
 from iscore.errors import ConfigError
 from iscore.frameworks._config import check_choice, check_number, top_level
 from iscore.frameworks.base import Framework, Upstream
-from iscore.replay import Replay, per_token
+from iscore.spec import Replay, per_token
 
 NAME = "fireworks"
 

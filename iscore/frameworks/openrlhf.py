@@ -83,7 +83,7 @@ from iscore.canonical import (
 from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import flag_parser, top_level
 from iscore.frameworks.base import Aggregation, Framework, Trap, Upstream
-from iscore.replay import Replay
+from iscore.spec import Replay
 
 NAME = "openrlhf"
 

@@ -101,7 +101,7 @@ from iscore.canonical import (
 from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import Section, as_float, check_choice, top_level
 from iscore.frameworks.base import Framework, Upstream
-from iscore.replay import Replay, per_token
+from iscore.spec import Replay, per_token
 
 NAME = "skyrl"
 

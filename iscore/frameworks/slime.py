@@ -135,7 +135,7 @@ from iscore.frameworks._config import (
     top_level,
 )
 from iscore.frameworks.base import Aggregation, Framework, Upstream
-from iscore.replay import Replay, per_token
+from iscore.spec import Replay, per_token
 
 NAME = "slime"
 

@@ -88,7 +88,7 @@ from iscore.canonical import (
 from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import top_level
 from iscore.frameworks.base import Aggregation, Framework, Measure, Trap, Upstream
-from iscore.replay import Replay
+from iscore.spec import Replay
 
 NAME = "trl"
 

@@ -98,7 +98,7 @@ from iscore.canonical import (
 from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import as_float, check_number, top_level
 from iscore.frameworks.base import Aggregation, Framework, Trap, Upstream
-from iscore.replay import Replay, per_token
+from iscore.spec import Replay, per_token
 
 NAME = "verl"
 

@@ -44,9 +44,9 @@ from types import ModuleType
 import numpy as np
 import pyarrow as pa
 
-from iscore.dump import list_files
 from iscore.errors import DumpError, quote
 from iscore.output import output_path
+from iscore.paths import list_files
 from iscore.writer import PROVENANCE_KEY, DumpWriter, exact_cast, schema_mismatch
 
 __all__ = ["FORMATS", "ConvertReport", "Part", "convert", "detect", "read"]

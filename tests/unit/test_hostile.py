@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iscore.dump
+import iscore.paths
 from iscore.cli import main
 from iscore.dump import Dump, DumpError, DumpProblems
 from iscore.errors import ConfigError
@@ -221,14 +222,14 @@ def test_globs_and_walks_skip_symlinked_directories(tmp_path, good_dump, capsys)
 def test_walks_stop_past_the_file_budget(tmp_path, monkeypatch, capsys):
     for i in range(30):
         (tmp_path / f"f{i}.txt").write_bytes(b"")
-    monkeypatch.setattr(iscore.dump, "MAX_LISTED", 20)
+    monkeypatch.setattr(iscore.paths, "MAX_LISTED", 20)
     code, _, err = run(["validate", str(tmp_path / "**" / "*.parquet"), "-q"], capsys)
     assert code == 2 and "stopped after looking at 20 directory entries" in one_line_error(err)
 
 
 def test_walks_stop_past_the_time_budget(tmp_path, monkeypatch, capsys):
     (tmp_path / "d").mkdir()
-    monkeypatch.setattr(iscore.dump, "LIST_SECONDS", -1.0)
+    monkeypatch.setattr(iscore.paths, "LIST_SECONDS", -1.0)
     code, _, err = run(["validate", str(tmp_path), "-q"], capsys)
     assert code == 2 and "s of listing directories" in one_line_error(err)
 

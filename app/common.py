@@ -23,11 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
-from plotly.subplots import make_subplots
 
 from iscore.analyze import Analysis, presets
 from iscore.budget import CACHE_MB, MAX_UPLOAD_TOKENS, WorkspaceCache, check_upload
@@ -39,7 +36,6 @@ from iscore.figures import color
 from iscore.report import SUMMARY_COLUMNS
 from iscore.serving import DataRoots, dump_folder
 from iscore.spec import Spec
-from iscore.tune import TuneResult
 from iscore.workspace import Workspace, digest, fingerprint, open_path, open_uploads
 
 T = TypeVar("T")
@@ -419,116 +415,6 @@ def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -
 # Plots
 
 
-def plot(figure: dict[str, Any] | go.Figure) -> None:
-    """Show a figure (an `iscore.figures` dict or a plotly Figure) across the column."""
+def plot(figure: dict[str, Any]) -> None:
+    """Show an `iscore.figures` figure across the column."""
     st.plotly_chart(figure, width="stretch", config=PLOT_CONFIG, theme=None)
-
-
-def _layout(title: str, x: str, y: str, height: int = 320, **extra: Any) -> dict[str, Any]:
-    return {
-        "title": {"text": title, "x": 0.01, "xanchor": "left"},
-        "xaxis": {"title": {"text": x}},
-        "yaxis": {"title": {"text": y}},
-        "height": height,
-        "margin": {"l": 70, "r": 20, "t": 50, "b": 50},
-        "template": "plotly_white",
-        "legend": {"orientation": "h", "y": -0.25},
-        **extra,
-    }
-
-
-def length_figure(summary: dict[str, Any]) -> dict[str, Any]:
-    """The pre-binned histogram of sequence lengths."""
-    edges = np.asarray(summary["length_hist"]["edges"])
-    return {
-        "data": [
-            {
-                "type": "bar",
-                "x": ((edges[:-1] + edges[1:]) / 2).tolist(),
-                "width": np.diff(edges).tolist(),
-                "y": summary["length_hist"]["counts"],
-                "marker": {"color": "#1f77b4"},
-                "hovertemplate": "length ≈ %{x:.0f}: %{y} sequences<extra></extra>",
-            }
-        ],
-        "layout": _layout("Sequence lengths", "tokens per sequence", "sequences", bargap=0.05),
-    }
-
-
-def sequence_figure(tokens: dict[str, np.ndarray], title: str) -> go.Figure:
-    """One sequence's rollout and train log-probs, and d, along its positions (WebGL)."""
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.6, 0.4])
-    pos = tokens["pos"]
-    # The trainer's curve wide and light under the rollout's: where they differ, it shows.
-    for name, values, line in (
-        ("train log-prob", tokens["train"], {"color": "#ffbb78", "width": 3}),
-        ("rollout log-prob", tokens["rollout"], {"color": "#1f77b4", "width": 1}),
-    ):
-        fig.add_trace(go.Scattergl(x=pos, y=values, name=name, mode="lines", line=line), 1, 1)
-    fig.add_trace(
-        go.Scattergl(
-            x=pos, y=tokens["d"], name="d = train - rollout", mode="lines",
-            line={"color": "#d62728", "width": 1},
-        ),
-        row=2,
-        col=1,
-    )  # fmt: skip
-    fig.add_hline(y=0.0, line={"dash": "dot", "color": "#555", "width": 1}, row=2, col=1)
-    fig.update_layout(_layout(title, "", "", height=460), legend={"orientation": "h", "y": -0.15})
-    fig.update_yaxes(title_text="log-prob (nats)", row=1, col=1)
-    fig.update_yaxes(title_text="d (nats)", row=2, col=1)
-    fig.update_xaxes(title_text="position in the sequence", row=2, col=1)
-    return fig
-
-
-READOUTS = (
-    ("token_masked_fraction", "tokens with weight 0", "#1f77b4"),
-    ("seq_masked_fraction", "sequences masked", "#ff7f0e"),
-    ("truncated_fraction", "tokens truncated", "#2ca02c"),
-    ("ess", "ESS", "#9467bd"),
-    ("lr_scale", "LR scale", "#d62728"),
-)
-"""The read-outs of a threshold setting: `TuneResult` field, label, color."""
-
-
-def tune_figure(
-    bound: str,
-    xs: Sequence[float],
-    results: Sequence[TuneResult],
-    value: float,
-    fields: Sequence[str],
-) -> dict[str, Any]:
-    """The read-outs `fields` across one threshold's range, with the chosen value marked."""
-    data = []
-    for field, name, shade in READOUTS:
-        if field not in fields:
-            continue
-        ys = [getattr(r, field) for r in results]
-        data.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "x": list(xs),
-                "y": ys,
-                "name": name,
-                "line": {"color": shade, "dash": "dash" if field == "lr_scale" else "solid"},
-            }
-        )
-    layout = _layout(
-        f"Read-outs across {bound}", f"{bound} (log scale)", "fraction / scale", height=300
-    )
-    # Decades only: the 2..9 between them crowd a half-width plot.
-    layout["xaxis"].update(type="log", minorloglabels="none")
-    layout["yaxis"]["rangemode"] = "tozero"
-    layout["shapes"] = [
-        {
-            "type": "line", "yref": "paper", "y0": 0, "y1": 1, "x0": value, "x1": value,
-            "line": {"dash": "dot", "color": "#000", "width": 1.5},
-            "label": {"text": f"{value:.4g}", "textposition": "end", "font": {"size": 11}},
-        },
-        {
-            "type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 1, "y1": 1,
-            "line": {"dash": "dot", "color": "#999", "width": 1},
-        },
-    ]  # fmt: skip
-    return {"data": data, "layout": layout}

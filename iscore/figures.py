@@ -1,4 +1,5 @@
-"""Figures of an analysis as plotly JSON specs (plain dicts), shared by the HTML report and the app.
+"""Figures as plotly JSON specs (plain dicts): of an analysis, shared by the HTML report and the
+app, and the app's own (lengths, one sequence's tokens, a threshold's read-outs).
 
 The engine never imports plotly: a figure here is the `{"data": [...], "layout": {...}}` dict
 that plotly.js renders (and `plotly.graph_objects.Figure` accepts). Every figure is built from
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from iscore.analyze import Analysis
+from iscore.tune import TuneResult
 
 PALETTE = (
     "#1f77b4",
@@ -381,3 +384,98 @@ def all_figures(analysis: Analysis) -> dict[str, Figure]:
             "lr_scale": lr_scale_by_step(analysis),
         }
     return figures
+
+
+# ------------------------------------------------------------------ the app's own figures
+
+
+def length_figure(summary: dict[str, Any]) -> Figure:
+    """The pre-binned histogram of sequence lengths (`iscore.workspace.summarize`)."""
+    edges = summary["length_hist"]["edges"]
+    layout = _layout("Sequence lengths", "tokens per sequence", "sequences")
+    layout["bargap"] = 0.05
+    return {
+        "data": [
+            {
+                "type": "bar",
+                "x": [(a + b) / 2 for a, b in itertools.pairwise(edges)],
+                "width": [b - a for a, b in itertools.pairwise(edges)],
+                "y": summary["length_hist"]["counts"],
+                "marker": {"color": PALETTE[0]},
+                "hovertemplate": "length ≈ %{x:.0f}: %{y} sequences<extra></extra>",
+            }
+        ],
+        "layout": layout,
+    }
+
+
+def sequence_figure(tokens: dict[str, Any], title: str) -> Figure:
+    """One sequence's rollout and train log-probs (top) and d (bottom) along its positions
+    (`iscore.workspace.sequence_tokens`), drawn with WebGL."""
+    pos = [float(p) for p in tokens["pos"]]
+
+    def line(name: str, values: Any, axis: str, **style: Any) -> dict[str, Any]:
+        return {
+            "type": "scattergl", "mode": "lines", "name": name, "x": pos,
+            "y": [float(v) for v in values], "xaxis": "x", "yaxis": axis, "line": style,
+        }  # fmt: skip
+
+    layout = _layout(title, "position in the sequence", "log-prob (nats)", height=460)
+    layout["xaxis"]["anchor"] = "y2"
+    layout["yaxis"]["domain"] = [0.42, 1.0]
+    layout["yaxis2"] = {"title": {"text": "d (nats)"}, "domain": [0.0, 0.36], "zeroline": False}
+    layout["legend"] = {"orientation": "h", "y": -0.15}
+    layout["shapes"] = [{**_hline(0.0), "yref": "y2"}]
+    return {
+        "data": [
+            # The trainer's curve wide and light under the rollout's: where they differ, it shows.
+            line("train log-prob", tokens["train"], "y", color="#ffbb78", width=3),
+            line("rollout log-prob", tokens["rollout"], "y", color=PALETTE[0], width=1),
+            line("d = train - rollout", tokens["d"], "y2", color=PALETTE[1], width=1),
+        ],
+        "layout": layout,
+    }
+
+
+READOUTS = (
+    ("token_masked_fraction", "tokens with weight 0", "#1f77b4"),
+    ("seq_masked_fraction", "sequences masked", "#ff7f0e"),
+    ("truncated_fraction", "tokens truncated", "#2ca02c"),
+    ("ess", "ESS", "#9467bd"),
+    ("lr_scale", "LR scale", "#d62728"),
+)
+"""The read-outs of a threshold setting: `TuneResult` field, label, color."""
+
+
+def tune_figure(
+    bound: str,
+    xs: Sequence[float],
+    results: Sequence[TuneResult],
+    value: float,
+    fields: Sequence[str],
+) -> Figure:
+    """The read-outs `fields` across one threshold's range, with the chosen value marked."""
+    data = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "x": list(xs),
+            "y": [getattr(r, field) for r in results],
+            "name": name,
+            "line": {"color": shade, "dash": "dash" if field == "lr_scale" else "solid"},
+        }
+        for field, name, shade in READOUTS
+        if field in fields
+    ]
+    layout = _layout(
+        f"Read-outs across {bound}", f"{bound} (log scale)", "fraction / scale", xlog=True,
+        height=300,
+    )  # fmt: skip
+    # Decades only: the 2..9 between them crowd a half-width plot.
+    layout["xaxis"]["minorloglabels"] = "none"
+    layout["yaxis"]["rangemode"] = "tozero"
+    layout["shapes"] = [
+        {**_vline(value, f"{value:.4g}"), "line": {"dash": "dot", "color": "#000", "width": 1.5}},
+        {**_hline(1.0), "line": {"dash": "dot", "color": "#999", "width": 1}},
+    ]
+    return {"data": data, "layout": layout}

@@ -8,6 +8,7 @@ import common
 import pandas as pd
 import streamlit as st
 
+from iscore import figures
 from iscore.errors import IscoreError
 
 st.title("Data")
@@ -111,7 +112,7 @@ length = summary["length"]
 st.caption("Sequence length (tokens): " + " · ".join(f"{k} {v:,}" for k, v in length.items()))
 left, right = st.columns([3, 2])
 with left:
-    common.plot(common.length_figure(summary))
+    common.plot(figures.length_figure(summary))
 with right:
     source = ws.source
     st.markdown(f"**Layout:** {source.layout} · **files:** {len(source.files)}")

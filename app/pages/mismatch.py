@@ -95,7 +95,7 @@ row = st.selectbox(
 pick = worst[row]
 tokens = ws.sequence(pick["step"], pick["seq_id"])
 common.plot(
-    common.sequence_figure(
+    figures.sequence_figure(
         tokens, f"Sequence {pick['seq_id']} of step {pick['step']}: log-probs and d per token"
     )
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import common
 import streamlit as st
 
-from iscore import frameworks, tune
+from iscore import figures, frameworks, tune
 from iscore.errors import IscoreError
 from iscore.tune import FAMILIES
 
@@ -78,7 +78,7 @@ cols[4].metric(
 )
 shown = [
     field
-    for field, _, _ in common.READOUTS
+    for field, _, _ in figures.READOUTS
     if (field != "seq_masked_fraction" or result.seq_masked_fraction is not None)
     and (field != "truncated_fraction" or f.truncates)
 ]
@@ -86,7 +86,7 @@ shown = [
 for col, (i, bound) in zip(st.columns(len(f.bounds)), enumerate(f.bounds), strict=True):
     with col:
         curve = tune.sweep(tuner, family, values, i, grids[bound], framework)
-        common.plot(common.tune_figure(bound, grids[bound], curve, values[i], shown))
+        common.plot(figures.tune_figure(bound, grids[bound], curve, values[i], shown))
 
 
 def _use() -> None:

@@ -105,7 +105,7 @@ class Section:
         if unknown:
             raise ConfigError(
                 f"Unknown key{'s' * (len(unknown) > 1)} "
-                + ", ".join(f"`{self.key(k)}`{_nearest(k, self.read)}" for k in unknown)
+                + ", ".join(f"`{self.key(k)}`{nearest(k, self.read)}" for k in unknown)
                 + (f"; expected {', '.join(sorted(self.read))}" if self.read else "")
             )
 
@@ -122,7 +122,7 @@ def check_choice(key: str, value: Any, choices: Sequence[Any]) -> None:
     if value in choices:
         return
     allowed = ", ".join("null" if c is None else repr(c) for c in choices)
-    hint = _nearest(value, [c for c in choices if isinstance(c, str)])
+    hint = nearest(value, [c for c in choices if isinstance(c, str)])
     raise ConfigError(f"Expected `{key}` to be one of {allowed}, but got {quote(value)}{hint}")
 
 
@@ -151,11 +151,12 @@ def check_bool(key: str, value: Any) -> None:
         raise ConfigError(f"Expected `{key}` to be a bool, but got {quote(value)}")
 
 
-def _nearest(value: Any, options: Any) -> str:
-    """ " (did you mean 'x'?)" for the closest of `options` to a string `value`, else ""."""
+def nearest(value: Any, options: Any, cutoff: float = 0.6) -> str:
+    """ " (did you mean 'x'?)" for the closest of `options` to a string `value` (difflib's
+    similarity at least `cutoff`), else ""."""
     if not isinstance(value, str):
         return ""
-    match = difflib.get_close_matches(value, [str(o) for o in options], n=1)
+    match = difflib.get_close_matches(value, [str(o) for o in options], n=1, cutoff=cutoff)
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 

@@ -81,7 +81,7 @@ from iscore.canonical import (
     weight_component,
 )
 from iscore.errors import ConfigError, quote
-from iscore.frameworks._config import flag_parser, top_level
+from iscore.frameworks._config import flag_parser, nearest, top_level
 from iscore.frameworks.base import Aggregation, Framework, Trap, Upstream
 from iscore.spec import Replay
 
@@ -279,9 +279,11 @@ def parse(config: Mapping[str, Any]) -> OpenRLHFCorrection:
 
     typos = [t for t in rest if t.startswith("-") and any(s in t for s in _IS_LIKE)]
     if typos:
+        flags = [f for pair in _FLAGS.values() for f in pair if f]
+        named = ", ".join(t + nearest(t.split("=", 1)[0], flags) for t in typos)
         raise ConfigError(
-            f"`args`: unknown OpenRLHF IS flag{'s' * (len(typos) > 1)} {', '.join(typos)}; "
-            f"expected {', '.join(f for pair in _FLAGS.values() for f in pair if f)}"
+            f"`args`: unknown OpenRLHF IS flag{'s' * (len(typos) > 1)} {named}; "
+            f"expected {', '.join(flags)}"
         )
     given = {k: v for k, v in vars(ns).items() if v is not None}
     flag_of = {

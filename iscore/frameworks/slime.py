@@ -131,6 +131,7 @@ from iscore.frameworks._config import (
     check_choice,
     check_number,
     flag_parser,
+    nearest,
     parse_flags,
     top_level,
 )
@@ -564,10 +565,15 @@ def _split_flags(argv: list[str]) -> tuple[list[str], tuple[str, ...]]:
             owner = is_tokens
         elif flag in _NOT_SLIME or flag.startswith(_NOT_SLIME_PREFIXES):
             raise ConfigError(
-                f"`args`: slime has no flag {flag}; mis.py reads its settings (tis_mode, "
-                "tis_level, use_rs, rs_*, ...) from the YAML at --custom-config-path: give that "
-                "YAML as `custom_config:`; slime's own IS flags are " + ", ".join(_IS_FLAGS)
+                f"`args`: slime has no flag {flag}{nearest(flag, _IS_FLAGS)}; mis.py reads its "
+                "settings (tis_mode, tis_level, use_rs, rs_*, ...) from the YAML at "
+                "--custom-config-path: give that YAML as `custom_config:`; slime's own IS flags "
+                "are " + ", ".join(_IS_FLAGS)
             )
+        elif hint := nearest(flag, _IS_FLAGS, cutoff=0.9):
+            # Other slime flags are ignored, but a typo of an IS flag would silently turn the
+            # correction off (`--use-tiss`).
+            raise ConfigError(f"`args`: slime has no flag {flag}{hint}")
         else:
             if flag not in ignored:
                 ignored.append(flag)

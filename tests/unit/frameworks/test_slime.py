@@ -551,3 +551,13 @@ def test_replay_dispatch_from_a_yaml_file(tmp_path, edges):
     spec = parse_config(path)
     assert isinstance(spec, slime.SlimeCorrection) and spec.name == "glm5"
     check(replay(edges, path), *ref_simple(edges, "icepop", 0.5, 2.0))
+
+
+@pytest.mark.parametrize(
+    ("args", "suggestion"),
+    [("--use-tiss", "--use-tis"), ("--use-tis --tis-clipp 2", "--tis-clip")],
+)
+def test_a_typo_of_an_is_flag_is_an_error_with_the_nearest_flag(args, suggestion):
+    # Unknown slime flags are ignored, but a misspelt IS flag must not turn the correction off.
+    with pytest.raises(ConfigError, match=f"did you mean '{suggestion}'"):
+        slime.parse({"framework": "slime", "args": args})

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from iscore import frameworks
 from iscore.analyze import analyze, presets, resolve
 from iscore.budget import CACHE_MB, MAX_UPLOAD_TOKENS
 from iscore.columns import parse_mapping
@@ -234,7 +235,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         print(text.rstrip())
     print(
         f"# {'exact' if result.exact else 'not exact'}: {spec.name} ({spec.framework}) -> "
-        f"{args.to}",
+        f"{args.to} (as of {frameworks.get(args.to).upstream})",
         file=sys.stderr,
     )
     for note in result.notes:

@@ -251,8 +251,8 @@ def to_file_text(spec: Spec) -> str:
     `iscore replay --config FILE` reads as is.
 
     >>> from iscore.frameworks import trl
-    >>> print(to_file_text(trl.PRESETS["trl_token_tis"]), end="")
-    # iscore config for trl; `iscore replay --config FILE` reads it as is
+    >>> print(to_file_text(trl.PRESETS["trl_token_tis"]), end="")  # doctest: +ELLIPSIS
+    # iscore config for trl (as of huggingface/trl@...); `iscore replay --config FILE` reads it as is
     framework: trl
     name: trl_token_tis
     use_vllm: true
@@ -262,7 +262,11 @@ def to_file_text(spec: Spec) -> str:
     vllm_importance_sampling_clip_max: 2.0
     loss_type: dapo
     """
-    header = f"# iscore config for {spec.framework}; `iscore replay --config FILE` reads it as is\n"
+    upstream = frameworks.of(spec).upstream
+    header = (
+        f"# iscore config for {spec.framework} (as of {upstream}); "
+        "`iscore replay --config FILE` reads it as is\n"
+    )
     return header + yaml_text(spec.to_config())
 
 

@@ -139,6 +139,7 @@ class SettingStats:
         result: dict[str, Any] = {
             "name": self.spec.name,
             "framework": self.spec.framework,
+            "upstream": str(frameworks.of(self.spec).upstream),
             "aggregation": self.aggregation.mode,
             "denominator_shrinks": self.aggregation.shrinks,
             **_summarize(s, np.ones(s["T"].size, dtype=bool), self.aggregation),

@@ -180,8 +180,10 @@ def _summary_table(doc: dict[str, Any]) -> str:
                 )
             cells.append(f"<td{mark}>{_fmt(value, pattern)}</td>")
         name = html.escape(f"{s['name']} ({s['framework']})")
+        upstream = html.escape(s.get("upstream", ""))
         rows.append(
-            f"<tr><td><span class='dot' style='background:{color(i)}'></span>{name}</td>"
+            f"<tr><td><span class='dot' style='background:{color(i)}'></span>{name}"
+            f"<br><span class='note'>{upstream}</span></td>"
             f"<td>{html.escape(s['aggregation'])}</td>{''.join(cells)}</tr>"
         )
     return (

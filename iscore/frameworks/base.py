@@ -103,8 +103,6 @@ class Framework:
             ("yaml", "flags" or None for the usual one) -> the text to paste.
         aggregation: a spec -> the loss aggregation it trains with.
         families: the `iscore.tune.FAMILIES` it expresses exactly.
-        family_defaults: per family, the threshold values the framework defaults to, where it
-            has its own (e.g. a sequence TIS cap).
         metrics: per iscore mismatch statistic, the name(s) it logs it under.
         traps: its traps.
         snippet_formats: the formats `render` accepts, the usual one first.
@@ -123,7 +121,6 @@ class Framework:
     render: Callable[[Mapping[str, Any], str | None], str]
     aggregation: Callable[[Any], Aggregation] = lambda spec: Aggregation()
     families: frozenset[str] = frozenset()
-    family_defaults: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     traps: tuple[Trap, ...] = ()
     snippet_formats: tuple[str, ...] = ("yaml", "flags")

@@ -252,7 +252,7 @@ def to_file_text(spec: Spec) -> str:
 
     >>> from iscore.frameworks import trl
     >>> print(to_file_text(trl.PRESETS["trl_token_tis"]), end="")  # doctest: +ELLIPSIS
-    # iscore config for trl (as of huggingface/trl@...); `iscore replay --config FILE` reads it as is
+    # iscore config for trl (as of huggingface/trl@...); `iscore replay --config FILE` reads it ...
     framework: trl
     name: trl_token_tis
     use_vllm: true

@@ -24,7 +24,7 @@ from iscore.analyze import analyze, presets, resolve
 from iscore.budget import CACHE_MB, MAX_UPLOAD_TOKENS
 from iscore.columns import parse_mapping
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange, resolve_files
-from iscore.errors import IscoreError, quote
+from iscore.errors import IscoreError, clip, quote
 from iscore.export import convert as convert_setting
 from iscore.export import snippet, to_file_text
 from iscore.frameworks import NAMES as FRAMEWORKS
@@ -171,7 +171,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         print(f"  ! {flag['code']}: {flag['message']}")
     for s in result.settings:
         print(
-            f"  {s['name']} ({s['framework']}): LR scale {s.get('lr_scale', nan):.3g}, "
+            f"  {clip(s['name'])} ({s['framework']}): LR scale {s.get('lr_scale', nan):.3g}, "
             f"mean w {s.get('weight_mean', nan):.3g}, ESS {s.get('ess', nan):.1%}, "
             f"tokens masked {s.get('token_masked_fraction', nan):.2%}, sequences masked "
             f"{s.get('seq_masked_fraction', nan):.2%}"
@@ -204,7 +204,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     if args.json:
         with output_path(args.json) as tmp:
             Path(tmp).write_text(json.dumps(rec.to_dict(), indent=1) + "\n")
-    print(f"\nbest: {rec.best.spec.name}")
+    print(f"\nbest: {clip(rec.best.spec.name)}")
     print(snippet(rec.best.spec).rstrip())
     return 0
 

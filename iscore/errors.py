@@ -38,11 +38,15 @@ def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
 
 
 def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
-    """`text` cut to `limit` characters, saying how long it was (for names and keys).
+    """`text` cut to `limit` characters, saying how long it was, with control characters
+    escaped (for names and keys shown in a terminal or a message).
 
     >>> clip("abc"), clip("k" * 300, 4)
     ('abc', 'kkkk... (300 characters)')
+    >>> print(clip("a\\x1b[2Jb"))
+    a\\x1b[2Jb
     """
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text):,} characters)"

@@ -245,3 +245,12 @@ def test_bench_prints_the_table_and_writes_json(tmp_path, capsys):
     assert "analyze, streamed (8 settings)" in text and "padded [B, max_len] torch" in text
     assert "agreement padded" in text and "agreement pandas" in text
     assert json.loads(out.read_text())["dump"]["tokens"] > 0
+
+
+def test_setting_names_reach_the_terminal_with_control_characters_escaped(dump, capsys, tmp_path):
+    config = tmp_path / "evil.yaml"
+    config.write_text('framework: trl\nname: "evil\\x1b[2J\\x07name"\n')
+    assert main(["analyze", str(dump), "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "evil\\x1b[2J\\x07name (trl)" in out

@@ -196,11 +196,14 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         f"{args.framework}: {len(rec.candidates)} candidate settings replayed on "
         f"{batch.num_tokens:,} tokens, best first"
     )
+    for regime in rec.regimes:
+        print(f"  found: {regime}")
     for i, candidate in enumerate(rec.candidates, 1):
         mark = "ok " if candidate.passes else "-- "
         print(f"{i:2d}. {mark}{candidate.reason}")
     for warning in rec.warnings:
         print(f"  ! {warning}")
+    print(f"  why: {clip(rec.pick, 1000)}")
     if args.json:
         with output_path(args.json) as tmp:
             Path(tmp).write_text(json.dumps(rec.to_dict(), indent=1) + "\n")

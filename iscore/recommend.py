@@ -1,14 +1,17 @@
-"""Recommend a correction setting for your framework from your own dump.
+"""Recommend a correction setting for your framework from your own dump (docs/recommend.md).
 
-Candidates are the framework's own settings (token truncation, IcePop bands, geometric sequence
-masks, k3 masks, sequence-level weights) with thresholds **derived from the data**: quantiles of
-the token ratios, of the per-sequence geometric means and of the per-sequence k3, chosen so that
-about the targeted share of tokens or sequences is affected. Each candidate is replayed exactly as
-the framework would (`iscore.impact.quick_stats`), checked against the targets and ranked; each
-gets a one-line reason. Warnings name the traps that bite this data.
+First, what numerical noise looks like in this dump, robustly (medians and MADs), and what
+stands out of it: broken sequences (a stale replica: every token off), a global offset,
+long-sequence collapse, drift over steps. Thresholds are then placed where the data stops
+looking like noise: on benign data every bound lies outside the data (nothing is masked); with
+broken sequences just inside them. Candidates are framework-neutral kinds (token TIS, IcePop,
+token and geometric masks, k3 masks, sequence-level weights) kept where the framework expresses
+them; each is replayed exactly as the framework would (`iscore.impact.quick_stats`), held to
+the targets (and, with broken sequences, to removing them), and ranked: meeting the targets,
+then reweighting, then the least healthy data dropped, then the LR scale nearest 1, then ESS.
 
 >>> rec = recommend(iscore.load("data/long_collapse.parquet"), "verl")  # doctest: +SKIP
->>> rec.best.spec.name, rec.best.reason                                # doctest: +SKIP
+>>> rec.best.spec.name, rec.regimes, rec.pick                          # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from iscore.errors import ConfigError
 from iscore.frameworks.base import Framework
 from iscore.impact import quick_stats
 from iscore.spec import Spec
-from iscore.tune import Tuner
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,16 @@ class Targets:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One setting, replayed on the data."""
+    """One setting, replayed on the data.
+
+    Attributes:
+        spec: the framework's setting.
+        kind: the framework-neutral kind it is (`_KINDS`).
+        stats: `iscore.impact.quick_stats` of it, plus the objective's terms
+            (`broken_gradient_kept`, `healthy_token_dropped`, `healthy_seq_dropped`).
+        missed: the targets it misses, in words.
+        reason: one line: what it is, where its thresholds come from, what it does.
+    """
 
     spec: Spec
     kind: str
@@ -86,21 +97,49 @@ class Candidate:
     def passes(self) -> bool:
         return not self.missed
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.spec.name,
+            "kind": self.kind,
+            "config": self.spec.to_config(),
+            "passes": self.passes,
+            "missed": list(self.missed),
+            "reason": self.reason,
+            **self.stats,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
-    """Candidates ranked best first, and warnings about traps that bite this data."""
+    """Candidates ranked best first, the regimes found, and warnings about traps.
+
+    Attributes:
+        framework: the framework's name.
+        targets: the targets the candidates were held to.
+        candidates: best first.
+        regimes: what was found in the data and why it matters for the pick, one line each.
+        warnings: the traps that bite this data.
+        pick: why the best beat the runner-up, and what would change the pick.
+    """
 
     framework: str
     targets: Targets
     candidates: tuple[Candidate, ...]
+    regimes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    pick: str = ""
 
     @property
     def best(self) -> Candidate:
         return self.candidates[0]
 
+    @property
+    def runner_up(self) -> Candidate | None:
+        return self.candidates[1] if len(self.candidates) > 1 else None
+
     def to_dict(self) -> dict[str, Any]:
+        """The document `iscore recommend --json` writes: each candidate's `config` is what
+        `iscore replay --config` reads (with `framework:`)."""
         return {
             "framework": self.framework,
             "targets": {
@@ -109,80 +148,146 @@ class Recommendation:
                 "lr_scale": list(self.targets.lr_scale),
                 "min_ess": self.targets.min_ess,
             },
-            "candidates": [
-                {
-                    "name": c.spec.name,
-                    "kind": c.kind,
-                    "passes": c.passes,
-                    "missed": list(c.missed),
-                    "reason": c.reason,
-                    **c.stats,
-                }
-                for c in self.candidates
-            ],
+            "regimes": list(self.regimes),
+            "best": self.best.to_dict(),
+            "runner_up": None if self.runner_up is None else self.runner_up.to_dict(),
+            "pick": self.pick,
+            "candidates": [c.to_dict() for c in self.candidates],
             "warnings": list(self.warnings),
         }
 
 
 @dataclass(frozen=True, slots=True)
-class _Thresholds:
-    """Thresholds read off the data's distributions for the targets."""
+class _Normal:
+    """What numerical noise looks like in this dump, robustly, and what stands out of it.
 
-    token_cap: float  # a high quantile of the token ratios
-    band: tuple[float, float]  # token ratios outside: about max_token_drop of tokens
-    geo: tuple[float, float]  # e^G outside: about max_seq_drop of sequences
-    k3: float  # mean k3 above: about max_seq_drop of sequences
-    token_p999: float  # the token ratios' 99.9th percentile, for the reasons
+    The centre and spread come from medians and MADs (1.4826 MAD estimates a normal's standard
+    deviation), so a few broken sequences cannot move them. A sequence is *broken* when the
+    median log-ratio of its tokens lies more than `Z_BROKEN` standard errors from the centre
+    (the median of T noisy tokens errs by about 1.25 spread / sqrt(T)): a stale replica, every
+    token off by ~1 nat, is hundreds of errors away; noise, even with a few outlier tokens or
+    a routing-flip span in a sequence, moves a median very little.
+    """
 
-    def describe(self, kind: str) -> str:
-        """Where a family's thresholds come from, in words."""
-        return {
-            "token_tis": f"cap {self.token_cap:g} (at least 1.5; your p99.9 token ratio is "
-            f"{self.token_p999:.3g})",
-            "icepop": f"band [{self.band[0]:g}, {self.band[1]:g}] around your token ratios",
-            "token_mask": f"band [{self.band[0]:g}, {self.band[1]:g}] around your token ratios",
-            "token_mask_tis": f"band [{self.band[0]:g}, {self.band[1]:g}] around your token ratios",
-            "geo_mask_geo_tis": f"e^G in [{self.geo[0]:g}, {self.geo[1]:g}] from your sequences",
-            "geo_mask": f"e^G in [{self.geo[0]:g}, {self.geo[1]:g}] from your sequences",
-            "geo_mask_token_tis": f"e^G in [{self.geo[0]:g}, {self.geo[1]:g}], token cap "
-            f"{self.token_cap:g}",
-            "seq_mask_tis": f"e^G in [{self.geo[0]:g}, {self.geo[1]:g}] from your sequences",
-            "k3_mask": f"mean k3 <= {self.k3:.3g} from your sequences",
-        }.get(kind, "the framework's default bounds")
+    d_center: float  # median per-token log-ratio d over loss tokens
+    d_spread: float  # 1.4826 MAD of d
+    g_center: float  # median per-sequence G
+    g_spread: float  # 1.4826 MAD of G
+    broken: np.ndarray  # bool [B]: sequences far outside the noise
+    G: np.ndarray  # float64 [B], 0 where a sequence has no loss token
+    k3: np.ndarray  # float64 [B]: mean per-token k3
+    T: np.ndarray  # float64 [B]: loss tokens
+    d: np.ndarray  # float64 [N loss tokens]
+    token_broken: np.ndarray  # bool [N loss tokens]: tokens of broken sequences
 
     @classmethod
-    def of(cls, tuner: Tuner, targets: Targets) -> _Thresholds:
-        t = targets.max_token_drop
-        token = tuner.quantiles("token", (t / 2, 1 - t / 2, 0.999))
+    def of(cls, batch: TokenBatch) -> _Normal:
+        m = batch.loss_mask
+        d_all = ops.log_ratio(batch).double()
+        T = ops.segment_count(batch, m).double().cpu().numpy()
+        S = ops.segment_sum(d_all, batch, m).cpu().numpy()
+        k3 = ops.segment_sum(ops.k3(d_all.clamp(-20.0, 20.0)), batch, m).cpu().numpy()
+        has = T > 0
+        G = np.where(has, S / np.maximum(T, 1.0), 0.0)
+        k3 = np.where(has, k3 / np.maximum(T, 1.0), 0.0)
+        d = d_all[m].cpu().numpy()
+        d_center, d_spread = _median_mad(d)
+        g_center, g_spread = _median_mad(G[has])
+        seq_of_token = np.repeat(np.arange(T.size), T.astype(np.int64))
+        medians = _segment_medians(d, seq_of_token, T)
+        stderr = 1.2533 * max(d_spread, 1e-12) / np.sqrt(np.maximum(T, 1.0))
+        broken = has & (np.abs(medians - d_center) > Z_BROKEN * stderr)
+        token_broken = broken[seq_of_token]
+        return cls(d_center, d_spread, g_center, g_spread, broken, G, k3, T, d, token_broken)
 
-        def fits(result) -> bool:
-            return (
-                result.token_masked_fraction <= t
-                and result.seq_masked_fraction <= targets.max_seq_drop
-            )
+    @property
+    def broken_share(self) -> float:
+        return float(self.broken.sum()) / max(int((self.T > 0).sum()), 1)
 
-        # Sequence masks drop whole sequences: tighten the dropped share until both the
-        # sequence and the token budgets hold.
-        for share in targets.max_seq_drop / 2.0 ** np.arange(8):
-            q = tuner.quantiles("geometric", (share / 2, 1 - share / 2))
-            bounds = (
-                min(_round_down(q[share / 2], 4), 0.999),
-                max(_round_up(q[1 - share / 2], 4), 1.001),
-            )
-            geo = bounds  # the last (loosest) one stands if none fits; it then misses targets
-            if fits(tuner.geometric_mask(*bounds)):
-                break
-        for share in targets.max_seq_drop / 2.0 ** np.arange(8):
-            k3 = _round_up(tuner.quantiles("k3", (1 - share,))[1 - share])
-            if fits(tuner.k3_mask(k3)):
-                break
-        # Round outward to 3 significant digits (so a config reads well and the band is kept).
+
+Z_BROKEN = 8.0
+"""Standard errors from the noise's centre beyond which a sequence is called broken."""
+
+_MARGIN = 1.05  # bounds placed this much beyond the noise they must keep
+_INSIDE = 0.9  # and this far inside the nearest broken value they must drop
+
+
+def _segment_medians(values: np.ndarray, segment: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """float64 [B]: the median of each segment's values (0 for an empty one); `segment` [N]
+    is each value's segment, in order."""
+    ordered = values[np.lexsort((values, segment))]
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    n = counts.astype(np.int64)
+    low = ordered[np.minimum(starts + (n - 1) // 2, max(ordered.size - 1, 0))] if n.size else n
+    high = ordered[np.minimum(starts + n // 2, max(ordered.size - 1, 0))] if n.size else n
+    return np.where(n > 0, 0.5 * (low + high), 0.0)
+
+
+def _median_mad(x: np.ndarray) -> tuple[float, float]:
+    if not x.size:
+        return 0.0, 0.0
+    center = float(np.median(x))
+    return center, 1.4826 * float(np.median(np.abs(x - center)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Thresholds:
+    """Thresholds placed where the data stops looking like numerical noise.
+
+    Without broken sequences every bound sits just outside what the data holds (nothing is
+    masked; caps truncate only the noise's extreme tail). With broken sequences a bound sits
+    just inside the nearest broken value, so masks drop them and keep what looks like noise.
+    """
+
+    token_cap: float
+    band: tuple[float, float]  # token ratio band
+    geo: tuple[float, float]  # e^G band
+    k3: float  # mean per-token k3 upper bound
+    normal: _Normal
+
+    def describe(self, kind: str) -> str:
+        """Where a kind's thresholds come from, in words."""
+        band = f"band [{self.band[0]:g}, {self.band[1]:g}] on token ratios"
+        geo = f"e^G in [{self.geo[0]:g}, {self.geo[1]:g}]"
+        return {
+            "token_tis": f"cap {self.token_cap:g}",
+            "icepop": band,
+            "token_mask": band,
+            "token_mask_tis": band,
+            "geo_mask": geo,
+            "geo_mask_geo_tis": geo,
+            "geo_mask_token_tis": f"{geo}, token cap {self.token_cap:g}",
+            "seq_mask_tis": geo,
+            "k3_mask": f"mean k3 <= {self.k3:.3g}",
+        }.get(kind, "cap 2, the frameworks' usual sequence-level cap")
+
+    @classmethod
+    def of(cls, normal: _Normal) -> _Thresholds:
+        healthy_tokens = normal.d[~normal.token_broken] - normal.d_center
+        has = normal.T > 0
+        healthy = has & ~normal.broken
+        g_dev = normal.G - normal.g_center
+        # Every healthy value is kept; with broken sequences, their typical (median) token and
+        # their nearest sequence are dropped.
+        tail = float(np.abs(healthy_tokens).max(initial=0.0))
+        t_half = max(_MARGIN * tail, 1e-3)
+        g_half = max(_MARGIN * float(np.abs(g_dev[healthy]).max(initial=0.0)), 1e-4)
+        k3_cap = max(_MARGIN * float(normal.k3[healthy].max(initial=0.0)), 1e-6)
+        if normal.broken.any():
+            broken_d = np.abs(normal.d[normal.token_broken] - normal.d_center)
+            t_half = min(t_half, _INSIDE * float(np.median(broken_d)))
+            g_half = min(g_half, _INSIDE * float(np.abs(g_dev[normal.broken]).min()))
+            k3_cap = min(k3_cap, _INSIDE * float(normal.k3[normal.broken].min()))
+        low, high = normal.d_center - t_half, normal.d_center + t_half
         return cls(
-            token_p999=token[0.999],
-            token_cap=max(_round_up(token[0.999]), 1.5),
-            band=(min(_round_down(token[t / 2]), 0.9), max(_round_up(token[1 - t / 2]), 1.1)),
-            geo=geo,
-            k3=k3,
+            token_cap=max(_round_up(math.exp(high)), 1.001),
+            band=(_round_down(math.exp(low)), _round_up(math.exp(high))),
+            geo=(
+                _round_down(math.exp(normal.g_center - g_half), 5),
+                _round_up(math.exp(normal.g_center + g_half), 5),
+            ),
+            k3=max(_round_up(k3_cap), 1e-9),  # frameworks take a positive bound
+            normal=normal,
         )
 
 
@@ -288,7 +393,7 @@ _KINDS = (
 
 
 def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None) -> Recommendation:
-    """Rank the framework's candidate settings on `batch` against `targets`.
+    """Rank the framework's candidate settings on `batch` against `targets` (docs/recommend.md).
 
     Args:
         batch: the loaded dump.
@@ -296,32 +401,185 @@ def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None)
         targets: what a good setting does; defaults to `Targets()`.
 
     >>> import iscore
-    >>> recommend(iscore.load("data/fp8.parquet"), "skyrl").best.kind
-    'geo_mask'
+    >>> rec = recommend(iscore.load("data/fp8.parquet"), "skyrl")
+    >>> rec.best.passes, rec.best.stats["token_masked_fraction"] <= 0.01
+    (True, True)
     """
     fw = frameworks.get(framework)
     targets = targets or Targets()
-    tuner = Tuner(batch)
-    thresholds = _Thresholds.of(tuner, targets)
+    normal = _Normal.of(batch)
+    thresholds = _Thresholds.of(normal)
     candidates = []
     for kind in _KINDS:
         spec = fw.express(kind.setting(thresholds), f"{framework} {kind.description}")
         if spec is None:
             continue
-        stats = quick_stats(batch, spec)
-        missed = tuple(targets.violations(stats))
+        stats = quick_stats(batch, spec) | _terms(batch, spec, normal)
+        # Reweighting by the ratio is what removes the mismatch's bias; a mask alone does not.
+        stats["reweights"] = float(bool(fw.to_canonical(spec).weights))
+        missed = tuple(_violations(targets, normal, stats))
         reason = _reason(f"{kind.description}, {thresholds.describe(kind.key)}", stats, missed)
         candidates.append(Candidate(spec, kind.key, stats, missed, reason))
-    ranked = sorted(
-        candidates,
-        key=lambda c: (
-            len(c.missed),
-            abs(math.log(max(c.stats["lr_scale"], 1e-12))),
-            -c.stats["ess"],
-            c.stats["token_masked_fraction"],
-        ),
+    ranked = tuple(sorted(candidates, key=_preference))
+    regimes = _regimes(batch, normal)
+    if normal.broken.any() and not any(c.passes for c in ranked):
+        regimes.append(_elsewhere(batch, fw, normal, targets))
+    return Recommendation(
+        framework, targets, ranked, tuple(regimes), tuple(_warnings(batch, fw)), _pick(ranked)
     )
-    return Recommendation(framework, targets, tuple(ranked), tuple(_warnings(batch, fw)))
+
+
+def _terms(batch: TokenBatch, spec: Spec, normal: _Normal) -> dict[str, float]:
+    """The objective's terms beyond `quick_stats`: what a setting does to the broken sequences
+    and to the rest (docs/recommend.md)."""
+    result = spec.replay(batch)
+    m = batch.loss_mask
+    w = ops.segment_sum(result.weight.double(), batch, m).cpu().numpy()
+    kept_tokens = ops.segment_count(batch, result.keep & (result.weight != 0)).cpu().numpy()
+    healthy = (normal.T > 0) & ~normal.broken
+    broken = normal.broken
+    dropped = normal.T - kept_tokens
+    return {
+        "broken_gradient_kept": float(w[broken].sum() / normal.T[broken].sum())
+        if broken.any()
+        else 0.0,
+        "healthy_token_dropped": float(dropped[healthy].sum() / max(normal.T[healthy].sum(), 1)),
+        "healthy_seq_dropped": float((kept_tokens[healthy] == 0).sum() / max(healthy.sum(), 1)),
+    }
+
+
+MAX_BROKEN_KEPT = 0.10
+"""With broken sequences found, a setting must remove at least 90% of their gradient."""
+
+MAX_HEALTHY_SEQ_DROP = 0.02
+"""and drop at most 2% of the healthy sequences."""
+
+
+def _violations(targets: Targets, normal: _Normal, stats: dict[str, float]) -> list[str]:
+    """The targets a candidate misses. With broken sequences found, the drop budgets hold for
+    the healthy data (dropping the broken is the point), and the broken must go."""
+    if not normal.broken.any():
+        return targets.violations(stats)
+    healthy = stats | {
+        "token_masked_fraction": stats["healthy_token_dropped"],
+        "seq_masked_fraction": stats["healthy_seq_dropped"],
+    }
+    missed = targets.violations(healthy)
+    if stats["broken_gradient_kept"] > MAX_BROKEN_KEPT:
+        missed.append(
+            f"keeps {stats['broken_gradient_kept']:.0%} of the broken sequences' gradient"
+        )
+    if stats["healthy_seq_dropped"] > MAX_HEALTHY_SEQ_DROP:
+        missed.append(f"drops {stats['healthy_seq_dropped']:.1%} of the healthy sequences")
+    return missed
+
+
+def _preference(c: Candidate) -> tuple[Any, ...]:
+    """The order among candidates (docs/recommend.md): meeting the targets, then reweighting
+    (which corrects the mismatch's bias; a mask alone does not), then the least healthy data
+    dropped (to 0.1%), then the LR scale nearest 1 (to 1%), then the highest ESS. Rounding
+    keeps a 0.00x difference in LR scale from outranking dropped data."""
+    s = c.stats
+    return (
+        len(c.missed),
+        -s["reweights"],
+        round(s["healthy_token_dropped"], 3),
+        round(abs(math.log(max(s["lr_scale"], 1e-12))), 2),
+        -round(s["ess"], 3),
+    )
+
+
+def _pick(ranked: tuple[Candidate, ...]) -> str:
+    """Why the best beat the runner-up, and what would change the pick."""
+    if len(ranked) < 2:
+        return "the only setting this framework expresses"
+    best, second = ranked[0], ranked[1]
+    head = f"{best.spec.name} over the runner-up, {second.spec.name}: "
+    if second.missed and not best.missed:
+        return head + (
+            f"the runner-up misses the targets ({'; '.join(second.missed)}); targets that "
+            "allow that would put it in the running"
+        )
+    if best.missed:
+        return head + "no setting meets every target; this one misses the fewest"
+    a, b = _preference(best), _preference(second)
+    if a[1] != b[1]:
+        why = "it reweights by the ratio, which removes the mismatch's bias; a mask alone does not"
+    elif a[2] != b[2]:
+        why = (
+            f"it drops less healthy data ({best.stats['healthy_token_dropped']:.1%} of tokens "
+            f"against {second.stats['healthy_token_dropped']:.1%})"
+        )
+    elif a[3] != b[3]:
+        why = (
+            f"its LR scale is nearer 1 ({best.stats['lr_scale']:.3g} against "
+            f"{second.stats['lr_scale']:.3g})"
+        )
+    elif a[4] != b[4]:
+        why = f"its ESS is higher ({best.stats['ess']:.1%} against {second.stats['ess']:.1%})"
+    else:
+        why = "they tie on every term, and the simpler setting comes first"
+    return head + why
+
+
+def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
+    """The signatures found, and why each matters for the pick."""
+    found = []
+    if normal.broken.any():
+        found.append(
+            f"broken sequences: {int(normal.broken.sum())} ({normal.broken_share:.1%}) have a "
+            f"mean log-ratio more than {Z_BROKEN:g} standard errors from the rest (a stale "
+            "replica or a bad rank, not noise): the pick must mask them"
+        )
+    if abs(normal.d_center) > max(0.25 * normal.d_spread, 1e-3):
+        found.append(
+            f"global offset: the median token log-ratio is {normal.d_center:+.3g} (noise spread "
+            f"{normal.d_spread:.3g}): a semantics bug (processed vs raw log-probs, temperature) "
+            "that no IS correction removes; the bands are centred on it"
+        )
+    has = normal.T > 0
+    if has.any():
+        long_t = float(np.quantile(normal.T[has], 0.9))
+        median_seq = math.exp(float(np.mean(normal.d[~normal.token_broken])) * long_t)
+        if median_seq < 0.5 or median_seq > 2.0:
+            found.append(
+                f"long-sequence collapse: at {long_t:,.0f} tokens (your p90 length) a typical e^S "
+                f"is "
+                f"{median_seq:.2g}: product weights would scale the LR there, geometric or "
+                "token-level settings do not"
+            )
+    steps = batch.step.cpu().numpy()
+    if np.unique(steps).size > 2:
+        by_step = [float(normal.k3[(steps == s) & has].mean()) for s in np.unique(steps)]
+        if by_step[0] > 0 and by_step[-1] > 2.0 * by_step[0]:
+            found.append(
+                f"drift: the mean k3 grows from {by_step[0]:.3g} to {by_step[-1]:.3g} over "
+                "the steps: re-run this on the latest steps (--steps) before trusting a bound"
+            )
+    return found or ["numerical noise only: nothing stands out, so nothing should be masked"]
+
+
+def _elsewhere(batch: TokenBatch, fw: Framework, normal: _Normal, targets: Targets) -> str:
+    """Which other framework's setting removes the broken sequences, when this one cannot."""
+    thresholds = _Thresholds.of(normal)
+    for other in frameworks.every():
+        if other is fw:
+            continue
+        for kind in _KINDS:
+            spec = other.express(kind.setting(thresholds), f"{other.name} {kind.description}")
+            if spec is None:
+                continue
+            stats = quick_stats(batch, spec) | _terms(batch, spec, normal)
+            if not _violations(targets, normal, stats):
+                return (
+                    f"{fw.name} cannot express a setting that removes the broken sequences "
+                    f"within the targets; {other.name}'s {kind.description} does (keeps "
+                    f"{stats['broken_gradient_kept']:.0%} of their gradient, drops "
+                    f"{stats['healthy_seq_dropped']:.1%} of the healthy sequences)"
+                )
+    return (
+        f"{fw.name} cannot express a setting that removes the broken sequences within the targets"
+    )
 
 
 def _reason(description: str, stats: dict[str, float], missed: tuple[str, ...]) -> str:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from iscore import load
+import numpy as np
+import pytest
+import torch
+
+from iscore import TokenBatch, load
 from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.recommend import Targets, recommend
+from iscore.replay import parse_config
 from iscore.simulate import SimConfig, write_simulated
 from tests.unit.frameworks.conftest import edge_batch
 
@@ -82,3 +87,95 @@ def test_invalid_targets(kwargs, key):
 def test_unknown_framework():
     with pytest.raises(ConfigError, match="Expected `framework` to be one of"):
         recommend(edge_batch(), "nope")
+
+
+# ---------------------------------------------------------------- known regimes, fresh seeds
+
+
+def _simulated(tmp_path_factory, regime: str, seed: int, **config) -> TokenBatch:
+    path = tmp_path_factory.mktemp("regime") / f"{regime}.parquet"
+    write_simulated(path, SimConfig(regime=regime, seed=seed, **config))
+    return load(path)
+
+
+def _with_broken_replica(
+    batch: TokenBatch, share: float, seed: int
+) -> tuple[TokenBatch, np.ndarray]:
+    """`batch` with `share` of its sequences from a stale replica: every token's train
+    log-prob 1 nat above the rollout's (capped at 0, a log-prob's bound)."""
+    rng = np.random.default_rng(seed)
+    broken = np.zeros(batch.num_sequences, dtype=bool)
+    count = max(1, round(share * batch.num_sequences))
+    broken[rng.choice(batch.num_sequences, count, replace=False)] = True
+    tokens = torch.from_numpy(np.repeat(broken, batch.lengths.numpy()))
+    train = torch.where(tokens, torch.clamp(batch.rollout + 1.0, max=0.0), batch.train)
+    return dataclasses.replace(batch, train=train), broken
+
+
+@pytest.fixture(scope="module", params=[11, 12])
+def benign(tmp_path_factory, request):
+    return _simulated(tmp_path_factory, "dense_bf16", request.param, sequences=96, median_len=300)
+
+
+@pytest.fixture(scope="module", params=[21, 22])
+def broken_replica(tmp_path_factory, request):
+    batch = _simulated(tmp_path_factory, "dense_bf16", request.param, sequences=100, median_len=300)
+    return _with_broken_replica(batch, 0.04, request.param)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_benign_noise_is_not_masked(benign, framework):
+    rec = recommend(benign, framework)
+    assert rec.best.passes, rec.best.reason
+    assert rec.best.stats["token_masked_fraction"] <= 0.005
+    assert rec.best.stats["seq_masked_fraction"] <= 0.01
+    assert any(r.startswith("numerical noise only") for r in rec.regimes)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_broken_sequences_are_masked_where_the_framework_can(broken_replica, framework):
+    batch, broken = broken_replica
+    rec = recommend(batch, framework)
+    assert any(r.startswith("broken sequences") for r in rec.regimes)
+    best = rec.best
+    if best.passes:
+        assert best.stats["broken_gradient_kept"] <= 0.10
+        assert best.stats["healthy_seq_dropped"] <= 0.02
+        # The ground truth agrees with what the recommender called broken.
+        kept = recommend_broken_gradient(batch, best.spec, broken)
+        assert kept <= 0.10
+    else:  # the framework cannot: it says so, and names one that can if any
+        assert any("cannot express a setting that removes the broken" in r for r in rec.regimes)
+
+
+def recommend_broken_gradient(batch: TokenBatch, spec, broken: np.ndarray) -> float:
+    """The share of the broken sequences' gradient a setting keeps: sum(w) / T over them."""
+    result = spec.replay(batch)
+    lengths = batch.lengths.numpy()
+    seq = np.repeat(np.arange(lengths.size), lengths)
+    mask = batch.loss_mask.numpy() & broken[seq]
+    return float(result.weight.numpy()[mask].sum() / max(mask.sum(), 1))
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_long_sequences_keep_the_step_size(long_dense, framework):
+    rec = recommend(long_dense, framework)
+    assert rec.best.passes, rec.best.reason
+    assert 0.8 <= rec.best.stats["lr_scale"] <= 1.25
+    assert rec.best.stats["ess"] >= 0.5
+    assert any(r.startswith("long-sequence collapse") for r in rec.regimes)
+
+
+def test_an_offset_and_a_drift_are_named(tmp_path_factory):
+    offset = _simulated(tmp_path_factory, "offset_bug", 31, sequences=64, median_len=300)
+    assert any(r.startswith("global offset") for r in recommend(offset, "verl").regimes)
+    drift = _simulated(tmp_path_factory, "drift", 32, sequences=24, steps=6, median_len=200)
+    assert any(r.startswith("drift") for r in recommend(drift, "verl").regimes)
+
+
+def test_the_json_carries_replayable_configs(benign):
+    doc = recommend(benign, "skyrl").to_dict()
+    assert doc["best"]["config"]["framework"] == "skyrl"
+    for candidate in doc["candidates"]:
+        assert parse_config(candidate["config"]).name == candidate["name"]
+    assert doc["runner_up"] is not None and doc["pick"]

@@ -120,6 +120,8 @@ class Recommendation:
         regimes: what was found in the data and why it matters for the pick, one line each.
         warnings: the traps that bite this data.
         pick: why the best beat the runner-up, and what would change the pick.
+        thresholds: the bounds placed from the data (token ratio band and cap, e^G band,
+            mean-k3 bound) and how many sequences were found broken.
     """
 
     framework: str
@@ -128,6 +130,7 @@ class Recommendation:
     regimes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default_factory=tuple)
     pick: str = ""
+    thresholds: dict[str, Any] = field(default_factory=dict)
 
     @property
     def best(self) -> Candidate:
@@ -152,6 +155,7 @@ class Recommendation:
             "best": self.best.to_dict(),
             "runner_up": None if self.runner_up is None else self.runner_up.to_dict(),
             "pick": self.pick,
+            "thresholds": self.thresholds,
             "candidates": [c.to_dict() for c in self.candidates],
             "warnings": list(self.warnings),
         }
@@ -424,9 +428,27 @@ def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None)
     regimes = _regimes(batch, normal)
     if normal.broken.any() and not any(c.passes for c in ranked):
         regimes.append(_elsewhere(batch, fw, normal, targets))
+    found = {
+        "token_band": list(thresholds.band),
+        "token_cap": thresholds.token_cap,
+        "geometric_band": list(thresholds.geo),
+        "k3": thresholds.k3,
+        "broken_sequences": int(normal.broken.sum()),
+    }
     return Recommendation(
-        framework, targets, ranked, tuple(regimes), tuple(_warnings(batch, fw)), _pick(ranked)
+        framework,
+        targets,
+        ranked,
+        tuple(regimes),
+        tuple(_warnings(batch, fw)),
+        _pick(ranked),
+        found,
     )
+
+
+def broken_sequences(batch: TokenBatch) -> np.ndarray:
+    """bool [B]: the sequences `recommend` calls broken (far outside the dump's noise)."""
+    return _Normal.of(batch).broken
 
 
 def _terms(batch: TokenBatch, spec: Spec, normal: _Normal) -> dict[str, float]:

@@ -65,6 +65,7 @@ regime.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -76,7 +77,9 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
+from iscore.batch import TokenBatch
 from iscore.errors import ConfigError, DumpError, quote
 
 METADATA_KEY = b"iscore.simulate"
@@ -823,3 +826,26 @@ def write_simulated(
         truth = SimTruth(config, regime, tuple(steps))
         writer.add_key_value_metadata({METADATA_KEY: json.dumps(truth.to_dict(), allow_nan=False)})
     return truth
+
+
+def with_broken_replica(
+    batch: TokenBatch, share: float, seed: int, shift: float = 1.0
+) -> tuple[TokenBatch, np.ndarray]:
+    """`batch` with `share` of its sequences (at least one) as a stale replica would report
+    them: every token's train log-prob `shift` nats above the rollout's, capped at 0 (a
+    log-prob's bound). Returns the batch and the bool [B] of the sequences changed.
+
+    >>> import torch
+    >>> b = TokenBatch(rollout=torch.full((4,), -2.0), train=torch.full((4,), -2.0),
+    ...                cu_seqlens=torch.tensor([0, 2, 4]))
+    >>> broken_batch, broken = with_broken_replica(b, 0.5, seed=0)
+    >>> int(broken.sum()), sorted(set((broken_batch.train - broken_batch.rollout).tolist()))
+    (1, [0.0, 1.0])
+    """
+    rng = np.random.default_rng(seed)
+    broken = np.zeros(batch.num_sequences, dtype=bool)
+    count = max(1, round(share * batch.num_sequences))
+    broken[rng.choice(batch.num_sequences, count, replace=False)] = True
+    tokens = torch.from_numpy(np.repeat(broken, batch.lengths.cpu().numpy())).to(batch.device)
+    train = torch.where(tokens, torch.clamp(batch.rollout + shift, max=0.0), batch.train)
+    return dataclasses.replace(batch, train=train), broken

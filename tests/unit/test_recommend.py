@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
-import torch
 
 from iscore import TokenBatch, load
 from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.recommend import Targets, recommend
 from iscore.replay import parse_config
-from iscore.simulate import SimConfig, write_simulated
+from iscore.simulate import SimConfig, with_broken_replica, write_simulated
 from tests.unit.frameworks.conftest import edge_batch
 
 PRODUCT_KINDS = {"seq_tis", "seq_mask"}  # product (sequence-sum) weights or masks
@@ -98,20 +95,6 @@ def _simulated(tmp_path_factory, regime: str, seed: int, **config) -> TokenBatch
     return load(path)
 
 
-def _with_broken_replica(
-    batch: TokenBatch, share: float, seed: int
-) -> tuple[TokenBatch, np.ndarray]:
-    """`batch` with `share` of its sequences from a stale replica: every token's train
-    log-prob 1 nat above the rollout's (capped at 0, a log-prob's bound)."""
-    rng = np.random.default_rng(seed)
-    broken = np.zeros(batch.num_sequences, dtype=bool)
-    count = max(1, round(share * batch.num_sequences))
-    broken[rng.choice(batch.num_sequences, count, replace=False)] = True
-    tokens = torch.from_numpy(np.repeat(broken, batch.lengths.numpy()))
-    train = torch.where(tokens, torch.clamp(batch.rollout + 1.0, max=0.0), batch.train)
-    return dataclasses.replace(batch, train=train), broken
-
-
 @pytest.fixture(scope="module", params=[11, 12])
 def benign(tmp_path_factory, request):
     return _simulated(tmp_path_factory, "dense_bf16", request.param, sequences=96, median_len=300)
@@ -120,7 +103,7 @@ def benign(tmp_path_factory, request):
 @pytest.fixture(scope="module", params=[21, 22])
 def broken_replica(tmp_path_factory, request):
     batch = _simulated(tmp_path_factory, "dense_bf16", request.param, sequences=100, median_len=300)
-    return _with_broken_replica(batch, 0.04, request.param)
+    return with_broken_replica(batch, 0.04, request.param)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -183,6 +183,7 @@ class _Normal:
     T: np.ndarray  # float64 [B]: loss tokens
     d: np.ndarray  # float64 [N loss tokens]
     token_broken: np.ndarray  # bool [N loss tokens]: tokens of broken sequences
+    rollout: np.ndarray  # float32 [N loss tokens]: the rollout's log-prob of each
 
     @classmethod
     def of(cls, batch: TokenBatch) -> _Normal:
@@ -202,7 +203,10 @@ class _Normal:
         stderr = 1.2533 * max(d_spread, 1e-12) / np.sqrt(np.maximum(T, 1.0))
         broken = has & (np.abs(medians - d_center) > Z_BROKEN * stderr)
         token_broken = broken[seq_of_token]
-        return cls(d_center, d_spread, g_center, g_spread, broken, G, k3, T, d, token_broken)
+        rollout = batch.rollout[m].cpu().numpy()
+        return cls(
+            d_center, d_spread, g_center, g_spread, broken, G, k3, T, d, token_broken, rollout
+        )
 
     @property
     def broken_share(self) -> float:
@@ -578,7 +582,20 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
                 f"drift: the mean k3 grows from {by_step[0]:.3g} to {by_step[-1]:.3g} over "
                 "the steps: re-run this on the latest steps (--steps) before trusting a bound"
             )
-    return found or ["numerical noise only: nothing stands out, so nothing should be masked"]
+    if not found:
+        found.append("numerical noise only: nothing stands out, so nothing should be masked")
+    healthy = ~normal.token_broken
+    k3 = np.expm1(np.clip(normal.d[healthy], -20.0, 20.0)) - normal.d[healthy]
+    unlikely = normal.rollout[healthy] < math.log(0.1)
+    if k3.sum() > 0 and unlikely.any():
+        share = float(k3[unlikely].sum() / k3.sum())
+        if share > 0.5:
+            found.append(
+                f"low-probability-token noise: {share:.0%} of the mismatch (k3) sits in the "
+                f"{unlikely.mean():.0%} of tokens the rollout gave < 10% probability: token-level "
+                "settings act on those tokens alone, where a sequence mask drops whole sequences"
+            )
+    return found
 
 
 def _elsewhere(batch: TokenBatch, fw: Framework, normal: _Normal, targets: Targets) -> str:

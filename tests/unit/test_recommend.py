@@ -112,7 +112,9 @@ def test_benign_noise_is_not_masked(benign, framework):
     assert rec.best.passes, rec.best.reason
     assert rec.best.stats["token_masked_fraction"] <= 0.005
     assert rec.best.stats["seq_masked_fraction"] <= 0.01
-    assert any(r.startswith("numerical noise only") for r in rec.regimes)
+    assert rec.regimes[0].startswith("numerical noise only")
+    # The simulator's noise, like bf16's, sits mostly in low-probability tokens.
+    assert any(r.startswith("low-probability-token noise") for r in rec.regimes)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

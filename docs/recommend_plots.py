@@ -16,12 +16,12 @@ import numpy as np
 
 from iscore import TokenBatch, load, ops, recommend
 from iscore.recommend import broken_sequences
-from iscore.simulate import SimConfig, with_broken_replica, write_simulated
+from iscore.simulate import SimConfig, write_simulated
 
 W, H, PAD = 640, 360, 56
 REGIMES = {
     "benign": ("dense_bf16", {"sequences": 96, "median_len": 300}, 11),
-    "broken": ("dense_bf16", {"sequences": 100, "median_len": 300}, 21),
+    "broken": ("dense_bf16", {"sequences": 100, "median_len": 300, "broken_share": 0.04}, 21),
     "long": ("long_collapse", {"sequences": 64}, 3),
     "offset": ("offset_bug", {"sequences": 64, "median_len": 300}, 31),
     "drift": ("drift", {"sequences": 24, "steps": 6, "median_len": 200}, 32),
@@ -102,8 +102,6 @@ def main() -> None:
             path = Path(tmp) / f"{name}.parquet"
             write_simulated(path, SimConfig(regime=regime, seed=seed, **config))
             batch = load(path)
-            if name == "broken":
-                batch, _ = with_broken_replica(batch, 0.04, seed)
             rec = recommend(batch, "verl")
             lengths, ratio = _geometric(batch)
             broken = broken_sequences(batch)

@@ -291,7 +291,15 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise IscoreError("simulate needs an output path: iscore simulate OUT.parquet")
     overrides = {
         name: getattr(args, name)
-        for name in ("sequences", "steps", "seed", "min_len", "max_len", "median_len")
+        for name in (
+            "sequences",
+            "steps",
+            "seed",
+            "min_len",
+            "max_len",
+            "median_len",
+            "broken_share",
+        )
         if getattr(args, name) is not None
     }
     config = SimConfig(regime=args.regime, **overrides)
@@ -577,6 +585,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-len", type=int)
     p.add_argument("--max-len", type=int)
     p.add_argument("--median-len", type=int, help="median sequence length (default: the regime's)")
+    p.add_argument(
+        "--broken-share",
+        type=float,
+        help="share of each step's sequences scored by a stale replica (every token's train "
+        "log-prob 1 nat above the rollout's); default 0",
+    )
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=_cmd_simulate)
 

@@ -65,7 +65,6 @@ regime.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -77,9 +76,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
-from iscore.batch import TokenBatch
 from iscore.errors import ConfigError, DumpError, quote
 
 METADATA_KEY = b"iscore.simulate"
@@ -228,6 +225,9 @@ class SimConfig:
         length_sigma: log-normal sigma of the lengths; 0 makes every length `median_len`.
         vocab: candidate tokens per position.
         group_size: sequences per prompt group (advantages are normalized per group).
+        broken_share: the share of each step's sequences (at least one when above 0) that a
+            stale replica scored: every token's train log-prob `BROKEN_SHIFT` nats above the
+            rollout's, capped at 0. `broken_sequences` says which.
 
     Raises:
         ConfigError: a value is of the wrong type or out of range.
@@ -250,6 +250,7 @@ class SimConfig:
     length_sigma: float = 1.0
     vocab: int = 16
     group_size: int = 8
+    broken_share: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.regime, str) or self.regime not in REGIMES:
@@ -285,6 +286,12 @@ class SimConfig:
                 f"Expected argument `length_sigma` to be a float in [0, 4], but got {quote(sigma)}"
             )
         object.__setattr__(self, "length_sigma", float(sigma))
+        share = self.broken_share
+        if isinstance(share, bool) or not isinstance(share, Real) or not 0 <= share < 1:
+            raise ConfigError(
+                f"Expected argument `broken_share` to be a float in [0, 1), but got {quote(share)}"
+            )
+        object.__setattr__(self, "broken_share", float(share))
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +309,8 @@ class StepTruth:
             renormalized over a top-p nucleus (the trainer has mass it cannot sample).
         expected_ratio: token mean of E_rollout[exp(d)], the trainer's mass on the
             rollout's support; exactly 1 unless the regime is biased (top-p).
+        broken: sequences a stale replica scored (`SimConfig.broken_share`); the three
+            figures above describe the regime's noise, before that shift.
     """
 
     step: int
@@ -311,6 +320,7 @@ class StepTruth:
     kl_rollout_train: float
     kl_train_rollout: float
     expected_ratio: float
+    broken: int = 0
 
 
 def _json_float(value: float) -> float | None:
@@ -642,6 +652,11 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         kl_reverse += float(pos.kl_reverse.sum(dtype=np.float64))
         ratio += float(pos.ratio.sum(dtype=np.float64))
 
+    broken = broken_sequences(config, step)
+    if broken.any():
+        shifted = np.repeat(broken, lengths)
+        train[shifted] = np.minimum(rollout[shifted] + np.float32(BROKEN_SHIFT), np.float32(0.0))
+
     first = step * config.sequences
     groups_per_step = -(-config.sequences // config.group_size)
     truth = StepTruth(
@@ -652,6 +667,7 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         kl_rollout_train=kl_forward / tokens,
         kl_train_rollout=kl_reverse / tokens,
         expected_ratio=ratio / tokens,
+        broken=int(broken.sum()),
     )
     return _Step(
         truth=truth,
@@ -828,24 +844,20 @@ def write_simulated(
     return truth
 
 
-def with_broken_replica(
-    batch: TokenBatch, share: float, seed: int, shift: float = 1.0
-) -> tuple[TokenBatch, np.ndarray]:
-    """`batch` with `share` of its sequences (at least one) as a stale replica would report
-    them: every token's train log-prob `shift` nats above the rollout's, capped at 0 (a
-    log-prob's bound). Returns the batch and the bool [B] of the sequences changed.
+BROKEN_SHIFT = 1.0
+"""Nats a stale replica's train log-probs sit above the rollout's (`SimConfig.broken_share`)."""
 
-    >>> import torch
-    >>> b = TokenBatch(rollout=torch.full((4,), -2.0), train=torch.full((4,), -2.0),
-    ...                cu_seqlens=torch.tensor([0, 2, 4]))
-    >>> broken_batch, broken = with_broken_replica(b, 0.5, seed=0)
-    >>> int(broken.sum()), sorted(set((broken_batch.train - broken_batch.rollout).tolist()))
-    (1, [0.0, 1.0])
+
+def broken_sequences(config: SimConfig, step: int) -> np.ndarray:
+    """bool [sequences]: which sequences of `step` a stale replica scored. Drawn from a stream
+    of their own, so a dump with broken sequences is the same dump as without, but for them.
+
+    >>> int(broken_sequences(SimConfig(sequences=100, broken_share=0.04), 0).sum())
+    4
     """
-    rng = np.random.default_rng(seed)
-    broken = np.zeros(batch.num_sequences, dtype=bool)
-    count = max(1, round(share * batch.num_sequences))
-    broken[rng.choice(batch.num_sequences, count, replace=False)] = True
-    tokens = torch.from_numpy(np.repeat(broken, batch.lengths.cpu().numpy())).to(batch.device)
-    train = torch.where(tokens, torch.clamp(batch.rollout + shift, max=0.0), batch.train)
-    return dataclasses.replace(batch, train=train), broken
+    broken = np.zeros(config.sequences, dtype=bool)
+    if config.broken_share > 0:
+        rng = np.random.default_rng([config.seed, step, 1])
+        count = max(1, round(config.broken_share * config.sequences))
+        broken[rng.choice(config.sequences, count, replace=False)] = True
+    return broken

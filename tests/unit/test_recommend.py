@@ -10,7 +10,7 @@ from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.recommend import Targets, recommend
 from iscore.replay import parse_config
-from iscore.simulate import SimConfig, with_broken_replica, write_simulated
+from iscore.simulate import SimConfig, broken_sequences, write_simulated
 from tests.unit.frameworks.conftest import edge_batch
 
 PRODUCT_KINDS = {"seq_tis", "seq_mask"}  # product (sequence-sum) weights or masks
@@ -102,8 +102,11 @@ def benign(tmp_path_factory, request):
 
 @pytest.fixture(scope="module", params=[21, 22])
 def broken_replica(tmp_path_factory, request):
-    batch = _simulated(tmp_path_factory, "dense_bf16", request.param, sequences=100, median_len=300)
-    return with_broken_replica(batch, 0.04, request.param)
+    """A benign dump with 4% of its sequences from a stale replica, and which they are."""
+    config = {"sequences": 100, "median_len": 300, "broken_share": 0.04}
+    batch = _simulated(tmp_path_factory, "dense_bf16", request.param, **config)
+    truth = SimConfig(regime="dense_bf16", seed=request.param, **config)
+    return batch, broken_sequences(truth, 0)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

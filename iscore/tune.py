@@ -26,6 +26,7 @@ tokens keeping their place in the denominator, as most frameworks do), or under 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -241,21 +242,22 @@ class Tuner:
         per_seq = p.total("w", 0, hi) + upper * (p.keys.size - hi)
         return replace(result, lr_scale=per_seq / max(self.sequences, 1))
 
-    def quantiles(
-        self, family: str, qs: tuple[float, ...] = (0.001, 0.01, 0.5, 0.99, 0.999)
-    ) -> dict[float, float]:
-        """Quantiles of the statistic a family thresholds (token ratio, e^G, e^S, mean k3):
-        where sliders should start."""
+    def quantiles(self, family: str, qs: Sequence[float]) -> dict[float, float]:
+        """Quantiles (nearest rank) of the statistic a family thresholds (token ratio, e^G,
+        e^S, mean k3), read off the sorted table: where sliders should stop."""
         table = {
             "token": self._rho,
             "geometric": self._geo,
             "product": self._product,
             "k3": self._k3,
         }[family]
-        keys = np.exp(table.keys) if family == "geometric" else table.keys
-        if not keys.size:
+        n = table.keys.size
+        if not n:
             return {q: float("nan") for q in qs}
-        return {q: float(np.quantile(keys, q)) for q in qs}
+        at = table.keys[np.rint(np.asarray(qs, dtype=np.float64) * (n - 1)).astype(np.int64)]
+        if family == "geometric":
+            at = np.exp(at)
+        return dict(zip(qs, at.tolist(), strict=True))
 
 
 Statistic = Literal["token", "geometric", "product", "k3"]
@@ -271,8 +273,6 @@ class Family:
         statistic: what the bounds threshold (`Tuner.quantiles` family).
         bounds: the thresholds' names.
         defaults: a common setting, one value per bound.
-        span: the least range the thresholds' sliders cover, widened to the data's
-            0.1%-99.9% quantiles.
         rule: the family's rule in one line.
         truncates: whether it clamps weights (else `TuneResult.truncated_fraction` is 0).
     """
@@ -282,7 +282,6 @@ class Family:
     statistic: Statistic
     bounds: tuple[str, ...]
     defaults: tuple[float, ...]
-    span: tuple[float, float]
     rule: str
     truncates: bool = False
 
@@ -291,28 +290,28 @@ FAMILIES: dict[str, Family] = {
     f.key: f
     for f in (
         Family(
-            "token_tis", "Token TIS cap", "token", ("upper",), (2.0,), (1.0, 10.0),
+            "token_tis", "Token TIS cap", "token", ("upper",), (2.0,),
             "w = min(rho, upper) per token, rho = e^d", truncates=True,
         ),
         Family(
-            "icepop", "IcePop band", "token", ("lower", "upper"), (0.5, 5.0), (0.1, 10.0),
+            "icepop", "IcePop band", "token", ("lower", "upper"), (0.5, 5.0),
             "w = rho where lower ≤ rho ≤ upper, else 0",
         ),
         Family(
-            "seq_tis", "Sequence TIS cap", "product", ("upper",), (2.0,), (1.0, 10.0),
+            "seq_tis", "Sequence TIS cap", "product", ("upper",), (2.0,),
             "w = min(e^S, upper) for every token of the sequence, S = Σd", truncates=True,
         ),
         Family(
             "geometric_mask", "Geometric sequence mask", "geometric", ("lower", "upper"),
-            (0.999, 1.001), (0.999, 1.001),
+            (0.999, 1.001),
             "keep a sequence iff lower ≤ e^(S/T) ≤ upper; w = 1",
         ),
         Family(
             "product_mask", "Product sequence mask", "product", ("lower", "upper"), (0.5, 2.0),
-            (0.1, 10.0), "keep a sequence iff lower ≤ e^S ≤ upper; w = 1",
+            "keep a sequence iff lower ≤ e^S ≤ upper; w = 1",
         ),
         Family(
-            "k3_mask", "k3 sequence mask", "k3", ("threshold",), (0.01,), (1e-4, 0.1),
+            "k3_mask", "k3 sequence mask", "k3", ("threshold",), (0.01,),
             "keep a sequence iff its mean per-token k3 ≤ threshold; w = 1",
         ),
     )
@@ -332,23 +331,105 @@ def query(
     return getattr(tuner, FAMILIES[family].key)(*values, aggregation=aggregation)
 
 
-def grid(tuner: Tuner, family: str, points: int = 61) -> dict[str, list[float]]:
-    """Log-spaced slider values per bound, from the family's span widened to the data's
-    0.1%-99.9% quantiles of the statistic it thresholds, rounded to 4 significant digits,
-    with the family's default among them.
+def grid(
+    tuner: Tuner,
+    family: str,
+    points: int = 45,
+    include: Sequence[Sequence[float]] = (),
+) -> dict[str, list[float]]:
+    """Slider values per bound, from the data's quantiles: each step moves the share of the
+    data beyond the bound by a constant factor (a quarter of it, down to one in a million), so the
+    slider spends its length where the data is, however narrow (a dump whose ratios end at
+    1.09 is not a sliver of a 1-10 range).
 
-    Bounds named `lower` run up to 1, `upper` from 1; a lone `threshold` covers the span.
+    Past the data's extreme a few values reach 3 times as far (in log-ratio, for ratio
+    bounds), and a few lead from the bulk to the neutral value (1 for a ratio bound, 0 for a
+    k3 threshold); an `upper` bound stays above 1 and a `lower` one below. Values are rounded
+    to three significant digits of their distance from 1 (`_round`); the family's default
+    and every setting of `include` (values in the family's bound order, e.g. the framework's
+    default and the recommended setting) are among them.
+
+    >>> from iscore import load
+    >>> g = grid(Tuner(load("data/fp8.parquet")), "token_tis")["upper"]
+    >>> g[0] > 1.0, 2.0 in g, len(g) > 30
+    (True, True, True)
     """
     f = FAMILIES[family]
-    q = tuner.quantiles(f.statistic)
-    low = max(float(np.nanmin([f.span[0], q[0.001]])), 1e-9)
-    high = float(np.nanmax([f.span[1], q[0.999]]))
-    ranges = {"lower": (low, 1.0), "upper": (1.0, high), "threshold": (low, high)}
     out = {}
-    for bound, default in zip(f.bounds, f.defaults, strict=True):
-        values = {float(f"{v:.4g}") for v in np.geomspace(*ranges[bound], points)}
-        out[bound] = sorted(values | {default})
+    for i, (bound, default) in enumerate(zip(f.bounds, f.defaults, strict=True)):
+        tail = np.geomspace(0.25, 1e-6, points)  # the share of the data beyond the bound
+        q = tuner.quantiles(f.statistic, tail if bound == "lower" else 1.0 - tail)
+        data = np.array(list(q.values()), dtype=np.float64)
+        if bound == "threshold":
+            values = _threshold_values(data[data > 0], default)
+        else:
+            sign = 1.0 if bound == "upper" else -1.0
+            # In log-ratio, as a distance from 1 on the bound's side.
+            delta = sign * np.log(data[(sign * np.log(np.maximum(data, 1e-300))) > 0])
+            values = np.exp(sign * _distances(delta, abs(math.log(default))))
+        chosen = {default, *(float(v[i]) for v in include)}
+        out[bound] = sorted({_round(float(v), bound) for v in values} | chosen)
     return out
+
+
+def _distances(delta: np.ndarray, default: float) -> np.ndarray:
+    """Distances from the neutral value for a slider: the data's (`delta`, increasing, all
+    positive), a few from the bulk towards 0 and a few past the extreme, clamped at the
+    +-20 exponent bound; `default` stands in when the data never leaves the neutral side."""
+    if not delta.size:
+        delta = np.array([default])
+    # Bounds closer to 1 than 1e-3 remove the bulk of any dump: the slider need not go there.
+    near = np.geomspace(delta[0] / 30, delta[0], 7)[:-1] if delta[0] > 1e-3 else []
+    far = np.geomspace(delta[-1], 3 * delta[-1], 7)[1:]
+    return np.minimum(np.concatenate([near, delta, far]), ops.SAFETY_BOUND)
+
+
+def _threshold_values(data: np.ndarray, default: float) -> np.ndarray:
+    """A k3 threshold's slider values: the data's quantiles (`data`, increasing), a few from
+    the bulk towards 0 and a few past the largest, up to 3 times it."""
+    if not data.size:
+        data = np.array([default])
+    near = np.geomspace(data[0] / 30, data[0], 7)[:-1]
+    far = np.geomspace(data[-1], 3 * data[-1], 7)[1:]
+    return np.concatenate([near, data, far])
+
+
+def _round(value: float, bound: str, digits: int = 3) -> float:
+    """`value` to `digits` significant digits of what matters: its distance from 1 for a ratio
+    bound near 1 (1.001234 -> 1.00123), itself for a threshold or a ratio far below 1."""
+    scale = value if bound == "threshold" else min(abs(value - 1.0), value)
+    if scale == 0.0:
+        return value
+    return round(value, digits - 1 - math.floor(math.log10(scale)))
+
+
+def family_of(spec: Spec) -> tuple[str, tuple[float, ...]] | None:
+    """The family and bound values `spec` is a setting of (what Tune can move), or None.
+
+    >>> from iscore.analyze import presets
+    >>> family_of(presets()["verl:decoupled_token_is"])
+    ('token_tis', (2.0,))
+    """
+    fw = frameworks.get(spec.framework)
+    setting = fw.to_canonical(spec)
+    if len(setting.components) != 1:
+        return None
+    (c,) = setting.components
+    band = c.zero or c
+    for key in FAMILIES:
+        if key not in fw.families:
+            continue
+        bounds = FAMILIES[key].bounds
+        values = (band.lower, band.upper) if len(bounds) == 2 else (c.upper,)
+        if any(v is None for v in values):
+            continue
+        try:
+            candidate = fw.to_canonical(family_spec(key, values, spec.framework))
+        except ConfigError:
+            continue
+        if candidate == setting:
+            return key, tuple(float(v) for v in values)
+    return None
 
 
 def nearest(values: Sequence[float], target: float) -> float:

@@ -733,6 +733,7 @@ FRAMEWORK = Framework(
     spec_types=(ArealCorrection,),
     parse=parse,
     presets=lambda: PRESETS,
+    default="areal_token_mask",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=lambda body, fmt: render.yaml_text(body),

@@ -96,6 +96,8 @@ class Framework:
         spec_types: the spec classes `parse` returns.
         parse: its own config (a mapping with a top-level `framework:`) -> a frozen spec.
         presets: the named settings, built on first use.
+        default: the preset its users most likely run: what its docs and examples switch on
+            when the correction is enabled (the app's starting point).
         to_canonical: a spec -> the framework-neutral setting.
         from_canonical: a neutral setting and a name -> candidate specs, each with notes on
             what it could not express (`iscore.export.convert` picks the closest).
@@ -119,6 +121,7 @@ class Framework:
     to_canonical: Callable[[Any], Canonical]
     from_canonical: Callable[[Canonical, str], list[Candidate]]
     render: Callable[[Mapping[str, Any], str | None], str]
+    default: str = ""
     aggregation: Callable[[Any], Aggregation] = lambda spec: Aggregation()
     families: frozenset[str] = frozenset()
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

@@ -383,6 +383,7 @@ FRAMEWORK = Framework(
     spec_types=(FireworksTIS, FireworksISCorrection),
     parse=parse,
     presets=lambda: PRESETS,
+    default="fireworks_default",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=_render,

@@ -574,6 +574,7 @@ FRAMEWORK = Framework(
     spec_types=(NemoRLSpec,),
     parse=parse,
     presets=lambda: PRESETS,
+    default="nemo_is",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=render.nested,

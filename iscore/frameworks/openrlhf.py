@@ -443,6 +443,7 @@ FRAMEWORK = Framework(
     spec_types=(OpenRLHFCorrection,),
     parse=parse,
     presets=lambda: PRESETS,
+    default="openrlhf_tis",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=lambda body, fmt: render.flag_lines(body["args"]),

@@ -829,6 +829,7 @@ FRAMEWORK = Framework(
     spec_types=(SkyRLSpec,),
     parse=parse,
     presets=lambda: PRESETS,
+    default="skyrl_geo_mask",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=render.nested,

@@ -934,6 +934,7 @@ FRAMEWORK = Framework(
     spec_types=(SlimeCorrection,),
     parse=parse,
     presets=lambda: PRESETS,
+    default="slime_tis",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=_render,

@@ -441,6 +441,7 @@ FRAMEWORK = Framework(
     spec_types=(TRLCorrection,),
     parse=parse,
     presets=lambda: PRESETS,
+    default="trl_default",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=_render,

@@ -1107,6 +1107,7 @@ FRAMEWORK = Framework(
     spec_types=(VerlSpec,),
     parse=parse,
     presets=lambda: PRESETS,
+    default="decoupled_token_is",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=render.nested,

@@ -147,15 +147,34 @@ def test_a_tuned_setting_replays_as_the_tuner_says(fp8, family: str, framework: 
 
 
 def test_grids_cover_the_data_and_the_defaults(fp8) -> None:
+    # Slider positions are the data's quantiles: all but the few leading to 1 and past the
+    # extreme (6 each), the default and the included setting lie inside the data's range.
     _, tuner = fp8
     for key, family in FAMILIES.items():
-        values = grid(tuner, key)
+        values = grid(tuner, key, include=[[0.123456] * len(family.bounds)])
         for bound, default in zip(family.bounds, family.defaults, strict=True):
-            assert default in values[bound]
-            assert values[bound] == sorted(values[bound])
-        if "upper" in values:
-            assert values["upper"][0] == 1.0
-            assert values["upper"][-1] >= tuner.quantiles(family.statistic)[0.999] * 0.999
+            xs = values[bound]
+            assert default in xs and 0.123456 in xs
+            assert xs == sorted(xs) and len(set(xs)) == len(xs)
+            ends = (0.75, 1.0) if bound in ("upper", "threshold") else (0.25, 0.0)
+            q = tuner.quantiles(family.statistic, ends)
+            lo, hi = sorted(q.values())
+            if bound == "upper":
+                lo = max(lo, 1.0)
+                assert all(x > 1 for x in xs if x != 0.123456)
+            if bound == "lower":
+                hi = min(hi, 1.0)
+                assert all(x < 1 for x in xs)
+            inside = [x for x in xs if lo * 0.999 <= x <= hi * 1.001]
+            assert len(xs) - len(inside) <= 14, (key, bound, xs)
+            assert xs[0] <= lo and xs[-1] >= hi
+
+
+def test_grid_values_carry_no_float_noise(fp8) -> None:
+    _, tuner = fp8
+    for key in FAMILIES:
+        for xs in grid(tuner, key).values():
+            assert all(x == float(f"{x:.10g}") for x in xs), xs
 
 
 def test_sweep_is_the_query_at_each_point(fp8) -> None:

@@ -80,8 +80,16 @@ def test_edges_overflow_and_bounds_hit_exactly():
     assert tuner.seq_tis(3.0).weight_mean == pytest.approx(expected["weight_mean"], rel=1e-6)
 
 
-def test_quantiles_bracket_the_data():
-    tuner = Tuner(make_batch([100] * 30, seed=5, sigma=0.1))
-    q = tuner.quantiles("geometric")
-    assert q[0.001] < q[0.5] < q[0.999]
-    assert tuner.quantiles("token")[0.5] == pytest.approx(1.0, abs=0.02)
+def test_quantiles_are_nearest_ranks_of_the_statistic():
+    batch = make_batch([100] * 30, seed=5, sigma=0.1)
+    tuner = Tuner(batch)
+    d = (batch.train.double() - batch.rollout.double()).numpy()
+    keep = batch.loss_mask.numpy()
+    rho = np.sort(np.exp(np.clip(d[keep], -20, 20)))
+    seg = np.repeat(np.arange(30), 100)[keep]
+    geo = np.sort(np.exp(np.bincount(seg, d[keep]) / np.bincount(seg)))
+    qs = (0.0, 0.001, 0.5, 0.999, 1.0)
+    for table, statistic in ((rho, "token"), (geo, "geometric")):
+        got = tuner.quantiles(statistic, qs)
+        expected = [table[round(q * (table.size - 1))] for q in qs]
+        assert list(got.values()) == pytest.approx(expected, rel=1e-5)

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import pandas as pd
 import streamlit as st
 
+from iscore import frameworks
 from iscore.analyze import Analysis, presets
 from iscore.budget import CACHE_MB, MAX_UPLOAD_TOKENS, WorkspaceCache, check_upload
 from iscore.dump import DumpProblems, StepRange
@@ -33,9 +34,11 @@ from iscore.errors import IscoreError
 from iscore.export import convert as convert_setting
 from iscore.export import to_file_text
 from iscore.figures import color
+from iscore.recommend import Recommendation, Targets
 from iscore.report import SUMMARY_COLUMNS
 from iscore.serving import DataRoots, dump_folder
 from iscore.spec import Spec
+from iscore.tune import FAMILIES, family_of
 from iscore.workspace import Workspace, digest, fingerprint, open_path, open_uploads
 
 T = TypeVar("T")
@@ -74,26 +77,38 @@ def init_state(preload: str | None) -> None:
     if "path" not in state:
         state.path = preload or ""
         state.path_pending = bool(preload)
-    for key, value in (("loaded", None), ("settings", []), ("custom", {}), ("notice", None)):
+    for key, value in (
+        ("loaded", None),
+        ("settings", []),
+        ("custom", {}),
+        ("notice", None),
+        ("framework", frameworks.NAMES[0]),
+        ("targets", Targets()),
+    ):
         state.setdefault(key, value)
 
 
-def persist(key: str, default: Any, *, as_value: bool = False) -> dict[str, Any]:
+def persist(
+    key: str, default: Any, *, as_value: bool = False, on_change: bool = True
+) -> dict[str, Any]:
     """Widget arguments that keep the widget's value in `st.session_state[key]` across page
     switches: `st.slider(..., **persist("cap", 2.0))`.
 
     With `as_value`, the value is passed as the widget's `value=` instead of written to its
-    state: a range `select_slider` is a range only when given a tuple `value`.
+    state: a range `select_slider` is a range only when given a tuple `value`. Without
+    `on_change`, the widget's own callback must call `store(key)`.
     """
     st.session_state.setdefault(key, default)
     widget = f"_w_{key}"
+    callback = {"on_change": store, "args": (key,)} if on_change else {}
     if as_value:
-        return {"key": widget, "value": st.session_state[key], "on_change": _store, "args": (key,)}
+        return {"key": widget, "value": st.session_state[key], **callback}
     st.session_state[widget] = st.session_state[key]
-    return {"key": widget, "on_change": _store, "args": (key,)}
+    return {"key": widget, **callback}
 
 
-def _store(key: str) -> None:
+def store(key: str) -> None:
+    """Keep a `persist` widget's value under `key`."""
     st.session_state[key] = st.session_state[f"_w_{key}"]
 
 
@@ -253,8 +268,9 @@ def load_path(source: str, drop_invalid: bool) -> Workspace:
 def _set_loaded(loaded: Loaded) -> None:
     if st.session_state.loaded != loaded:
         st.session_state.loaded = loaded
-        st.session_state.pop("step_range", None)
-        st.session_state.pop("_w_step_range", None)
+        # Selections of the previous dump mean nothing for this one.
+        for key in ("step_range", "_w_step_range", "_seeded"):
+            st.session_state.pop(key, None)
 
 
 def workspace() -> Workspace | None:
@@ -280,6 +296,7 @@ def require_workspace() -> Workspace:
         st.info("Load a dump first: upload one, open a server path or pick a sample.")
         st.page_link("pages/data.py", label="Go to the Data page", icon=":material/upload:")
         st.stop()
+    seed_settings(ws, selected_steps())
     return ws
 
 
@@ -344,8 +361,109 @@ def add_setting(spec: Spec) -> str:
     return label(spec)
 
 
+def use_setting(spec: Spec) -> str:
+    """Make `spec` the setting the pages work on: add it to the Compare list, open it on the
+    Export page, and move Tune's sliders to it when it is one of Tune's families; returns
+    its label."""
+    state = st.session_state
+    name = add_setting(spec)
+    state.export_setting = name
+    found = family_of(spec)
+    if found is not None:
+        family, values = found
+        state.tune_family = family
+        state.tune_framework = spec.framework
+        for bound, value in zip(FAMILIES[family].bounds, values, strict=True):
+            state[f"tune_{family}_{bound}"] = value
+    return name
+
+
+# ------------------------------------------------------------------------------------------
+# The user's framework and the recommendation
+
+
+def framework() -> str:
+    """The user's framework (the sidebar's choice): Recommend ranks its settings, and Compare,
+    Tune and Export start from them."""
+    return st.session_state.framework
+
+
+def framework_title(name: str) -> str:
+    """A framework's name for people, e.g. "NeMo-RL"."""
+    return frameworks.get(name).title
+
+
+def framework_changed() -> None:
+    """A Compare list still as the app started it follows a new framework choice."""
+    store("framework")
+    state = st.session_state
+    if state.settings and state.settings == state.get("_seeded_list"):
+        state.settings.clear()
+        state.pop("_seeded", None)
+
+
+def framework_default(name: str | None = None) -> Spec:
+    """The preset users of a framework (default: the user's) most likely run."""
+    fw = frameworks.get(name or framework())
+    return presets()[f"{fw.name}:{fw.default}"]
+
+
+def recommendation(ws: Workspace, steps: StepRange | None) -> Recommendation:
+    """The user's framework's settings ranked on the selected steps for the session's targets
+    (memoized with the workspace)."""
+    state = st.session_state
+    what = f"Ranking {state.framework}'s settings on this dump…"
+    return compute(what, ws.recommend, state.framework, state.targets, steps)
+
+
+def recommended(rec: Recommendation, index: int = 0) -> Spec:
+    """Candidate `index` of `rec` named for the Compare list, e.g. `recommended_token_tis`."""
+    candidate = rec.candidates[index]
+    return replace(candidate.spec, name=f"recommended_{candidate.kind}")
+
+
+def seed_settings(ws: Workspace, steps: StepRange | None) -> None:
+    """Once per dump, an empty Compare list starts with the user's framework's default and the
+    recommended setting, so that every page has something to show on first open; a list the
+    user emptied stays empty."""
+    state = st.session_state
+    if state.settings or state.get("_seeded") == state.loaded:
+        return
+    state._seeded = state.loaded
+    state.settings.append(framework_default())
+    use_setting(recommended(recommendation(ws, steps)))
+    state._seeded_list = list(state.settings)
+
+
+_GOOD, _FAIR, _BAD = (
+    "background-color: rgba(46, 160, 67, 0.22)",
+    "background-color: rgba(210, 153, 34, 0.25)",
+    "background-color: rgba(248, 81, 73, 0.25)",
+)
+
+
+def _grade(key: str, value: float | None, targets: Targets) -> str:
+    """A cell's colour: whether `value` of statistic `key` is good, fair or bad for training,
+    against the session's targets where they say (LR scale, ESS, drop rates)."""
+    if value is None or value != value:
+        return ""
+    if key == "lr_scale":
+        lo, hi = targets.lr_scale
+        return _GOOD if lo <= value <= hi else _FAIR if lo / 2 <= value <= hi * 2 else _BAD
+    if key == "ess":
+        return _GOOD if value >= max(targets.min_ess, 0.8) else _FAIR if value >= 0.3 else _BAD
+    if key in ("weight_mean", "weight_mean_seq"):
+        return _GOOD if 0.9 <= value <= 1.1 else _FAIR if 0.5 <= value <= 2 else _BAD
+    limit = {
+        "token_masked_fraction": targets.max_token_drop,
+        "seq_masked_fraction": targets.max_seq_drop,
+    }.get(key, 0.01)
+    return _GOOD if value <= limit else _FAIR if value <= 5 * limit else _BAD
+
+
 def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
-    """One row per setting; each column's lowest value in blue, highest in red."""
+    """One row per setting, its name in its plot colour; each number coloured by whether it is
+    good (green), fair (amber) or bad (red) for training, against the session's targets."""
     rows = [
         {
             "setting": f"{s['name']} ({s['framework']})",
@@ -355,15 +473,14 @@ def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
         for s in analysis.settings
     ]
     frame = pd.DataFrame(rows)
-    numeric = [header for _, header, _ in SUMMARY_COLUMNS]
-    varying = [c for c in numeric if frame[c].nunique(dropna=True) > 1]
     names = {f"{s['name']} ({s['framework']})": i for i, s in enumerate(analysis.settings)}
-    return (
-        frame.style.format({header: fmt for _, header, fmt in SUMMARY_COLUMNS}, na_rep="-")
-        .highlight_min(subset=varying, color="#dbe8fb")
-        .highlight_max(subset=varying, color="#fbdcd8")
-        .map(lambda v: f"color: {color(names[v])}; font-weight: 600", subset=["setting"])
+    targets = st.session_state.targets
+    style = frame.style.format({header: fmt for _, header, fmt in SUMMARY_COLUMNS}, na_rep="-").map(
+        lambda v: f"color: {color(names[v])}; font-weight: 600", subset=["setting"]
     )
+    for key, header, _ in SUMMARY_COLUMNS:
+        style = style.map(lambda v, key=key: _grade(key, v, targets), subset=[header])
+    return style
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,10 @@
 """iscore's dashboard: `iscore app [DUMP]`, or `streamlit run app/serve.py [-- --path DUMP]`
 (`app/serve.py` adds the Host check; `common.Options` lists the script's arguments).
 
-The entry file builds the navigation and the sidebar; each page is a small module under
-`pages/` that calls iscore and plots its small result tables.
+The entry file builds the navigation and the sidebar (the dump, the user's framework, the
+number of settings compared); each page is a small module under `pages/` that calls iscore and plots
+its small result tables. The favicon is a file of the app, so the page fetches nothing from
+the network.
 """
 
 from __future__ import annotations
@@ -10,18 +12,26 @@ from __future__ import annotations
 import common
 import streamlit as st
 
-st.set_page_config(page_title="iscore", page_icon=":material/balance:", layout="wide")
+st.set_page_config(
+    page_title="iscore",
+    page_icon=common.ROOT / "app" / "static" / "favicon.png",
+    layout="wide",
+)
 common.init_state(common.options().preload)
 page = st.navigation(
     [
         st.Page("pages/data.py", title="Data", icon=":material/database:", default=True),
-        st.Page("pages/mismatch.py", title="Mismatch", icon=":material/compare_arrows:"),
+        st.Page("pages/recommend.py", title="Recommend", icon=":material/recommend:"),
         st.Page("pages/compare.py", title="Compare", icon=":material/stacked_line_chart:"),
         st.Page("pages/tune.py", title="Tune", icon=":material/tune:"),
+        st.Page("pages/mismatch.py", title="Mismatch", icon=":material/compare_arrows:"),
         st.Page("pages/export.py", title="Export", icon=":material/download:"),
     ]
 )
 with st.sidebar:
+    st.caption(
+        f"**Your framework:** {common.framework_title(common.framework())} (change it on Recommend)"
+    )
     loaded = st.session_state.loaded
     if loaded is None:
         st.caption("No dump loaded.")

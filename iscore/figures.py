@@ -453,29 +453,44 @@ def tune_figure(
     results: Sequence[TuneResult],
     value: float,
     fields: Sequence[str],
+    marks: Sequence[tuple[str, float]] = (),
 ) -> Figure:
-    """The read-outs `fields` across one threshold's range, with the chosen value marked."""
+    """The read-outs `fields` across one threshold's slider values `xs`, placed as the slider
+    places them (evenly, one step apart: each step moves the share of the data beyond the
+    bound by a constant factor), with the chosen value and `marks` (label, value), e.g. the
+    framework's default and the recommended setting, drawn as vertical lines."""
+    xs = list(xs)
+    steps = list(range(len(xs)))
+    labels = [f"{x:.6g}" for x in xs]
     data = [
         {
             "type": "scatter",
             "mode": "lines",
-            "x": list(xs),
+            "x": steps,
             "y": [getattr(r, field) for r in results],
+            "customdata": labels,
             "name": name,
             "line": {"color": shade, "dash": "dash" if field == "lr_scale" else "solid"},
+            "hovertemplate": f"{bound} %{{customdata}}<br>{name} %{{y:.4g}}<extra></extra>",
         }
         for field, name, shade in READOUTS
         if field in fields
     ]
-    layout = _layout(
-        f"Read-outs across {bound}", f"{bound} (log scale)", "fraction / scale", xlog=True,
-        height=300,
-    )  # fmt: skip
-    # Decades only: the 2..9 between them crowd a half-width plot.
-    layout["xaxis"]["minorloglabels"] = "none"
+    layout = _layout(f"Read-outs across {bound}", bound, "fraction / scale", height=300)
+    every = max(1, len(xs) // 6)
+    layout["xaxis"].update(
+        tickmode="array", tickvals=steps[::every], ticktext=labels[::every], range=[0, len(xs) - 1]
+    )
     layout["yaxis"]["rangemode"] = "tozero"
+
+    def at(x: float) -> int:
+        return min(steps, key=lambda i: abs(math.log(xs[i]) - math.log(x)))
+
     layout["shapes"] = [
-        {**_vline(value, f"{value:.4g}"), "line": {"dash": "dot", "color": "#000", "width": 1.5}},
+        {**_vline(at(x), label), "line": {"dash": "dash", "color": "#888", "width": 1}}
+        for label, x in marks
+    ] + [
+        {**_vline(at(value), f"{value:.6g}"), "line": {"color": "#888", "width": 2}},
         {**_hline(1.0), "line": {"dash": "dot", "color": "#999", "width": 1}},
     ]
     return {"data": data, "layout": layout}

@@ -416,6 +416,7 @@ def family_of(spec: Spec) -> tuple[str, tuple[float, ...]] | None:
         return None
     (c,) = setting.components
     band = c.zero or c
+    in_ratio = band.statistic == "log_ratio"  # verl's k1 bounds are log-ratios
     for key in FAMILIES:
         if key not in fw.families:
             continue
@@ -423,11 +424,13 @@ def family_of(spec: Spec) -> tuple[str, tuple[float, ...]] | None:
         values = (band.lower, band.upper) if len(bounds) == 2 else (c.upper,)
         if any(v is None for v in values):
             continue
+        if in_ratio and len(bounds) == 2:
+            values = tuple(float(f"{math.exp(v):.12g}") for v in values)
         try:
             candidate = fw.to_canonical(family_spec(key, values, spec.framework))
         except ConfigError:
             continue
-        if candidate == setting:
+        if candidate == setting or candidate.loosely_equals(setting):
             return key, tuple(float(v) for v in values)
     return None
 

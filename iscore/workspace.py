@@ -37,6 +37,7 @@ from iscore.dump import (
 from iscore.errors import DumpError, quote
 from iscore.impact import SettingStats
 from iscore.paths import list_files
+from iscore.recommend import Recommendation, Targets, recommend
 from iscore.spec import Spec
 from iscore.tune import Tuner, grid
 
@@ -281,6 +282,16 @@ class Workspace:
         """`grid` of the selected steps' tuner: slider values per bound of `family`."""
         steps = self.selection(steps)
         return self._grids.get((family, steps), lambda: grid(self.tuner(steps), family))
+
+    def recommend(
+        self, framework: str, targets: Targets, steps: StepRange | None = None
+    ) -> Recommendation:
+        """`recommend` on the selected steps: the framework's candidates ranked for `targets`."""
+        steps = self.selection(steps)
+        return self._other.get(
+            ("recommend", framework, targets, steps),
+            lambda: recommend(self.batch(steps), framework, targets),
+        )
 
     def cached(self, key: Hashable, compute: Callable[[], T]) -> T:
         """Anything else derived from this dump, memoized with it under `key`."""

@@ -21,25 +21,6 @@ def _pick() -> None:
     state.settings = [known[key] for key in state._w_compare]
 
 
-def _add_pasted() -> None:
-    try:
-        text = state.paste_yaml
-        config = load_config_text(text, "the pasted config") if text.strip() else None
-        common.say("success", f"Added {common.add_setting(parse_config(config))}.")
-    except IscoreError as e:
-        common.say("error", str(e))
-
-
-def _add_built() -> None:
-    family = state.build_family
-    values = [state[f"build_{family}_{bound}"] for bound in FAMILIES[family].bounds]
-    try:
-        spec = family_spec(family, values, state.build_framework, state.build_name.strip() or None)
-        common.say("success", f"Added {common.add_setting(spec)}.")
-    except IscoreError as e:
-        common.say("error", str(e))
-
-
 st.title("Compare settings")
 common.notice()
 state._w_compare = [common.label(s) for s in common.settings()]
@@ -51,20 +32,35 @@ st.multiselect(
     placeholder="Pick presets, e.g. verl:decoupled_geo_rs",
 )
 
-with st.expander("Add a setting of your own", icon=":material/add:"):
+
+@st.fragment
+def _add_your_own() -> None:
+    """The pasted or built setting; its widgets rerun only this part until a setting is added
+    (then the whole page, to replay it)."""
     paste, build = st.tabs(["Paste a framework config", "Build one"])
     with paste:
-        st.text_area(
+        text = st.text_area(
             "YAML: the framework's own config plus a top-level `framework:` (and `name:`)",
-            key="paste_yaml",
             height=180,
+            key="paste_yaml",
             placeholder="framework: verl\nname: my_tis\nalgorithm:\n  rollout_correction:\n"
             "    rollout_is: token\n    rollout_is_threshold: 2.0",
         )
-        st.button("Add this config", icon=":material/add:", on_click=_add_pasted)
+        if st.button("Add this config", icon=":material/add:"):
+            try:
+                config = load_config_text(text, "the pasted config") if text.strip() else None
+                common.say("success", f"Added {common.add_setting(parse_config(config))}.")
+            except IscoreError as e:
+                common.say("error", str(e))
+            st.rerun()
     with build:
         cols = st.columns(2)
-        framework = cols[0].selectbox("Framework", FRAMEWORKS, key="build_framework")
+        framework = cols[0].selectbox(
+            "Framework",
+            FRAMEWORKS,
+            index=FRAMEWORKS.index(common.framework()),
+            key="build_framework",
+        )
         family = cols[1].selectbox(
             "Method",
             [k for k in FAMILIES if framework in frameworks_for(k)],
@@ -74,12 +70,24 @@ with st.expander("Add a setting of your own", icon=":material/add:"):
         st.caption(FAMILIES[family].rule)
         bounds = FAMILIES[family].bounds
         cols = st.columns(len(bounds) + 1)
-        for col, bound, default in zip(cols, bounds, FAMILIES[family].defaults, strict=False):
+        values = [
             col.number_input(
                 bound, value=default, min_value=0.0, format="%.4g", key=f"build_{family}_{bound}"
             )
-        cols[-1].text_input("Name (optional)", key="build_name")
-        st.button("Add this setting", icon=":material/add:", on_click=_add_built)
+            for col, bound, default in zip(cols, bounds, FAMILIES[family].defaults, strict=False)
+        ]
+        name = cols[-1].text_input("Name (optional)", key="build_name")
+        if st.button("Add this setting", icon=":material/add:"):
+            try:
+                spec = family_spec(family, values, framework, name.strip() or None)
+                common.say("success", f"Added {common.add_setting(spec)}.")
+            except IscoreError as e:
+                common.say("error", str(e))
+            st.rerun()
+
+
+with st.expander("Add a setting of your own", icon=":material/add:"):
+    _add_your_own()
 
 specs = common.settings()
 if not specs:
@@ -97,9 +105,10 @@ analysis = ws.analysis(specs, steps)
 st.subheader("Summary")
 st.dataframe(common.summary_table(analysis), hide_index=True, width="stretch")
 st.caption(
-    "Setting names in their plot colors; each column's lowest value in blue, highest in red. "
-    "LR scale: the corrected gradient's size relative to the uncorrected one under the "
-    "framework's loss aggregation."
+    "Setting names in their plot colours. Green: good for training; amber: fair; red: bad "
+    "(LR scale, drop rates and ESS against the targets set on the Recommend page). LR scale: "
+    "the corrected gradient's size relative to the uncorrected one under the framework's loss "
+    "aggregation. Click a column header to sort."
 )
 for figure in (
     figures.weight_histogram(analysis, "weight"),

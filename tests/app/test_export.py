@@ -5,8 +5,10 @@ from __future__ import annotations
 import yaml
 from streamlit.testing.v1 import AppTest
 
+import iscore
+from iscore.recommend import recommend
 from iscore.replay import parse_config
-from tests.app.conftest import no_exception
+from tests.app.conftest import DATA, no_exception
 
 
 def _with_settings(at: AppTest, *settings: str) -> AppTest:
@@ -55,8 +57,19 @@ def test_an_inexact_translation_says_what_is_lost(loaded: AppTest) -> None:
     assert list(measured.columns) == ["verl:decoupled_geo_rs", "as fireworks"]
 
 
-def test_reports_without_settings(loaded: AppTest) -> None:
+def test_opens_on_the_recommended_setting(loaded: AppTest) -> None:
     at = loaded.switch_page("pages/export.py").run()
+    no_exception(at)
+    best = recommend(iscore.load(DATA / "fp8.parquet"), "verl").best
+    assert at.selectbox[0].value == f"verl:recommended_{best.kind}"
+    shown = parse_config({"framework": "verl", **yaml.safe_load(at.code[0].value)})
+    assert shown.replay(iscore.load(DATA / "fp8.parquet")).weight.equal(
+        best.spec.replay(iscore.load(DATA / "fp8.parquet")).weight
+    )
+
+
+def test_reports_without_settings(loaded: AppTest) -> None:
+    at = _with_settings(loaded)  # the user emptied the Compare list: it stays empty
     no_exception(at)
     assert "Compare list is empty" in at.info[0].value
     assert _downloads(at) == ["HTML report", "Analysis JSON"]

@@ -1,53 +1,110 @@
-"""The Tune page: sliders are Tuner queries; the tuned setting joins the Compare list."""
+"""The Tune page: sliders are Tuner queries over the data's quantiles, opening on the
+recommended setting; the tuned setting joins the Compare list."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import metric, no_exception, plain
+import iscore
+from iscore import frameworks
+from iscore.impact import quick_stats
+from iscore.recommend import recommend
+from iscore.tune import FAMILIES, family_of, family_spec
+from tests.app.conftest import DATA, metric, no_exception, plain
 
 
-def _slider_value(at: AppTest, index: int) -> float:
-    return float(at.select_slider[0].options[index])
-
-
-def test_moving_the_cap_changes_the_read_outs(loaded: AppTest) -> None:
-    at = loaded.switch_page("pages/tune.py").run()
+def _tune(at: AppTest) -> AppTest:
+    at.switch_page("pages/tune.py").run()
     no_exception(at)
-    assert at.select_slider[0].value == 2.0  # the family's default is on the grid
+    return at
+
+
+def _chart(at: AppTest, index: int = 0) -> dict:
+    return json.loads(at.get("plotly_chart")[index].proto.spec)
+
+
+def test_opens_on_the_recommended_setting_with_marks(loaded: AppTest) -> None:
+    at = _tune(loaded)
+    family, values = family_of(recommend(iscore.load(DATA / "fp8.parquet"), "verl").best.spec)
+    assert at.selectbox(key="_w_tune_family").value == family
+    assert [s.value for s in at.select_slider] == list(values)
+    # The curve is drawn as the slider is: one step per value; the chosen value, the
+    # framework's own setting and the recommended one are marked.
+    curve = _chart(at)
+    options = [float(o) for o in at.select_slider[0].options]
+    assert curve["data"][0]["x"] == list(range(len(options)))
+    labels = [s.get("label", {}).get("text") for s in curve["layout"]["shapes"]]
+    assert "recommended" in labels and any(str(t).startswith("verl ") for t in labels)
+
+
+def test_moving_the_slider_changes_the_read_outs(loaded: AppTest) -> None:
+    at = _tune(loaded)
+    at.selectbox(key="_w_tune_family").set_value("token_tis").run()
     truncated = metric(at, "Tokens truncated")
-    at.select_slider[0].set_value(_slider_value(at, 3)).run()
+    options = [float(o) for o in at.select_slider[0].options]
+    at.select_slider[0].set_value(options[3]).run()
+    no_exception(at)
     assert metric(at, "Tokens truncated") != truncated
-    curve = json.loads(at.get("plotly_chart")[0].proto.spec)
-    marker = curve["layout"]["shapes"][0]
-    assert marker["x0"] == at.select_slider[0].value
-    assert curve["layout"]["xaxis"]["type"] == "log"
+    chosen = _chart(at)["layout"]["shapes"][-2]
+    assert chosen["x0"] == 3
 
 
 def test_sequence_families_and_use_this_setting(loaded: AppTest) -> None:
-    at = loaded.switch_page("pages/tune.py").run()
+    at = _tune(loaded)
+    at.selectbox(key="_w_tune_framework").set_value("skyrl").run()
     at.selectbox(key="_w_tune_family").set_value("geometric_mask").run()
     no_exception(at)
     assert len(at.select_slider) == 2
     assert metric(at, "Sequences masked") != "n/a"
-    at.selectbox(key="tune_framework").set_value("skyrl").run()
+    lower, upper = (s.value for s in at.select_slider)
     next(b for b in at.button if b.label == "Use this setting").click().run()
     no_exception(at)
-    assert "to the Compare list" in plain(at.success[0].value)
-    assert at.session_state.settings[0].framework == "skyrl"
+    assert "is in Compare and Export" in plain(at.success[0].value)
+    added = at.session_state.settings[-1]
+    assert added.framework == "skyrl"
+    assert family_of(added) == ("geometric_mask", (lower, upper))
 
     at.switch_page("pages/compare.py").run()
     no_exception(at)
-    assert at.multiselect[0].value == ["skyrl:geometric_mask_0.999_1.001"]
-    assert len(at.dataframe[0].value) == 1
+    assert at.multiselect[0].value[-1] == f"skyrl:{added.name}"
+    assert len(at.dataframe[0].value) == len(at.session_state.settings)
 
 
 def test_slider_values_survive_a_page_switch(loaded: AppTest) -> None:
-    at = loaded.switch_page("pages/tune.py").run()
-    chosen = _slider_value(at, 5)
+    at = _tune(loaded)
+    chosen = float(at.select_slider[0].options[5])
     at.select_slider[0].set_value(chosen).run()
     at.switch_page("pages/data.py").run()
-    at.switch_page("pages/tune.py").run()
+    _tune(at)
     assert at.select_slider[0].value == chosen
+
+
+@pytest.mark.parametrize("framework", frameworks.NAMES)
+def test_tune_reads_what_compare_shows(loaded: AppTest, framework: str) -> None:
+    # For every framework and one family of each, the Tune page's LR scale, ESS and mask rate
+    # equal what the Compare page's table shows for the same setting.
+    at = _tune(loaded)
+    at.selectbox(key="_w_tune_framework").set_value(framework).run()
+    family = at.selectbox(key="_w_tune_family").value
+    values = [s.value for s in at.select_slider]
+    tuned = {
+        "LR scale": metric(at, "LR scale"),
+        "ESS": metric(at, "ESS"),
+        "Tokens with weight 0": metric(at, "Tokens with weight 0"),
+    }
+    spec = family_spec(family, values, framework)
+    at.session_state.settings = [spec]
+    at.switch_page("pages/compare.py").run()
+    no_exception(at)
+    row = at.dataframe[0].value.iloc[0]
+    # The table shows formatted numbers: compare at the Tune metric's precision.
+    assert f"{row['LR scale']:.4g}" == tuned["LR scale"]
+    assert f"{row['ESS']:.1%}" == tuned["ESS"]
+    if framework != "trl" or FAMILIES[family].statistic != "product":
+        assert f"{row['tokens masked']:.2%}" == tuned["Tokens with weight 0"]
+    assert quick_stats(iscore.load(DATA / "fp8.parquet"), spec)["lr_scale"] == pytest.approx(
+        float(tuned["LR scale"]), rel=1e-3
+    )

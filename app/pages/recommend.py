@@ -1,0 +1,142 @@
+"""Recommend: which of the user's framework's settings to use on this dump, why, and what it
+does; "Use this setting" hands it to Compare, Tune and Export."""
+
+from __future__ import annotations
+
+import common
+import pandas as pd
+import streamlit as st
+
+from iscore.errors import IscoreError
+from iscore.frameworks import NAMES as FRAMEWORKS
+from iscore.recommend import Targets
+
+ws = common.require_workspace()
+steps = common.selected_steps()
+state = st.session_state
+title = common.framework_title(common.framework())
+
+st.title(f"Which {title} setting?")
+st.caption(
+    f"iscore places each kind of {title} correction's thresholds from this dump's own noise, "
+    "replays every candidate and ranks them: first those that meet the targets, then by how "
+    "much gradient of broken sequences they keep and how much healthy data they drop "
+    "(docs/recommend.md)."
+)
+common.notice()
+st.selectbox(
+    "Your framework",
+    FRAMEWORKS,
+    format_func=common.framework_title,
+    help="Recommend ranks its settings; Compare, Tune and Export start from them.",
+    on_change=common.framework_changed,
+    **common.persist("framework", FRAMEWORKS[0], on_change=False),
+)
+common.seed_settings(ws, steps)  # a Compare list that followed the framework
+
+
+def _set_targets() -> None:
+    try:
+        state.targets = Targets(
+            state.t_token / 100, state.t_seq / 100, tuple(state.t_lr), state.t_ess / 100
+        )
+    except IscoreError as e:
+        common.say("error", str(e))
+
+
+with st.expander("Targets: what a good setting may do to this data", icon=":material/flag:"):
+    t = state.targets
+    with st.form("targets_form", border=False):
+        cols = st.columns(4)
+        cols[0].number_input(
+            "Tokens losing their gradient, at most (%)",
+            0.0, 100.0, t.max_token_drop * 100, 0.5, key="t_token",
+        )  # fmt: skip
+        cols[1].number_input(
+            "Sequences dropped, at most (%)", 0.0, 100.0, t.max_seq_drop * 100, 1.0, key="t_seq"
+        )
+        cols[2].slider(
+            "LR scale within", 0.1, 3.0, t.lr_scale, 0.05, key="t_lr",
+            help="The corrected gradient's size relative to the uncorrected one",
+        )  # fmt: skip
+        cols[3].number_input(
+            "ESS, at least (% of tokens)", 0.0, 100.0, t.min_ess * 100, 5.0, key="t_ess"
+        )
+        st.form_submit_button("Rank again", icon=":material/refresh:", on_click=_set_targets)
+
+rec = common.recommendation(ws, steps)
+best = rec.best
+
+if rec.regimes:
+    st.subheader("What this dump shows")
+    st.markdown("\n".join(f"- {common.escape(r)}" for r in rec.regimes))
+
+st.subheader("Ranked candidates")
+rows = [
+    {
+        "": "✅" if c.passes else "❌",
+        "setting": c.reason.split(":")[0],
+        "LR scale": c.stats["lr_scale"],
+        "ESS": c.stats["ess"] * 100,
+        "tokens dropped (%)": c.stats["token_masked_fraction"] * 100,
+        "sequences dropped (%)": c.stats["seq_masked_fraction"] * 100,
+        "broken gradient kept (%)": c.stats["broken_gradient_kept"] * 100,
+        "healthy tokens dropped (%)": c.stats["healthy_token_dropped"] * 100,
+        "misses": "; ".join(c.missed),
+    }
+    for c in rec.candidates
+]
+percent = st.column_config.NumberColumn(format="%.2f")
+st.dataframe(
+    pd.DataFrame(rows),
+    column_config={
+        "": st.column_config.TextColumn(width="small", help="Meets every target"),
+        "setting": st.column_config.TextColumn(width="large"),
+        "LR scale": st.column_config.NumberColumn(format="%.3g"),
+        "ESS": st.column_config.NumberColumn("ESS (% of tokens)", format="%.1f"),
+        "tokens dropped (%)": percent,
+        "sequences dropped (%)": percent,
+        "broken gradient kept (%)": st.column_config.NumberColumn(
+            format="%.2f",
+            help="The share of the broken sequences' gradient the setting lets through",
+        ),
+        "healthy tokens dropped (%)": st.column_config.NumberColumn(
+            format="%.2f", help="Tokens of healthy sequences whose gradient the setting removes"
+        ),
+        "misses": st.column_config.TextColumn(width="large"),
+    },
+    hide_index=True,
+    width="stretch",
+)
+st.caption(common.escape(f"Why the first: {rec.pick}"))
+
+index = st.selectbox(
+    "Setting",
+    range(len(rec.candidates)),
+    format_func=lambda i: f"#{i + 1}: {rec.candidates[i].reason.split(':')[0]}",
+    key=f"rec_pick_{rec.framework}",
+)
+chosen = rec.candidates[index]
+cols = st.columns(4)
+cols[0].metric("LR scale", f"{chosen.stats['lr_scale']:.3g}", border=True)
+cols[1].metric("ESS", f"{chosen.stats['ess']:.1%}", border=True)
+cols[2].metric("Tokens dropped", f"{chosen.stats['token_masked_fraction']:.2%}", border=True)
+cols[3].metric("Sequences dropped", f"{chosen.stats['seq_masked_fraction']:.2%}", border=True)
+(st.success if chosen.passes else st.warning)(common.escape(chosen.reason))
+spec = common.recommended(rec, index)
+try:
+    out = common.export(ws, spec, spec.framework, steps)
+except IscoreError as e:
+    common.show_error(e)
+else:
+    st.code(out.snippet, language="bash" if out.snippet.lstrip().startswith("--") else "yaml")
+
+
+def _use() -> None:
+    name = common.use_setting(common.recommended(rec, index))
+    common.say("success", f"{name} is in Compare, Tune and Export.")
+
+
+st.button("Use this setting", icon=":material/check:", type="primary", on_click=_use)
+for warning in rec.warnings:
+    st.warning(common.escape(warning), icon=":material/warning:")

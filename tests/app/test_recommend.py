@@ -1,0 +1,76 @@
+"""The Recommend page: the user's framework's candidates ranked on the dump, and "Use this
+setting" handing one to Compare, Tune and Export."""
+
+from __future__ import annotations
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import iscore
+from iscore.recommend import Targets, recommend
+from iscore.tune import family_of
+from tests.app.conftest import DATA, no_exception, plain
+
+
+@pytest.fixture(scope="module")
+def fp8() -> iscore.TokenBatch:
+    return iscore.load(DATA / "fp8.parquet")
+
+
+def _recommend(at: AppTest) -> AppTest:
+    at.switch_page("pages/recommend.py").run()
+    no_exception(at)
+    return at
+
+
+def test_ranks_the_frameworks_candidates(loaded: AppTest, fp8) -> None:
+    at = _recommend(loaded)
+    rec = recommend(fp8, "verl")
+    assert at.title[0].value == "Which verl setting?"
+    table = at.dataframe[0].value
+    assert len(table) == len(rec.candidates)
+    assert list(table["LR scale"]) == pytest.approx([c.stats["lr_scale"] for c in rec.candidates])
+    assert list(table[""]) == ["✅" if c.passes else "❌" for c in rec.candidates]
+    assert at.selectbox(key="rec_pick_verl").value == 0
+    assert "rollout_correction" in at.code[0].value
+
+
+def test_use_a_candidate_everywhere(loaded: AppTest, fp8) -> None:
+    at = _recommend(loaded)
+    rec = recommend(fp8, "verl")
+    index = next(i for i, c in enumerate(rec.candidates) if c.kind == "geo_mask")
+    at.selectbox(key="rec_pick_verl").set_value(index).run()
+    next(b for b in at.button if b.label == "Use this setting").click().run()
+    no_exception(at)
+    name = "verl:recommended_geo_mask"
+    assert plain(at.success[0].value) == f"{name} is in Compare, Tune and Export."
+    assert [f"{s.framework}:{s.name}" for s in at.session_state.settings][-1] == name
+    assert at.session_state.export_setting == name
+    family, values = family_of(rec.candidates[index].spec)
+    assert at.session_state.tune_family == family
+    tune = at.switch_page("pages/tune.py").run()
+    assert [s.value for s in tune.select_slider] == list(values)
+    export = at.switch_page("pages/export.py").run()
+    assert export.selectbox[0].value == name
+
+
+def test_targets_rerank(loaded: AppTest, fp8) -> None:
+    at = _recommend(loaded)
+    at.number_input(key="t_ess").set_value(99.0)
+    next(b for b in at.button if b.label == "Rank again").click().run()
+    no_exception(at)
+    strict = Targets(min_ess=0.99)
+    assert at.session_state.targets == strict
+    rec = recommend(fp8, "verl", strict)
+    assert list(at.dataframe[0].value[""]) == ["✅" if c.passes else "❌" for c in rec.candidates]
+
+
+def test_another_framework_reseeds_an_untouched_compare_list(loaded: AppTest) -> None:
+    at = _recommend(loaded)
+    assert [s.framework for s in at.session_state.settings] == ["verl", "verl"]
+    at.selectbox(key="_w_framework").set_value("skyrl").run()
+    no_exception(at)
+    assert at.title[0].value == "Which SkyRL setting?"
+    settings = at.session_state.settings
+    assert [s.framework for s in settings] == ["skyrl", "skyrl"]
+    assert settings[0].name == "skyrl_geo_mask"  # SkyRL's default

@@ -273,8 +273,9 @@ def _set_loaded(loaded: Loaded) -> None:
             st.session_state.pop(key, None)
 
 
-def workspace() -> Workspace | None:
-    """The session's dump, or None before one is loaded (errors are shown in the page)."""
+def workspace(*, quiet: bool = False) -> Workspace | None:
+    """The session's dump, or None before one is loaded (errors are shown in the page unless
+    `quiet`)."""
     loaded: Loaded | None = st.session_state.get("loaded")
     if loaded is None:
         return None
@@ -285,7 +286,8 @@ def workspace() -> Workspace | None:
             return session.cache.get(key, session.id, _gone)
         return _path_workspace(loaded.key, loaded.drop_invalid)
     except IscoreError as e:
-        show_error(e)
+        if not quiet:
+            show_error(e)
         return None
 
 

@@ -28,6 +28,9 @@ page = st.navigation(
         st.Page("pages/export.py", title="Export", icon=":material/download:"),
     ]
 )
+ws = common.workspace(quiet=True)
+if ws is not None:  # before the sidebar counts the settings
+    common.seed_settings(ws, common.selected_steps())
 with st.sidebar:
     st.caption(
         f"**Your framework:** {common.framework_title(common.framework())} (change it on Recommend)"

@@ -487,7 +487,11 @@ def tune_figure(
         return min(steps, key=lambda i: abs(math.log(xs[i]) - math.log(x)))
 
     layout["shapes"] = [
-        {**_vline(at(x), label), "line": {"dash": "dash", "color": "#888", "width": 1}}
+        {
+            **_vline(at(x), label),
+            "line": {"dash": "dash", "color": "#888", "width": 1},
+            "label": {"text": label, "textposition": "start", "font": {"size": 10}},
+        }
         for label, x in marks
     ] + [
         {**_vline(at(value), f"{value:.6g}"), "line": {"color": "#888", "width": 2}},

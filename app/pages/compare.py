@@ -9,6 +9,7 @@ from iscore import figures
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.replay import load_config_text, parse_config
+from iscore.report import SUMMARY_COLUMNS
 from iscore.tune import FAMILIES, family_spec, frameworks_for
 
 ws = common.require_workspace()
@@ -103,7 +104,16 @@ for spec in specs:
 analysis = ws.analysis(specs, steps)
 
 st.subheader("Summary")
-st.dataframe(common.summary_table(analysis), hide_index=True, width="stretch")
+st.dataframe(
+    common.summary_table(analysis),
+    hide_index=True,
+    width="stretch",
+    column_config={
+        "setting": st.column_config.Column(width="medium"),
+        "loss aggregation": st.column_config.Column("aggregation", width="small"),
+        **{header: st.column_config.Column(width="small") for _, header, _ in SUMMARY_COLUMNS},
+    },
+)
 st.caption(
     "Setting names in their plot colours. Green: good for training; amber: fair; red: bad "
     "(LR scale, drop rates and ESS against the targets set on the Recommend page). LR scale: "

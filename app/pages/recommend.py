@@ -74,7 +74,7 @@ if rec.regimes:
 st.subheader("Ranked candidates")
 rows = [
     {
-        "": "✅" if c.passes else "❌",
+        "meets targets": c.passes,
         "setting": c.reason.split(":")[0],
         "LR scale": c.stats["lr_scale"],
         "ESS": c.stats["ess"] * 100,
@@ -90,7 +90,7 @@ percent = st.column_config.NumberColumn(format="%.2f")
 st.dataframe(
     pd.DataFrame(rows),
     column_config={
-        "": st.column_config.TextColumn(width="small", help="Meets every target"),
+        "meets targets": st.column_config.CheckboxColumn(width="small"),
         "setting": st.column_config.TextColumn(width="large"),
         "LR scale": st.column_config.NumberColumn(format="%.3g"),
         "ESS": st.column_config.NumberColumn("ESS (% of tokens)", format="%.1f"),

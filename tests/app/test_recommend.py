@@ -30,7 +30,7 @@ def test_ranks_the_frameworks_candidates(loaded: AppTest, fp8) -> None:
     table = at.dataframe[0].value
     assert len(table) == len(rec.candidates)
     assert list(table["LR scale"]) == pytest.approx([c.stats["lr_scale"] for c in rec.candidates])
-    assert list(table[""]) == ["✅" if c.passes else "❌" for c in rec.candidates]
+    assert list(table["meets targets"]) == [c.passes for c in rec.candidates]
     assert at.selectbox(key="rec_pick_verl").value == 0
     assert "rollout_correction" in at.code[0].value
 
@@ -62,7 +62,7 @@ def test_targets_rerank(loaded: AppTest, fp8) -> None:
     strict = Targets(min_ess=0.99)
     assert at.session_state.targets == strict
     rec = recommend(fp8, "verl", strict)
-    assert list(at.dataframe[0].value[""]) == ["✅" if c.passes else "❌" for c in rec.candidates]
+    assert list(at.dataframe[0].value["meets targets"]) == [c.passes for c in rec.candidates]
 
 
 def test_another_framework_reseeds_an_untouched_compare_list(loaded: AppTest) -> None:

@@ -37,7 +37,7 @@ def _idle(page: Page) -> None:
 def _go(page: Page, title: str) -> None:
     """Switch page in the sidebar (a client-side switch: the session and its upload stay)."""
     page.get_by_test_id("stSidebarNav").get_by_role("link", name=title).click()
-    expect(page.get_by_role("heading", level=1)).to_contain_text(title)
+    page.wait_for_url(f"**/{title.lower()}")
     _idle(page)
 
 
@@ -55,67 +55,77 @@ def _metric(page: Page, label: str) -> str:
     return metric.get_by_test_id("stMetricValue").inner_text()
 
 
-def test_upload_to_export(page: Page, app_url: str, screens: Path) -> None:
+PAGES = ("Recommend", "Compare", "Tune", "Mismatch", "Export")
+
+
+def _upload(page: Page, app_url: str) -> None:
     page.set_viewport_size({"width": 1440, "height": 900})
     page.goto(app_url)
     _idle(page)
     expect(page.get_by_role("heading", level=1)).to_contain_text("Data")
-
     page.get_by_test_id("stFileUploader").locator("input[type=file]").set_input_files(SAMPLE)
     _idle(page)
     expect(page.get_by_test_id("stMetric").filter(has_text="Sequences")).to_contain_text("48")
     page.locator(".js-plotly-plot").first.wait_for()
     expect(page.get_by_test_id("stSidebar")).to_contain_text("Dump: fp8.parquet (all steps)")
-    _shoot(page, screens, "1-data")
 
-    _go(page, "Mismatch")
-    expect(page.locator(".js-plotly-plot")).to_have_count(7, timeout=30_000)
-    _shoot(page, screens, "2-mismatch")
 
-    _go(page, "Compare")
-    choose = page.get_by_test_id("stMultiSelect").locator("input")
-    for preset in ("verl:decoupled_geo_rs", "skyrl:skyrl_token_tis", "verl:decoupled_seq_is"):
-        choose.click()
-        choose.fill(preset)
-        page.get_by_role("option", name=preset, exact=True).click()
-        page.keyboard.press("Escape")
-        _idle(page)
-    expect(page.get_by_test_id("stMultiSelect")).to_contain_text("verl:decoupled_seq_is")
-    expect(page.locator(".js-plotly-plot")).to_have_count(6, timeout=30_000)
-    _shoot(page, screens, "3-compare")
-
-    _go(page, "Tune")
-    before = _metric(page, "Tokens truncated")
-    thumb = page.get_by_test_id("stSlider").get_by_role("slider").first
-    thumb.focus()
-    for _ in range(8):
-        thumb.press("ArrowLeft")
-    _idle(page)
-    expect(page.get_by_test_id("stMetric").filter(has_text="Tokens truncated")).not_to_contain_text(
-        before
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_every_page_shows_content_on_first_open(
+    page: Page, app_url: str, screens: Path, scheme: str
+) -> None:
+    # The app follows the system's theme, and asks nothing of any other host: every request
+    # the page makes goes to the app itself (or stays inside the browser).
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.emulate_media(color_scheme=scheme)
+    _upload(page, app_url)
+    background = page.evaluate(
+        "() => getComputedStyle(document.querySelector('[data-testid=stApp]')).backgroundColor"
     )
+    level = sum(int(c) for c in background.strip("rgba()").split(",")[:3]) / 3
+    assert (level < 80) if scheme == "dark" else (level > 200), background
+    _shoot(page, screens, f"{scheme}-1-data")
+    for n, title in enumerate(PAGES, 2):
+        _go(page, title)
+        shown = page.locator(".js-plotly-plot, [data-testid=stDataFrame], [data-testid=stCode]")
+        expect(shown.first).to_be_visible(timeout=30_000)
+        expect(page.get_by_test_id("stException")).to_have_count(0)
+        _shoot(page, screens, f"{scheme}-{n}-{title.lower()}")
+    outside = [u for u in requests if not u.startswith((app_url, "data:", "blob:"))]
+    assert not outside, outside
+
+
+def test_recommend_then_export(page: Page, app_url: str, screens: Path) -> None:
+    _upload(page, app_url)
+    _go(page, "Recommend")
+    expect(page.get_by_test_id("stDataFrame")).to_be_visible()
+    page.get_by_test_id("stSelectbox").filter(has_text="Setting").click()
+    page.get_by_role("option", name="geometric sequence mask", exact=False).click()
+    _idle(page)
+    snippet = page.get_by_test_id("stCode").inner_text()
     page.get_by_role("button", name="Use this setting").click()
     _idle(page)
-    expect(page.get_by_test_id("stAlert").filter(has_text="to the Compare list")).to_be_visible()
-    _shoot(page, screens, "4-tune")
-    page.get_by_test_id("stSelectbox").filter(has_text="Family").click()
-    page.get_by_role("option", name="IcePop band").click()
-    _idle(page)
-    expect(page.get_by_test_id("stSlider")).to_have_count(2)
-    expect(page.locator(".js-plotly-plot")).to_have_count(2)
-    _shoot(page, screens, "4-tune-icepop")
+    expect(page.get_by_test_id("stAlert").filter(has_text="recommended_geo_mask")).to_be_visible()
+    expect(page.get_by_test_id("stSidebar")).to_contain_text("Settings in Compare: 3")
 
-    expect(page.get_by_test_id("stSidebar")).to_contain_text("Settings in Compare: 4")
     _go(page, "Export")
-    expect(page.get_by_test_id("stCode")).to_contain_text("rollout_correction")
-    buttons = page.get_by_test_id("stDownloadButton")
-    config = buttons.filter(has_text="iscore config")
-    button = config if config.count() else buttons.filter(has_text="snippet")
-    with page.expect_download() as download:
-        button.click()
-    text = Path(download.value.path()).read_text()
-    assert parse_config(yaml.safe_load(text)).name == "decoupled_geo_rs"
-    _shoot(page, screens, "5-export")
+    chosen = page.get_by_role("combobox", name="Setting (from the Compare list)")
+    expect(chosen).to_have_value("verl:recommended_geo_mask")
+    expect(page.get_by_test_id("stCode")).to_have_text(snippet)
+    config = yaml.safe_load(snippet)
+    assert parse_config({"framework": "verl", **config}).rs is not None
+
+    _go(page, "Tune")
+    before = _metric(page, "Sequences masked")
+    thumb = page.get_by_test_id("stSlider").get_by_role("slider").first
+    thumb.focus()
+    for _ in range(6):
+        thumb.press("ArrowRight")
+    _idle(page)
+    masked = page.get_by_test_id("stMetric").filter(has_text="Sequences masked")
+    expect(masked).not_to_contain_text(before)
+    _shoot(page, screens, "tune-moved")
 
 
 def test_malformed_upload_shows_the_problem(page: Page, app_url: str, screens: Path) -> None:

@@ -535,5 +535,6 @@ def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -
 
 
 def plot(figure: dict[str, Any]) -> None:
-    """Show an `iscore.figures` figure across the column."""
-    st.plotly_chart(figure, width="stretch", config=PLOT_CONFIG, theme=None)
+    """Show an `iscore.figures` figure across the column, in the app's light or dark theme
+    (fonts, axes and grid from Streamlit; the settings keep their colours)."""
+    st.plotly_chart(figure, width="stretch", config=PLOT_CONFIG, theme="streamlit")

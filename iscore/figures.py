@@ -48,13 +48,21 @@ def _layout(
 ) -> dict[str, Any]:
     return {
         "title": {"text": title, "x": 0.01, "xanchor": "left"},
-        "xaxis": {"title": {"text": x}, "type": "log" if xlog else "linear", "zeroline": False},
-        "yaxis": {"title": {"text": y}, "type": "log" if ylog else "linear", "zeroline": False},
+        "xaxis": {"title": {"text": x}, "zeroline": False, **_scale(xlog)},
+        "yaxis": {"title": {"text": y}, "zeroline": False, **_scale(ylog)},
         "height": height,
         "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
-        "legend": {"orientation": "h", "y": -0.25},
-        "template": "plotly_white",
+        # Right of the plot area (which shrinks to make room): never over an axis title.
+        "legend": {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"},
+        # Transparent, so that the figure takes the page's light or dark background.
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "rgba(0,0,0,0)",
     }
+
+
+def _scale(log: bool) -> dict[str, Any]:
+    """An axis' type; a log axis gets few ticks, so that its minor labels do not crowd."""
+    return {"type": "log", "nticks": 8} if log else {"type": "linear"}
 
 
 def _hline(y: float, label: str = "") -> dict[str, Any]:

@@ -79,11 +79,11 @@ st.caption(
     "The mismatch diagnostics and every setting of the Compare list on the selected steps: a "
     "self-contained HTML report (opens with no network) or the versioned JSON document."
 )
-analysis = common.compute("Preparing the analysis…", ws.analysis, specs, steps)
 cols = st.columns(2)
+# Computed when a button is clicked, not when the page opens.
 cols[0].download_button(
     "HTML report",
-    lambda: render_html(analysis),
+    lambda: render_html(ws.analysis(specs, steps)),
     file_name="iscore-report.html",
     mime="text/html",
     icon=":material/description:",
@@ -91,7 +91,7 @@ cols[0].download_button(
 )
 cols[1].download_button(
     "Analysis JSON",
-    lambda: json.dumps(analysis.to_dict(), indent=1, allow_nan=False),
+    lambda: json.dumps(ws.analysis(specs, steps).to_dict(), indent=1, allow_nan=False),
     file_name="iscore-analysis.json",
     mime="application/json",
     icon=":material/data_object:",

@@ -28,8 +28,16 @@ def test_sequence_figure_draws_d_below_the_log_probs() -> None:
 
 def test_tune_figure_draws_the_asked_read_outs_and_marks_the_value() -> None:
     results = [TuneResult(1.0, 0.9, 0.8 + i / 10, 0.1, None, 0.0) for i in range(3)]
-    fig = figures.tune_figure("upper", [1.0, 2.0, 4.0], results, 2.0, ["lr_scale", "ess"])
+    marks = [("recommended", 4.0), ("verl default", 1.1)]
+    fig = figures.tune_figure("upper", [1.0, 2.0, 4.0], results, 2.0, ["lr_scale", "ess"], marks)
     assert [trace["name"] for trace in fig["data"]] == ["ESS", "LR scale"]
     assert fig["data"][1]["y"] == pytest.approx([0.8, 0.9, 1.0])
-    assert fig["layout"]["shapes"][0]["x0"] == 2.0
-    assert fig["layout"]["xaxis"]["type"] == "log"
+    # Slider positions, labelled with the values; marks at the nearest position (log scale).
+    assert fig["data"][0]["x"] == [0, 1, 2]
+    assert fig["layout"]["xaxis"]["ticktext"] == ["1", "2", "4"]
+    shapes = fig["layout"]["shapes"]
+    assert [(s["x0"], s["label"]["text"]) for s in shapes[:2]] == [
+        (2, "recommended"),
+        (0, "verl default"),
+    ]
+    assert shapes[2]["x0"] == 1 and shapes[2]["label"]["text"] == "2"

@@ -140,6 +140,8 @@ class SettingStats:
             "name": self.spec.name,
             "framework": self.spec.framework,
             "upstream": str(frameworks.of(self.spec).upstream),
+            # With `framework:`, what `iscore replay --config` reads back as this setting.
+            "config": {"framework": self.spec.framework, **self.spec.to_config()},
             "aggregation": self.aggregation.mode,
             "denominator_shrinks": self.aggregation.shrinks,
             **_summarize(s, np.ones(s["T"].size, dtype=bool), self.aggregation),

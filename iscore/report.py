@@ -19,8 +19,10 @@ from typing import Any
 
 from iscore.analyze import Analysis
 from iscore.errors import IscoreError
+from iscore.export import to_file_text
 from iscore.figures import all_figures, color
 from iscore.output import output_path
+from iscore.replay import parse_config
 
 SUMMARY_COLUMNS = (
     ("weight_mean", "mean w (token)", "{:.4g}"),
@@ -69,7 +71,14 @@ def render_html(analysis: Analysis) -> str:
     """The report as one HTML string."""
     figures = all_figures(analysis)
     doc = analysis.to_dict()
-    parts = [_header(doc), _flags(doc), _summary_table(doc), _mismatch_table(doc)]
+    parts = [
+        _header(doc),
+        _flags(doc),
+        _summary_table(doc),
+        _configs(doc),
+        _mismatch_table(doc),
+        _worst_table(doc),
+    ]
     scripts = []
     for title, keys in _SECTIONS:
         present = [k for k in keys if k in figures]
@@ -194,6 +203,49 @@ def _summary_table(doc: dict[str, Any]) -> str:
     )
 
 
+def _configs(doc: dict[str, Any]) -> str:
+    """Each setting as the config file that replays it (the framework's own keys, with
+    `framework:` and `name:`), escaped."""
+    if not doc["settings"]:
+        return ""
+    blocks = "".join(
+        f"<details><summary><span class='dot' style='background:{color(i)}'></span>"
+        f"{html.escape(s['name'])} ({html.escape(s['framework'])})</summary>"
+        f"<pre>{html.escape(to_file_text(parse_config(s['config'])))}</pre></details>"
+        for i, s in enumerate(doc["settings"])
+    )
+    return f"<h2>The settings' configs</h2>{blocks}"
+
+
+_WORST_COLUMNS = (
+    ("step", "step", "{}"),
+    ("seq_id", "seq_id", "{}"),
+    ("tokens", "loss tokens", "{:,}"),
+    ("k3_sum", "summed k3", "{:.4g}"),
+    ("log_ratio_sum", "S = sum of d", "{:.4g}"),
+    ("abs_diff_mean", "mean |d|", "{:.4g}"),
+    ("abs_diff_max", "max |d|", "{:.4g}"),
+)
+
+
+def _worst_table(doc: dict[str, Any]) -> str:
+    """The sequences with the largest summed k3: where to look first."""
+    worst = doc["mismatch"].get("worst_sequences") or []
+    if not worst:
+        return ""
+    head = "".join(f"<th>{label}</th>" for _, label, _ in _WORST_COLUMNS)
+    rows = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(_fmt(w.get(key), pattern))}</td>"
+            for key, _, pattern in _WORST_COLUMNS
+        )
+        + "</tr>"
+        for w in worst
+    )
+    return f"<h2>Worst sequences (largest summed k3)</h2><table><tr>{head}</tr>{rows}</table>"
+
+
 def _mismatch_table(doc: dict[str, Any]) -> str:
     m = doc["mismatch"]
     rows = "".join(
@@ -222,6 +274,8 @@ td.lo {{ background: #e3eefc; }} td.hi {{ background: #fde4e1; }}
 .grid {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 12px; }}
 .flags {{ background: #fff4e5; border: 1px solid #f0b45c; padding: 8px 12px; }}
 .ok {{ color: #2a7a2a; }}
+pre {{ background: #f6f6f4; padding: 8px 12px; font-size: 12px; overflow-x: auto; }}
+summary {{ cursor: pointer; margin: 4px 0; }}
 </style>
 <script>{plotly}</script></head>
 <body>

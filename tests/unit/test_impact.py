@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
+import yaml
 
 from iscore import Dump, load
 from iscore.analyze import SCHEMA_VERSION, analyze, presets, resolve
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Aggregation
 from iscore.impact import SettingStats, aggregation_of
+from iscore.replay import parse_config
 from iscore.report import render_html
 from iscore.simulate import SimConfig, write_simulated
 from tests.unit.frameworks.conftest import edge_batch, make_batch
@@ -229,3 +233,20 @@ def test_html_report_is_self_contained(simulated):
         assert f"id='fig-{key}'" in page and f"Plotly.newPlot('fig-{key}'" in page, key
     assert not re.search(r"<script[^>]+src=|<link[^>]+href=", page)  # nothing to fetch
     assert "drift" in page  # the drift regime's flag is shown
+
+
+def test_html_report_holds_the_configs_and_the_worst_sequences(simulated):
+    hostile = replace(resolve("verl:decoupled_geo_rs"), name="</pre><script>alert(1)</script>")
+    result = analyze(simulated, [hostile, "skyrl:skyrl_geo_mask"])
+    page = render_html(result)
+    configs = re.findall(r"<pre>(.*?)</pre>", page, flags=re.S)
+    assert len(configs) == 2
+    # Each block reads back (unescaped) as the setting it names.
+    for text, setting in zip(configs, result.settings, strict=True):
+        spec = parse_config(yaml.safe_load(html.unescape(text)))
+        assert (spec.framework, spec.name) == (setting["framework"], setting["name"])
+    assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
+    worst = result.mismatch["worst_sequences"]
+    assert worst and "Worst sequences" in page
+    first = re.search(r"Worst sequences.*?<tr><td>(.*?)</td><td>(.*?)</td>", page, flags=re.S)
+    assert (first[1], first[2]) == (str(worst[0]["step"]), str(worst[0]["seq_id"]))

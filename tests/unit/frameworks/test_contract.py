@@ -36,6 +36,7 @@ def test_registered_under_its_name(fw) -> None:
     assert re.fullmatch(r"[0-9a-f]{40}", fw.upstream.commit), "upstream: a full commit hash"
     assert all(t.framework == fw.name for t in fw.spec_types)
     assert fw.presets(), "at least one preset"
+    assert fw.default in fw.presets(), "the default (the app's starting point) is a preset"
     assert set(fw.metrics) <= set(METRIC_NAMES), "metrics keyed by iscore's statistics"
     assert fw.snippet_formats and set(fw.snippet_formats) <= {"yaml", "flags"}
     assert set(fw.families) <= set(FAMILIES)

@@ -398,3 +398,31 @@ def log2_bucket(values: torch.Tensor) -> torch.Tensor:
 def bucket_label(b: int) -> str:
     """The range of log2 bucket `b`, e.g. '512-1023'."""
     return f"{2**b}-{2 ** (b + 1) - 1}"
+
+
+PLOT_RESOLUTIONS = (10, 20, 25, 40, 50, 100, 200)
+"""Bins per decade a histogram is reported at (divisors of `BINS_PER_DECADE`)."""
+
+
+def plot_resolution(hist: LogHistogram, central: float = 0.98, bins: int = 80) -> int:
+    """The coarsest of `PLOT_RESOLUTIONS` at which the central `central` share of the binned
+    values spans at least `bins` bins (the finest when none does): a plot can then choose its
+    own coarsening from the data's spread, and a narrow peak near 1 keeps its shape.
+
+    >>> h = LogHistogram()
+    >>> h.update(torch.linspace(0.9, 1.1, 1000, dtype=torch.float64))
+    >>> plot_resolution(h)
+    200
+    """
+    cumulative = np.cumsum(hist.counts)
+    total = cumulative[-1] if cumulative.size else 0
+    if not total:
+        return PLOT_RESOLUTIONS[0]
+    tail = (1.0 - central) / 2.0
+    lo = int(np.searchsorted(cumulative, tail * total, side="right"))
+    hi = int(np.searchsorted(cumulative, (1.0 - tail) * total, side="left"))
+    span = hi - lo + 1  # in bins of 1 / BINS_PER_DECADE decades
+    for per_decade in PLOT_RESOLUTIONS:
+        if span * per_decade >= bins * BINS_PER_DECADE:
+            return per_decade
+    return PLOT_RESOLUTIONS[-1]

@@ -36,7 +36,7 @@ import torch
 from iscore import frameworks, ops
 from iscore.batch import TokenBatch
 from iscore.frameworks.base import Aggregation
-from iscore.histogram import Binned, LogHistogram, bin_values, bucket_label
+from iscore.histogram import Binned, LogHistogram, bin_values, bucket_label, plot_resolution
 from iscore.spec import Replay, Spec
 
 QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
@@ -150,7 +150,7 @@ class SettingStats:
             result[f"{label}_quantiles"] = {f"p{q * 100:g}": hist.quantile(q) for q in QUANTILES}
             result[f"{label}_min"] = hist.min if hist.total else float("nan")
             result[f"{label}_max"] = hist.max if hist.total else float("nan")
-            result[f"{label}_hist"] = hist.coarse()
+            result[f"{label}_hist"] = hist.coarse(plot_resolution(hist))
         result["by_step"] = [
             {"step": int(step), **_summarize(s, s["step"] == step, self.aggregation)}
             for step in np.unique(s["step"])

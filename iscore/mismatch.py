@@ -29,7 +29,14 @@ import torch
 
 from iscore import frameworks, ops
 from iscore.batch import TokenBatch
-from iscore.histogram import Histogram2D, LogHistogram, bucket_label, log2_bucket
+from iscore.histogram import (
+    BINS_PER_DECADE,
+    Histogram2D,
+    LogHistogram,
+    bucket_label,
+    log2_bucket,
+    plot_resolution,
+)
 
 PROB_EDGES = (0.0, 0.01, 0.1, 0.5, 0.9, 0.99, 1.0)
 """Buckets of the rollout probability of the sampled token, exp(rollout_logprob)."""
@@ -122,6 +129,9 @@ class MismatchStats:
     )
     by_pos: np.ndarray = field(default_factory=lambda: np.zeros((32, len(_BUCKET_FIELDS))))
     abs_hist: LogHistogram = field(default_factory=LogHistogram)
+    # |d| of the loss tokens with d < 0: with `abs_hist` (all of them), the histogram of signed
+    # d; the d > 0 side is the difference (`_signed_hist`).
+    neg_hist: LogHistogram = field(default_factory=LogHistogram)
     joint: Histogram2D = field(default_factory=lambda: Histogram2D(-20.0, 0.0, 80))
     regression: np.ndarray = field(default_factory=lambda: np.zeros(6))  # n, x, x2, y, y2, xy
     signs: np.ndarray = field(default_factory=lambda: np.zeros(3, dtype=np.int64))  # <0, 0, >0
@@ -226,7 +236,9 @@ class MismatchStats:
             dtype=np.float64,
         )
         flag = buf("flag", torch.bool)
-        negative = _count(ops.compare("lt", dm, 0.0, flag))
+        below = ops.compare("lt", dm, 0.0, flag)  # loss tokens only: dm is 0 elsewhere
+        negative = _count(below)
+        self.neg_hist.update(absd[below])
         zero = _count(ops.compare("eq", dm, 0.0, flag))
         positive = _count(ops.compare("gt", dm, 0.0, flag))
         self.signs += np.array([negative, zero - (n - loss), positive])
@@ -275,6 +287,7 @@ class MismatchStats:
         self.by_prob += other.by_prob
         self.by_pos += other.by_pos
         self.abs_hist.merge(other.abs_hist)
+        self.neg_hist.merge(other.neg_hist)
         self.joint.merge(other.joint)
         self.regression += other.regression
         self.signs += other.signs
@@ -310,7 +323,9 @@ class MismatchStats:
         result["abs_diff_quantiles"] = {
             f"p{q * 100:g}": self.abs_hist.quantile(q) for q in (0.5, 0.9, 0.99, 0.999)
         }
-        result["abs_diff_hist"] = self.abs_hist.coarse()
+        per_decade = plot_resolution(self.abs_hist)
+        result["abs_diff_hist"] = self.abs_hist.coarse(per_decade)
+        result["signed_diff_hist"] = _signed_hist(self.abs_hist, self.neg_hist, per_decade)
         result["joint_hist"] = {
             "edges": self.joint.edges().tolist(),
             "counts": self.joint.counts.tolist(),
@@ -571,6 +586,32 @@ def _summarize(s: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, Any]:
         "ratio_mean_stderr": math.sqrt(max(tok("rho2") - tok("rho") ** 2, 0.0) / n),
         "d_mean": d_mean,
         "d_var": d_var,
+    }
+
+
+def _signed_hist(every: LogHistogram, negative: LogHistogram, per_decade: int) -> dict[str, Any]:
+    """The histogram of signed d over loss tokens, from that of |d| (`every`) and that of the
+    |d| of the tokens with d < 0: both sides binned on |d| (`per_decade` bins per decade),
+    trimmed to the bins either side uses; `zeros` counts d == 0 (NaN is on neither side)."""
+    factor = BINS_PER_DECADE // per_decade
+    edges = every.edges()[::factor]
+    below = negative.counts.reshape(-1, factor).sum(axis=1)
+    above = every.counts.reshape(-1, factor).sum(axis=1) - below
+    used = np.flatnonzero(below + above)
+    lo, hi = (int(used[0]), int(used[-1]) + 1) if used.size else (0, 0)
+    return {
+        "edges": edges[lo : hi + 1].tolist() if used.size else [],
+        "negative": {
+            "counts": below[lo:hi].tolist(),
+            "underflow": negative.underflow,
+            "overflow": negative.overflow,
+        },
+        "positive": {
+            "counts": above[lo:hi].tolist(),
+            "underflow": every.underflow - negative.underflow,
+            "overflow": every.overflow - negative.overflow,
+        },
+        "zeros": every.zeros,
     }
 
 

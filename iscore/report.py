@@ -51,11 +51,8 @@ _MISMATCH_ROWS = (
     "ratio_mean",
 )
 _SECTIONS = (
-    (
-        "Settings side by side",
-        ("weights", "raw", "collapse", "mask_by_length", "mask_rates", "lr_scale"),
-    ),
-    ("Mismatch", ("abs_diff", "by_prob", "by_pos", "by_length", "by_step", "joint")),
+    ("Settings side by side", ("weights", "raw", "collapse", "mask_by_length", "lr_scale")),
+    ("Mismatch", ("signed_diff", "abs_diff", "by_prob", "by_pos", "by_length", "by_step")),
 )
 
 

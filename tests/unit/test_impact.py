@@ -221,14 +221,13 @@ def test_html_report_is_self_contained(simulated):
         "raw",
         "collapse",
         "mask_by_length",
-        "mask_rates",
         "lr_scale",
+        "signed_diff",
         "abs_diff",
         "by_prob",
         "by_pos",
         "by_length",
         "by_step",
-        "joint",
     ):
         assert f"id='fig-{key}'" in page and f"Plotly.newPlot('fig-{key}'" in page, key
     assert not re.search(r"<script[^>]+src=|<link[^>]+href=", page)  # nothing to fetch

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+
 import numpy as np
 import pytest
+import torch
 
 from iscore import figures
+from iscore.analyze import Analysis, analyze
+from iscore.histogram import BINS_PER_DECADE
+from iscore.mismatch import MismatchStats
 from iscore.tune import TuneResult
+from tests.unit.frameworks.conftest import make_batch
 
 
 def test_length_figure_has_one_bar_per_bin() -> None:
@@ -41,3 +50,262 @@ def test_tune_figure_draws_the_asked_read_outs_and_marks_the_value() -> None:
         (0, "verl default"),
     ]
     assert shapes[2]["x0"] == 1 and shapes[2]["label"]["text"] == "2"
+
+
+# ------------------------------------------------------------------ figures of an analysis
+
+SETTINGS = [
+    "verl:decoupled_token_is",
+    "verl:decoupled_geo_rs",
+    "skyrl:skyrl_token_tis",
+    "nemo_rl:nemo_icepop",
+    "verl:decoupled_seq_is",
+    "slime:slime_tis",
+]
+
+
+def _batch(seed: int = 0, sigma: float = 0.1, offset: float = 0.0, steps: int = 2):
+    """Random log-probs over `steps` steps with some masked tokens, exact zeros of d and,
+    outside the loss mask, huge d that must not count."""
+    rng = np.random.default_rng(seed)
+    lengths = [1, 3, *rng.lognormal(5, 1, 40).astype(int).clip(1, 3000).tolist()]
+    batch = make_batch(lengths, seed=seed, sigma=sigma)
+    train = batch.train.clone()
+    if offset:
+        train = (train + offset).clamp_(max=0.0)
+    train[::17] = batch.rollout[::17]  # d == 0 exactly
+    train[~batch.loss_mask] = batch.rollout[~batch.loss_mask] - 30.0
+    step = torch.tensor(np.sort(rng.integers(0, steps, len(lengths))))
+    return dataclasses.replace(batch, train=train, step=step)
+
+
+@pytest.fixture(scope="module")
+def four() -> Analysis:
+    return analyze(_batch(), SETTINGS[:4], device="cpu")
+
+
+@pytest.fixture(scope="module")
+def six() -> Analysis:
+    return analyze(_batch(1), SETTINGS, device="cpu")
+
+
+def _every_figure(analysis: Analysis) -> dict[str, dict]:
+    return figures.all_figures(analysis) | {
+        "mask_rates": figures.mask_rates(analysis),
+        "joint": figures.joint_histogram(analysis),
+    }
+
+
+def _setting_of(trace: dict, analysis: Analysis) -> int | None:
+    """The index of the setting a trace draws (by its legend group or its name)."""
+    if trace.get("legendgroup", "").isdigit():
+        return int(trace["legendgroup"])
+    for i, s in enumerate(analysis.settings):
+        if trace.get("name", "").startswith(figures.setting_name(s)):
+            return i
+    return None
+
+
+def _colors(trace: dict) -> set[str]:
+    """Every color a trace is drawn in."""
+    out = {trace.get("fillcolor"), trace.get("line", {}).get("color")}
+    marker = trace.get("marker", {}).get("color")
+    out |= set(marker) if isinstance(marker, list) else {marker}
+    return out - {None}
+
+
+@pytest.mark.parametrize("which", ["four", "six"])
+def test_every_trace_of_a_setting_carries_its_color(which, request) -> None:
+    analysis = request.getfixturevalue(which)
+    for key in ("weights", "raw", "collapse", "mask_by_length", "lr_scale", "mask_rates"):
+        fig = _every_figure(analysis)[key]
+        drawn = set()
+        for trace in fig["data"]:
+            i = _setting_of(trace, analysis)
+            if i is None:
+                assert not _colors(trace) & set(figures.PALETTE), (key, trace.get("name"))
+                continue
+            drawn.add(i)
+            assert _colors(trace) == {figures.color(i)}, (key, trace.get("name"))
+        assert drawn == set(range(len(analysis.settings))), key
+
+
+def test_settings_differ_in_dash_and_marker_and_later_ones_are_thinner(four) -> None:
+    for key in ("collapse", "mask_by_length", "lr_scale"):
+        lines = [
+            t
+            for t in figures.all_figures(four)[key]["data"]
+            if t.get("mode") == "lines+markers" and _setting_of(t, four) is not None
+        ]
+        assert len(lines) == 4, key
+        assert len({t["line"]["dash"] for t in lines}) == 4, key
+        assert len({t["marker"]["symbol"] for t in lines}) == 4, key
+        widths = [t["line"]["width"] for t in lines]
+        sizes = [t["marker"]["size"] for t in lines]
+        assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1], key
+        assert sizes == sorted(sizes, reverse=True) and sizes[0] > sizes[-1], key
+    # Deterministic by index: the same setting looks the same in another analysis.
+    assert figures.style(2, 4) == figures.style(2, 4)
+    assert figures.style(1, 4)["line"]["dash"] == figures.dash(1) != figures.dash(0)
+
+
+def test_collapse_beyond_four_settings_is_one_panel_each(six) -> None:
+    fig = figures.collapse_by_length(six)
+    layout = fig["layout"]
+    xaxes = sorted(k for k in layout if k.startswith("xaxis"))
+    assert len(xaxes) == 6
+    domains = [tuple(layout[k]["domain"]) + tuple(layout[f"y{k[1:]}"]["domain"]) for k in xaxes]
+    assert len(set(domains)) == 6  # no two panels on top of each other
+    for trace in fig["data"]:
+        i = _setting_of(trace, six)
+        if i is not None:  # each setting in its own panel
+            assert trace["xaxis"] == ("x" if i == 0 else f"x{i + 1}"), trace["name"]
+
+
+def _legend_outside(layout: dict) -> bool:
+    legend = layout.get("legend", {})
+    right = legend.get("x", 0) >= 1 and legend.get("xanchor") == "left"
+    above = legend.get("y", 0) >= 1 and legend.get("yanchor") == "bottom"
+    return right or above
+
+
+@pytest.mark.parametrize("which", ["four", "six"])
+def test_legends_sit_outside_the_plot_and_backgrounds_are_transparent(which, request) -> None:
+    analysis = request.getfixturevalue(which)
+    for key, fig in figures.all_figures(analysis).items():
+        layout = fig["layout"]
+        shown = layout.get("showlegend", len(fig["data"]) > 1)
+        if shown:
+            assert _legend_outside(layout), key
+        for name, axis in layout.items():
+            if name.startswith(("xaxis", "yaxis")) and "domain" in axis:
+                assert 0 <= axis["domain"][0] <= axis["domain"][1] <= 1, (key, name)
+        assert layout["paper_bgcolor"] == layout["plot_bgcolor"] == "rgba(0,0,0,0)", key
+        assert "template" not in layout, key  # the app's theme or plotly.js' defaults
+        text = json.dumps(fig).lower()
+        for hard in ('"#fff"', '"#ffffff"', '"white"', '"#000"', '"#000000"', '"black"'):
+            assert hard not in text, (key, hard)
+
+
+_SNAKE = re.compile(r"\b[a-z0-9]+_[a-z0-9_]+\b")
+
+
+def _words(template: str) -> str:
+    """A hover template's own text: without %{...} placeholders and HTML tags."""
+    return re.sub(r"<[^>]*>", " ", re.sub(r"%\{[^}]*\}", " ", template))
+
+
+@pytest.mark.parametrize("which", ["four", "six"])
+def test_hovers_name_quantities_not_fields(which, request) -> None:
+    analysis = request.getfixturevalue(which)
+    fields = {k for k in analysis.mismatch} | {k for s in analysis.settings for k in s}
+    fields |= {k for s in analysis.settings for r in s["by_length"] for k in r}
+    tokens = {"pos": np.arange(3), "rollout": np.zeros(3), "train": np.zeros(3), "d": np.zeros(3)}
+    every = _every_figure(analysis) | {
+        "length": figures.length_figure({"length_hist": {"edges": [1, 2, 4], "counts": [3, 1]}}),
+        "sequence": figures.sequence_figure(tokens, "one sequence"),
+    }
+    for key, fig in every.items():
+        for trace in fig["data"]:
+            if trace.get("hoverinfo") == "skip":
+                continue
+            template = trace.get("hovertemplate")
+            assert template, (key, trace.get("name"))
+            words = _words(template)
+            # Raw field names (seq_weight_median, length_median...) are snake case; the
+            # setting's own name comes in through %{fullData.name}, never spelled out.
+            assert not _SNAKE.search(words), (key, words)
+            assert not any(field in words for field in fields if "_" in field), key
+        for name, axis in fig["layout"].items():
+            if name.startswith(("xaxis", "yaxis")):
+                assert not _SNAKE.search(axis.get("title", {}).get("text", "")), (key, name)
+
+
+def test_the_signed_histogram_counts_match_a_float64_reference() -> None:
+    chunks = [_batch(2, sigma=0.05, offset=-0.02), _batch(3, sigma=0.3)]
+    whole, merged = MismatchStats(), MismatchStats()
+    for chunk in chunks:
+        whole.update(chunk)
+        part = MismatchStats()
+        part.update(chunk)
+        merged.merge(part)
+    got = whole.compute()["signed_diff_hist"]
+    assert merged.compute()["signed_diff_hist"] == got
+
+    d = np.concatenate(
+        [
+            (b.train.double().numpy() - b.rollout.double().numpy())[b.loss_mask.numpy()]
+            for b in chunks
+        ]
+    )
+    edges = np.asarray(got["edges"])
+    per_decade = round(1 / np.log10(edges[1] / edges[0]))
+    first = round((np.log10(edges[0]) + 12) * per_decade)
+    for side, values in (("negative", -d[d < 0]), ("positive", d[d > 0])):
+        index = np.floor((np.log10(values) + 12) * BINS_PER_DECADE).astype(int)
+        index = index // (BINS_PER_DECADE // per_decade) - first
+        assert index.min() >= 0 and index.max() < len(edges) - 1
+        expected = np.bincount(index, minlength=len(edges) - 1)
+        np.testing.assert_array_equal(got[side]["counts"], expected, err_msg=side)
+        assert got[side]["underflow"] == got[side]["overflow"] == 0
+    assert got["zeros"] == int((d == 0).sum()) > 0
+
+
+def test_the_signed_figure_shows_an_offset_and_marks_the_mean() -> None:
+    analysis = analyze(_batch(4, sigma=0.02, offset=-0.05), device="cpu")
+    fig = figures.signed_diff_histogram(analysis)
+    bars, mirror, mean = fig["data"]
+    x, shares = np.asarray(bars["x"]), np.asarray(bars["y"])
+    np.testing.assert_allclose(x, -x[::-1])  # a symmetric axis
+    assert mirror["y"] == bars["y"][::-1]
+    assert shares[x < 0].sum() > 3 * shares[x > 0].sum()  # the offset is visible
+    d_mean = analysis.mismatch["d_mean"]
+    assert d_mean < 0 and mean["x"][0] < 0 and f"{d_mean:+.3g}" in mean["name"]
+    # Every loss token is in some bar: the shares sum to 1.
+    assert shares.sum() == pytest.approx(1.0)
+    ticks = fig["layout"]["xaxis"]["ticktext"]
+    assert ticks[len(ticks) // 2] == "0" and len(ticks) <= 7
+
+
+def test_rebin_puts_the_central_98_percent_in_40_to_80_bins() -> None:
+    fine = 10 ** (np.arange(-2400, 1601) / BINS_PER_DECADE)
+    rng = np.random.default_rng(0)
+    for spread in (0.02, 0.1, 0.5, 2.0, 6.0):  # decades of the log-normal's sd
+        values = 10 ** rng.normal(0.0, spread / 2.33, 200_000)
+        counts = np.histogram(values, bins=fine)[0]
+        edges, grouped = figures.rebin(fine, counts.tolist())
+        assert sum(grouped) == counts.sum()
+        assert 1.0 in edges  # anchored at 1
+        lo, hi = figures._central(grouped, 0.98)
+        fine_lo, fine_hi = figures._central(counts.tolist(), 0.98)
+        if fine_hi - fine_lo + 1 >= 40:
+            assert 40 <= hi - lo + 1 <= 80, spread
+        else:  # the data is narrower than 40 fine bins: kept at full resolution
+            assert hi - lo == fine_hi - fine_lo, spread
+
+
+def test_weight_histograms_choose_their_bins_from_the_data(four) -> None:
+    for key in ("weights", "raw"):
+        for trace in figures.all_figures(four)[key]["data"]:
+            if not trace["x"]:
+                continue
+            shares = [c[2] for c in trace["customdata"][:-1]]
+            lo, hi = figures._central(shares, 0.98)
+            i = _setting_of(trace, four)
+            fine = four.settings[i][f"{'weight' if key == 'weights' else 'raw'}_hist"]
+            fine_lo, fine_hi = figures._central(fine["counts"], 0.98)
+            assert hi - lo + 1 <= 80, (key, trace["name"])
+            assert hi - lo + 1 >= min(40, fine_hi - fine_lo + 1), (key, trace["name"])
+            # A density: the shares over the bins' widths in decades.
+            x, y = trace["x"], trace["y"]
+            assert y[0] == pytest.approx(shares[0] / np.log10(x[1] / x[0]))
+
+
+def test_page_figure_sets_drop_what_carries_no_information() -> None:
+    one_step = analyze(_batch(5, steps=1), SETTINGS[:2], device="cpu")
+    assert len(one_step.source["steps"]) == 1
+    assert "by_step" not in figures.mismatch_figures(one_step)
+    assert "lr_scale" not in figures.setting_figures(one_step)
+    assert list(figures.mismatch_figures(one_step))[:2] == ["signed_diff", "abs_diff"]
+    assert "joint" not in figures.all_figures(one_step)
+    assert figures.setting_figures(analyze(_batch(5), device="cpu")) == {}

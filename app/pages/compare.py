@@ -120,12 +120,5 @@ st.caption(
     "the corrected gradient's size relative to the uncorrected one under the framework's loss "
     "aggregation. Click a column header to sort."
 )
-for figure in (
-    figures.weight_histogram(analysis, "weight"),
-    figures.weight_histogram(analysis, "raw"),
-    figures.collapse_by_length(analysis),
-    figures.mask_rate_by_length(analysis),
-    figures.mask_rates(analysis),
-    figures.lr_scale_by_step(analysis),
-):
+for figure in figures.setting_figures(analysis).values():
     common.plot(figure)

@@ -37,15 +37,11 @@ cols[3].metric(
     border=True,
 )  # fmt: skip
 
-left, right = st.columns(2)
-with left:
-    common.plot(figures.abs_diff_histogram(analysis))
-    common.plot(figures.mismatch_by(analysis, "by_pos"))
-    common.plot(figures.mismatch_by(analysis, "by_step"))
-with right:
-    common.plot(figures.mismatch_by(analysis, "by_prob"))
-    common.plot(figures.mismatch_by(analysis, "by_length"))
-    common.plot(figures.joint_histogram(analysis))
+shown = list(figures.mismatch_figures(analysis).values())
+for row in range(0, len(shown), 2):
+    for col, figure in zip(st.columns(2), shown[row : row + 2], strict=False):
+        with col:
+            common.plot(figure)
 
 st.subheader("The numbers, and what each framework logs them as")
 st.dataframe(

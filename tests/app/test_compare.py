@@ -21,7 +21,7 @@ def test_two_presets_side_by_side(loaded: AppTest) -> None:
     table = at.dataframe[0].value
     assert list(table["setting"]) == ["decoupled_geo_rs (verl)", "skyrl_token_tis (skyrl)"]
     charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
-    assert len(charts) == 6
+    assert len(charts) == 4  # one training step: no per-step figure
     weights = charts[0]
     assert [t["line"]["color"] for t in weights["data"]] == [color(0), color(1)]
     assert weights["layout"]["xaxis"]["type"] == "log"

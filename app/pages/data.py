@@ -138,6 +138,12 @@ def _mapping_form(preview: Preview, attempt: tuple[str, str, str]) -> None:
     st.caption(f"First rows of {common.escape(preview.name)}:")
     frame = pd.DataFrame(list(preview.rows), columns=list(preview.names))
     st.dataframe(frame, hide_index=True, width="stretch")
+    if attempt[1] == "upload" and not uploads:
+        st.info(
+            "The upload box empties when you leave this page: upload the files again to "
+            "read them with another mapping."
+        )
+        return
     for canonical, candidates in preview.ambiguous.items():
         if canonical not in chosen:
             names = ", ".join(f"`{common.escape(c)}`" for c in candidates)

@@ -398,9 +398,8 @@ def _refuse_pickles(names: Sequence[str | Path], allow_pickle: bool) -> None:
     for name in names:
         if str(name).endswith(importers.PICKLED):
             raise DumpError(
-                f"{name}: a pickled file (torch.save or pickle); loading one can run code from "
-                "it, so iscore reads it only when pickled files are allowed (allow_pickle=True)"
-                ": allow them only for files you trust"
+                f"{name}: a pickled file; loading one can run code from it, so iscore reads it "
+                "only with allow_pickle=True, for files you trust"
             )
 
 

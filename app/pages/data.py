@@ -148,6 +148,9 @@ def _mapping_form(preview: Preview, attempt: tuple[str, str, str]) -> None:
         if canonical not in chosen:
             names = ", ".join(f"`{common.escape(c)}`" for c in candidates)
             st.warning(f"{names} could each be {canonical}: pick one.")
+    # Keys of their own per file and mapping: a browser would keep a picker's old choice for
+    # as long as its key lives, the previous file's column included.
+    form = abs(hash((attempt, state.mapping, preview.names)))
     with st.form("column_mapping", border=False):
         picks: dict[str, str | None] = {}
         wanted = _choices(preview, chosen)
@@ -160,7 +163,7 @@ def _mapping_form(preview: Preview, attempt: tuple[str, str, str]) -> None:
                     (COLUMNS | EXTRA)[canonical],
                     options,
                     index=options.index(current) if current in options else 0,
-                    key=f"_w_column_{canonical}",
+                    key=f"_w_column_{canonical}_{form}",
                     help=f"The file's column read as `{canonical}`.",
                 )
             picks[canonical] = None if pick == NONE else pick

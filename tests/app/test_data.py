@@ -249,6 +249,17 @@ def test_a_column_mapped_in_the_page_is_the_one_read(at: AppTest) -> None:
     shown = dict(at.dataframe[-1].value.values.tolist())
     assert shown["train_logprob"] == "train_bf16_logprob"
     assert metric(at, "Sequences") == "48"
+
+    # Other files start from iscore's detection again, pickers included.
+    other = pq.read_table(DATA / "offset_bug.parquet")
+    other = other.append_column("train_bf16_logprob", other["train_logprob"])
+    at.file_uploader[0].set_value(("other.parquet", parquet_bytes(other), "application/x")).run()
+    assert at.session_state.loaded.columns == ()
+    assert next(s for s in at.selectbox if s.label == "Train log-prob").value == "train_logprob"
+    at.file_uploader[0].set_value(("run.parquet", parquet_bytes(bf16), "application/x")).run()
+    _pick(at, "Train log-prob", "train_bf16_logprob")
+    _click(at, "Reload with this mapping")
+
     assert _mean_abs_d(at) == "0"
     assert float(_mean_abs_d(open_path(new_app(), DATA / "fp8.parquet"))) > 0.05  # unmapped
 

@@ -28,12 +28,14 @@ import streamlit as st
 
 from iscore import frameworks
 from iscore.analyze import Analysis, presets
-from iscore.budget import CACHE_MB, MAX_UPLOAD_TOKENS, WorkspaceCache, check_upload
+from iscore.budget import CACHE_MB, MAX_UPLOAD_TOKENS, WorkspaceCache
 from iscore.dump import DumpProblems, StepRange
 from iscore.errors import IscoreError
 from iscore.export import convert as convert_setting
 from iscore.export import to_file_text
 from iscore.figures import color
+from iscore.importers import PICKLED, SUFFIXES
+from iscore.preview import Preview, preview_parquet
 from iscore.recommend import Recommendation, Targets
 from iscore.report import SUMMARY_COLUMNS
 from iscore.serving import DataRoots, dump_folder
@@ -54,6 +56,10 @@ PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 # Session state
 
 
+Columns = tuple[tuple[str, str | None], ...]
+"""An explicit column mapping, canonical -> source (None: left out), sorted: a cache key."""
+
+
 @dataclass(frozen=True, slots=True)
 class Loaded:
     """How to get the session's dump back from the caches.
@@ -63,12 +69,16 @@ class Loaded:
         key: the uploads' content digest, or the path / glob as typed.
         label: for people.
         drop_invalid: whether sequences with invalid log-probs were dropped.
+        columns: the column mapping the user chose (empty: iscore's own detection).
+        allow_pickle: whether the dump has pickled files, which the user allowed.
     """
 
     kind: str
     key: str
     label: str
     drop_invalid: bool = False
+    columns: Columns = ()
+    allow_pickle: bool = False
 
 
 def init_state(preload: str | None) -> None:
@@ -200,25 +210,48 @@ def _gone() -> Workspace:
     raise IscoreError("the uploaded dump is no longer in this session's memory; upload it again")
 
 
-def _upload_key(session: _Session, key: str, drop_invalid: bool) -> tuple:
-    return ("upload", session.id, key, drop_invalid)
+def _upload_key(session: _Session, loaded: Loaded) -> tuple:
+    return ("upload", session.id, loaded.key, loaded.drop_invalid, loaded.columns)
 
 
-def _path_workspace(source: str, drop_invalid: bool) -> Workspace:
-    """A server-side dump's workspace, shared by the sessions that open it, keyed by its
-    files' (path, size, mtime): a rewritten file is read again.
+def _pickled(names: Sequence[str], allow_pickle: bool) -> bool:
+    """Whether `names` include pickled files; without `allow_pickle`, an error saying how to
+    allow them (checked before any cache, so a session never gets a pickle's data from a
+    session that allowed it without allowing it too).
 
     Raises:
-        IscoreError: `source` is missing or outside the data folders (one message for both),
-            or is not a valid dump.
+        IscoreError: a pickled file, not allowed.
     """
-    files = options().roots.files(source, fingerprint)
+    pickled = [name for name in names if name.endswith(PICKLED)]
+    if pickled and not allow_pickle:
+        raise IscoreError(
+            f"{pickled[0]} is a pickled file (.pt/.pkl): loading one can run code from it. To "
+            'read it, turn on "Allow pickled files" above, only for files you trust'
+        )
+    return bool(pickled)
+
+
+def _path_workspace(loaded: Loaded) -> Workspace:
+    """A server-side dump's workspace, shared by the sessions that open it, keyed by its
+    files' (path, size, mtime) and the column mapping: a rewritten file is read again.
+
+    Raises:
+        IscoreError: `loaded.key` is missing or outside the data folders (one message for
+            both), holds pickled files `loaded` does not allow, or is not a valid dump.
+    """
+    files = options().roots.files(loaded.key, fingerprint)
     session = _this_session()
     paths = [path for path, _, _ in files]
+    _pickled(paths, loaded.allow_pickle)
     return session.cache.get(
-        ("path", files, drop_invalid),
+        ("path", files, loaded.drop_invalid, loaded.columns),
         session.id,
-        lambda: open_path(paths, drop_invalid=drop_invalid),
+        lambda: open_path(
+            paths,
+            columns=dict(loaded.columns),
+            drop_invalid=loaded.drop_invalid,
+            allow_pickle=loaded.allow_pickle,
+        ),
     )
 
 
@@ -230,46 +263,82 @@ def upload_digest(upload: Any) -> str:
     return known[upload.file_id]
 
 
-def load_uploads(uploads: Sequence[Any], drop_invalid: bool) -> Workspace:
-    """Open uploaded files (Streamlit `UploadedFile`s) as the session's dump, from memory.
+def load_uploads(
+    uploads: Sequence[Any], drop_invalid: bool, columns: Columns = (), allow_pickle: bool = False
+) -> Workspace:
+    """Open uploaded files (Streamlit `UploadedFile`s) as the session's dump, from memory:
+    Parquet, or a framework's own dump (pickled ones only with `allow_pickle`).
 
     Raises:
-        IscoreError: more tokens than the session's budget, or the files are not a valid dump
-            (`DumpProblems` lists every problem).
+        IscoreError: more tokens than the session's budget, a pickled file not allowed, or the
+            files are not a valid dump (`DumpProblems` lists every problem).
     """
     key = "+".join(upload_digest(u) for u in uploads)
+    pickled = _pickled([u.name for u in uploads], allow_pickle)
+    label = ", ".join(u.name for u in uploads)
+    loaded = Loaded("upload", key, label, drop_invalid, columns, pickled)
     files = tuple((u.name, u.getvalue()) for u in uploads)
-    check_upload(files, options().max_upload_tokens)
     session = _this_session()
-    this = _upload_key(session, key, drop_invalid)
+    this = _upload_key(session, loaded)
     with st.spinner(f"Reading {len(files)} uploaded file{'s' * (len(files) > 1)}…"):
         workspace = session.cache.get(
-            this, session.id, lambda: open_uploads(files, drop_invalid=drop_invalid)
+            this,
+            session.id,
+            lambda: open_uploads(
+                files,
+                columns=dict(columns),
+                drop_invalid=drop_invalid,
+                allow_pickle=pickled,
+                max_tokens=options().max_upload_tokens,
+            ),
         )
     # A session holds one uploaded dump: its token budget bounds what it keeps.
     session.cache.discard(session.id, keep=lambda k: k[0] != "upload" or k == this)
-    label = ", ".join(u.name for u in uploads)
-    _set_loaded(Loaded("upload", key, label, drop_invalid))
+    _set_loaded(loaded)
     return workspace
 
 
-def load_path(source: str, drop_invalid: bool) -> Workspace:
-    """Open a dump on the server (file, directory or glob) as the session's dump.
+def load_path(
+    source: str, drop_invalid: bool, columns: Columns = (), allow_pickle: bool = False
+) -> Workspace:
+    """Open a dump on the server (file, directory or glob; Parquet or a framework's own dump,
+    pickled ones only with `allow_pickle`) as the session's dump.
 
     Raises:
-        IscoreError: nothing matches in the data folders, or the files are not a valid dump.
+        IscoreError: nothing matches in the data folders, a pickled file not allowed, or the
+            files are not a valid dump.
     """
+    loaded = Loaded("path", source, source, drop_invalid, columns, allow_pickle)
     with st.spinner(f"Reading {source}…"):
-        workspace = _path_workspace(source, drop_invalid)
-    _set_loaded(Loaded("path", source, source, drop_invalid))
+        workspace = _path_workspace(loaded)
+    _set_loaded(loaded)
     return workspace
+
+
+def preview_attempt(kind: str, source: str, uploads: Sequence[Any]) -> Preview | None:
+    """The first Parquet file of a dump that failed to load, for mapping its columns: of the
+    uploads (kind "upload") or of a server path (None for a framework's own dump, whose
+    importer's error says what is wrong, or a file that is no Parquet at all).
+    """
+    try:
+        if kind == "upload":
+            first = next((u for u in uploads if not u.name.endswith(SUFFIXES)), None)
+            return None if first is None else preview_parquet(first.name, first.getvalue())
+        files = [path for path, _, _ in options().roots.files(source, fingerprint)]
+        first = next((f for f in files if not f.endswith(SUFFIXES)), None)
+        return None if first is None else preview_parquet(first, first)
+    except IscoreError:
+        return None
 
 
 def _set_loaded(loaded: Loaded) -> None:
     if st.session_state.loaded != loaded:
         st.session_state.loaded = loaded
-        # Selections of the previous dump mean nothing for this one.
-        for key in ("step_range", "_w_step_range", "_seeded"):
+        # Selections of the previous dump mean nothing for this one. The step slider's key
+        # counts the loads: a browser keeps a widget's value as long as its key, and would
+        # send the old dump's range back.
+        st.session_state.loads = st.session_state.get("loads", 0) + 1
+        for key in ("step_range", "_seeded"):
             st.session_state.pop(key, None)
 
 
@@ -282,9 +351,8 @@ def workspace(*, quiet: bool = False) -> Workspace | None:
     try:
         if loaded.kind == "upload":
             session = _this_session()
-            key = _upload_key(session, loaded.key, loaded.drop_invalid)
-            return session.cache.get(key, session.id, _gone)
-        return _path_workspace(loaded.key, loaded.drop_invalid)
+            return session.cache.get(_upload_key(session, loaded), session.id, _gone)
+        return _path_workspace(loaded)
     except IscoreError as e:
         if not quiet:
             show_error(e)

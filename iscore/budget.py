@@ -28,7 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from iscore.errors import DumpError
+from iscore.errors import DumpError, clip
+from iscore.importers import SUFFIXES
 
 T = TypeVar("T")
 
@@ -55,18 +56,49 @@ def parquet_tokens(data: bytes) -> int | None:
     return max(longest, meta.num_rows)
 
 
+IMPORT_BYTES_PER_TOKEN = 8
+"""Bytes of a framework's own dump (JSON Lines, `.pt`, `.pkl`) an upload may hold per token of
+its budget, checked before it is parsed: its tokens are known only once it is read. A token
+takes at least 6 bytes of JSON (a mask, a rollout and a trainer log-prob of 2 characters each)
+or 8 of tensors, so this bounds what parsing can build; the tokens are counted again after."""
+
+
 def check_upload(files: Iterable[tuple[str, bytes]], limit: int) -> int:
-    """The tokens of uploaded files (name, bytes), checked against `limit` before decoding.
+    """The tokens of uploaded files (name, bytes), checked against `limit` before decoding:
+    Parquet files from their footers; framework dumps (by their names' suffixes) by their
+    size, against `IMPORT_BYTES_PER_TOKEN` bytes per token of `limit`.
 
     Raises:
-        DumpError: more than `limit` tokens.
+        DumpError: more than `limit` tokens, or framework dumps larger than that bound.
+
+    >>> check_upload([("train_data_step1.jsonl", b"x" * 81)], limit=10)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    iscore.errors.DumpError: the upload holds 81 bytes of framework dumps ..., more than the 80 ...
     """
-    total = sum(parquet_tokens(data) or 0 for _, data in files)
+    total = imported = 0
+    names = []
+    for name, data in files:
+        tokens = parquet_tokens(data)
+        if tokens is None and name.endswith(SUFFIXES):
+            imported += len(data)
+            names.append(name)
+        else:
+            total += tokens or 0
+    hint = (
+        "open {} from a server path, or ask the operator to raise `iscore app --max-upload-tokens`"
+    )
+    bound = limit * IMPORT_BYTES_PER_TOKEN
+    if imported > bound:
+        raise DumpError(
+            f"the upload holds {imported:,} bytes of framework dumps ({clip(', '.join(names))}), "
+            f"more than the {bound:,} bytes ({IMPORT_BYTES_PER_TOKEN} per token of the "
+            f"{limit:,} one session may load) they may take before they are read; "
+            + hint.format("them")
+        )
     if total > limit:
         raise DumpError(
             f"the upload holds {total:,} tokens, more than the {limit:,} one session may "
-            "load; open it from a server path, or ask the operator to raise "
-            "`iscore app --max-upload-tokens`"
+            "load; " + hint.format("it")
         )
     return total
 

@@ -119,9 +119,44 @@ def parse_mapping(items: Sequence[str]) -> dict[str, str]:
     return mapping
 
 
+def match_columns(
+    names: Sequence[str], mapping: Mapping[str, str | None] | None = None
+) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """What `resolve_columns` finds, without raising: for choosing a mapping.
+
+    Returns:
+        found: canonical name -> the file's column, for every column found without doubt;
+        ambiguous: canonical name -> the file's columns that could each be it.
+
+    >>> match_columns(["lp_rollout", "train_logprobs", "log_probs"], {})
+    ({}, {'train_logprob': ('train_logprobs', 'log_probs')})
+    >>> match_columns(["a", "b", "loss_mask"], {"rollout_logprob": "a", "loss_mask": None})
+    ({'rollout_logprob': 'a'}, {})
+    """
+    mapping = mapping or {}
+    present = set(names)
+    taken = {source for source in mapping.values() if source is not None}
+    found: dict[str, str] = {}
+    ambiguous: dict[str, tuple[str, ...]] = {}
+    for canonical, aliases in ALIASES.items():
+        if canonical in mapping:
+            if mapping[canonical] is not None:
+                found[canonical] = mapping[canonical]
+            continue
+        if canonical in present and canonical not in taken:
+            found[canonical] = canonical
+            continue
+        candidates = tuple(alias for alias in aliases if alias in present and alias not in taken)
+        if len(candidates) > 1:
+            ambiguous[canonical] = candidates
+        elif candidates:
+            found[canonical] = candidates[0]
+    return found, ambiguous
+
+
 def resolve_columns(
     names: Sequence[str],
-    mapping: Mapping[str, str],
+    mapping: Mapping[str, str | None],
     path: str,
     *,
     sequence_layout: bool = False,
@@ -130,14 +165,15 @@ def resolve_columns(
 
     Args:
         names: the file's column names.
-        mapping: explicit canonical -> source names; these win over aliases.
+        mapping: explicit canonical -> source names; these win over aliases. None leaves an
+            optional column out even where an alias would find it.
         path: the file, for error messages.
         sequence_layout: whether `seq_id` may be absent (it defaults to the row number).
 
     Raises:
         DumpError: a required column is missing (the message lists the names tried), an
             explicit mapping names an unknown canonical column or a column the file lacks,
-            or two aliases of one column are both present.
+            or leaves out a log-prob column, or two aliases of one column are both present.
     """
     present = set(names)
     for canonical, source in mapping.items():
@@ -146,32 +182,28 @@ def resolve_columns(
                 f"Unknown canonical column {quote(canonical)} in the column mapping; "
                 f"expected one of {', '.join(CANONICAL)}"
             )
+        if source is None:
+            if canonical in ("rollout_logprob", "train_logprob"):
+                raise DumpError(f"the column mapping leaves out {canonical}, which is required")
+            continue
         if source not in present:
             raise DumpError(
                 f"{path}: the column mapping says {canonical} <- {quote(source)}, but the file "
                 "has no "
                 f"column {quote(source)} (columns: {', '.join(names)})"
             )
-    source: dict[str, str] = {}
-    taken = set(mapping.values())
-    for canonical, aliases in ALIASES.items():
-        if canonical in mapping:
-            source[canonical] = mapping[canonical]
-            continue
-        if canonical in present and canonical not in taken:
-            source[canonical] = canonical
-            continue
-        found = [alias for alias in aliases if alias in present and alias not in taken]
-        if len(found) > 1:
+    found, ambiguous = match_columns(names, mapping)
+    if ambiguous:
+        canonical, candidates = next(iter(ambiguous.items()))
+        raise DumpError(
+            f"{path}: columns {', '.join(map(repr, candidates))} could each be {canonical}; "
+            f"say which with --column {canonical}=NAME"
+        )
+    for canonical in REQUIRED:
+        if canonical not in found and not (sequence_layout and canonical == "seq_id"):
             raise DumpError(
-                f"{path}: columns {', '.join(map(repr, found))} could each be {canonical}; "
-                f"say which with --column {canonical}=NAME"
+                f"{path}: missing required column {canonical}; tried "
+                f"{', '.join(ALIASES[canonical])} (columns: {', '.join(names)}). "
+                f"Map it with --column {canonical}=NAME"
             )
-        if found:
-            source[canonical] = found[0]
-        elif canonical in REQUIRED and not (sequence_layout and canonical == "seq_id"):
-            raise DumpError(
-                f"{path}: missing required column {canonical}; tried {', '.join(aliases)} "
-                f"(columns: {', '.join(names)}). Map it with --column {canonical}=NAME"
-            )
-    return ColumnMap(source)
+    return ColumnMap(found)

@@ -466,6 +466,13 @@ class Dump:
             out.append(json.loads(raw) if raw else {})
         return out
 
+    def head(self, rows: int) -> pa.Table:
+        """The first `rows` rows of the first file, every column as stored (to show what the
+        dump holds)."""
+        batch = next(self._parquet[0].iter_batches(batch_size=rows), None)
+        schema = self._parquet[0].schema_arrow
+        return pa.Table.from_batches([] if batch is None else [batch], schema=schema)
+
     @property
     def num_tokens(self) -> int:
         """Tokens of all files together before any step filter, from the Parquet footers."""

@@ -14,9 +14,10 @@ number it shows comes from here or from the modules these call.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,10 +25,13 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import torch
 
+from iscore import importers
 from iscore.analyze import Analysis, analyze
 from iscore.batch import TokenBatch
+from iscore.budget import check_upload
 from iscore.dump import (
     Dump,
     StepRange,
@@ -37,9 +41,11 @@ from iscore.dump import (
 from iscore.errors import DumpError, quote
 from iscore.impact import SettingStats
 from iscore.paths import list_files
+from iscore.preview import ROWS, Preview, preview_table
 from iscore.recommend import Recommendation, Targets, recommend
 from iscore.spec import Spec
 from iscore.tune import Tuner, grid
+from iscore.writer import PROVENANCE_KEY
 
 T = TypeVar("T")
 
@@ -178,6 +184,8 @@ class Source:
         dropped_sequences: sequences dropped as invalid (`drop_invalid`).
         provenance: for a dump imported from a framework's own files, one line per file
             saying which framework, source files and steps (empty otherwise).
+        preview: the first file's columns and first rows (for an imported dump, of the table
+            it was converted to).
     """
 
     name: str
@@ -186,6 +194,14 @@ class Source:
     columns: tuple[tuple[str, str], ...]
     dropped_sequences: int = 0
     provenance: tuple[str, ...] = ()
+    preview: Preview | None = None
+
+    @property
+    def unused(self) -> tuple[str, ...]:
+        """The first file's columns that look like log-probs but feed no canonical column."""
+        if self.preview is None:
+            return ()
+        return self.preview.unused(source for _, source in self.columns)
 
 
 class Workspace:
@@ -224,7 +240,10 @@ class Workspace:
             for p in dump.provenance
             if p.get("framework")
         )
-        source = Source(name, files, dump.layout, columns, dump.dropped.sequences, provenance)
+        preview = preview_table(files[0], dump.head(ROWS))
+        source = Source(
+            name, files, dump.layout, columns, dump.dropped.sequences, provenance, preview
+        )
         return cls(batch, source)
 
     def selection(self, steps: StepRange | None) -> StepRange:
@@ -302,22 +321,86 @@ class Workspace:
         return sequence_tokens(self.full, step, seq_id)
 
 
-def open_path(source: str | Sequence[str], *, drop_invalid: bool = False) -> Workspace:
-    """Load a dump on this machine: a file, a directory, a glob, or a list of those.
+def open_path(
+    source: str | Sequence[str],
+    *,
+    columns: Mapping[str, str | None] | None = None,
+    drop_invalid: bool = False,
+    allow_pickle: bool = False,
+) -> Workspace:
+    """Load a dump on this machine: a file, a directory, a glob, or a list of those; Parquet,
+    or a framework's own dump (imported in memory, see `iscore.importers`).
+
+    Args:
+        source: where the dump is.
+        columns: canonical -> source column names, winning over the aliases (None leaves an
+            optional column out).
+        drop_invalid: drop sequences with invalid log-probs instead of failing.
+        allow_pickle: read pickled files (`.pt`, `.pkl`) named in `source`; refused without.
 
     Raises:
         DumpProblems: the dump has problems (all listed).
+        DumpError: a pickled file without `allow_pickle`.
     """
-    return Workspace.from_dump(Dump(source, drop_invalid=drop_invalid))
+    names = [source] if isinstance(source, str) else list(source)
+    _refuse_pickles(names, allow_pickle)
+    return Workspace.from_dump(
+        Dump(source, columns=columns, drop_invalid=drop_invalid, allow_pickle=allow_pickle)
+    )
 
 
-def open_uploads(files: Sequence[tuple[str, bytes]], *, drop_invalid: bool = False) -> Workspace:
-    """Load a dump from (name, bytes) pairs held in memory.
+def open_uploads(
+    files: Sequence[tuple[str, bytes]],
+    *,
+    columns: Mapping[str, str | None] | None = None,
+    drop_invalid: bool = False,
+    allow_pickle: bool = False,
+    max_tokens: int | None = None,
+) -> Workspace:
+    """Load a dump from (name, bytes) pairs held in memory, never written to disk: Parquet
+    files, and a framework's own dump (JSON Lines, `.pt`, `.pkl`, told by the names'
+    suffixes), imported in memory by `iscore.importers.read_buffers`.
+
+    Args:
+        files: the uploads.
+        columns, drop_invalid, allow_pickle: as `open_path`.
+        max_tokens: the most tokens the dump may hold, checked before anything is decoded
+            (`iscore.budget.check_upload`), and for a framework dump again once it is
+            converted, before it is loaded.
 
     Raises:
         DumpProblems: the files have problems (all listed).
+        DumpError: too many tokens, a pickled file without `allow_pickle`, or a framework
+            dump that cannot be imported.
     """
-    return Workspace.from_dump(Dump.from_buffers(files, drop_invalid=drop_invalid))
+    _refuse_pickles([name for name, _ in files], allow_pickle)
+    if max_tokens is not None:
+        check_upload(files, max_tokens)
+    buffers = [(name, data) for name, data in files if not name.endswith(importers.SUFFIXES)]
+    framework = [(name, data) for name, data in files if name.endswith(importers.SUFFIXES)]
+    if framework:
+        table = importers.read_buffers(framework, allow_pickle=allow_pickle)
+        fmt = json.loads(table.schema.metadata[PROVENANCE_KEY])["framework"]
+        label = framework[0][0] if len(framework) == 1 else f"{len(framework)} files"
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        buffers.append((f"{label} ({fmt})", sink.getvalue().to_pybytes()))
+        if max_tokens is not None:
+            check_upload(buffers, max_tokens)
+    dump = Dump.from_buffers(buffers, columns=columns, drop_invalid=drop_invalid)
+    return Workspace.from_dump(dump)
+
+
+def _refuse_pickles(names: Sequence[str | Path], allow_pickle: bool) -> None:
+    """Raise for the first pickled file among `names` unless `allow_pickle`."""
+    if allow_pickle:
+        return
+    for name in names:
+        if str(name).endswith(importers.PICKLED):
+            raise DumpError(
+                f"{name}: a pickled file; loading one can run code from it, so iscore reads it "
+                "only with allow_pickle=True, for files you trust"
+            )
 
 
 def fingerprint(source: str) -> tuple[tuple[str, int, int], ...]:

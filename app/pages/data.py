@@ -1,8 +1,7 @@
-"""Data: load a dump (upload, server path or bundled sample), see what it holds, pick steps."""
+"""Data: load a dump (upload, server path or bundled sample), map its columns, see what it
+holds, pick steps."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import common
 import pandas as pd
@@ -10,46 +9,84 @@ import streamlit as st
 
 from iscore import figures
 from iscore.errors import IscoreError
+from iscore.preview import Preview
 
 st.title("Data")
 st.caption(
     "iscore replays logged rollout-vs-trainer log-probs through every RL framework's "
     "importance-sampling correction. Load a dump in canonical Parquet (token or sequence "
-    "layout; the frameworks' column names are understood)."
+    "layout; the frameworks' column names are understood, and any column can be mapped), or "
+    "a framework's own dump: NeMo-RL or prime-rl JSON Lines, slime `.pt`, SkyRL `.pkl`."
 )
+state = st.session_state
 drop = st.toggle(
     "Drop sequences with invalid log-probs (NaN, infinite or positive) instead of failing",
     **common.persist("drop_invalid", False),
 )
-errors = st.session_state.setdefault("load_errors", {})
+pickles = st.toggle(
+    "Allow pickled files (runs code from the file: only for files you trust)",
+    help="slime's .pt and SkyRL's .pkl dumps are pickles. iscore reads them with restricted "
+    "loaders that rebuild only tensors and plain containers, but a pickle is code: open only "
+    "files you or your team wrote.",
+    **common.persist("allow_pickle", False),
+)
+errors = state.setdefault("load_errors", {})
+state.setdefault("mapping", ())  # the mapping chosen for the dump last tried (`attempt`)
+
+COLUMNS = {
+    "rollout_logprob": "Rollout log-prob",
+    "train_logprob": "Train log-prob",
+    "policy_logprob": "Policy log-prob (optional)",
+    "loss_mask": "Loss mask (optional)",
+    "seq_id": "Sequence id",
+    "step": "Step",
+}
+EXTRA = {"reward": "Reward", "advantage": "Advantage", "group_id": "Group id"}
+"""Offered when the file has them (found by name, or mapped before)."""
+NONE = "(none)"
 
 
-def _open(tab: str, load: Callable[[], object]) -> None:
-    """Run a load; keep its error (shown in the tab until the next attempt there). A new dump
-    reruns the app, so that the sidebar, drawn before this page, shows it."""
+def _open(attempt: tuple[str, str, str]) -> None:
+    """Load `attempt` (tab, "upload" or "path", the source) with the session's options and
+    column mapping; keep its error (shown in the tab until the next attempt there). A new
+    source starts from iscore's own column detection. A new dump reruns the app, so that the
+    sidebar, drawn before this page, shows it."""
+    tab, kind, source = attempt
+    if state.get("attempt") != attempt:
+        state.attempt, state.mapping = attempt, ()
+    if kind == "upload":
+        state.uploads_seen = (drop, pickles, state.mapping)
     errors.pop(tab, None)
-    before = st.session_state.loaded
+    before = state.loaded
     try:
-        load()
+        if kind == "upload":
+            common.load_uploads(uploads, drop, state.mapping, pickles)
+        else:
+            common.load_path(source, drop, state.mapping, pickles)
     except IscoreError as e:
         errors[tab] = e
-    if st.session_state.loaded != before:
+    if state.loaded != before:
         st.rerun()
 
 
 upload_tab, path_tab, sample_tab = st.tabs(["Upload", "Server path", "Sample data"])
 with upload_tab:
     uploads = st.file_uploader(
-        "Parquet files of one dump",
-        type=["parquet", "pq", "parq"],
+        "Files of one dump: Parquet, or a framework's own dump",
+        type=["parquet", "pq", "parq", "jsonl", "pt", "pkl"],
         accept_multiple_files=True,
         help="Kept in this session's memory only, never written to disk. For dumps larger "
         "than the upload limit, open a server path instead.",
     )
-    seen = (drop, *(common.upload_digest(u) for u in uploads))
-    if uploads and seen != st.session_state.get("uploads_seen"):
-        st.session_state.uploads_seen = seen
-        _open("upload", lambda: common.load_uploads(uploads, drop))
+    digests = tuple(common.upload_digest(u) for u in uploads)
+    in_view = state.get("attempt", ("",))[0] == "upload"  # the uploads are the dump tried last
+    if not uploads:
+        state.pop("upload_digests", None)  # the same files uploaded again are new again
+    elif digests != state.get("upload_digests"):
+        state.upload_digests = digests
+        _open(("upload", "upload", "+".join(digests)))
+    elif in_view and (drop, pickles, state.mapping) != state.get("uploads_seen"):
+        _open(state.attempt)
     if uploads and "upload" in errors:
         common.show_error(errors["upload"])
 with path_tab:
@@ -58,7 +95,7 @@ with path_tab:
         "Inside the folders this server may read: "
         + ", ".join(f"`{common.escape(str(f))}`" for f in folders)
     )
-    st.session_state.setdefault("_w_path", st.session_state.path)  # after a page switch
+    state.setdefault("_w_path", state.path)  # after a page switch
     with st.form("open_path", border=False):
         text = st.text_input(
             "File, directory or glob on the server",
@@ -66,9 +103,9 @@ with path_tab:
             placeholder="runs/rollouts/step_*.parquet",
         )
         submitted = st.form_submit_button("Open", icon=":material/folder_open:")
-    if submitted or st.session_state.path_pending:
-        st.session_state.path, st.session_state.path_pending = text, False
-        _open("path", lambda: common.load_path(text.strip(), drop))
+    if submitted or state.path_pending:
+        state.path, state.path_pending = text, False
+        _open(("path", "path", text.strip()))
     if "path" in errors:
         common.show_error(errors["path"])
 with sample_tab:
@@ -83,23 +120,92 @@ with sample_tab:
         **common.persist("sample", common.SAMPLES[0] if common.SAMPLES else None),
     )
     if st.button("Open sample", icon=":material/science:", disabled=sample is None):
-        _open("sample", lambda: common.load_path(str(sample), drop))
+        _open(("sample", "path", str(sample)))
     if "sample" in errors:
         common.show_error(errors["sample"])
 
+
+def _choices(preview: Preview, chosen: dict[str, str | None]) -> list[str]:
+    """The canonical columns to offer: the main ones, and the extras the file has."""
+    extra = [c for c in EXTRA if c in preview.found or c in chosen]
+    return [*COLUMNS, *extra]
+
+
+def _mapping_form(preview: Preview, attempt: tuple[str, str, str]) -> None:
+    """The file's first rows and a column picker per canonical column; reloads the dump the
+    mapping is for with the columns picked (those that differ from iscore's detection)."""
+    chosen = dict(state.mapping)
+    st.caption(f"First rows of {common.escape(preview.name)}:")
+    frame = pd.DataFrame(list(preview.rows), columns=list(preview.names))
+    st.dataframe(frame, hide_index=True, width="stretch")
+    if attempt[1] == "upload" and not uploads:
+        st.info(
+            "The upload box empties when you leave this page: upload the files again to "
+            "read them with another mapping."
+        )
+        return
+    for canonical, candidates in preview.ambiguous.items():
+        if canonical not in chosen:
+            names = ", ".join(f"`{common.escape(c)}`" for c in candidates)
+            st.warning(f"{names} could each be {canonical}: pick one.")
+    # Keys of their own per file and mapping: a browser would keep a picker's old choice for
+    # as long as its key lives, the previous file's column included.
+    form = abs(hash((attempt, state.mapping, preview.names)))
+    with st.form("column_mapping", border=False):
+        picks: dict[str, str | None] = {}
+        wanted = _choices(preview, chosen)
+        cells = st.columns(3)
+        for i, canonical in enumerate(wanted):
+            current = chosen.get(canonical, preview.found.get(canonical))
+            options = [NONE, *preview.names]
+            with cells[i % 3]:
+                pick = st.selectbox(
+                    (COLUMNS | EXTRA)[canonical],
+                    options,
+                    index=options.index(current) if current in options else 0,
+                    key=f"_w_column_{canonical}_{form}",
+                    help=f"The file's column read as `{canonical}`.",
+                )
+            picks[canonical] = None if pick == NONE else pick
+        reload = st.form_submit_button("Reload with this mapping", icon=":material/refresh:")
+    if reload:
+        state.mapping = tuple(sorted((c, s) for c, s in picks.items() if s != preview.found.get(c)))
+        _open(attempt)
+        if attempt[0] in errors:  # shown here too: the tab's own message is out of sight
+            common.show_error(errors[attempt[0]])
+
+
 ws = common.workspace()
+attempt = state.get("attempt")
+failed = attempt is not None and attempt[0] in errors
+if failed:
+    preview = common.preview_attempt(attempt[1], attempt[2], uploads or [])
+elif ws is not None:
+    preview = ws.source.preview
+else:
+    preview = None
+if preview is not None and attempt is not None:
+    with st.expander("Columns", expanded=failed, icon=":material/view_column:"):
+        _mapping_form(preview, attempt)
+
 if ws is None:
     st.info("No dump loaded yet.")
     st.stop()
 
 st.subheader(common.escape(ws.source.name))
-if st.session_state.loaded.label != ws.source.name:
-    st.caption(common.escape(st.session_state.loaded.label))
+if state.loaded.label != ws.source.name:
+    st.caption(common.escape(state.loaded.label))
 if len(ws.steps) > 1:
+    chosen = state.get("step_range")
+    if chosen is None or not set(chosen) <= set(ws.steps):
+        chosen = state.step_range = (ws.steps[0], ws.steps[-1])
+    slider = f"_w_step_range_{state.get('loads', 0)}_{ws.steps[0]}_{ws.steps[-1]}"
     st.select_slider(
         "Training steps to analyze (every page uses this selection)",
         options=ws.steps,
-        **common.persist("step_range", (ws.steps[0], ws.steps[-1]), as_value=True),
+        value=chosen,
+        key=slider,
+        on_change=lambda: state.update(step_range=state[slider]),
     )
 summary = common.compute("Summarizing…", ws.summary, common.selected_steps())
 steps = summary["steps"]
@@ -121,6 +227,13 @@ with right:
         hide_index=True,
         width="stretch",
     )
+    if source.unused:
+        names = ", ".join(f"`{common.escape(n)}`" for n in source.unused)
+        st.warning(
+            f"These columns were not used: {names}. They look like log-probs: if one is the "
+            "column to read, pick it under Columns above and reload.",
+            icon=":material/warning:",
+        )
     for line in source.provenance:
         st.info(common.escape(line))
     if source.dropped_sequences:

@@ -9,6 +9,9 @@ One module per source format, each reading exactly what that framework writes:
 - `skyrl`: SkyRL's `global_step_{N}_training_input.pkl` (`trainer.dump_data_batch`), read
   only with `allow_pickle=True`, by a restricted unpickler.
 
+`read` takes files on disk; `read_buffers` the same files held in memory (uploads, as
+(name, bytes) pairs), read from memory and never written anywhere.
+
 Every importer keeps the tokens the framework's own mask marks as response tokens, in order,
 and never infers anything from padding values. The result has one row per sequence: `step`,
 `seq_id`, `rollout_logprob` and `train_logprob` (list<float32>), and, where the source has
@@ -29,17 +32,22 @@ provenance as JSON under `iscore.provenance`: `framework`, `source_files`, `step
 >>> report = convert(logs, logs / "run.parquet")
 >>> report.files, report.steps, report.sequences, report.tokens
 (1, 1, 1, 2)
+>>> upload = ("train_data_step3.jsonl", json.dumps(line).encode())
+>>> read_buffers([upload])["rollout_logprob"].to_pylist()
+[[-0.5, -0.25]]
 """
 
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -49,13 +57,67 @@ from iscore.output import output_path
 from iscore.paths import list_files
 from iscore.writer import PROVENANCE_KEY, DumpWriter, exact_cast, schema_mismatch
 
-__all__ = ["FORMATS", "ConvertReport", "Part", "convert", "detect", "read"]
+__all__ = [
+    "FORMATS",
+    "PICKLED",
+    "SUFFIXES",
+    "Buffer",
+    "ConvertReport",
+    "Part",
+    "convert",
+    "detect",
+    "read",
+    "read_buffers",
+]
 
 FORMATS = ("nemo_rl", "prime_rl", "slime", "skyrl")
 """The source formats, by the name `fmt` takes."""
 
-_SUFFIXES = {".jsonl", ".pt", ".pkl"}
+SUFFIXES = (".jsonl", ".pt", ".pkl")
 """File types any format reads; a directory's other files are never opened."""
+
+PICKLED = (".pt", ".pkl")
+"""File types that are pickles (torch.save writes one inside a zip archive)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """A file held in memory (an upload), read where a format reads a file on disk.
+
+    Only the name-based parts of `pathlib.Path` it needs (`name`, `suffix`, `as_posix`): it
+    has no parent folder, so nothing beside it (prime-rl's `STABLE` marker, slime's rollout
+    dump) is looked for, and no `__fspath__`, so nothing can open it from disk by mistake.
+
+    Attributes:
+        path: its name (an upload's file name), standing for a path in messages.
+        data: its bytes.
+    """
+
+    path: str
+    data: bytes
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.path).name
+
+    @property
+    def suffix(self) -> str:
+        return PurePosixPath(self.path).suffix
+
+    def as_posix(self) -> str:
+        return self.path
+
+    def __str__(self) -> str:
+        return self.path
+
+
+File = Path | Buffer
+"""A source file: on disk, or held in memory."""
+
+
+def open_binary(file: File) -> BinaryIO:
+    """`file` opened for reading bytes, from disk or from memory."""
+    return io.BytesIO(file.data) if isinstance(file, Buffer) else open(file, "rb")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +167,7 @@ def _module(fmt: str) -> ModuleType:
     return importlib.import_module(f"iscore.importers.{fmt}")
 
 
-def _natural_key(path: Path) -> list:
+def _natural_key(path: File) -> list:
     """Sort step_2 before step_10."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.as_posix())]
 
@@ -115,20 +177,35 @@ def _expand(source: str | Path) -> tuple[list[Path], bool]:
     path = Path(source)
     if path.is_file():
         return [path], True
-    found = [Path(p) for p in list_files(source, tuple(_SUFFIXES))]
+    found = [Path(p) for p in list_files(source, SUFFIXES)]
     if not found and not path.is_dir():
         raise DumpError(f"{source}: the pattern matches no files")
     return sorted(found, key=_natural_key), False
 
 
-def _claims(files: list[Path]) -> dict[str, list[Path]]:
+def _claims(files: Sequence[File]) -> dict[str, list[File]]:
     """Each format's files among `files` (by name, else by a cheap look at the content)."""
     return {fmt: [f for f in files if _module(fmt).claims(f)] for fmt in FORMATS}
 
 
-def _plan(source: str | Path, fmt: str | None) -> tuple[str, list[Path]]:
+def _plan(source: str | Path, fmt: str | None) -> tuple[str, list[File]]:
     """The format and the files to read, in step order."""
     files, explicit = _expand(source)
+    return _choose(str(source), files, fmt, explicit)
+
+
+def _choose(
+    source: str, files: list[File], fmt: str | None, explicit: bool
+) -> tuple[str, list[File]]:
+    """The format of `files` and those of them it reads.
+
+    Args:
+        source: what the files stand for, in messages.
+        files: the candidates.
+        fmt: the format named, or None to detect it.
+        explicit: whether every file was named on purpose (a file, uploads): then each must
+            be read, never skipped as another kind of file in a directory would be.
+    """
     if fmt is not None:
         module = _module(fmt)
         if explicit:
@@ -138,15 +215,22 @@ def _plan(source: str | Path, fmt: str | None) -> tuple[str, list[Path]]:
             raise DumpError(f"{source}: no {module.DESCRIPTION} files found")
         return fmt, chosen
     claimed = {name: found for name, found in _claims(files).items() if found}
-    if len(claimed) == 1:
-        ((name, found),) = claimed.items()
-        return name, found
+    expected = "; ".join(f"{name}: {_module(name).DESCRIPTION}" for name in FORMATS)
     if not claimed:
-        expected = "; ".join(f"{name}: {_module(name).DESCRIPTION}" for name in FORMATS)
         raise DumpError(
             f"{source}: no file looks like a dump iscore can import (expected {expected}); "
             "name the format with fmt= (--format)"
         )
+    if explicit:
+        known = {id(f) for found in claimed.values() for f in found}
+        for file in files:
+            if id(file) not in known:
+                raise DumpError(
+                    f"{file}: does not look like a dump iscore can import (expected {expected})"
+                )
+    if len(claimed) == 1:
+        ((name, found),) = claimed.items()
+        return name, found
     candidates = "; ".join(
         f"{name} ({len(found)} file{'s' if len(found) > 1 else ''}, e.g. {found[0]})"
         for name, found in claimed.items()
@@ -191,6 +275,35 @@ def read(source: str | Path, fmt: str | None = None, *, allow_pickle: bool = Fal
     >>> table = read("runs/token_exports", fmt="prime_rl")  # doctest: +SKIP
     """
     fmt, files = _plan(source, fmt)
+    return _table(str(source), fmt, files, allow_pickle)
+
+
+def read_buffers(
+    files: Sequence[tuple[str, bytes]], fmt: str | None = None, *, allow_pickle: bool = False
+) -> pa.Table:
+    """`read` for files held in memory, e.g. uploads: (name, bytes) pairs, in step order.
+
+    The names stand for paths: in messages, and for the formats that take the step from the
+    file name (`train_data_step{N}.jsonl`, `global_step_{N}_training_input.pkl`). Every file
+    must be of the one format; nothing is written anywhere.
+
+    Raises:
+        DumpError: as `read`; also a file that is no dump of a known format.
+
+    >>> read_buffers([("rank_0.jsonl", b'{"step": 2, "rank": 0, "loss_mask": [1], '
+    ...     b'"inference_logprobs": [-1.0], "trainer_logprobs": [-0.5]}')])["seq_id"].to_pylist()
+    ['0:0']
+    """
+    if not files:
+        raise DumpError("no files given")
+    buffers: list[File] = [Buffer(name, data) for name, data in files]
+    source = ", ".join(str(b) for b in buffers)
+    fmt, chosen = _choose(source, buffers, fmt, explicit=True)
+    return _table(source, fmt, chosen, allow_pickle)
+
+
+def _table(source: str, fmt: str, files: list[File], allow_pickle: bool) -> pa.Table:
+    """The format's files read into one table, with their provenance in its metadata."""
     parts = list(_parts(fmt, files, allow_pickle))
     tables = [part.table for part in parts if part.table is not None]
     if not tables:
@@ -249,7 +362,7 @@ def convert(
     )
 
 
-def _parts(fmt: str, files: list[Path], allow_pickle: bool) -> Iterator[Part]:
+def _parts(fmt: str, files: list[File], allow_pickle: bool) -> Iterator[Part]:
     """The format's parts, checked to share the first table's columns (a file has one schema)."""
     first: Part | None = None
     for part in _module(fmt).read_parts(files, allow_pickle=allow_pickle):
@@ -278,13 +391,13 @@ def _summary(parts: list[Part]) -> dict[str, object]:
 # Helpers shared by the format modules.
 
 
-def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
+def jsonl_records(path: File) -> Iterator[tuple[int, dict]]:
     """Yield (1-based line number, object) for every non-blank line of a JSON Lines file.
 
     Raises:
         DumpError: a line is not JSON or not an object (the message names the line).
     """
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -301,10 +414,10 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
             yield number, record
 
 
-def first_record(path: Path) -> dict | None:
+def first_record(path: File) -> dict | None:
     """The first JSON object of a JSON Lines file, or None if it has none or is not JSON."""
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             for line in f:
                 if line.strip():
                     record = json.loads(line)

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 
 from iscore.errors import DumpError, quote
 from iscore.importers import (
+    File,
     Part,
     as_floats,
     as_ints,
@@ -57,7 +57,7 @@ _OPTIONAL = ("token_ids", "advantages", "rewards", "sample_loss_mask")
 _COLUMNS = {**_LOGPROBS, "advantages": "advantage", "token_ids": "token_id"}
 
 
-def claims(path: Path) -> bool:
+def claims(path: File) -> bool:
     """Whether `path` is a NeMo-RL training dump: by name, else by its first record's keys."""
     if _FILE.match(path.name):
         return True
@@ -67,13 +67,13 @@ def claims(path: Path) -> bool:
     return record is not None and all(key in record for key in _LOGPROBS)
 
 
-def read_parts(paths: list[Path], *, allow_pickle: bool = False) -> Iterator[Part]:
+def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Part]:
     """Convert each file (one step) in turn; `allow_pickle` is irrelevant to JSON."""
     for path in paths:
         yield _read(path)
 
 
-def _read(path: Path) -> Part:
+def _read(path: File) -> Part:
     match = _FILE.match(path.name)
     if match is None:
         raise DumpError(

@@ -43,6 +43,7 @@ import numpy as np
 
 from iscore.errors import DumpError, quote
 from iscore.importers import (
+    File,
     Part,
     as_floats,
     as_ints,
@@ -59,7 +60,7 @@ _LOGPROBS = {"inference_logprobs": "rollout_logprob", "trainer_logprobs": "train
 _OPTIONAL = {"advantages": "advantage", "token_ids": "token_id", "entropy": "entropy"}
 
 
-def claims(path: Path) -> bool:
+def claims(path: File) -> bool:
     """Whether `path` is a prime-rl token export: by its place, else by its first record."""
     if _FILE.search(path.as_posix()):
         return True
@@ -69,17 +70,18 @@ def claims(path: Path) -> bool:
     return record is not None and all(key in record for key in _LOGPROBS)
 
 
-def read_parts(paths: list[Path], *, allow_pickle: bool = False) -> Iterator[Part]:
+def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Part]:
     """Convert each file (one rank of one step) in turn; `allow_pickle` is irrelevant to JSON."""
     for path in paths:
         yield _read(path)
 
 
-def _read(path: Path) -> Part:
+def _read(path: File) -> Part:
     match = _FILE.search(path.as_posix())
     folder_step, file_rank = (int(match[1]), int(match[2])) if match else (None, None)
     notes = []
-    if match and not (path.parent / "STABLE").exists():
+    # On disk, the step's folder says whether prime-rl finished it; an upload has no folder.
+    if match and isinstance(path, Path) and not (path.parent / "STABLE").exists():
         notes.append(
             f"{path.parent}: no STABLE marker; prime-rl may not have finished writing this step"
         )

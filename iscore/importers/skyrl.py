@@ -54,14 +54,13 @@ import pickle
 import re
 from collections import OrderedDict
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import torch
 
 from iscore.errors import DumpError, quote
-from iscore.importers import Part, unpickling_detail
+from iscore.importers import File, Part, open_binary, unpickling_detail
 from iscore.writer import canonical_table
 
 DESCRIPTION = "SkyRL global_step_{N}_training_input.pkl"
@@ -77,21 +76,21 @@ _RESPONSE = (
 """The [B, R] fields read; each must have the shape of `rollout_logprobs`."""
 
 
-def claims(path: Path) -> bool:
+def claims(path: File) -> bool:
     """Whether `path` is a SkyRL batch dump: by name, else by the class its pickle names first."""
     if _FILE.match(path.name):
         return True
     if path.suffix != ".pkl":
         return False
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             head = f.read(4096)  # the batch's global is the first thing pickled
     except OSError:
         return False
     return b"training_batch" in head and b"Batch" in head
 
 
-def read_parts(paths: list[Path], *, allow_pickle: bool = False) -> Iterator[Part]:
+def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Part]:
     """Convert each file (one step) in turn.
 
     Raises:
@@ -226,9 +225,9 @@ class _Unpickler(pickle.Unpickler):
         return target
 
 
-def _unpickle(path: Path) -> _Batch:
+def _unpickle(path: File) -> _Batch:
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             batch = _Unpickler(f).load()
     except (pickle.UnpicklingError, EOFError) as e:
         raise DumpError(f"{path}: {e}") from None
@@ -250,7 +249,7 @@ def _array(value: object) -> np.ndarray:
     return np.asarray(value)
 
 
-def _table(path: Path, batch: _Batch) -> pa.Table:
+def _table(path: File, batch: _Batch) -> pa.Table:
     match = _FILE.match(path.name)
     if match is None:
         raise DumpError(

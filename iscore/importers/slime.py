@@ -55,10 +55,12 @@ import torch
 
 from iscore.errors import DumpError, quote
 from iscore.importers import (
+    File,
     Part,
     as_floats,
     as_ints,
     as_mask,
+    open_binary,
     unpickling_detail,
 )
 from iscore.writer import canonical_table
@@ -84,7 +86,7 @@ _ROLLOUT_NOTE = (
 )
 
 
-def claims(path: Path) -> bool:
+def claims(path: File) -> bool:
     """Whether `path` is a slime train dump, from the key names in its pickle (not unpickled).
 
     The rollout dump (`samples` of Sample dicts) and eval dumps are not claimed.
@@ -93,7 +95,7 @@ def claims(path: Path) -> bool:
     return b"format_version" in head or b"rollout_data" in head
 
 
-def _head(path: Path) -> bytes:
+def _head(path: File) -> bytes:
     """The pickled structure of a `.pt` file, as bytes: key names show, nothing is run."""
     if path.suffix != ".pt":
         return b""
@@ -102,37 +104,38 @@ def _head(path: Path) -> bytes:
     # prefix suffices, however many samples follow.
     size = 1 << 20
     try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                # data.pkl holds the object structure; tensors are separate entries.
-                name = next((n for n in archive.namelist() if n.endswith("/data.pkl")), None)
-                if name is None:
-                    return b""
-                with archive.open(name) as member:
-                    return member.read(size)
-        with open(path, "rb") as f:  # the legacy format pickles the structure first
-            return f.read(size)
+        with open_binary(path) as f:
+            if zipfile.is_zipfile(f):
+                with zipfile.ZipFile(f) as archive:
+                    # data.pkl holds the object structure; tensors are separate entries.
+                    name = next((n for n in archive.namelist() if n.endswith("/data.pkl")), None)
+                    if name is None:
+                        return b""
+                    with archive.open(name) as member:
+                        return member.read(size)
+            f.seek(0)
+            return f.read(size)  # the legacy format pickles the structure first
     except (OSError, zipfile.BadZipFile):
         return b""
 
 
-def read_parts(paths: list[Path], *, allow_pickle: bool = False) -> Iterator[Part]:
+def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Part]:
     """Convert each file (a rollout, or one rank of it in the older layout) in turn.
 
     Args:
         paths: the train dump files.
-        allow_pickle: also open the rollout dumps beside them, for `group_id`.
+        allow_pickle: also open the rollout dumps beside them (on disk), for `group_id`.
     """
     seen: set[tuple[int, int]] = set()  # (rollout, sample) already read, across rank files
     for path in paths:
         yield _read(path, allow_pickle, seen)
 
 
-def _load(path: Path, *, rollout_dump: bool = False) -> object:
+def _load(path: File, *, rollout_dump: bool = False) -> object:
     """torch.load with weights_only=True; the rollout dump also gets numpy arrays."""
     allowed = _numpy_globals() if rollout_dump else []
     try:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:
             magic = f.read(2)
     except OSError as e:
         raise DumpError(f"{path}: cannot read it ({e})") from None
@@ -141,8 +144,8 @@ def _load(path: Path, *, rollout_dump: bool = False) -> object:
     if magic not in (b"PK", b"\x80\x02"):
         raise DumpError(f"{path}: not a file torch.save wrote (neither a zip archive nor a pickle)")
     try:
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(path, weights_only=True, map_location="cpu")
+        with open_binary(path) as f, torch.serialization.safe_globals(allowed):
+            return torch.load(f, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
         if rollout_dump:
             raise DumpError(
@@ -174,7 +177,7 @@ def _numpy_globals() -> list:
     ]
 
 
-def _samples(payload: object, path: Path) -> tuple[list[dict], object, int | None, bool]:
+def _samples(payload: object, path: File) -> tuple[list[dict], object, int | None, bool]:
     """(samples, raw_reward, format_version, older layout) of a loaded train dump."""
     if not isinstance(payload, dict):
         raise DumpError(
@@ -200,7 +203,7 @@ def _samples(payload: object, path: Path) -> tuple[list[dict], object, int | Non
     )
 
 
-def _transpose(data: object, path: Path) -> tuple[list[dict], object]:
+def _transpose(data: object, path: File) -> tuple[list[dict], object]:
     """The older layout's {key: list over samples} as one dict per sample, v2's names."""
     if not isinstance(data, dict) or "response_lengths" not in data:
         raise DumpError(f"{path}: 'rollout_data' must be a dict with 'response_lengths'")
@@ -225,7 +228,7 @@ def _numpy(value: object) -> object:
     return value
 
 
-def _read(path: Path, allow_pickle: bool, seen: set[tuple[int, int]]) -> Part:
+def _read(path: File, allow_pickle: bool, seen: set[tuple[int, int]]) -> Part:
     if not claims(path) and b"group_index" in _head(path):
         raise DumpError(_ROLLOUT_DUMP.format(path=path))
     payload = _load(path)
@@ -341,10 +344,11 @@ class _Columns:
 
 
 def _rollout_samples(
-    path: Path, rollout_id: int, allow_pickle: bool, notes: list[str]
+    path: File, rollout_id: int, allow_pickle: bool, notes: list[str]
 ) -> list[dict] | None:
-    """The rollout dump's samples beside a --dump-details train dump, if any and allowed."""
-    if path.parent.name != "train_data":
+    """The rollout dump's samples beside a --dump-details train dump on disk, if any and
+    allowed (a file held in memory has nothing beside it)."""
+    if not isinstance(path, Path) or path.parent.name != "train_data":
         return None
     other = path.parent.parent / "rollout_data" / f"{rollout_id}.pt"
     if not other.is_file():

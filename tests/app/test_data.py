@@ -210,3 +210,190 @@ def test_an_upload_over_the_token_budget_is_refused_before_decoding(monkeypatch)
     message = plain(at.error[0].value)
     assert "more than the 1,000 one session may load" in message
     assert [i.value for i in at.info] == ["No dump loaded yet."]
+
+
+# ------------------------------------------------------------------------------------------
+# Column mapping, framework dumps, pickles, the step filter of a new dump
+
+
+def _click(at: AppTest, label: str) -> AppTest:
+    return next(b for b in at.button if b.label == label).click().run()
+
+
+def _pick(at: AppTest, label: str, column: str) -> None:
+    """Choose the file's `column` in the mapping's picker labelled `label`."""
+    next(s for s in at.selectbox if s.label == label).set_value(column)
+
+
+def _mean_abs_d(at: AppTest) -> str:
+    """mean |d| as the Mismatch page shows it; back on the Data page after."""
+    value = metric(at.switch_page("pages/mismatch.py").run(), "mean |d|")
+    at.switch_page("pages/data.py").run()
+    return value
+
+
+def test_a_column_mapped_in_the_page_is_the_one_read(at: AppTest) -> None:
+    """An extra log-prob column is reported, never ignored silently; mapped, it is read."""
+    table = pq.read_table(DATA / "fp8.parquet")
+    bf16 = table.append_column("train_bf16_logprob", table["rollout_logprob"])  # d = 0
+    at.file_uploader[0].upload("run.parquet", parquet_bytes(bf16)).run()
+    no_exception(at)
+    warning = plain(at.warning[0].value)
+    assert "These columns were not used: `train_bf16_logprob`" in warning
+
+    _pick(at, "Train log-prob", "train_bf16_logprob")
+    _click(at, "Reload with this mapping")
+    no_exception(at)
+    assert at.session_state.loaded.columns == (("train_logprob", "train_bf16_logprob"),)
+    assert "`train_logprob`" in plain(at.warning[0].value)  # now the unused one
+    shown = dict(at.dataframe[-1].value.values.tolist())
+    assert shown["train_logprob"] == "train_bf16_logprob"
+    assert metric(at, "Sequences") == "48"
+
+    # Other files start from iscore's detection again, pickers included.
+    other = pq.read_table(DATA / "offset_bug.parquet")
+    other = other.append_column("train_bf16_logprob", other["train_logprob"])
+    at.file_uploader[0].set_value(("other.parquet", parquet_bytes(other), "application/x")).run()
+    assert at.session_state.loaded.columns == ()
+    assert next(s for s in at.selectbox if s.label == "Train log-prob").value == "train_logprob"
+    at.file_uploader[0].set_value(("run.parquet", parquet_bytes(bf16), "application/x")).run()
+    _pick(at, "Train log-prob", "train_bf16_logprob")
+    _click(at, "Reload with this mapping")
+
+    assert _mean_abs_d(at) == "0"
+    assert float(_mean_abs_d(open_path(new_app(), DATA / "fp8.parquet"))) > 0.05  # unmapped
+
+    # Back from another page the upload box is empty: remapping needs the files again.
+    expander = next(e for e in at.expander if e.label == "Columns")
+    assert "upload the files again" in expander.info[0].value
+    assert not [b for b in at.button if b.label == "Reload with this mapping"]
+
+
+def test_renamed_columns_are_mapped_after_the_load_fails(at: AppTest) -> None:
+    table = pq.read_table(DATA / "fp8.parquet")
+    renamed = table.rename_columns(
+        [{"rollout_logprob": "lp_vllm", "train_logprob": "lp_megatron"}.get(n, n)
+         for n in table.column_names]
+    )  # fmt: skip
+    expected = _mean_abs_d(open_path(at, DATA / "fp8.parquet"))
+    at.file_uploader[0].upload("renamed.parquet", parquet_bytes(renamed)).run()
+    no_exception(at)
+    assert "missing required column rollout_logprob" in plain(at.error[0].value)
+    expander = next(e for e in at.expander if e.label == "Columns")
+    preview = expander.dataframe[0].value
+    assert list(preview.columns) == renamed.column_names and len(preview) == 5
+    _pick(at, "Rollout log-prob", "lp_vllm")
+    _pick(at, "Train log-prob", "lp_megatron")
+    _click(at, "Reload with this mapping")
+    no_exception(at)
+    assert at.session_state.loaded.label == "renamed.parquet"
+    assert _mean_abs_d(at) == expected
+    shown = dict(at.dataframe[-1].value.values.tolist())
+    assert shown["rollout_logprob"] == "lp_vllm" and shown["train_logprob"] == "lp_megatron"
+
+
+def _nemo_line(rollout: list[float], train: list[float]) -> bytes:
+    record = {
+        "token_loss_mask": [[0] + [1] * len(rollout)],
+        "generation_logprobs": [[0.0, *rollout]],
+        "prev_logprobs": [[0.0, *train]],
+    }
+    return json.dumps(record).encode() + b"\n"
+
+
+def test_a_framework_dump_is_uploaded(at: AppTest) -> None:
+    data = _nemo_line([-0.5, -0.25], [-0.5, -0.375]) + _nemo_line([-1.0], [-0.75])
+    at.file_uploader[0].upload("train_data_step7.jsonl", data).run()
+    no_exception(at)
+    assert metric(at, "Sequences") == "2"
+    assert metric(at, "Tokens") == "3"
+    assert plain(at.subheader[0].value) == "train_data_step7.jsonl (nemo_rl)"
+    assert any("imported from nemo_rl: train_data_step7.jsonl (steps 7)" in plain(i.value)
+               for i in at.info)  # fmt: skip
+    assert _mean_abs_d(at) == "0.125"
+
+
+def test_an_upload_of_no_known_format_is_an_error(at: AppTest) -> None:
+    at.file_uploader[0].upload("notes.jsonl", b'{"a": 1}\n').run()
+    no_exception(at)
+    assert "notes.jsonl: no file looks like a dump iscore can import" in plain(at.error[0].value)
+    assert at.session_state.loaded is None
+
+
+def test_framework_uploads_are_bounded_before_they_are_read(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["main.py", "--max-upload-tokens", "10"])
+    at = new_app()
+    at.file_uploader[0].upload("train_data_step1.jsonl", _nemo_line([-0.5] * 20, [-0.5] * 20))
+    at.run()
+    no_exception(at)
+    assert "bytes of framework dumps (train_data_step1.jsonl), more than the 80 bytes" in plain(
+        at.error[0].value
+    )
+    assert at.session_state.loaded is None
+
+
+def _slime_dump(folder) -> bytes:
+    from tests.unit.importers.conftest import make_seqs
+    from tests.unit.importers.test_slime import write_v2
+
+    return write_v2(folder, 3, make_seqs([4, 2, 5])).read_bytes()
+
+
+def test_a_pickle_upload_needs_the_opt_in(at: AppTest, tmp_path) -> None:
+    at.file_uploader[0].upload("3.pt", _slime_dump(tmp_path)).run()
+    no_exception(at)
+    message = plain(at.error[0].value)
+    assert message.startswith("3.pt is a pickled file (.pt/.pkl)")
+    assert 'turn on "Allow pickled files" above' in message
+    assert at.session_state.loaded is None
+    allow = next(t for t in at.toggle if t.label.startswith("Allow pickled files"))
+    assert allow.value is False  # off by default
+    allow.set_value(True).run()
+    no_exception(at)
+    assert metric(at, "Sequences") == "3"
+    assert plain(at.subheader[0].value) == "3.pt (slime)"
+
+
+def test_a_pickle_on_the_server_needs_the_opt_in_too(monkeypatch, tmp_path) -> None:
+    (tmp_path / "train_data").mkdir()
+    (tmp_path / "train_data" / "3.pt").write_bytes(_slime_dump(tmp_path / "made"))
+    monkeypatch.setattr(sys, "argv", ["main.py", "--data-dir", str(tmp_path)])
+    at = open_path(new_app(), tmp_path / "train_data")
+    no_exception(at)
+    assert "is a pickled file (.pt/.pkl): loading one can run code" in plain(at.error[0].value)
+    assert at.session_state.loaded is None
+    next(t for t in at.toggle if t.label.startswith("Allow pickled files")).set_value(True)
+    at = open_path(at, tmp_path / "train_data")
+    no_exception(at)
+    assert metric(at, "Sequences") == "3"
+
+
+def test_a_new_dump_resets_the_step_filter(at: AppTest) -> None:
+    open_path(at, DATA / "drift.parquet")  # steps 0-3
+    at.select_slider[0].set_range(1, 2).run()
+    assert metric(at, "Training steps") == "2"
+    old = at.select_slider[0]
+    stale = old._widget_state  # what a browser keeps for this widget, by its id
+
+    at.file_uploader[0].upload("dense_bf16.parquet", (DATA / "dense_bf16.parquet").read_bytes())
+    at.run()  # steps 0-1
+    slider = at.select_slider[0]
+    assert slider.options == ["0", "1"] and slider.value == (0, 1)
+    assert metric(at, "Training steps") == "2"
+    assert at.session_state.step_range == (0, 1)
+    # A browser keeps a widget's value for as long as its id and sends it back on the next
+    # interaction; AppTest sends only the widgets of its last run, so send the old one too.
+    # The slider of the new dump is a new widget: the old range cannot come back.
+    assert slider.id != old.id
+    states = at._tree.get_widget_states()
+    states.widgets.append(stale)
+    at._run(states)
+    no_exception(at)
+    assert at.select_slider[0].value == (0, 1)
+    assert metric(at, "Training steps") == "2"
+
+    at.select_slider[0].set_range(1, 1).run()
+    assert metric(at, "Training steps") == "1"
+    open_path(at, DATA / "drift.parquet")
+    assert at.select_slider[0].value == (0, 3)
+    assert metric(at, "Training steps") == "4"

@@ -4,8 +4,11 @@ each framework's own setting: the engine side of the app."""
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -13,7 +16,7 @@ import torch
 import iscore
 from iscore.analyze import analyze, presets
 from iscore.dump import Dump, DumpProblems, StepRange
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, DumpError
 from iscore.impact import quick_stats
 from iscore.tune import (
     FAMILIES,
@@ -194,3 +197,78 @@ def test_open_path_names_the_dump() -> None:
     assert isinstance(ws, Workspace)
     assert ws.source.name == "fp8.parquet" and ws.source.layout == "sequence"
     assert dict(ws.source.columns)["train_logprob"] == "train_logprob"
+
+
+def _parquet(table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer)
+    return buffer.getvalue()
+
+
+def test_a_mapping_picks_the_columns_and_reports_the_unused() -> None:
+    table = pq.read_table(DATA / "fp8.parquet")
+    offsets = table["train_logprob"].combine_chunks().offsets
+    half = pc.multiply(table["train_logprob"].combine_chunks().flatten(), 0.5)
+    mask = np.arange(len(half)) % 2 == 0
+    extra = table.set_column(
+        table.schema.get_field_index("loss_mask"),
+        "loss_mask",
+        pa.ListArray.from_arrays(offsets, pa.array(mask)),
+    ).append_column("train_bf16_logprob", pa.ListArray.from_arrays(offsets, half))
+    files = [("run.parquet", _parquet(extra))]
+    plain = open_uploads(files)
+    assert plain.source.unused == ("train_bf16_logprob",)
+    mapped = open_uploads(files, columns={"train_logprob": "train_bf16_logprob"})
+    assert mapped.source.unused == ("train_logprob",)
+    assert torch.equal(mapped.full.train, plain.full.train * 0.5)
+    assert torch.equal(mapped.full.rollout, plain.full.rollout)
+    # None leaves an optional column out, even where its name would find it.
+    no_mask = open_uploads(files, columns={"loss_mask": None})
+    assert "loss_mask" not in dict(no_mask.source.columns)
+    assert bool(no_mask.full.loss_mask.all()) and not bool(plain.full.loss_mask.all())
+    with pytest.raises(DumpError, match="leaves out train_logprob, which is required"):
+        open_uploads(files, columns={"train_logprob": None})
+
+
+def test_uploads_of_a_framework_dump_are_imported_in_memory() -> None:
+    line = {
+        "token_loss_mask": [[0, 1, 1]],
+        "generation_logprobs": [[0.0, -0.5, -0.25]],
+        "prev_logprobs": [[0.0, -0.5, -0.375]],
+    }
+    data = json.dumps(line).encode()
+    ws = open_uploads([("train_data_step4.jsonl", data)])
+    assert ws.source.name == "train_data_step4.jsonl (nemo_rl)"
+    assert ws.steps == [4] and ws.full.train.tolist() == [-0.5, -0.375]
+    assert ws.source.provenance == ("imported from nemo_rl: train_data_step4.jsonl (steps 4)",)
+    # A Parquet dump beside it: one dump of both (the same sequence layout).
+    both = open_uploads([("fp8.parquet", _bytes("fp8.parquet")), ("train_data_step4.jsonl", data)])
+    assert both.steps == [0, 4] and both.source.files[1] == "train_data_step4.jsonl (nemo_rl)"
+
+
+def test_uploads_are_bounded_before_and_after_they_are_imported() -> None:
+    line = {  # 6 bytes a token: the least JSON can take
+        "token_loss_mask": [[1] * 100],
+        "generation_logprobs": [[0] * 100],
+        "prev_logprobs": [[0] * 100],
+    }
+    data = json.dumps(line, separators=(",", ":")).encode()
+    files = [("train_data_step1.jsonl", data)]
+    with pytest.raises(DumpError, match=r"bytes of framework dumps \(train_data_step1.jsonl\)"):
+        open_uploads(files, max_tokens=50)  # before reading: over 8 bytes a token
+    with pytest.raises(DumpError, match="the upload holds 100 tokens, more than the 90"):
+        open_uploads(files, max_tokens=90)  # once read
+    assert open_uploads(files, max_tokens=100).full.num_tokens == 100
+
+
+def test_pickled_files_only_when_allowed(tmp_path) -> None:
+    from tests.unit.importers.conftest import make_seqs
+    from tests.unit.importers.test_slime import write_v2
+
+    path = write_v2(tmp_path, 3, make_seqs([4, 2]))
+    files = [("3.pt", path.read_bytes())]
+    for refused in (lambda: open_uploads(files), lambda: open_path(str(path))):
+        with pytest.raises(DumpError, match=r"3\.pt: a pickled file; .* allow_pickle=True"):
+            refused()
+    assert open_uploads(files, allow_pickle=True).source.name == "3.pt (slime)"
+    assert open_path(str(path), allow_pickle=True).full.num_sequences == 2

@@ -141,3 +141,34 @@ def test_malformed_upload_shows_the_problem(page: Page, app_url: str, screens: P
     expect(page.get_by_test_id("stAlert").filter(has_text="not a Parquet file")).to_be_visible()
     expect(page.get_by_test_id("stException")).to_have_count(0)
     _shoot(page, screens, "0-malformed-upload")
+
+
+def _open_sample(page: Page, name: str) -> None:
+    page.get_by_role("tab", name="Sample data").click()
+    page.get_by_test_id("stSelectbox").filter(has_text="Sample").click()
+    page.get_by_role("option", name=name, exact=True).click()
+    page.get_by_role("button", name="Open sample").click()
+    _idle(page)
+
+
+def test_a_new_dump_shows_its_own_step_range(page: Page, app_url: str) -> None:
+    """The browser keeps a widget's value while its key lives: the step slider of a new dump
+    must not come back with the previous dump's range."""
+    page.goto(app_url)
+    _idle(page)
+    _open_sample(page, "drift")  # steps 0-3
+    thumb = page.get_by_test_id("stSlider").get_by_role("slider").first
+    thumb.focus()
+    thumb.press("ArrowRight")
+    _idle(page)
+    expect(page.get_by_test_id("stMetric").filter(has_text="Training steps")).to_contain_text("3")
+
+    _open_sample(page, "dense_bf16")  # steps 0-1
+    thumbs = page.get_by_test_id("stSlider").get_by_role("slider")
+    expect(thumbs.first).to_have_attribute("aria-valuetext", "0")
+    expect(thumbs.last).to_have_attribute("aria-valuetext", "1")
+    # Any other widget sends every widget's value back: the slider's must be the new one.
+    page.get_by_text("Drop sequences with invalid log-probs").click()
+    _idle(page)
+    assert _metric(page, "Training steps") == "2"
+    expect(thumbs.first).to_have_attribute("aria-valuetext", "0")

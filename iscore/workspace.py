@@ -76,26 +76,7 @@ def select_steps(batch: TokenBatch, steps: StepRange) -> TokenBatch:
         keep &= batch.step >= steps.lo
     if steps.hi is not None:
         keep &= batch.step <= steps.hi
-    if bool(keep.all()):
-        return batch
-    tokens = keep[batch.seq_index]
-    lengths = batch.lengths[keep]
-    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=batch.device)
-    torch.cumsum(lengths, 0, out=cu[1:])
-
-    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t[tokens]
-
-    return TokenBatch(
-        rollout=batch.rollout[tokens],
-        train=batch.train[tokens],
-        cu_seqlens=cu,
-        loss_mask=pick(batch.loss_mask),
-        policy=pick(batch.policy),
-        step=batch.step[keep],
-        seq_id=batch.seq_id.filter(pa.array(keep.cpu().numpy())),
-        pos=pick(batch.pos),
-    )
+    return batch if bool(keep.all()) else batch.select(keep)
 
 
 def summarize(batch: TokenBatch, bins: int = 40) -> dict[str, Any]:

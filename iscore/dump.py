@@ -23,11 +23,12 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import torch
 
@@ -41,8 +42,10 @@ from iscore.columns import (
 )
 from iscore.errors import DumpError, quote
 from iscore.paths import list_files
-from iscore.sequences import COMPUTED, Judge, Where, dump_schema
 from iscore.writer import PROVENANCE_KEY
+
+if TYPE_CHECKING:
+    from iscore.sequences import Judge
 
 DEFAULT_CHUNK_TOKENS = 2_000_000
 """Tokens per streamed chunk: about 300 MB of working memory while a chunk is processed."""
@@ -207,6 +210,8 @@ def _extras(schema: pa.Schema, columns: ColumnMap, layout: Layout) -> tuple[Extr
         elif kind in (pa.int64(), pa.float64()):
             out.append(Extra(name, source, "mean", pa.float64()))
     if layout == "sequence":
+        from iscore.sequences import COMPUTED  # which imports this module
+
         known = set(columns.source.values())
         for source in schema.names:
             kind = _scalar_type(schema.field(source).type)
@@ -533,6 +538,7 @@ class Dump:
         self.dropped = DropReport()
         self.files: list[DumpFile] = []
         self._parquet: list[pq.ParquetFile] = []
+        self._data: list[bytes | None] = []
         problems: list[Problem] = []
         for path, data in files:
             try:
@@ -545,6 +551,7 @@ class Dump:
                 continue
             self.files.append(info)
             self._parquet.append(parquet)
+            self._data.append(data)
         if problems:
             raise DumpProblems(problems)
         layouts = {f.layout for f in self.files}
@@ -554,6 +561,8 @@ class Dump:
                 + ", ".join(f"{f.path} ({f.layout})" for f in self.files)
             )
         self.layout: Layout = self.files[0].layout
+        from iscore.sequences import Where, dump_schema  # which imports this module
+
         self._extras = _union_extras(self.files)
         self.sequence_schema = dump_schema(
             _seq_id_type(self.files), pa.schema([(e.name, e.type) for e in self._extras])
@@ -577,6 +586,19 @@ class Dump:
             out.append(json.loads(raw) if raw else {})
         return out
 
+    def datasets(self) -> list[pads.Dataset]:
+        """Each file as an Arrow dataset with its own column names (read lazily when
+        scanned, as DuckDB does for the `tokens` view of `iscore.sequences`)."""
+        out = []
+        for info, data in zip(self.files, self._data, strict=True):
+            if data is None:
+                out.append(pads.dataset(info.path, format="parquet"))
+                continue
+            parquet = pads.ParquetFileFormat()
+            fragment = parquet.make_fragment(pa.BufferReader(data))
+            out.append(pads.FileSystemDataset([fragment], fragment.physical_schema, parquet))
+        return out
+
     @property
     def num_tokens(self) -> int:
         """Tokens of all files together before any step filter, from the Parquet footers."""
@@ -595,7 +617,8 @@ class Dump:
                     f"{self.files[0].path}: all {self.dropped.sequences:,} sequences were "
                     "dropped as invalid"
                 )
-            raise DumpError(f"{self.files[0].path}: no sequences in the {self._selected()}")
+            selected = self.describe_selection()
+            raise DumpError(f"{self.files[0].path}: no sequences in the {selected}")
         batch = parts[0] if len(parts) == 1 else _concat(parts)
         return batch.to(device) if torch.device(device) != batch.device else batch
 
@@ -632,8 +655,8 @@ class Dump:
         if sequences and not in_loss:
             raise DumpProblems([self.nothing_in_loss(sequences, tokens)])
 
-    def _selected(self) -> str:
-        """What the reading selects, for messages: the steps, and the predicate."""
+    def describe_selection(self) -> str:
+        """What reading selects, for messages: the steps, and the `where` predicate."""
         if self.where is None:
             return "selected steps"
         return f"selected steps where {quote(self.where.text)}"

@@ -27,20 +27,26 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import torch
 
 from iscore import ops
 from iscore.batch import TokenBatch
+from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import IscoreError, quote
 from iscore.impact import aggregation_of
+from iscore.output import output_path
 from iscore.spec import Replay, Spec
-from iscore.sql import Evaluator, Predicate
+from iscore.sql import Evaluator, Predicate, QueryError, Source, referenced
 
 COUNTS = ("length", "loss_tokens")
 """Computed integer columns: tokens, and loss tokens, of each sequence."""
@@ -269,7 +275,8 @@ class SequenceTable:
     schema: pa.Schema
     specs: Sequence[Spec] = ()
     chunks: list[pa.Table] = field(default_factory=list)
-    sums: list[list[dict[str, np.ndarray]]] = field(default_factory=list)
+    prefixes: list[str] = field(init=False)
+    sums: list[list[dict[str, np.ndarray]]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.prefixes = setting_columns(self.specs, self.schema.names)
@@ -330,3 +337,181 @@ def _setting_statistics(
                 share[rows] = part[rows] / total
         share[T == 0] = math.nan
     return {"weight": weight, "kept": kept, "share": share}
+
+
+def sequence_table(
+    source: Dump | TokenBatch,
+    specs: Sequence[Spec] = (),
+    *,
+    max_tokens: int = DEFAULT_CHUNK_TOKENS,
+    device: str | torch.device | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> pa.Table:
+    """The sequence table of a dump (streamed in chunks of whole steps) or of a batch.
+
+    Args:
+        source: an opened `Dump` (its `where` and steps apply; open it with `extras=True`
+            for all its per-sequence columns), or a batch with its `extra` columns.
+        specs: the settings whose columns the table gets.
+        max_tokens: tokens per streamed chunk.
+        device: where to replay; default CUDA when available, else CPU.
+        progress: called with the number of tokens of each chunk done.
+
+    >>> table = sequence_table(Dump("data/fp8.parquet", where="reward = 1", extras=True))
+    >>> table.num_rows, table["reward"].unique().to_pylist()
+    (24, [1.0])
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if isinstance(source, TokenBatch):
+        schema = batch_schema(source)
+        chunks: Any = [source]
+    else:
+        schema = source.sequence_schema
+        chunks = source.batches(max_tokens=max_tokens, whole_steps=True)
+    table = SequenceTable(schema, specs)
+    with ops.workspace():
+        for chunk in chunks:
+            batch = chunk.to(device)
+            with ops.shared(batch):
+                table.update(batch)
+                for i, spec in enumerate(specs):
+                    table.add(i, batch, spec.replay(batch))
+            if progress is not None:
+                progress(batch.num_tokens)
+    return table.compute()
+
+
+def batch_schema(batch: TokenBatch) -> pa.Schema:
+    """The dump columns of the sequence table of an in-memory batch."""
+    extras = pa.schema([]) if batch.extra is None else batch.extra.schema
+    return dump_schema(batch.seq_id.type, extras)
+
+
+TABLES = ("sequences", "tokens")
+"""The tables a query sees: the sequence table, and the `tokens` view over the dump."""
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def tokens_view(dump: Dump) -> tuple[dict[str, Source], str]:
+    """The `tokens` view: one row per token of the sequences in the `sequences` table (so
+    the steps, `--where` and dropped sequences apply), read lazily from the dump's files.
+
+    Columns: step, seq_id, pos (null in a token-layout file without a pos column),
+    rollout_logprob, train_logprob, policy_logprob (where the dump has it), loss_mask, and
+    d = train_logprob - rollout_logprob in float64 from the float32 values, as the engine
+    computes it.
+
+    Returns:
+        the datasets to register (one per file) and the view's SELECT over them.
+
+    Raises:
+        QueryError: a sequence-layout file without a seq_id column (its sequences are
+            numbered by row, which a scan of the file cannot tell).
+    """
+    seq_id = (
+        "VARCHAR" if pa.types.is_string(dump.sequence_schema.field("seq_id").type) else "BIGINT"
+    )
+    tables: dict[str, Source] = {}
+    parts = []
+    for i, (info, dataset) in enumerate(zip(dump.files, dump.datasets(), strict=True)):
+        name = f"__tokens_{i}"
+        tables[name] = dataset
+        source = {k: _quoted(v) for k, v in info.columns.source.items()}
+        each = "unnest({})" if info.layout == "sequence" else "{}"
+        if "seq_id" not in source:
+            raise QueryError(f"tokens: {info.path} has no seq_id column; the tokens view needs one")
+        columns = {
+            "step": f"CAST({source['step']} AS BIGINT)"
+            if "step" in source
+            else "CAST(0 AS BIGINT)",
+            "seq_id": f"CAST({source['seq_id']} AS {seq_id})",
+        }
+        if "pos" in source:
+            columns["pos"] = f"CAST({each.format(source['pos'])} AS BIGINT)"
+        elif info.layout == "sequence":
+            columns["pos"] = f"unnest(range(len({source['rollout_logprob']})))"
+        else:
+            columns["pos"] = "CAST(NULL AS BIGINT)"
+        for name_ in ("rollout_logprob", "train_logprob", "policy_logprob"):
+            if name_ in source:
+                columns[name_] = f"CAST({each.format(source[name_])} AS FLOAT)"
+        columns["loss_mask"] = (
+            f"CAST({each.format(source['loss_mask'])} AS BOOLEAN)"
+            if "loss_mask" in source
+            else "TRUE"
+        )
+        select = ", ".join(f"{value} AS {key}" for key, value in columns.items())
+        parts.append(f"SELECT {select} FROM {name}")
+    union = " UNION ALL BY NAME ".join(parts)
+    view = (
+        "SELECT t.*, CAST(t.train_logprob AS DOUBLE) - CAST(t.rollout_logprob AS DOUBLE) AS d "
+        f"FROM ({union}) t SEMI JOIN sequences s ON t.step = s.step AND t.seq_id = s.seq_id"
+    )
+    return tables, view
+
+
+def catalog(
+    table: pa.Table, text: str, dump: Dump | None = None
+) -> tuple[dict[str, Source], dict[str, str]]:
+    """The tables and views query `text` needs: `sequences` (= `table`), and the `tokens`
+    view over `dump` when the query reads it.
+
+    Raises:
+        QueryError: the query reads another table, or is not one SELECT.
+    """
+    tables: dict[str, Source] = {"sequences": table}
+    views: dict[str, str] = {}
+    offered = set(TABLES) if dump is not None else {"sequences"}
+    if "tokens" in referenced(text, offered):
+        more, views["tokens"] = tokens_view(dump)
+        tables.update(more)
+    return tables, views
+
+
+FORMATS = {".parquet": "parquet", ".csv": "csv"}
+"""The output formats of `write_rows`, by the file's suffix."""
+
+
+def write_rows(rows: pa.Table | pa.RecordBatchReader, path: str | None) -> int:
+    """Write rows as Parquet or CSV (by `path`'s suffix), or as CSV on stdout when `path` is
+    None; returns the number of rows. A file appears only when the write succeeds.
+
+    Raises:
+        IscoreError: another suffix, or a column CSV cannot hold (lists, structs).
+    """
+    reader = rows.to_reader() if isinstance(rows, pa.Table) else rows
+    if path is None:
+        return _write_csv(reader, sys.stdout.buffer, "stdout")
+    kind = FORMATS.get(Path(path).suffix.lower())
+    if kind is None:
+        raise IscoreError(
+            f"{path}: expected a .parquet or .csv file name, but got {quote(Path(path).suffix)}"
+        )
+    with output_path(path) as tmp:
+        if kind == "csv":
+            with open(tmp, "wb") as sink:
+                return _write_csv(reader, sink, path)
+        count = 0
+        with pq.ParquetWriter(tmp, reader.schema, compression="zstd") as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+                count += batch.num_rows
+        return count
+
+
+def _write_csv(reader: pa.RecordBatchReader, sink: Any, where: str) -> int:
+    nested = [f.name for f in reader.schema if pa.types.is_nested(f.type)]
+    if nested:
+        raise IscoreError(
+            f"{where}: column {nested[0]} holds lists or structs, which CSV cannot; "
+            "write a .parquet file"
+        )
+    count = 0
+    with pacsv.CSVWriter(sink, reader.schema) as writer:
+        for batch in reader:
+            writer.write_batch(batch)
+            count += batch.num_rows
+    return count

@@ -62,10 +62,10 @@ class QueryError(IscoreError):
     """A query or predicate that is not valid SQL, or not allowed; the message is one line."""
 
 
-def _one_line(text: str) -> str:
+def one_line(text: object) -> str:
     """DuckDB's message on one line, without its "LINE 1: ..." pointer into the SQL."""
     text = str(text).split("\nLINE ")[0]
-    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return clip(" ".join(line.strip() for line in text.splitlines() if line.strip()), 500)
 
 
 def connect(
@@ -106,7 +106,7 @@ def _parse(con: duckdb.DuckDBPyConnection, sql: str, what: str) -> dict[str, Any
         message = tree.get("error_message", "not valid SQL")
         if "Only SELECT" in message:
             message = "only a SELECT query may run (no COPY, ATTACH, INSTALL, SET, CREATE, ...)"
-        raise QueryError(f"{what}: {_one_line(message)}")
+        raise QueryError(f"{what}: {one_line(message)}")
     statements = tree["statements"]
     if len(statements) != 1:
         raise QueryError(f"{what}: expected one SELECT statement, found {len(statements)}")
@@ -187,7 +187,7 @@ def _deadline(con: duckdb.DuckDBPyConnection, timeout: float | None) -> Iterator
 
 
 def _run_error(e: duckdb.Error) -> QueryError:
-    return QueryError(f"query: {clip(_one_line(str(e)), 500)}")
+    return QueryError(f"query: {one_line(e)}")
 
 
 def query(
@@ -237,11 +237,7 @@ def open_query(
     if not sql:
         raise QueryError("query: empty; expected a SELECT over " + ", ".join(tables))
     views = views or {}
-    probe = connect({})
-    try:
-        used = tables_of(probe, sql, set(tables) | set(views))
-    finally:
-        probe.close()
+    used = referenced(sql, set(tables) | set(views))
     con = connect(tables, {name: text for name, text in views.items() if name in used})
     try:
         with _deadline(con, timeout):
@@ -324,7 +320,7 @@ class Predicate:
                 kind = con.sql(f"SELECT ({text}) AS keep FROM sequences").types[0]
                 con.execute(f"SELECT * FROM sequences WHERE {text}").fetchall()
             except duckdb.Error as e:
-                raise QueryError(f"--where: {clip(_one_line(str(e)), 500)}") from e
+                raise QueryError(f"--where: {one_line(e)}") from e
             if str(kind) not in ("BOOLEAN", '"NULL"', "NULL"):
                 raise QueryError(
                     f"--where: expected a boolean expression, but {quote(text)} is {kind}"
@@ -369,9 +365,19 @@ class Evaluator:
                 f"SELECT {_ROW} FROM sequences WHERE {self.predicate.text}"
             ).fetchnumpy()[_ROW]
         except duckdb.Error as e:
-            raise QueryError(f"--where: {clip(_one_line(str(e)), 500)}") from e
+            raise QueryError(f"--where: {one_line(e)}") from e
         finally:
             self.con.unregister("sequences")
         keep = np.zeros(table.num_rows, dtype=bool)
         keep[np.asarray(kept, dtype=np.int64)] = True
         return keep
+
+
+def referenced(sql: str, allowed: set[str]) -> set[str]:
+    """The tables of `allowed` that query `sql` reads (see `tables_of`), on a throwaway
+    connection."""
+    con = connect({})
+    try:
+        return tables_of(con, sql, allowed)
+    finally:
+        con.close()

@@ -34,7 +34,14 @@ from iscore.output import output_path
 from iscore.recommend import Targets, recommend
 from iscore.replay import parse_config, replay
 from iscore.report import write_html
-from iscore.sequences import TABLES, SequenceTable, catalog, sequence_table, write_rows
+from iscore.sequences import (
+    TABLES,
+    SequenceTable,
+    catalog,
+    read_schema,
+    sequence_table,
+    write_rows,
+)
 from iscore.serving import LOOPBACK_HOSTS
 from iscore.sql import QueryError, one_line, open_query, referenced
 from iscore.validate import validate
@@ -165,7 +172,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     settings = [*args.config, *args.preset]
     specs = [resolve(s) for s in settings]
     dump = _open_dump(args, extras=args.sequences is not None)
-    table = None if args.sequences is None else SequenceTable(dump.sequence_schema, specs)
+    table = None if args.sequences is None else SequenceTable(read_schema(dump), specs)
     with _progress(dump, "analyze", args) as bar:
         result = analyze(
             dump, specs, max_tokens=args.chunk_tokens, progress=bar.update, sequences=table

@@ -948,7 +948,10 @@ class _Reader:
         return Problem(self.info.path, label, f"{count:,} {what}", tuple(dict.fromkeys(r)), count)
 
     def _extra(
-        self, values: dict[str, pa.Array], lengths: np.ndarray | None = None, rows=None
+        self,
+        values: dict[str, pa.Array],
+        lengths: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
     ) -> pa.Table | None:
         """The carried extra columns, one row per sequence, from their `values` as read: per
         token (token layout, with each sequence's `lengths` and the tokens' file `rows`) or
@@ -972,7 +975,9 @@ class _Reader:
                 columns.append(self._first(extra, flat, counts, rows))
         return pa.table(columns, names=[e.name for e in self.extras])
 
-    def _first(self, extra: Extra, values: pa.Array, lengths: np.ndarray, rows) -> pa.Array:
+    def _first(
+        self, extra: Extra, values: pa.Array, lengths: np.ndarray, rows: np.ndarray
+    ) -> pa.Array:
         """Each sequence's value of a per-sequence column repeated on its rows."""
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         first = values.take(pa.array(starts))
@@ -1178,7 +1183,7 @@ class _SequenceReader(_Reader):
         self._mark_seen(step, seq_id, rows)
         lengths = lengths.astype(np.int64)
         token_rows = np.repeat(rows, lengths)
-        extra = self._extra({e.name: table[e.name].combine_chunks() for e in self.extras}, rows)
+        extra = self._extra({e.name: table[e.name].combine_chunks() for e in self.extras})
         if "pos" in per_token:
             per_token, token_rows = _order_by_pos(self.info, per_token, lengths, token_rows)
         return _Chunk(self.info.path, per_token, seq_id, step, lengths, token_rows, extra)

@@ -20,7 +20,7 @@ stream never holds more than a chunk; `SequenceTable` accumulates the whole tabl
 
 >>> import iscore                                         # doctest: +SKIP
 >>> dump = iscore.Dump("data/fp8.parquet", where="length > 1000")  # doctest: +SKIP
->>> table = SequenceTable(dump.sequence_schema, [spec])    # doctest: +SKIP
+>>> table = sequence_table(dump, [spec])                  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -366,7 +366,7 @@ def sequence_table(
         schema = batch_schema(source)
         chunks: Any = [source]
     else:
-        schema = source.sequence_schema
+        schema = read_schema(source)
         chunks = source.batches(max_tokens=max_tokens, whole_steps=True)
     table = SequenceTable(schema, specs)
     with ops.workspace():
@@ -379,6 +379,12 @@ def sequence_table(
             if progress is not None:
                 progress(batch.num_tokens)
     return table.compute()
+
+
+def read_schema(dump: Dump) -> pa.Schema:
+    """The dump columns of the sequence table a pass over `dump` gives: its own per-sequence
+    columns only where it carries them (`Dump(extras=True)` carries all)."""
+    return dump_schema(dump.sequence_schema.field("seq_id").type, dump.carried)
 
 
 def batch_schema(batch: TokenBatch) -> pa.Schema:

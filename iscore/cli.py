@@ -304,8 +304,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from iscore.bench import format_table, run_bench, write_json
+    from iscore.bench import format_table, format_where, run_bench, where_overhead, write_json
 
+    if args.where:
+        result = where_overhead(
+            args.where,
+            tokens=args.tokens,
+            chunk_tokens=args.chunk_tokens,
+            path=args.dump,
+            log=None if args.quiet else lambda line: print(line),
+        )
+        print(format_where(result))
+        if args.json:
+            write_json(result, args.json)
+            print(f"wrote {args.json}")
+        return 0
     result = run_bench(
         tokens=args.tokens,
         chunk_tokens=args.chunk_tokens,
@@ -656,6 +669,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA rows when present")
     p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument(
+        "--where",
+        action="append",
+        metavar="PREDICATE",
+        help="instead, time what --where PREDICATE adds to a streamed analyze (repeatable; "
+        'e.g. --where "k3 >= 0", which keeps every sequence)',
+    )
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_cmd_bench)

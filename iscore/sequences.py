@@ -2,8 +2,8 @@
 for each setting what that setting does to it; `--where` predicates are judged on it.
 
 Columns (docs/sql.md#the-sequences-table): `step`, `seq_id`, the dump's other per-sequence
-columns (`group_id`, `reward`, `advantage` and `entropy` as means over the sequence's tokens,
-and in sequence layout any other scalar column), then
+columns (`group_id`, `reward`; `advantage` and `entropy` as means over the sequence's tokens;
+in sequence layout any other scalar column), then
 
 - `length`: tokens of the sequence in the dump; `loss_tokens`: those with loss_mask true;
 - over the loss tokens, with d = train_logprob - rollout_logprob in float64 (null for a
@@ -214,14 +214,12 @@ class Judge:
     def __exit__(self, *exc: object) -> None:
         self.evaluator.close()
 
-    def keep(self, batch: TokenBatch) -> np.ndarray:
-        """bool [B]: the sequences of `batch` where the predicate holds."""
-        predicate = self.evaluator.predicate
-        return self.evaluator.mask(sequence_rows(batch, predicate.schema, predicate.columns))
-
     def select(self, batch: TokenBatch) -> TokenBatch:
-        """The sequences of `batch` where the predicate holds."""
-        keep = self.keep(batch)
+        """The sequences of `batch` where the predicate holds (only the columns it reads are
+        computed)."""
+        predicate = self.evaluator.predicate
+        rows = sequence_rows(batch, predicate.schema, predicate.columns)
+        keep = self.evaluator.mask(rows)
         return batch if keep.all() else batch.select(torch.from_numpy(keep))
 
 

@@ -41,7 +41,7 @@ from iscore.report import SUMMARY_COLUMNS
 from iscore.serving import DataRoots, dump_folder
 from iscore.spec import Spec
 from iscore.tune import FAMILIES, family_of
-from iscore.workspace import Workspace, digest, fingerprint, open_path, open_uploads
+from iscore.workspace import Selection, Workspace, digest, fingerprint, open_path, open_uploads
 
 T = TypeVar("T")
 
@@ -81,12 +81,14 @@ class Loaded:
     allow_pickle: bool = False
 
 
-def init_state(preload: str | None) -> None:
-    """Defaults of the session's state; `preload` is the dump `iscore app PATH` named."""
+def init_state(preload: str | None, where: str | None = None) -> None:
+    """Defaults of the session's state; `preload` is the dump `iscore app PATH` named, `where`
+    the slice `iscore app --where` applies from the start."""
     state = st.session_state
     if "path" not in state:
         state.path = preload or ""
         state.path_pending = bool(preload)
+        state.slice = where
     for key, value in (
         ("loaded", None),
         ("settings", []),
@@ -122,10 +124,39 @@ def store(key: str) -> None:
     st.session_state[key] = st.session_state[f"_w_{key}"]
 
 
-def selected_steps() -> StepRange | None:
-    """The training steps the user selected on the Data page (None: all)."""
+def selected_steps() -> Selection | None:
+    """The sequences the user selected (None: all): the training steps picked on the Data
+    page, and the slice applied on Explore. A slice that does not apply to the loaded dump,
+    or keeps none of those steps' sequences, is cleared, saying why."""
     chosen = st.session_state.get("step_range")
-    return None if chosen is None else StepRange(*chosen)
+    steps = StepRange() if chosen is None else StepRange(*chosen)
+    where = st.session_state.get("slice")
+    ws = workspace(quiet=True) if where is not None else None
+    if ws is not None:
+        try:
+            ws.batch(Selection(steps, where))
+        except IscoreError as e:
+            clear_slice()
+            say("warning", f"The slice `{where}` was cleared: {e}")
+            where = None
+    if chosen is None and where is None:
+        return None
+    return Selection(steps, where)
+
+
+def apply_slice(ws: Workspace, where: str) -> None:
+    """Make `where` the slice of every page (checked against `ws` first).
+
+    Raises:
+        IscoreError: not a predicate over the sequence columns, or it keeps no sequence.
+    """
+    ws.batch(Selection(ws.selection(selected_steps()).steps, where))
+    st.session_state.slice = where
+
+
+def clear_slice() -> None:
+    """Every page looks at all sequences of the selected steps again."""
+    st.session_state.slice = None
 
 
 def say(kind: str, message: str) -> None:
@@ -157,12 +188,14 @@ class Options:
             `preload`, the bundled samples.
         max_upload_tokens: the most tokens one session may upload.
         cache_mb: memory for the loaded dumps of every session together.
+        where: the slice every page starts with (`iscore app --where`).
     """
 
     preload: str | None
     roots: DataRoots
     max_upload_tokens: int
     cache_mb: int
+    where: str | None = None
 
 
 def options() -> Options:
@@ -172,11 +205,12 @@ def options() -> Options:
     parser.add_argument("--data-dir", action="append", default=[])
     parser.add_argument("--max-upload-tokens", type=int, default=MAX_UPLOAD_TOKENS)
     parser.add_argument("--cache-mb", type=int, default=CACHE_MB)
+    parser.add_argument("--where")
     args, _ = parser.parse_known_args(sys.argv[1:])
     folders = [ROOT / "data", *args.data_dir]
     if args.path:
         folders.append(dump_folder(args.path))
-    return Options(args.path, DataRoots(folders), args.max_upload_tokens, args.cache_mb)
+    return Options(args.path, DataRoots(folders), args.max_upload_tokens, args.cache_mb, args.where)
 
 
 @st.cache_resource(show_spinner=False)
@@ -333,6 +367,8 @@ def preview_attempt(kind: str, source: str, uploads: Sequence[Any]) -> Preview |
 
 def _set_loaded(loaded: Loaded) -> None:
     if st.session_state.loaded != loaded:
+        if st.session_state.loaded is not None:  # `iscore app --where` slices the first dump
+            clear_slice()
         st.session_state.loaded = loaded
         # Selections of the previous dump mean nothing for this one. The step slider's key
         # counts the loads: a browser keeps a widget's value as long as its key, and would

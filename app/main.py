@@ -17,7 +17,7 @@ st.set_page_config(
     page_icon=common.ROOT / "app" / "static" / "favicon.png",
     layout="wide",
 )
-common.init_state(common.options().preload)
+common.init_state(common.options().preload, common.options().where)
 page = st.navigation(
     [
         st.Page("pages/data.py", title="Data", icon=":material/database:", default=True),
@@ -25,6 +25,7 @@ page = st.navigation(
         st.Page("pages/compare.py", title="Compare", icon=":material/stacked_line_chart:"),
         st.Page("pages/tune.py", title="Tune", icon=":material/tune:"),
         st.Page("pages/mismatch.py", title="Mismatch", icon=":material/compare_arrows:"),
+        st.Page("pages/explore.py", title="Explore", icon=":material/query_stats:"),
         st.Page("pages/export.py", title="Export", icon=":material/download:"),
     ]
 )
@@ -39,8 +40,14 @@ with st.sidebar:
     if loaded is None:
         st.caption("No dump loaded.")
     else:
-        steps = common.selected_steps()
-        where = "all steps" if steps is None else f"steps {steps.lo}-{steps.hi}"
+        chosen = common.selected_steps()
+        steps = None if chosen is None else chosen.steps
+        where = "all steps" if steps is None or steps.lo is None else f"steps {steps.lo}-{steps.hi}"
         st.caption(f"**Dump:** {common.escape(loaded.label)} ({where})")
+        if chosen is not None and chosen.where is not None:
+            st.caption(f"**Slice:** only sequences where `{chosen.where.replace('`', '')}`")
+            st.button(
+                "Clear the slice", icon=":material/filter_alt_off:", on_click=common.clear_slice
+            )
     st.caption(f"**Settings in Compare:** {len(st.session_state.settings)}")
 page.run()

@@ -35,6 +35,7 @@ from iscore.impact import SettingStats
 from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import output_path
 from iscore.replay import parse_config
+from iscore.sequences import SequenceTable
 from iscore.spec import Spec
 
 SCHEMA_VERSION = 1
@@ -164,6 +165,7 @@ def analyze(
     max_tokens: int = DEFAULT_CHUNK_TOKENS,
     device: str | torch.device | None = None,
     progress: Callable[[int], None] | None = None,
+    sequences: SequenceTable | None = None,
 ) -> Analysis:
     """Stream a dump once, computing the mismatch diagnostics and every setting's statistics.
 
@@ -175,6 +177,7 @@ def analyze(
             batch-normalizing settings need.
         device: where to compute; default CUDA when available, else CPU.
         progress: called with the number of tokens of each chunk done.
+        sequences: a sequence table to fill in the same pass (its settings are `settings`).
 
     >>> a = analyze("data/fp8.parquet", ["verl:decoupled_geo_rs"])
     >>> a.settings[0]["name"], round(a.settings[0]["lr_scale"], 3)
@@ -184,6 +187,7 @@ def analyze(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     mismatch = MismatchStats()
     stats = [SettingStats(spec) for spec in specs]
+    where = None
     if isinstance(source, TokenBatch):
         chunks: Any = [source]
         files = []
@@ -194,6 +198,7 @@ def analyze(
         dump = source if isinstance(source, Dump) else Dump(source)
         chunks = dump.batches(max_tokens=max_tokens, whole_steps=True)
         files = [f.path for f in dump.files]
+        where = None if dump.where is None else dump.where.text
     # The accumulators' per-token temporaries are allocated once for the whole pass.
     heap = _HeapGuard()
     with ops.workspace():
@@ -202,8 +207,13 @@ def analyze(
             # d, e^d and the sequence sums every setting needs are computed once per chunk.
             with ops.shared(batch):
                 mismatch.update(batch)
-                for spec, acc in zip(specs, stats, strict=True):
-                    acc.update(batch, spec.replay(batch))
+                if sequences is not None:
+                    sequences.update(batch)
+                for i, (spec, acc) in enumerate(zip(specs, stats, strict=True)):
+                    replayed = spec.replay(batch)
+                    acc.update(batch, replayed)
+                    if sequences is not None:
+                        sequences.add(i, batch, replayed)
             heap.check()
             if progress is not None:
                 progress(batch.num_tokens)
@@ -218,6 +228,7 @@ def analyze(
     result = Analysis(
         source={
             "files": files,
+            "where": where,
             "steps": [row["step"] for row in summary["by_step"]],
             "sequences": summary.get("sequences", 0),
             "loss_tokens": summary.get("tokens", 0),

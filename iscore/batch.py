@@ -40,6 +40,8 @@ class TokenBatch:
         seq_id: Arrow array [B] of the sequences' ids (integers or strings); 0..B-1 by default.
         pos: int64 [N] or None, each token's position as given in the dump; None means
             0..T-1 within each sequence.
+        extra: Arrow table [B rows] or None, the dump's other per-sequence columns (reward,
+            group_id, the mean advantage, ...) where reading was asked to carry them.
     """
 
     rollout: torch.Tensor
@@ -50,6 +52,7 @@ class TokenBatch:
     step: torch.Tensor | None = None
     seq_id: pa.Array | None = None
     pos: torch.Tensor | None = None
+    extra: pa.Table | None = None
     _seq_index: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -69,6 +72,8 @@ class TokenBatch:
                 raise ValueError(
                     f"Expected `{name}` of shape ({n},), but got {tuple(tensor.shape)}"
                 )
+        if self.extra is not None and self.extra.num_rows != b:
+            raise ValueError(f"Expected `extra` of {b} rows, but got {self.extra.num_rows}")
         if self.step.shape != (b,) or len(self.seq_id) != b:
             raise ValueError(
                 f"Expected `step` and `seq_id` of length {b}, but got "
@@ -129,6 +134,36 @@ class TokenBatch:
             )
         }
         return replace(self, **moved, _seq_index=[])
+
+    def select(self, keep: torch.Tensor) -> TokenBatch:
+        """The sequences where bool `keep` [B] is true, in order.
+
+        >>> b = TokenBatch(rollout=torch.zeros(3), train=torch.zeros(3),
+        ...                cu_seqlens=torch.tensor([0, 2, 3]))
+        >>> b.select(torch.tensor([False, True])).seq_id.to_pylist()
+        [1]
+        """
+        keep = keep.to(self.device)
+        tokens = keep[self.seq_index]
+        lengths = self.lengths[keep]
+        cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(lengths, 0, out=cu[1:])
+        rows = pa.array(keep.cpu().numpy())
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[tokens]
+
+        return TokenBatch(
+            rollout=self.rollout[tokens],
+            train=self.train[tokens],
+            cu_seqlens=cu,
+            loss_mask=pick(self.loss_mask),
+            policy=pick(self.policy),
+            step=self.step[keep],
+            seq_id=self.seq_id.filter(rows),
+            pos=pick(self.pos),
+            extra=None if self.extra is None else self.extra.filter(rows),
+        )
 
     def to_arrow(self) -> pa.Table:
         """The batch as a canonical token-layout table, one row per token, in batch order."""

@@ -1106,3 +1106,110 @@ def _clean(value: Any) -> Any:
     if isinstance(value, np.integer | np.bool_):
         return value.item()
     return value
+
+
+# ---------------------------------------------------------------------------------------------
+# What `--where` adds (a separate run: `iscore bench --where P`)
+
+WHERE_PREDICATES = (
+    "length > 0",
+    "reward IS NOT NULL",
+    "k3 >= 0 AND abs_diff_max >= 0",
+)
+"""Predicates that keep every sequence, so that analyze does the same work with and without
+them and the difference is the predicate's own cost: one on a length (no token math), one on
+a dump column (read and carried), one on the mismatch statistics (d computed per chunk)."""
+
+WHERE_GOAL = 0.2
+"""`--where` may add at most this share to a streamed analyze."""
+
+
+def where_overhead(
+    predicates: Sequence[str] = WHERE_PREDICATES,
+    tokens: int = 50_000_000,
+    settings: Sequence[Setting] = SETTINGS,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    path: str | Path | None = None,
+    *,
+    repeats: int = 2,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Time a streamed analyze of the bench dump without and with each `--where` predicate
+    (on CPU, the best of `repeats` runs each); the goal is at most `WHERE_GOAL` more time.
+
+    Args: as `run_bench`; `predicates` are judged as `--where` would.
+
+    Returns:
+        A JSON-ready dict: `machine`, `dump`, `rows` (seconds, sequences kept, overhead
+        against the run without a predicate) and `goal`.
+    """
+    say = log or (lambda line: None)
+    specs = [resolve(s) for s in settings]
+    tmp = None
+    if path is None:
+        tmp = Path(tempfile.mkdtemp(prefix="iscore-bench-"))
+        dump_path = tmp / "bench.parquet"
+    else:
+        dump_path = Path(path)
+    try:
+        result: dict[str, Any] = {
+            "schema": "iscore.bench_where",
+            "schema_version": 1,
+            "machine": _machine(),
+            "settings": [f"{s.framework}:{s.name}" for s in specs],
+            "chunk_tokens": chunk_tokens,
+            "repeats": repeats,
+            "dump": _dump(dump_path, tokens, say),
+        }
+        if tmp is not None:
+            result["dump"]["path"] = "(temporary, deleted)"
+        n = result["dump"]["tokens"]
+        rows = []
+        for predicate in (None, *predicates):
+            say(f"timing analyze, streamed, {'no --where' if predicate is None else predicate}")
+            kept: list[int] = []
+
+            def run(where: str | None = predicate, kept: list[int] = kept) -> None:
+                dump = Dump(dump_path, where=where)
+                a = analyze(dump, specs, max_tokens=chunk_tokens, device="cpu")
+                kept.append(a.source["sequences"])
+
+            row = _row(
+                "analyze, streamed" + ("" if predicate is None else f", --where {predicate}"),
+                _best(repeats, run),
+                n,
+            )
+            row["where"], row["sequences"] = predicate, kept[-1]
+            row["overhead"] = row["seconds"] / rows[0]["seconds"] - 1 if rows else 0.0
+            rows.append(row)
+        worst = max(rows, key=lambda r: r["overhead"])
+        result["rows"] = rows
+        result["goal"] = {
+            "goal": f"--where adds at most {WHERE_GOAL:.0%} to a streamed analyze",
+            "measured": f"{worst['overhead']:+.1%} ({worst['name']})",
+            "met": worst["overhead"] <= WHERE_GOAL,
+        }
+        result["machine"]["loadavg_end"] = _loadavg()
+        return result
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def format_where(result: dict[str, Any]) -> str:
+    """The `where_overhead` result as a fixed-width table and its goal."""
+    header = f"{'name':60s} {'seconds':>9s} {'Mtok/s':>7s} {'sequences':>10s} {'overhead':>9s}"
+    lines = [header, "-" * len(header)]
+    for row in result["rows"]:
+        lines.append(
+            f"{row['name']:60s} {row['seconds']:9.2f} {row['mtok_s']:7.2f} "
+            f"{row['sequences']:10,d} {row['overhead']:+9.1%}"
+        )
+    goal = result["goal"]
+    lines.append(f"\n[{'met' if goal['met'] else 'NOT met'}] {goal['goal']}: {goal['measured']}")
+    d, m = result["dump"], result["machine"]
+    lines.append(
+        f"dump: {d['tokens']:,} tokens, {d['sequences']:,} sequences, {d['steps']} steps; "
+        f"machine: {m['cpus']} CPUs, load average {m['loadavg_start']} -> {m['loadavg_end']}"
+    )
+    return "\n".join(lines)

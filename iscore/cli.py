@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import duckdb
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -33,7 +34,16 @@ from iscore.output import output_path
 from iscore.recommend import Targets, recommend
 from iscore.replay import parse_config, replay
 from iscore.report import write_html
+from iscore.sequences import (
+    TABLES,
+    SequenceTable,
+    catalog,
+    read_schema,
+    sequence_table,
+    write_rows,
+)
 from iscore.serving import LOOPBACK_HOSTS
+from iscore.sql import QueryError, one_line, open_query, referenced
 from iscore.validate import validate
 
 
@@ -65,6 +75,7 @@ def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="drop sequences with NaN, infinite or positive log-probs instead of failing",
     )
+    _add_where(parser)
     parser.add_argument(
         "--format",
         choices=FORMATS,
@@ -86,7 +97,16 @@ def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
-def _open_dump(args: argparse.Namespace) -> Dump:
+def _add_where(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--where",
+        metavar="PREDICATE",
+        help="only the sequences where this SQL expression over the sequence table's dump "
+        'columns holds, e.g. "step > 200 AND length > 4000" (see docs/sql.md)',
+    )
+
+
+def _open_dump(args: argparse.Namespace, *, extras: bool = False) -> Dump:
     return Dump(
         args.dump,
         columns=parse_mapping(args.column),
@@ -94,6 +114,8 @@ def _open_dump(args: argparse.Namespace) -> Dump:
         drop_invalid=args.drop_invalid,
         fmt=args.fmt,
         allow_pickle=args.allow_pickle,
+        where=args.where,
+        extras=extras,
     )
 
 
@@ -137,7 +159,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             kept += int(result.keep.sum())
             bar.update(batch.num_tokens)
         if writer is None:
-            raise IscoreError("no sequences in the selected steps; nothing written")
+            raise IscoreError(f"no sequences in the {dump.describe_selection()}; nothing written")
         writer.close()
     print(
         f"{args.out}: {tokens:,} tokens replayed with {spec.name} ({spec.framework}); "
@@ -149,13 +171,17 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     settings = [*args.config, *args.preset]
     specs = [resolve(s) for s in settings]
-    dump = _open_dump(args)
+    dump = _open_dump(args, extras=args.sequences is not None)
+    table = None if args.sequences is None else SequenceTable(read_schema(dump), specs)
     with _progress(dump, "analyze", args) as bar:
-        result = analyze(dump, specs, max_tokens=args.chunk_tokens, progress=bar.update)
+        result = analyze(
+            dump, specs, max_tokens=args.chunk_tokens, progress=bar.update, sequences=table
+        )
     written = []
     for path, write in (
         (args.json, result.write_json),
         (args.html, lambda p: write_html(result, p)),
+        (args.sequences, lambda p: write_rows(table.compute(), p)),
     ):
         if path:
             write(path)
@@ -178,6 +204,28 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         )
     for path in written:
         print(f"wrote {path}")
+    return 0
+
+
+def _cmd_sequences(args: argparse.Namespace) -> int:
+    specs = [resolve(s) for s in (*args.config, *args.preset)]
+    dump = _open_dump(args, extras=True)
+    if args.sql is not None:  # a bad query fails here, before the dump is read
+        referenced(args.sql, set(TABLES))
+    with _progress(dump, "sequences", args) as bar:
+        table = sequence_table(dump, specs, max_tokens=args.chunk_tokens, progress=bar.update)
+    if args.sql is None:
+        count = write_rows(table, args.out)
+    else:
+        tables, views = catalog(table, args.sql, dump)
+        with open_query(tables, args.sql, views=views) as result:
+            try:
+                count = write_rows(result.to_arrow_reader(65_536), args.out)
+            except duckdb.Error as e:
+                raise QueryError(f"query: {one_line(e)}") from e
+    if args.out:
+        what = "sequences" if args.sql is None else "rows"
+        print(f"{args.out}: {count:,} {what}", file=sys.stderr)
     return 0
 
 
@@ -256,8 +304,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from iscore.bench import format_table, run_bench, write_json
+    from iscore.bench import format_table, format_where, run_bench, where_overhead, write_json
 
+    if args.where:
+        result = where_overhead(
+            args.where,
+            tokens=args.tokens,
+            chunk_tokens=args.chunk_tokens,
+            path=args.dump,
+            log=None if args.quiet else lambda line: print(line),
+        )
+        print(format_where(result))
+        if args.json:
+            write_json(result, args.json)
+            print(f"wrote {args.json}")
+        return 0
     result = run_bench(
         tokens=args.tokens,
         chunk_tokens=args.chunk_tokens,
@@ -316,6 +377,8 @@ APP_OPTIONS = {
     "--max-upload-tokens": "the most tokens one session may upload "
     f"(default {MAX_UPLOAD_TOKENS:,})",
     "--cache-mb": f"memory for loaded dumps, shared by all sessions (default {CACHE_MB:,} MB)",
+    "--where": "a slice applied to every page from the start: an SQL predicate over the "
+    "sequence table's dump columns (docs/sql.md), as Explore's 'apply as slice'",
 }
 """iscore's own options of `iscore app`; every other `--section.option` goes to Streamlit."""
 
@@ -369,6 +432,10 @@ def _cmd_app(args: argparse.Namespace) -> int:
     if paths:
         resolve_files(paths[0])  # a typo fails here, not later in the browser
         script_args += ["--path", str(Path(paths[0]).absolute())]
+    for predicate in own["--where"][-1:]:
+        if paths:  # checked against the dump's columns here, not later in the browser
+            Dump(paths[0], where=predicate)
+        script_args += ["--where", predicate]
     for folder in own["--data-dir"]:
         if not Path(folder).is_dir():
             raise IscoreError(f"Expected --data-dir to be a directory, but got {folder}")
@@ -461,7 +528,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", metavar="OUT.json", help="write the analysis document")
     p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report")
+    p.add_argument(
+        "--sequences",
+        metavar="OUT.parquet|csv",
+        help="also write the sequence table (as `iscore sequences` does), from the same pass",
+    )
     p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser(
+        "sequences",
+        help="the per-sequence table, or a DuckDB SQL query over it",
+        description="Stream a dump once into its sequence table (one row per sequence: step, "
+        "seq_id, the dump's per-sequence columns, length, loss_tokens, mismatch statistics, "
+        "and per setting its weight, kept fraction and gradient share; docs/sql.md) and write "
+        "it, or the result of --sql over it: a DuckDB SELECT over `sequences` and the "
+        "`tokens` view of the dump's tokens. Without --out, CSV on stdout.",
+    )
+    _add_dump_arguments(p)
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="CFG.yaml",
+        help="a setting whose columns the table gets (repeatable)",
+    )
+    p.add_argument(
+        "--preset",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a named setting whose columns the table gets (repeatable)",
+    )
+    p.add_argument(
+        "--sql",
+        metavar="QUERY",
+        help='a DuckDB SELECT over `sequences` and `tokens`, e.g. "SELECT step, avg(k3) '
+        'FROM sequences GROUP BY step"',
+    )
+    p.add_argument("--out", metavar="OUT.parquet|csv", help="write here (default: CSV on stdout)")
+    p.set_defaults(func=_cmd_sequences)
 
     p = sub.add_parser(
         "recommend",
@@ -545,6 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DUMP",
         help="measure source vs target on this dump (mask rate, LR scale, mean w)",
     )
+    _add_where(p)
     p.set_defaults(
         func=_cmd_export, column=[], steps=None, drop_invalid=False, fmt=None, allow_pickle=False
     )
@@ -563,6 +669,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA rows when present")
     p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument(
+        "--where",
+        action="append",
+        metavar="PREDICATE",
+        help="instead, time what --where PREDICATE adds to a streamed analyze (repeatable; "
+        'e.g. --where "k3 >= 0", which keeps every sequence)',
+    )
     p.add_argument("--json", metavar="OUT.json", help="also write the results as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_cmd_bench)

@@ -17,16 +17,18 @@ first offending rows (0-based row numbers of that file); `DumpError.problems` ho
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import torch
 
@@ -41,6 +43,9 @@ from iscore.columns import (
 from iscore.errors import DumpError, quote
 from iscore.paths import list_files
 from iscore.writer import PROVENANCE_KEY
+
+if TYPE_CHECKING:
+    from iscore.sequences import Judge
 
 DEFAULT_CHUNK_TOKENS = 2_000_000
 """Tokens per streamed chunk: about 300 MB of working memory while a chunk is processed."""
@@ -139,6 +144,85 @@ class StepRange:
 
 
 @dataclass(frozen=True, slots=True)
+class Extra:
+    """A per-sequence column of the dump that the engine does not read (reward, group_id,
+    ...), carried with its sequences into `TokenBatch.extra` when asked for.
+
+    Attributes:
+        name: its name in the sequence table: the canonical name, else the file's (prefixed
+            `dump_` where that is a computed column's name).
+        source: the file's column.
+        reduce: "value" (one per row of a sequence-layout file), "first" (the value of a
+            sequence's rows in token layout, which must all hold the same) or "mean" (over
+            the sequence's tokens, or its list).
+        type: its type in the table.
+    """
+
+    name: str
+    source: str
+    reduce: Literal["value", "first", "mean"]
+    type: pa.DataType
+
+
+_CARRIED = ("group_id", "reward", "advantage", "entropy")
+"""The canonical extra columns the sequence table holds (token_id is per token)."""
+
+_PER_SEQUENCE_EXTRA = ("group_id", "reward")
+"""Extra columns that hold one value per sequence (in token layout, repeated on its rows)."""
+
+
+def _scalar_type(t: pa.DataType) -> pa.DataType | None:
+    """The sequence table's type for a scalar column of type `t`, None if it has none."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_integer(t):
+        return pa.int64()
+    if pa.types.is_floating(t):
+        return pa.float64()
+    if pa.types.is_boolean(t):
+        return pa.bool_()
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pa.string()
+    return None
+
+
+def _extras(schema: pa.Schema, columns: ColumnMap, layout: Layout) -> tuple[Extra, ...]:
+    """The per-sequence columns of a file beyond those the engine reads: the canonical
+    extras (token_id aside), and in sequence layout every other scalar column."""
+    out = []
+    for name in _CARRIED:
+        if name not in columns:
+            continue
+        source = columns.source[name]
+        t = schema.field(source).type
+        if _is_list(t):
+            numeric = _scalar_type(t.value_type) in (pa.int64(), pa.float64())
+            if layout == "sequence" and name not in _PER_SEQUENCE_EXTRA and numeric:
+                out.append(Extra(name, source, "mean", pa.float64()))
+            continue
+        kind = _scalar_type(t)
+        if kind is None:
+            continue
+        if layout == "sequence":
+            out.append(Extra(name, source, "value", kind))
+        elif name in _PER_SEQUENCE_EXTRA:
+            out.append(Extra(name, source, "first", kind))
+        elif kind in (pa.int64(), pa.float64()):
+            out.append(Extra(name, source, "mean", pa.float64()))
+    if layout == "sequence":
+        from iscore.sequences import COMPUTED  # which imports this module
+
+        known = set(columns.source.values())
+        for source in schema.names:
+            kind = _scalar_type(schema.field(source).type)
+            if source in known or kind is None:
+                continue
+            name = f"dump_{source}" if source in COMPUTED else source
+            out.append(Extra(name, source, "value", kind))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class DumpFile:
     """One Parquet file of a dump, opened and its columns resolved."""
 
@@ -147,6 +231,8 @@ class DumpFile:
     columns: ColumnMap
     num_rows: int
     num_tokens: int
+    extras: tuple[Extra, ...]
+    seq_id_type: pa.DataType
 
 
 @dataclass(slots=True)
@@ -159,6 +245,7 @@ class _Chunk:
     step: np.ndarray
     lengths: np.ndarray
     rows: np.ndarray  # file row of each token (in sequence layout: of its sequence)
+    extra: pa.Table | None = None  # the carried `Extra` columns, one row per sequence
 
     def sequences(self, start: int, stop: int) -> _Chunk:
         """Sequences start..stop-1 of this chunk."""
@@ -171,6 +258,7 @@ class _Chunk:
             self.step[start:stop],
             self.lengths[start:stop],
             self.rows[a:b],
+            None if self.extra is None else self.extra.slice(start, stop - start),
         )
 
 
@@ -268,7 +356,11 @@ def _open(
             _leaf(meta.row_group(g), columns.source["rollout_logprob"]).num_values
             for g in range(meta.num_row_groups)
         )
-    info = DumpFile(path, layout, columns, meta.num_rows, tokens)
+    seq_id_type = pa.int64()
+    if "seq_id" in columns:
+        seq_id_type = _scalar_type(schema.field(columns.source["seq_id"]).type)
+    extras = _extras(schema, columns, layout)
+    info = DumpFile(path, layout, columns, meta.num_rows, tokens, extras, seq_id_type)
     return parquet, info
 
 
@@ -377,9 +469,14 @@ class Dump:
         steps: only read sequences whose step lies in this range.
         drop_invalid: drop sequences with NaN, infinite or positive log-probs (counted in
             `dropped`) instead of raising.
+        where: only read sequences where this SQL predicate over the sequence table's dump
+            columns holds (`iscore.sequences`), judged chunk by chunk as they are read.
+        extras: carry every per-sequence column of the dump (`Extra`) into the batches'
+            `extra` table; without it only those `where` reads are carried.
 
     Raises:
         DumpProblems: files that cannot be opened or have the wrong columns (all listed).
+        QueryError: `where` is not a boolean expression over the sequence table's columns.
     """
 
     def __init__(
@@ -391,6 +488,8 @@ class Dump:
         drop_invalid: bool = False,
         fmt: str | None = None,
         allow_pickle: bool = False,
+        where: str | None = None,
+        extras: bool = False,
     ):
         sources = [source] if isinstance(source, str | Path) else list(source)
         files: list[tuple[str, bytes | None]] = []
@@ -399,7 +498,7 @@ class Dump:
                 files.append(_import(item, fmt, allow_pickle))
             else:
                 files.extend((path, None) for path in resolve_files(item))
-        self._setup(files, columns, steps, drop_invalid)
+        self._setup(files, columns, steps, drop_invalid, where, extras)
 
     @classmethod
     def from_buffers(
@@ -409,6 +508,8 @@ class Dump:
         columns: Mapping[str, str] | None = None,
         steps: StepRange | None = None,
         drop_invalid: bool = False,
+        where: str | None = None,
+        extras: bool = False,
     ) -> Dump:
         """A dump of Parquet files held in memory, e.g. uploads: (name, bytes) pairs.
 
@@ -418,7 +519,8 @@ class Dump:
         if not files:
             raise DumpError("no files given")
         dump = cls.__new__(cls)
-        dump._setup([(name, data) for name, data in files], columns, steps, drop_invalid)
+        files = [(name, data) for name, data in files]
+        dump._setup(files, columns, steps, drop_invalid, where, extras)
         return dump
 
     def _setup(
@@ -427,6 +529,8 @@ class Dump:
         columns: Mapping[str, str] | None,
         steps: StepRange | None,
         drop_invalid: bool,
+        where: str | None = None,
+        extras: bool = False,
     ) -> None:
         self._mapping = dict(columns or {})
         self.steps = steps or StepRange()
@@ -434,6 +538,7 @@ class Dump:
         self.dropped = DropReport()
         self.files: list[DumpFile] = []
         self._parquet: list[pq.ParquetFile] = []
+        self._data: list[bytes | None] = []
         problems: list[Problem] = []
         for path, data in files:
             try:
@@ -446,6 +551,7 @@ class Dump:
                 continue
             self.files.append(info)
             self._parquet.append(parquet)
+            self._data.append(data)
         if problems:
             raise DumpProblems(problems)
         layouts = {f.layout for f in self.files}
@@ -455,6 +561,20 @@ class Dump:
                 + ", ".join(f"{f.path} ({f.layout})" for f in self.files)
             )
         self.layout: Layout = self.files[0].layout
+        from iscore.sequences import Where, dump_schema  # which imports this module
+
+        self._extras = _union_extras(self.files)
+        self.sequence_schema = dump_schema(
+            _seq_id_type(self.files), pa.schema([(e.name, e.type) for e in self._extras])
+        )
+        """The sequence table's columns that come from the dump (`iscore.sequences`)."""
+        self.where = None if where is None else Where.compile(where, self.sequence_schema)
+        """The `where` predicate, checked against `sequence_schema`."""
+        carried = {e.name for e in self._extras}
+        if not extras:
+            carried &= set() if self.where is None else self.where.extras
+        self.carried = pa.schema([(e.name, e.type) for e in self._extras if e.name in carried])
+        """The extra columns each batch's `extra` table holds (`None` when there are none)."""
 
     @property
     def provenance(self) -> list[dict]:
@@ -472,6 +592,19 @@ class Dump:
         batch = next(self._parquet[0].iter_batches(batch_size=rows), None)
         schema = self._parquet[0].schema_arrow
         return pa.Table.from_batches([] if batch is None else [batch], schema=schema)
+
+    def datasets(self) -> list[pads.Dataset]:
+        """Each file as an Arrow dataset with its own column names (read lazily when
+        scanned, as DuckDB does for the `tokens` view of `iscore.sequences`)."""
+        out = []
+        for info, data in zip(self.files, self._data, strict=True):
+            if data is None:
+                out.append(pads.dataset(info.path, format="parquet"))
+                continue
+            parquet = pads.ParquetFileFormat()
+            fragment = parquet.make_fragment(pa.BufferReader(data))
+            out.append(pads.FileSystemDataset([fragment], fragment.physical_schema, parquet))
+        return out
 
     @property
     def num_tokens(self) -> int:
@@ -491,7 +624,8 @@ class Dump:
                     f"{self.files[0].path}: all {self.dropped.sequences:,} sequences were "
                     "dropped as invalid"
                 )
-            raise DumpError(f"{self.files[0].path}: no sequences in the selected steps")
+            selected = self.describe_selection()
+            raise DumpError(f"{self.files[0].path}: no sequences in the {selected}")
         batch = parts[0] if len(parts) == 1 else _concat(parts)
         return batch.to(device) if torch.device(device) != batch.device else batch
 
@@ -510,22 +644,52 @@ class Dump:
         """
         seen: dict[tuple[int, object], str] = {}
         sequences = tokens = in_loss = 0
-        for info, parquet in zip(self.files, self._parquet, strict=True):
-            reader = _reader(info, parquet, self.steps, seen, whole_steps)
-            for chunk in reader.chunks(max_tokens):
-                problems = _check(chunk, info.columns)
-                if problems:
-                    chunk, problems = self._drop(chunk, problems)
-                if problems:
-                    raise DumpProblems(problems)
-                if chunk.lengths.size:
-                    batch = _to_batch(chunk)
-                    sequences += batch.num_sequences
-                    tokens += batch.num_tokens
-                    in_loss += int(batch.loss_mask.sum())
-                    yield batch
+        with self._judge() as judge:
+            for info, parquet in zip(self.files, self._parquet, strict=True):
+                reader = _reader(info, parquet, self.steps, seen, whole_steps, self._carry(info))
+                for chunk in reader.chunks(max_tokens):
+                    problems = _check(chunk, info.columns)
+                    if problems:
+                        chunk, problems = self._drop(chunk, problems)
+                    if problems:
+                        raise DumpProblems(problems)
+                    batch = self._select(chunk, judge)
+                    if batch is not None:
+                        sequences += batch.num_sequences
+                        tokens += batch.num_tokens
+                        in_loss += int(batch.loss_mask.sum())
+                        yield batch
         if sequences and not in_loss:
             raise DumpProblems([self.nothing_in_loss(sequences, tokens)])
+
+    def describe_selection(self) -> str:
+        """What reading selects, for messages: the steps, and the `where` predicate."""
+        if self.where is None:
+            return "selected steps"
+        return f"selected steps where {quote(self.where.text)}"
+
+    def _carry(self, info: DumpFile) -> tuple[Extra, ...]:
+        """The extra columns to read from `info`."""
+        return tuple(e for e in info.extras if e.name in self.carried.names)
+
+    @contextlib.contextmanager
+    def _judge(self) -> Iterator[Judge | None]:
+        """A judge of the `where` predicate for one pass (None without one)."""
+        if self.where is None:
+            yield None
+            return
+        with self.where.judge() as judge:
+            yield judge
+
+    def _select(self, chunk: _Chunk, judge: Judge | None) -> TokenBatch | None:
+        """The chunk as a batch with the carried columns, only its sequences where the
+        predicate holds; None when none is left."""
+        if not chunk.lengths.size:
+            return None
+        batch = _to_batch(chunk, self.carried)
+        if judge is not None:
+            batch = judge.select(batch)
+        return batch if batch.num_sequences else None
 
     def nothing_in_loss(self, sequences: int, tokens: int) -> Problem:
         """The problem of a dump whose sequences hold no token in the loss."""
@@ -541,23 +705,25 @@ class Dump:
     def scan(
         self, max_tokens: int | None = DEFAULT_CHUNK_TOKENS
     ) -> Iterator[tuple[list[Problem], TokenBatch | None]]:
-        """Read the whole dump, yielding each chunk's problems and its batch (None if any).
+        """Read the whole dump, yielding each chunk's problems and its batch (None if it has
+        problems, or if `where` selects none of its sequences).
 
         This is `batches` for validation: a file with a structural problem (duplicate
         sequences, unequal lists, corrupt pages) is reported and skipped, and reading goes on
         with the next file; value problems are reported per chunk.
         """
         seen: dict[tuple[int, object], str] = {}
-        for info, parquet in zip(self.files, self._parquet, strict=True):
-            try:
-                for chunk in _reader(info, parquet, self.steps, seen).chunks(max_tokens):
-                    problems = _check(chunk, info.columns)
-                    if problems:
-                        chunk, problems = self._drop(chunk, problems)
-                    batch = _to_batch(chunk) if not problems and chunk.lengths.size else None
-                    yield problems, batch
-            except DumpProblems as e:
-                yield list(e.problems), None
+        with self._judge() as judge:
+            for info, parquet in zip(self.files, self._parquet, strict=True):
+                reader = _reader(info, parquet, self.steps, seen, extras=self._carry(info))
+                try:
+                    for chunk in reader.chunks(max_tokens):
+                        problems = _check(chunk, info.columns)
+                        if problems:
+                            chunk, problems = self._drop(chunk, problems)
+                        yield problems, None if problems else self._select(chunk, judge)
+                except DumpProblems as e:
+                    yield list(e.problems), None
 
     def _drop(self, chunk: _Chunk, problems: list[Problem]) -> tuple[_Chunk, list[Problem]]:
         """With `drop_invalid`, remove sequences whose only problems are invalid values."""
@@ -583,6 +749,7 @@ class Dump:
             chunk.step[~bad_seq],
             chunk.lengths[~bad_seq],
             chunk.rows[~bad_seq[seq_of_token]],
+            None if chunk.extra is None else chunk.extra.filter(pa.array(~bad_seq)),
         )
         return kept, []
 
@@ -661,6 +828,7 @@ class _Reader:
         steps: StepRange,
         seen: dict,
         whole_steps: bool = False,
+        extras: tuple[Extra, ...] = (),
     ):
         self.info = info
         self.parquet = parquet
@@ -668,11 +836,13 @@ class _Reader:
         self.seen = seen
         self._here: set[tuple[int, object]] = set()
         self.whole_steps = whole_steps
+        self.extras = extras
         # What a chunk boundary must not split: a sequence, or a whole training step.
         self.unit = ("step",) if whole_steps else ("step", "seq_id")
         self.source = {
             k: v for k, v in info.columns.source.items() if k in PER_TOKEN + PER_SEQUENCE
         }
+        self.source.update({e.name: e.source for e in extras})
 
     def _row_groups(self) -> list[int]:
         """Row groups that can hold selected steps, judged by their statistics."""
@@ -746,7 +916,10 @@ class _Reader:
     def _read_problems(self, table: pa.Table, rows: np.ndarray) -> list[Problem]:
         """Nulls (inside lists too) and steps or positions int64 cannot hold, as read."""
         problems = []
+        carried = {e.name for e in self.extras}  # nulls there are values (no reward yet)
         for name in table.column_names:
+            if name in carried:
+                continue
             column = table[name].combine_chunks()
             label = _label(self.info.columns, name)
             # Null log-probs of token layout are reported with the invalid values (as NaN),
@@ -780,6 +953,54 @@ class _Reader:
             rows = np.repeat(rows, lengths.to_numpy(zero_copy_only=False))
         r, count = _first(bad.fill_null(False).to_numpy(zero_copy_only=False), rows)
         return Problem(self.info.path, label, f"{count:,} {what}", tuple(dict.fromkeys(r)), count)
+
+    def _extra(
+        self,
+        values: dict[str, pa.Array],
+        lengths: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+    ) -> pa.Table | None:
+        """The carried extra columns, one row per sequence, from their `values` as read: per
+        token (token layout, with each sequence's `lengths` and the tokens' file `rows`) or
+        per sequence, scalars or lists (sequence layout)."""
+        if not self.extras:
+            return None
+        columns = []
+        for extra in self.extras:
+            column = values[extra.name]
+            if extra.reduce == "value":
+                columns.append(column.cast(extra.type))
+                continue
+            if lengths is None:  # a list per sequence
+                counts = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
+                flat = pc.list_flatten(column)
+            else:
+                counts, flat = lengths, column
+            if extra.reduce == "mean":
+                columns.append(_means(flat, counts))
+            else:
+                columns.append(self._first(extra, flat, counts, rows))
+        return pa.table(columns, names=[e.name for e in self.extras])
+
+    def _first(
+        self, extra: Extra, values: pa.Array, lengths: np.ndarray, rows: np.ndarray
+    ) -> pa.Array:
+        """Each sequence's value of a per-sequence column repeated on its rows."""
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        first = values.take(pa.array(starts))
+        again = first.take(pa.array(np.repeat(np.arange(lengths.size), lengths)))
+        same = pc.fill_null(pc.equal(values, again), False)
+        same = pc.or_(same, pc.and_(values.is_null(), again.is_null()))
+        differ = ~same.to_numpy(zero_copy_only=False)
+        if differ.any():
+            r, count = _first(differ, rows)
+            message = (
+                f"{count:,} values differ from the first of their sequence; {extra.name} holds "
+                "one value per sequence, repeated on each of its rows in token layout"
+            )
+            label = _label(self.info.columns, extra.name)
+            raise DumpProblems([Problem(self.info.path, label, message, r, count)])
+        return first.cast(extra.type)
 
     def _mark_seen(self, step: np.ndarray, seq_id: pa.Array, first_rows: np.ndarray) -> None:
         """Remember each sequence's file; a sequence met twice is an error naming both."""
@@ -842,10 +1063,11 @@ class _TokenReader(_Reader):
         ).astype(np.int64)
         seq_id = table["seq_id"].chunk(0).take(pa.array(starts))
         self._mark_seen(step, seq_id, rows[starts])
+        extra = self._extra({e.name: table[e.name].chunk(0) for e in self.extras}, lengths, rows)
         per_token = {n: table[n].chunk(0) for n in PER_TOKEN if n in table.column_names}
         if "pos" in per_token:
             per_token, rows = _order_by_pos(self.info, per_token, lengths, rows)
-        return _Chunk(self.info.path, per_token, seq_id, step, lengths, rows)
+        return _Chunk(self.info.path, per_token, seq_id, step, lengths, rows, extra)
 
 
 def _decode_dictionaries(table: pa.Table) -> pa.Table:
@@ -968,16 +1190,62 @@ class _SequenceReader(_Reader):
         self._mark_seen(step, seq_id, rows)
         lengths = lengths.astype(np.int64)
         token_rows = np.repeat(rows, lengths)
+        extra = self._extra({e.name: table[e.name].combine_chunks() for e in self.extras})
         if "pos" in per_token:
             per_token, token_rows = _order_by_pos(self.info, per_token, lengths, token_rows)
-        return _Chunk(self.info.path, per_token, seq_id, step, lengths, token_rows)
+        return _Chunk(self.info.path, per_token, seq_id, step, lengths, token_rows, extra)
 
 
 def _reader(
-    info: DumpFile, parquet: pq.ParquetFile, steps: StepRange, seen: dict, whole_steps: bool = False
+    info: DumpFile,
+    parquet: pq.ParquetFile,
+    steps: StepRange,
+    seen: dict,
+    whole_steps: bool = False,
+    extras: tuple[Extra, ...] = (),
 ) -> _Reader:
     reader = _TokenReader if info.layout == "token" else _SequenceReader
-    return reader(info, parquet, steps, seen, whole_steps)
+    return reader(info, parquet, steps, seen, whole_steps, extras)
+
+
+def _means(values: pa.Array, counts: np.ndarray) -> pa.Array:
+    """float64 mean of each run of `counts` values (null for an empty run, or one holding a
+    null or NaN)."""
+    x = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
+    sums = np.zeros(counts.size)
+    nonempty = counts > 0
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    if x.size:
+        sums[nonempty] = np.add.reduceat(x, starts[nonempty])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = sums / counts
+    return pa.array(means, mask=~nonempty | np.isnan(means))
+
+
+def _union_extras(files: Sequence[DumpFile]) -> tuple[Extra, ...]:
+    """The extra columns of all files, in order of appearance; one type per name."""
+    found: dict[str, Extra] = {}
+    where: dict[str, str] = {}
+    for info in files:
+        for extra in info.extras:
+            known = found.setdefault(extra.name, extra)
+            where.setdefault(extra.name, info.path)
+            if known.type != extra.type:
+                raise DumpError(
+                    f"{info.path}: column {extra.source} is {extra.type} here but "
+                    f"{known.type} in {where[extra.name]}; the files of a dump agree on it"
+                )
+    return tuple(found.values())
+
+
+def _seq_id_type(files: Sequence[DumpFile]) -> pa.DataType:
+    types = {f.seq_id_type for f in files}
+    if len(types) > 1:
+        raise DumpError(
+            "files disagree on the type of seq_id: "
+            + ", ".join(f"{f.path} ({f.seq_id_type})" for f in files)
+        )
+    return types.pop()
 
 
 def _concat_chunks(chunks: list[_Chunk]) -> _Chunk:
@@ -990,6 +1258,7 @@ def _concat_chunks(chunks: list[_Chunk]) -> _Chunk:
         np.concatenate([c.step for c in chunks]),
         np.concatenate([c.lengths for c in chunks]),
         np.concatenate([c.rows for c in chunks]),
+        None if chunks[0].extra is None else pa.concat_tables([c.extra for c in chunks]),
     )
 
 
@@ -1008,7 +1277,8 @@ def _tensor(values: pa.Array, dtype: pa.DataType, torch_dtype: torch.dtype) -> t
     )
 
 
-def _to_batch(chunk: _Chunk) -> TokenBatch:
+def _to_batch(chunk: _Chunk, carried: pa.Schema | None = None) -> TokenBatch:
+    """The chunk as tensors; its extra columns as the `carried` schema (missing ones null)."""
     t = chunk.per_token
     mask = t.get("loss_mask")
     lengths = torch.from_numpy(chunk.lengths)
@@ -1027,7 +1297,21 @@ def _to_batch(chunk: _Chunk) -> TokenBatch:
         step=torch.from_numpy(chunk.step),
         seq_id=chunk.seq_id,
         pos=_tensor(t["pos"], pa.int64(), torch.int64) if "pos" in t else None,
+        extra=_conform(chunk.extra, carried, chunk.lengths.size),
     )
+
+
+def _conform(extra: pa.Table | None, schema: pa.Schema | None, rows: int) -> pa.Table | None:
+    """`extra` with exactly the columns of `schema` (nulls where its file has none)."""
+    if schema is None or not schema.names:
+        return None
+    columns = [
+        extra[f.name].combine_chunks()
+        if extra is not None and f.name in extra.column_names
+        else pa.nulls(rows, f.type)
+        for f in schema
+    ]
+    return pa.table(columns, schema=schema)
 
 
 def _concat(parts: list[TokenBatch]) -> TokenBatch:
@@ -1052,6 +1336,7 @@ def _concat(parts: list[TokenBatch]) -> TokenBatch:
         raise DumpError(
             "files disagree on the type of seq_id: " + ", ".join(str(a.type) for a in ids)
         )
+    extras = [p.extra for p in parts]
     return TokenBatch(
         rollout=cat("rollout"),
         train=cat("train"),
@@ -1061,6 +1346,7 @@ def _concat(parts: list[TokenBatch]) -> TokenBatch:
         step=cat("step"),
         seq_id=pa.concat_arrays(ids),
         pos=cat("pos"),
+        extra=None if extras[0] is None else pa.concat_tables(extras).combine_chunks(),
     )
 
 

@@ -141,6 +141,8 @@ def _none(value: Any) -> None:
 def _header(doc: dict[str, Any]) -> str:
     src = doc["source"]
     files = ", ".join(html.escape(Path(f).name) for f in src["files"]) or "in-memory batch"
+    if src.get("where"):
+        files += f" · only sequences where <code>{html.escape(src['where'])}</code>"
     return (
         f"<h1>iscore report</h1><p class='meta'>{files} · {len(src['steps'])} steps · "
         f"{src['sequences']:,} sequences · {src['loss_tokens']:,} loss tokens · "

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from iscore.dump import DEFAULT_CHUNK_TOKENS, DropReport, Dump, Problem
+from iscore.errors import clip
 from iscore.ops import k3, log_ratio
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
@@ -39,6 +40,8 @@ class Report:
         problems: everything wrong; empty when the dump is valid.
         dropped: sequences dropped with `drop_invalid`.
         provenance: per file, the framework dump it was imported from (empty if none).
+        where: the `--where` predicate the summary's sequences satisfy (problems are
+            looked for in every sequence read), or None.
     """
 
     files: list[str]
@@ -55,6 +58,7 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     dropped: DropReport = field(default_factory=DropReport)
     provenance: list[dict] = field(default_factory=list)
+    where: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -81,7 +85,8 @@ class Report:
             f"{where}: OK",
             f"  layout      {self.layout}, {len(self.files)} file{'s' * (len(self.files) > 1)}",
             f"  steps       {len(steps)} ({span})",
-            f"  sequences   {self.sequences:,}",
+            f"  sequences   {self.sequences:,}"
+            + ("" if self.where is None else f" where {clip(self.where)}"),
             f"  tokens      {self.tokens:,} ({self.loss_tokens:,} in the loss)",
             f"  length      {quantiles}",
             "  columns     "
@@ -133,6 +138,7 @@ def validate(
         columns,
         dropped=dump.dropped,
         provenance=dump.provenance,
+        where=None if dump.where is None else dump.where.text,
     )
     lengths: list[np.ndarray] = []
     steps: set[int] = set()
@@ -159,7 +165,7 @@ def validate(
             what = (
                 f"all {dump.dropped.sequences:,} sequences were dropped as invalid"
                 if dump.dropped.sequences
-                else "no sequences in the selected steps"
+                else f"no sequences in the {dump.describe_selection()}"
             )
             report.problems.append(Problem(report.files[0], None, what))
         return report

@@ -18,7 +18,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,7 +43,9 @@ from iscore.impact import SettingStats
 from iscore.paths import list_files
 from iscore.preview import ROWS, Preview, preview_table
 from iscore.recommend import Recommendation, Targets, recommend
+from iscore.sequences import Where, batch_schema, catalog, sequence_table
 from iscore.spec import Spec
+from iscore.sql import ROW_LIMIT, TIMEOUT_S, Result, query
 from iscore.tune import Tuner, grid
 from iscore.writer import PROVENANCE_KEY
 
@@ -82,26 +84,7 @@ def select_steps(batch: TokenBatch, steps: StepRange) -> TokenBatch:
         keep &= batch.step >= steps.lo
     if steps.hi is not None:
         keep &= batch.step <= steps.hi
-    if bool(keep.all()):
-        return batch
-    tokens = keep[batch.seq_index]
-    lengths = batch.lengths[keep]
-    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=batch.device)
-    torch.cumsum(lengths, 0, out=cu[1:])
-
-    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t[tokens]
-
-    return TokenBatch(
-        rollout=batch.rollout[tokens],
-        train=batch.train[tokens],
-        cu_seqlens=cu,
-        loss_mask=pick(batch.loss_mask),
-        policy=pick(batch.policy),
-        step=batch.step[keep],
-        seq_id=batch.seq_id.filter(pa.array(keep.cpu().numpy())),
-        pos=pick(batch.pos),
-    )
+    return batch if bool(keep.all()) else batch.select(keep)
 
 
 def summarize(batch: TokenBatch, bins: int = 40) -> dict[str, Any]:
@@ -128,15 +111,7 @@ def sequence_tokens(batch: TokenBatch, step: int, seq_id: Any) -> dict[str, np.n
     Raises:
         DumpError: no such sequence in the batch.
     """
-    ids = batch.seq_id
-    try:
-        same_id = pc.equal(ids, pa.scalar(seq_id, type=ids.type)).to_numpy(zero_copy_only=False)
-    except (pa.ArrowException, TypeError, ValueError):
-        same_id = np.zeros(len(ids), dtype=bool)
-    hits = np.flatnonzero(same_id & (batch.step.cpu().numpy() == step))
-    if not hits.size:
-        raise DumpError(f"no sequence seq_id={quote(seq_id)} step={step} in the loaded dump")
-    i = int(hits[0])
+    i = _find(batch, step, seq_id)
     a, b = int(batch.cu_seqlens[i]), int(batch.cu_seqlens[i + 1])
     rollout = batch.rollout[a:b].cpu().numpy()
     train = batch.train[a:b].cpu().numpy()
@@ -147,6 +122,23 @@ def sequence_tokens(batch: TokenBatch, step: int, seq_id: Any) -> dict[str, np.n
         "d": train.astype(np.float64) - rollout.astype(np.float64),
         "loss_mask": batch.loss_mask[a:b].cpu().numpy(),
     }
+
+
+def _find(batch: TokenBatch, step: int, seq_id: Any) -> int:
+    """The index of sequence (`step`, `seq_id`) in `batch`.
+
+    Raises:
+        DumpError: no such sequence in the batch.
+    """
+    ids = batch.seq_id
+    try:
+        same_id = pc.equal(ids, pa.scalar(seq_id, type=ids.type)).to_numpy(zero_copy_only=False)
+    except (pa.ArrowException, TypeError, ValueError):
+        same_id = np.zeros(len(ids), dtype=bool)
+    hits = np.flatnonzero(same_id & (batch.step.cpu().numpy() == step))
+    if not hits.size:
+        raise DumpError(f"no sequence seq_id={quote(seq_id)} step={step} in the loaded dump")
+    return int(hits[0])
 
 
 class _Memo:
@@ -204,19 +196,36 @@ class Source:
         return self.preview.unused(source for _, source in self.columns)
 
 
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The sequences the pages look at: training steps, and a slice (a `--where` predicate
+    over the sequence table's dump columns, `iscore.sequences`) or None.
+
+    >>> Selection(StepRange(3, 7), "length > 4000")
+    Selection(steps=StepRange(lo=3, hi=7), where='length > 4000')
+    """
+
+    steps: StepRange = field(default_factory=StepRange)
+    where: str | None = None
+
+
 class Workspace:
     """A loaded dump and everything derived from it, computed on first use and memoized.
 
-    Every method takes the training steps to look at (`StepRange`, None for all); results
-    are memoized per steps (and per setting), so moving back to an earlier selection is free.
+    Every method takes the sequences to look at: a `Selection` (or just a `StepRange` of
+    training steps; None for all); results are memoized per selection (and per setting), so
+    moving back to an earlier selection is free.
 
     Args:
-        batch: the whole dump, loaded.
+        batch: the whole dump, loaded (with its per-sequence columns in `extra`).
         source: where it came from.
+        dump: the opened dump, whose files the `tokens` view of queries reads (None: queries
+            see only the sequence table).
     """
 
-    def __init__(self, batch: TokenBatch, source: Source):
+    def __init__(self, batch: TokenBatch, source: Source, dump: Dump | None = None):
         self.source = source
+        self.dump = dump
         self.full = batch
         self.steps = sorted(int(s) for s in torch.unique(batch.step).tolist())
         self._batches = _Memo(4)
@@ -244,39 +253,70 @@ class Workspace:
         source = Source(
             name, files, dump.layout, columns, dump.dropped.sequences, provenance, preview
         )
-        return cls(batch, source)
+        return cls(batch, source, dump)
 
-    def selection(self, steps: StepRange | None) -> StepRange:
-        """`steps`, or StepRange() when it covers every step (one memo entry for "all")."""
-        if steps is None or (
-            (steps.lo is None or steps.lo <= self.steps[0])
-            and (steps.hi is None or steps.hi >= self.steps[-1])
-        ):
-            return StepRange()
-        return steps
+    def selection(self, steps: Selection | StepRange | None) -> Selection:
+        """The selection in one canonical form (a step range covering every step is all
+        steps): one memo entry per distinct set of sequences asked for the same way."""
+        chosen = steps if isinstance(steps, Selection) else Selection(steps or StepRange())
+        lo, hi = chosen.steps.lo, chosen.steps.hi
+        if (lo is None or lo <= self.steps[0]) and (hi is None or hi >= self.steps[-1]):
+            chosen = replace(chosen, steps=StepRange())
+        return chosen
 
-    def batch(self, steps: StepRange | None = None) -> TokenBatch:
-        """The sequences of the selected steps."""
-        steps = self.selection(steps)
-        return self._batches.get(steps, lambda: select_steps(self.full, steps))
+    def where(self, text: str) -> Where:
+        """A predicate checked against this dump's sequence columns.
 
-    def summary(self, steps: StepRange | None = None) -> dict[str, Any]:
+        Raises:
+            QueryError: not a boolean expression over them, naming the problem.
+        """
+        return self._other.get(("where", text), lambda: Where.compile(text, self.schema))
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The sequence table's columns that come from the dump."""
+        return batch_schema(self.full)
+
+    def batch(self, steps: Selection | StepRange | None = None) -> TokenBatch:
+        """The sequences of the selection.
+
+        Raises:
+            DumpError: the slice holds no sequence of the selected steps.
+            QueryError: the slice is not a predicate over the sequence columns.
+        """
+        chosen = self.selection(steps)
+
+        def compute() -> TokenBatch:
+            batch = select_steps(self.full, chosen.steps)
+            if chosen.where is not None:
+                with self.where(chosen.where).judge() as judge:
+                    batch = judge.select(batch)
+                if not batch.num_sequences:
+                    raise DumpError(
+                        f"no sequence of the selected steps where {quote(chosen.where)}"
+                    )
+            return batch
+
+        return self._batches.get(chosen, compute)
+
+    def summary(self, steps: Selection | StepRange | None = None) -> dict[str, Any]:
         """`summarize` of the selected steps."""
         steps = self.selection(steps)
         return self._summaries.get(steps, lambda: summarize(self.batch(steps)))
 
-    def mismatch(self, steps: StepRange | None = None) -> Analysis:
+    def mismatch(self, steps: Selection | StepRange | None = None) -> Analysis:
         """The mismatch diagnostics of the selected steps (an analysis without settings)."""
         steps = self.selection(steps)
 
         def compute() -> Analysis:
             result = analyze(self.batch(steps), [])
             result.source["files"] = list(self.source.files)
+            result.source["where"] = steps.where
             return result
 
         return self._mismatch.get(steps, compute)
 
-    def setting(self, spec: Spec, steps: StepRange | None = None) -> dict[str, Any]:
+    def setting(self, spec: Spec, steps: Selection | StepRange | None = None) -> dict[str, Any]:
         """What one setting does to the selected steps (one entry of `Analysis.settings`)."""
 
         def compute() -> dict[str, Any]:
@@ -287,23 +327,27 @@ class Workspace:
 
         return self._settings.get((self.selection(steps), spec), compute)
 
-    def analysis(self, specs: Sequence[Spec], steps: StepRange | None = None) -> Analysis:
+    def analysis(
+        self, specs: Sequence[Spec], steps: Selection | StepRange | None = None
+    ) -> Analysis:
         """The analysis of the selected steps with `specs`, each setting computed once."""
         base = self.mismatch(steps)
         return replace(base, settings=[self.setting(spec, steps) for spec in specs])
 
-    def tuner(self, steps: StepRange | None = None) -> Tuner:
+    def tuner(self, steps: Selection | StepRange | None = None) -> Tuner:
         """The sorted statistics of the selected steps, for threshold queries."""
         steps = self.selection(steps)
         return self._tuners.get(steps, lambda: Tuner(self.batch(steps)))
 
-    def grid(self, family: str, steps: StepRange | None = None) -> dict[str, list[float]]:
+    def grid(
+        self, family: str, steps: Selection | StepRange | None = None
+    ) -> dict[str, list[float]]:
         """`grid` of the selected steps' tuner: slider values per bound of `family`."""
         steps = self.selection(steps)
         return self._grids.get((family, steps), lambda: grid(self.tuner(steps), family))
 
     def recommend(
-        self, framework: str, targets: Targets, steps: StepRange | None = None
+        self, framework: str, targets: Targets, steps: Selection | StepRange | None = None
     ) -> Recommendation:
         """`recommend` on the selected steps: the framework's candidates ranked for `targets`."""
         steps = self.selection(steps)
@@ -311,6 +355,51 @@ class Workspace:
             ("recommend", framework, targets, steps),
             lambda: recommend(self.batch(steps), framework, targets),
         )
+
+    def sequences(
+        self, specs: Sequence[Spec], steps: Selection | StepRange | None = None
+    ) -> pa.Table:
+        """The sequence table of the selection with the columns of `specs`."""
+        chosen = self.selection(steps)
+        return self._other.get(
+            ("sequences", tuple(specs), chosen),
+            lambda: sequence_table(self.batch(chosen), specs),
+        )
+
+    def query(
+        self,
+        text: str,
+        specs: Sequence[Spec],
+        steps: Selection | StepRange | None = None,
+        *,
+        limit: int = ROW_LIMIT,
+        timeout: float = TIMEOUT_S,
+    ) -> Result:
+        """A DuckDB SELECT over the selection's `sequences` table (with the columns of
+        `specs`) and the `tokens` view of the dump, at most `limit` rows within `timeout`
+        seconds.
+
+        Raises:
+            QueryError: the query is not valid or not allowed, fails or runs out of time.
+        """
+        table = self.sequences(specs, steps)
+        tables, views = catalog(table, text, self.dump)
+        return query(tables, text, views=views, limit=limit, timeout=timeout)
+
+    def sequence_weights(
+        self, specs: Sequence[Spec], step: int, seq_id: Any, steps: Selection | StepRange | None
+    ) -> dict[Spec, np.ndarray]:
+        """float32 per-token weight of sequence (`step`, `seq_id`) under each setting, replayed
+        on its step of the selection (settings that normalize over a step see all of it)."""
+        chosen = self.selection(steps)
+
+        def compute() -> dict[Spec, np.ndarray]:
+            batch = select_steps(self.batch(chosen), StepRange(step, step))
+            index = _find(batch, step, seq_id)
+            a, b = int(batch.cu_seqlens[index]), int(batch.cu_seqlens[index + 1])
+            return {spec: spec.replay(batch).weight[a:b].cpu().numpy() for spec in specs}
+
+        return self._other.get(("weights", tuple(specs), chosen, step, seq_id), compute)
 
     def cached(self, key: Hashable, compute: Callable[[], T]) -> T:
         """Anything else derived from this dump, memoized with it under `key`."""
@@ -345,7 +434,13 @@ def open_path(
     names = [source] if isinstance(source, str) else list(source)
     _refuse_pickles(names, allow_pickle)
     return Workspace.from_dump(
-        Dump(source, columns=columns, drop_invalid=drop_invalid, allow_pickle=allow_pickle)
+        Dump(
+            source,
+            columns=columns,
+            drop_invalid=drop_invalid,
+            allow_pickle=allow_pickle,
+            extras=True,
+        )
     )
 
 
@@ -387,7 +482,7 @@ def open_uploads(
         buffers.append((f"{label} ({fmt})", sink.getvalue().to_pybytes()))
         if max_tokens is not None:
             check_upload(buffers, max_tokens)
-    dump = Dump.from_buffers(buffers, columns=columns, drop_invalid=drop_invalid)
+    dump = Dump.from_buffers(buffers, columns=columns, drop_invalid=drop_invalid, extras=True)
     return Workspace.from_dump(dump)
 
 

@@ -1,0 +1,521 @@
+"""The sequence table: one row per sequence of a dump, its own columns and its mismatch, and
+for each setting what that setting does to it; `--where` predicates are judged on it.
+
+Columns (docs/sql.md#the-sequences-table): `step`, `seq_id`, the dump's other per-sequence
+columns (`group_id`, `reward`; `advantage` and `entropy` as means over the sequence's tokens;
+in sequence layout any other scalar column), then
+
+- `length`: tokens of the sequence in the dump; `loss_tokens`: those with loss_mask true;
+- over the loss tokens, with d = train_logprob - rollout_logprob in float64 (null for a
+  sequence without loss tokens): `d_sum` = S = sum of d, `d_mean` = S / T, `k1` = -S / T,
+  `abs_diff_mean` = mean |d|, `abs_diff_max` = max |d|, `k3` = mean of e^d - 1 - d,
+  `geo_ratio` = e^(S / T), the geometric-mean ratio;
+- per setting NAME (`setting_columns`): `NAME_weight`, the mean weight of its loss tokens;
+  `NAME_kept`, the share of its loss tokens with weight > 0; `NAME_share`, its share of its
+  step's gradient under the framework's loss aggregation (the step's shares sum to 1).
+
+These are the columns `--where` can use, except the per-setting ones (a predicate selects the
+data every setting then sees). `Where` judges a batch's sequences chunk by chunk, so a filtered
+stream never holds more than a chunk; `SequenceTable` accumulates the whole table.
+
+>>> import iscore                                         # doctest: +SKIP
+>>> dump = iscore.Dump("data/fp8.parquet", where="length > 1000")  # doctest: +SKIP
+>>> table = sequence_table(dump, [spec])                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import torch
+
+from iscore import ops
+from iscore.batch import TokenBatch
+from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
+from iscore.errors import IscoreError, quote
+from iscore.impact import aggregation_of
+from iscore.output import output_path
+from iscore.spec import Replay, Spec
+from iscore.sql import Evaluator, Predicate, QueryError, Source, referenced
+
+COUNTS = ("length", "loss_tokens")
+"""Computed integer columns: tokens, and loss tokens, of each sequence."""
+
+MISMATCH = {
+    "d_mean": "S / T: the mean of d = train_logprob - rollout_logprob over the loss tokens",
+    "abs_diff_mean": "mean |d|",
+    "abs_diff_max": "max |d|",
+    "k1": "-S / T: k1 estimate of KL(rollout || train), per sequence",
+    "k3": "mean of e^d - 1 - d",
+    "d_sum": "S: the sum of d (the log of the sequence-level ratio)",
+    "geo_ratio": "e^(S / T): the geometric-mean ratio",
+}
+"""Computed mismatch columns (float64, over loss tokens; null without loss tokens)."""
+
+COMPUTED = (*COUNTS, *MISMATCH)
+"""Every column computed from the log-probs; the dump's own columns are renamed `dump_NAME`
+where their name is one of these."""
+
+SETTING_STATISTICS = ("weight", "kept", "share")
+"""Per-setting columns, as suffixes of the setting's name."""
+
+
+def dump_schema(seq_id: pa.DataType, extras: pa.Schema) -> pa.Schema:
+    """The columns of the sequence table that come from the dump (all but the per-setting
+    ones): `step`, `seq_id` of type `seq_id`, the `extras`, then `COMPUTED`."""
+    return pa.schema(
+        [
+            ("step", pa.int64()),
+            ("seq_id", seq_id),
+            *extras,
+            *((name, pa.int64()) for name in COUNTS),
+            *((name, pa.float64()) for name in MISMATCH),
+        ]
+    )
+
+
+class _Statistics:
+    """The per-sequence sums of one batch, each computed on first use (inside `ops.shared`,
+    d and its sums are shared with the diagnostics)."""
+
+    def __init__(self, batch: TokenBatch):
+        self.batch = batch
+        self.mask = batch.loss_mask
+        self._cache: dict[str, Any] = {}
+
+    def _get(self, name: str, compute: Callable[[], Any]) -> Any:
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
+
+    def loss_tokens(self) -> np.ndarray:
+        """int64 [B] loss tokens of each sequence."""
+        return self._get(
+            "T", lambda: ops.segment_count(self.batch, self.mask).cpu().numpy().astype(np.int64)
+        )
+
+    def _sum(self, name: str, values: Callable[[], torch.Tensor]) -> np.ndarray:
+        return self._get(
+            name, lambda: ops.segment_sum(values(), self.batch, self.mask).cpu().numpy()
+        )
+
+    def _abs(self) -> torch.Tensor:
+        return self._get("abs", lambda: torch.abs(ops.log_ratio(self.batch)))
+
+    def column(self, name: str) -> np.ndarray:
+        """float64 [B] `name` of `MISMATCH` (NaN where a sequence has no loss token)."""
+        T = self.loss_tokens().astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            if name == "d_sum":
+                values = self._sum("S", lambda: ops.log_ratio(self.batch)).copy()
+            elif name in ("d_mean", "k1", "geo_ratio"):
+                mean = self._sum("S", lambda: ops.log_ratio(self.batch)) / T
+                values = {"d_mean": mean, "k1": -mean, "geo_ratio": np.exp(mean)}[name]
+            elif name == "abs_diff_mean":
+                values = self._sum("A", self._abs) / T
+            elif name == "abs_diff_max":
+                values = ops.segment_max(self._abs(), self.batch, self.mask).cpu().numpy()
+            else:  # k3
+                values = self._sum("K", lambda: ops.k3(ops.log_ratio(self.batch))) / T
+        values[T == 0] = np.nan
+        return values
+
+
+def sequence_rows(
+    batch: TokenBatch, schema: pa.Schema, columns: Collection[str] | None = None
+) -> pa.Table:
+    """The dump columns of the sequence table for each sequence of `batch` [B rows].
+
+    Args:
+        batch: whole sequences, with their `extra` columns as the table needs them.
+        schema: the table's dump columns (`dump_schema`).
+        columns: only these (in schema order); None for all.
+
+    >>> b = TokenBatch(rollout=torch.tensor([-1.0, -2.0, -0.5]),
+    ...                train=torch.tensor([-1.5, -2.0, -0.5]), cu_seqlens=torch.tensor([0, 2, 3]))
+    >>> schema = dump_schema(pa.int64(), pa.schema([]))
+    >>> sequence_rows(b, schema, ["length", "d_sum", "abs_diff_max"]).to_pydict()
+    {'length': [2, 1], 'd_sum': [-0.5, 0.0], 'abs_diff_max': [0.5, 0.0]}
+    """
+    stats = _Statistics(batch)
+    wanted = schema.names if columns is None else [n for n in schema.names if n in columns]
+    arrays = []
+    for name in wanted:
+        kind = schema.field(name).type
+        if name == "step":
+            arrays.append(pa.array(batch.step.cpu().numpy().astype(np.int64)))
+        elif name == "seq_id":
+            arrays.append(batch.seq_id.cast(kind))
+        elif name == "length":
+            arrays.append(pa.array(batch.lengths.cpu().numpy().astype(np.int64)))
+        elif name == "loss_tokens":
+            arrays.append(pa.array(stats.loss_tokens()))
+        elif name in MISMATCH:
+            arrays.append(pa.array(stats.column(name), mask=stats.loss_tokens() == 0))
+        else:
+            arrays.append(batch.extra[name].combine_chunks())
+    return pa.table(arrays, schema=pa.schema([schema.field(n) for n in wanted]))
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """A `--where` predicate checked against a dump's sequence columns, judging batches.
+
+    Attributes:
+        predicate: the checked SQL expression.
+        extras: the dump's own columns it reads beyond step and seq_id (to be carried
+            through reading).
+    """
+
+    predicate: Predicate
+    extras: frozenset[str]
+
+    @classmethod
+    def compile(cls, text: str, schema: pa.Schema) -> Where:
+        """Check `text` against the dump columns `schema` (`dump_schema`).
+
+        Raises:
+            QueryError: not one boolean expression over those columns, naming the problem.
+        """
+        hint = "; per-setting columns are not available to --where"
+        predicate = Predicate.compile(text, schema, hint=hint)
+        own = set(schema.names) - {"step", "seq_id", *COMPUTED}
+        return cls(predicate, frozenset(predicate.columns & own))
+
+    @property
+    def text(self) -> str:
+        return self.predicate.text
+
+    def judge(self) -> Judge:
+        """A judge of many batches in one thread (it holds one DuckDB connection): close it
+        when done, or use it as a context manager."""
+        return Judge(self.predicate.evaluator())
+
+
+@dataclass(slots=True)
+class Judge:
+    """Applies a `Where` to batches: see `Where.judge`."""
+
+    evaluator: Evaluator
+
+    def __enter__(self) -> Judge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.evaluator.close()
+
+    def select(self, batch: TokenBatch) -> TokenBatch:
+        """The sequences of `batch` where the predicate holds (only the columns it reads are
+        computed)."""
+        predicate = self.evaluator.predicate
+        rows = sequence_rows(batch, predicate.schema, predicate.columns)
+        keep = self.evaluator.mask(rows)
+        return batch if keep.all() else batch.select(torch.from_numpy(keep))
+
+
+def setting_columns(specs: Sequence[Spec], taken: Collection[str] = ()) -> list[str]:
+    """The column prefix of each setting: its name in lower case with every run of other
+    characters than letters, digits and `_` as one `_`, prefixed by its framework where two
+    settings would share it.
+
+    Raises:
+        IscoreError: two settings with the same framework and name, or a column that the
+            dump already has.
+
+    >>> from iscore.analyze import presets
+    >>> setting_columns([presets()["verl:decoupled_geo_rs"]])
+    ['decoupled_geo_rs']
+    """
+
+    def clean(text: str) -> str:
+        return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_") or "setting"
+
+    names = [clean(spec.name) for spec in specs]
+    out = [
+        clean(f"{spec.framework}_{spec.name}") if names.count(name) > 1 else name
+        for spec, name in zip(specs, names, strict=True)
+    ]
+    for i, name in enumerate(out):
+        if name in out[:i]:
+            raise IscoreError(
+                f"two settings are both named {quote(specs[i].name)} ({specs[i].framework}); "
+                "rename one of them to tell their columns apart"
+            )
+        clash = [f"{name}_{s}" for s in SETTING_STATISTICS if f"{name}_{s}" in taken]
+        if clash:
+            raise IscoreError(
+                f"setting {quote(specs[i].name)}'s column {clash[0]} is already a column of "
+                "the dump; rename the setting"
+            )
+    return out
+
+
+@dataclass(slots=True)
+class SequenceTable:
+    """Streaming accumulator of the sequence table: `update` each chunk (whole steps) inside
+    `ops.shared`, `add` each setting's replay of it, `compute` at the end.
+
+    Args:
+        schema: the dump columns (`Dump.sequence_schema`); chunks carry its extras.
+        specs: the settings whose columns the table gets.
+    """
+
+    schema: pa.Schema
+    specs: Sequence[Spec] = ()
+    chunks: list[pa.Table] = field(default_factory=list)
+    prefixes: list[str] = field(init=False)
+    sums: list[list[dict[str, np.ndarray]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prefixes = setting_columns(self.specs, self.schema.names)
+        self.sums = [[] for _ in self.specs]
+
+    def update(self, batch: TokenBatch) -> None:
+        """Add one chunk's dump columns (before `add`ing its replays)."""
+        self.chunks.append(sequence_rows(batch, self.schema))
+
+    def add(self, index: int, batch: TokenBatch, replay: Replay) -> None:
+        """Add setting `index`'s replay of the chunk last `update`d."""
+        w = replay.weight  # 0 outside the loss mask and wherever keep is false
+        sums = ops.segment_sums_of(batch, {"w": w, "nonzero": w > 0, "kept": replay.keep})
+        self.sums[index].append(sums)
+
+    def compute(self) -> pa.Table:
+        """The whole table, in dump order."""
+        table = (
+            pa.concat_tables(self.chunks) if self.chunks else self.schema.empty_table()
+        ).combine_chunks()
+        T = table["loss_tokens"].to_numpy().astype(np.float64)
+        step = table["step"].to_numpy()
+        for spec, prefix, parts in zip(self.specs, self.prefixes, self.sums, strict=True):
+            s = {
+                k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0)
+                for k in ("w", "nonzero", "kept")
+            }
+            columns = _setting_statistics(spec, s, T, step)
+            for name in SETTING_STATISTICS:
+                values = columns[name]
+                table = table.append_column(
+                    f"{prefix}_{name}", pa.array(values, mask=np.isnan(values))
+                )
+        return table
+
+
+def _setting_statistics(
+    spec: Spec, s: dict[str, np.ndarray], T: np.ndarray, step: np.ndarray
+) -> dict[str, np.ndarray]:
+    """float64 [B] weight, kept and share of one setting (NaN where undefined)."""
+    aggregation = aggregation_of(spec)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weight = s["w"] / T
+        kept = s["nonzero"] / T
+        if aggregation.mode == "seq-mean-token-mean":
+            denominator = s["kept"] if aggregation.shrinks else T
+            part = np.where(denominator > 0, s["w"] / np.maximum(denominator, 1.0), 0.0)
+        else:
+            # token-mean and seq-mean-token-sum: the step's denominator is shared by all its
+            # sequences, so a sequence's share is its weight sum over the step's.
+            part = s["w"].copy()
+        part[T == 0] = 0.0
+        share = np.full(step.size, np.nan)
+        for value in np.unique(step):
+            rows = step == value
+            total = part[rows].sum()
+            if total > 0:
+                share[rows] = part[rows] / total
+        share[T == 0] = math.nan
+    return {"weight": weight, "kept": kept, "share": share}
+
+
+def sequence_table(
+    source: Dump | TokenBatch,
+    specs: Sequence[Spec] = (),
+    *,
+    max_tokens: int = DEFAULT_CHUNK_TOKENS,
+    device: str | torch.device | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> pa.Table:
+    """The sequence table of a dump (streamed in chunks of whole steps) or of a batch.
+
+    Args:
+        source: an opened `Dump` (its `where` and steps apply; open it with `extras=True`
+            for all its per-sequence columns), or a batch with its `extra` columns.
+        specs: the settings whose columns the table gets.
+        max_tokens: tokens per streamed chunk.
+        device: where to replay; default CUDA when available, else CPU.
+        progress: called with the number of tokens of each chunk done.
+
+    >>> table = sequence_table(Dump("data/fp8.parquet", where="reward = 1", extras=True))
+    >>> table.num_rows, table["reward"].unique().to_pylist()
+    (24, [1.0])
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if isinstance(source, TokenBatch):
+        schema = batch_schema(source)
+        chunks: Any = [source]
+    else:
+        schema = read_schema(source)
+        chunks = source.batches(max_tokens=max_tokens, whole_steps=True)
+    table = SequenceTable(schema, specs)
+    with ops.workspace():
+        for chunk in chunks:
+            batch = chunk.to(device)
+            with ops.shared(batch):
+                table.update(batch)
+                for i, spec in enumerate(specs):
+                    table.add(i, batch, spec.replay(batch))
+            if progress is not None:
+                progress(batch.num_tokens)
+    return table.compute()
+
+
+def read_schema(dump: Dump) -> pa.Schema:
+    """The dump columns of the sequence table a pass over `dump` gives: its own per-sequence
+    columns only where it carries them (`Dump(extras=True)` carries all)."""
+    return dump_schema(dump.sequence_schema.field("seq_id").type, dump.carried)
+
+
+def batch_schema(batch: TokenBatch) -> pa.Schema:
+    """The dump columns of the sequence table of an in-memory batch."""
+    extras = pa.schema([]) if batch.extra is None else batch.extra.schema
+    return dump_schema(batch.seq_id.type, extras)
+
+
+TABLES = ("sequences", "tokens")
+"""The tables a query sees: the sequence table, and the `tokens` view over the dump."""
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def tokens_view(dump: Dump) -> tuple[dict[str, Source], str]:
+    """The `tokens` view: one row per token of the sequences in the `sequences` table (so
+    the steps, `--where` and dropped sequences apply), read lazily from the dump's files.
+
+    Columns: step, seq_id, pos (null in a token-layout file without a pos column),
+    rollout_logprob, train_logprob, policy_logprob (where the dump has it), loss_mask, and
+    d = train_logprob - rollout_logprob in float64 from the float32 values, as the engine
+    computes it.
+
+    Returns:
+        the datasets to register (one per file) and the view's SELECT over them.
+
+    Raises:
+        QueryError: a sequence-layout file without a seq_id column (its sequences are
+            numbered by row, which a scan of the file cannot tell).
+    """
+    seq_id = (
+        "VARCHAR" if pa.types.is_string(dump.sequence_schema.field("seq_id").type) else "BIGINT"
+    )
+    tables: dict[str, Source] = {}
+    parts = []
+    for i, (info, dataset) in enumerate(zip(dump.files, dump.datasets(), strict=True)):
+        name = f"__tokens_{i}"
+        tables[name] = dataset
+        source = {k: _quoted(v) for k, v in info.columns.source.items()}
+        each = "unnest({})" if info.layout == "sequence" else "{}"
+        if "seq_id" not in source:
+            raise QueryError(f"tokens: {info.path} has no seq_id column; the tokens view needs one")
+        columns = {
+            "step": f"CAST({source['step']} AS BIGINT)"
+            if "step" in source
+            else "CAST(0 AS BIGINT)",
+            "seq_id": f"CAST({source['seq_id']} AS {seq_id})",
+        }
+        if "pos" in source:
+            columns["pos"] = f"CAST({each.format(source['pos'])} AS BIGINT)"
+        elif info.layout == "sequence":
+            columns["pos"] = f"unnest(range(len({source['rollout_logprob']})))"
+        else:
+            columns["pos"] = "CAST(NULL AS BIGINT)"
+        for name_ in ("rollout_logprob", "train_logprob", "policy_logprob"):
+            if name_ in source:
+                columns[name_] = f"CAST({each.format(source[name_])} AS FLOAT)"
+        columns["loss_mask"] = (
+            f"CAST({each.format(source['loss_mask'])} AS BOOLEAN)"
+            if "loss_mask" in source
+            else "TRUE"
+        )
+        select = ", ".join(f"{value} AS {key}" for key, value in columns.items())
+        parts.append(f"SELECT {select} FROM {name}")
+    union = " UNION ALL BY NAME ".join(parts)
+    view = (
+        "SELECT t.*, CAST(t.train_logprob AS DOUBLE) - CAST(t.rollout_logprob AS DOUBLE) AS d "
+        f"FROM ({union}) t SEMI JOIN sequences s ON t.step = s.step AND t.seq_id = s.seq_id"
+    )
+    return tables, view
+
+
+def catalog(
+    table: pa.Table, text: str, dump: Dump | None = None
+) -> tuple[dict[str, Source], dict[str, str]]:
+    """The tables and views query `text` needs: `sequences` (= `table`), and the `tokens`
+    view over `dump` when the query reads it.
+
+    Raises:
+        QueryError: the query reads another table, or is not one SELECT.
+    """
+    tables: dict[str, Source] = {"sequences": table}
+    views: dict[str, str] = {}
+    offered = set(TABLES) if dump is not None else {"sequences"}
+    if "tokens" in referenced(text, offered):
+        more, views["tokens"] = tokens_view(dump)
+        tables.update(more)
+    return tables, views
+
+
+FORMATS = {".parquet": "parquet", ".csv": "csv"}
+"""The output formats of `write_rows`, by the file's suffix."""
+
+
+def write_rows(rows: pa.Table | pa.RecordBatchReader, path: str | None) -> int:
+    """Write rows as Parquet or CSV (by `path`'s suffix), or as CSV on stdout when `path` is
+    None; returns the number of rows. A file appears only when the write succeeds.
+
+    Raises:
+        IscoreError: another suffix, or a column CSV cannot hold (lists, structs).
+    """
+    reader = rows.to_reader() if isinstance(rows, pa.Table) else rows
+    if path is None:
+        return _write_csv(reader, sys.stdout.buffer, "stdout")
+    kind = FORMATS.get(Path(path).suffix.lower())
+    if kind is None:
+        raise IscoreError(
+            f"{path}: expected a .parquet or .csv file name, but got {quote(Path(path).suffix)}"
+        )
+    with output_path(path) as tmp:
+        if kind == "csv":
+            with open(tmp, "wb") as sink:
+                return _write_csv(reader, sink, path)
+        count = 0
+        with pq.ParquetWriter(tmp, reader.schema, compression="zstd") as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+                count += batch.num_rows
+        return count
+
+
+def _write_csv(reader: pa.RecordBatchReader, sink: Any, where: str) -> int:
+    nested = [f.name for f in reader.schema if pa.types.is_nested(f.type)]
+    if nested:
+        raise IscoreError(
+            f"{where}: column {nested[0]} holds lists or structs, which CSV cannot; "
+            "write a .parquet file"
+        )
+    count = 0
+    with pacsv.CSVWriter(sink, reader.schema) as writer:
+        for batch in reader:
+            writer.write_batch(batch)
+            count += batch.num_rows
+    return count

@@ -16,15 +16,70 @@ trainer:
 `iscore.frameworks` is the registry of frameworks.
 """
 
-from iscore.analyze import analyze
-from iscore.batch import TokenBatch
-from iscore.dump import Dump, Problem, StepRange, load
-from iscore.errors import ConfigError, DumpError, IscoreError
-from iscore.export import convert as export
-from iscore.recommend import recommend
-from iscore.replay import parse_config, replay
-from iscore.spec import Replay
-from iscore.writer import DumpWriter
+import sys
+import types
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# The public names, imported on first use: `import iscore.cli` and `iscore --help` stay free of
+# torch (PEP 562 module __getattr__).
+_EXPORTS = {
+    "ConfigError": "iscore.errors",
+    "Dump": "iscore.dump",
+    "DumpError": "iscore.errors",
+    "DumpWriter": "iscore.writer",
+    "IscoreError": "iscore.errors",
+    "Problem": "iscore.dump",
+    "Replay": "iscore.spec",
+    "StepRange": "iscore.dump",
+    "TokenBatch": "iscore.batch",
+    "analyze": "iscore.analyze",
+    "export": "iscore.export:convert",
+    "load": "iscore.dump",
+    "parse_config": "iscore.replay",
+    "recommend": "iscore.recommend",
+    "replay": "iscore.replay",
+}
+
+if TYPE_CHECKING:
+    from iscore.analyze import analyze
+    from iscore.batch import TokenBatch
+    from iscore.dump import Dump, Problem, StepRange, load
+    from iscore.errors import ConfigError, DumpError, IscoreError
+    from iscore.export import convert as export
+    from iscore.recommend import recommend
+    from iscore.replay import parse_config, replay
+    from iscore.spec import Replay
+    from iscore.writer import DumpWriter
+
+
+def __getattr__(name: str) -> Any:
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'iscore' has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    value = getattr(import_module(module), attr or name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+class _Package(types.ModuleType):
+    """The import system binds each submodule on its package (`iscore.replay` the module);
+    the public function of the same name (`replay`, `analyze`, `recommend`, `export`) keeps
+    the name, as it did when it was imported eagerly."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __all__ = [
     "ConfigError",

@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from iscore.errors import DumpError, clip
 from iscore.importers import SUFFIXES
+from iscore.writer import is_tensor
 
 T = TypeVar("T")
 
@@ -38,6 +38,9 @@ MAX_UPLOAD_TOKENS = 20_000_000
 
 CACHE_MB = 4096
 """Memory for the loaded dumps of every session together."""
+
+DEFAULT_CHUNK_TOKENS = 2_000_000
+"""Tokens per streamed chunk: about 300 MB of working memory while a chunk is processed."""
 
 
 def parquet_tokens(data: bytes) -> int | None:
@@ -114,7 +117,7 @@ def footprint(value: Any) -> int:
         if id(item) in seen or item is None or isinstance(item, str | bytes | int | float):
             continue
         seen.add(id(item))
-        if isinstance(item, torch.Tensor):
+        if is_tensor(item):
             storage = item.untyped_storage()
             if storage.data_ptr() not in seen:
                 seen.add(storage.data_ptr())

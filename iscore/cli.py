@@ -15,39 +15,28 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-
-import duckdb
-import pyarrow.parquet as pq
-from tqdm import tqdm
+from typing import TYPE_CHECKING
 
 from iscore import frameworks
-from iscore.analyze import analyze, presets, resolve
-from iscore.budget import CACHE_MB, MAX_UPLOAD_TOKENS
-from iscore.columns import parse_mapping
-from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, DumpProblems, StepRange, resolve_files
+from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_UPLOAD_TOKENS
 from iscore.errors import IscoreError, clip, quote
-from iscore.export import convert as convert_setting
-from iscore.export import snippet, to_file_text
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.importers import FORMATS, convert
+from iscore.importers import FORMATS
 from iscore.output import output_path
-from iscore.recommend import Targets, recommend
-from iscore.replay import parse_config, replay
-from iscore.report import write_html
-from iscore.sequences import (
-    TABLES,
-    SequenceTable,
-    catalog,
-    read_schema,
-    sequence_table,
-    write_rows,
-)
 from iscore.serving import LOOPBACK_HOSTS
-from iscore.sql import QueryError, one_line, open_query, referenced
-from iscore.validate import validate
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from iscore.dump import Dump, StepRange
+
+# The commands import what they use when they run: `iscore --help`, and a mistyped option,
+# answer without importing torch (measured by `iscore bench`).
 
 
 def _step_range(text: str) -> StepRange:
+    from iscore.dump import StepRange
+
     try:
         return StepRange.parse(text)
     except IscoreError as e:
@@ -107,6 +96,9 @@ def _add_where(parser: argparse.ArgumentParser) -> None:
 
 
 def _open_dump(args: argparse.Namespace, *, extras: bool = False) -> Dump:
+    from iscore.columns import parse_mapping
+    from iscore.dump import Dump
+
     return Dump(
         args.dump,
         columns=parse_mapping(args.column),
@@ -121,6 +113,8 @@ def _open_dump(args: argparse.Namespace, *, extras: bool = False) -> Dump:
 
 def _progress(dump: Dump, desc: str, args: argparse.Namespace) -> tqdm:
     """A progress bar over the dump's tokens (hidden with -q or when not on a terminal)."""
+    from tqdm import tqdm
+
     return tqdm(
         total=dump.num_tokens,
         unit="tok",
@@ -132,6 +126,8 @@ def _progress(dump: Dump, desc: str, args: argparse.Namespace) -> tqdm:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from iscore.validate import validate
+
     dump = _open_dump(args)
     with _progress(dump, "validate", args) as bar:
         report = validate(dump, max_tokens=args.chunk_tokens, progress=bar.update)
@@ -143,6 +139,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    import pyarrow.parquet as pq
+
+    from iscore.replay import parse_config, replay
+
     spec = parse_config(args.config)
     dump = _open_dump(args)
     tokens = kept = 0
@@ -169,6 +169,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    from iscore.analyze import analyze, resolve
+    from iscore.report import write_html
+    from iscore.sequences import SequenceTable, read_schema, write_rows
+
     settings = [*args.config, *args.preset]
     specs = [resolve(s) for s in settings]
     dump = _open_dump(args, extras=args.sequences is not None)
@@ -208,6 +212,12 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _cmd_sequences(args: argparse.Namespace) -> int:
+    import duckdb
+
+    from iscore.analyze import resolve
+    from iscore.sequences import TABLES, catalog, sequence_table, write_rows
+    from iscore.sql import QueryError, one_line, open_query, referenced
+
     specs = [resolve(s) for s in (*args.config, *args.preset)]
     dump = _open_dump(args, extras=True)
     if args.sql is not None:  # a bad query fails here, before the dump is read
@@ -230,6 +240,9 @@ def _cmd_sequences(args: argparse.Namespace) -> int:
 
 
 def _cmd_recommend(args: argparse.Namespace) -> int:
+    from iscore.export import snippet
+    from iscore.recommend import Targets, recommend
+
     lo, _, hi = args.lr_scale.partition(":")
     try:
         lr_scale = (float(lo), float(hi))
@@ -261,6 +274,8 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    from iscore.importers import convert
+
     report = convert(args.source, args.out, args.fmt, allow_pickle=args.allow_pickle)
     print(
         f"{args.out}: {report.tokens:,} tokens in {report.sequences:,} sequences, "
@@ -272,9 +287,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    from iscore.analyze import resolve
+    from iscore.export import convert, snippet, to_file_text
+
     spec = resolve(args.config)
     batch = _open_dump(args).load() if args.dump else None
-    result = convert_setting(spec, args.to, generation=args.generation, batch=batch)
+    result = convert(spec, args.to, generation=args.generation, batch=batch)
     text = to_file_text(result.spec) if args.out else snippet(result.spec)
     if args.generation and args.out is None:
         text = result.text  # the older generation's own keys
@@ -335,6 +353,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
+    from iscore.analyze import presets
+
     for key, spec in presets().items():
         if args.framework in (None, spec.framework):
             print(key)
@@ -430,6 +450,8 @@ def _cmd_app(args: argparse.Namespace) -> int:
         raise IscoreError("the dashboard needs streamlit: pip install streamlit")
     script_args = []
     if paths:
+        from iscore.dump import Dump, resolve_files
+
         resolve_files(paths[0])  # a typo fails here, not later in the browser
         script_args += ["--path", str(Path(paths[0]).absolute())]
     for predicate in own["--where"][-1:]:
@@ -731,12 +753,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except DumpProblems as e:
-        print(f"{len(e.problems)} problem{'s' * (len(e.problems) > 1)}:", file=sys.stderr)
-        for problem in e.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return 1
     except IscoreError as e:
+        if problems := getattr(e, "problems", None):  # a DumpProblems: every one listed
+            print(f"{len(problems)} problem{'s' * (len(problems) > 1)}:", file=sys.stderr)
+            for problem in problems:
+                print(f"  - {problem}", file=sys.stderr)
+            return 1
         # One line, whatever the message holds, so scripts can grep and log it.
         message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
         print(f"error: {message}", file=sys.stderr)

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 import torch
 
 from iscore.batch import TokenBatch
+from iscore.budget import DEFAULT_CHUNK_TOKENS
 from iscore.columns import (
     LOGPROB_COLUMNS,
     PER_SEQUENCE,
@@ -47,8 +48,6 @@ from iscore.writer import PROVENANCE_KEY
 if TYPE_CHECKING:
     from iscore.sequences import Judge
 
-DEFAULT_CHUNK_TOKENS = 2_000_000
-"""Tokens per streamed chunk: about 300 MB of working memory while a chunk is processed."""
 
 _READ_TOKENS = 262_144
 """Tokens per Parquet read (rows in token layout); chunks are assembled from these."""

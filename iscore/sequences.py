@@ -145,7 +145,7 @@ def sequence_rows(
     ...                train=torch.tensor([-1.5, -2.0, -0.5]), cu_seqlens=torch.tensor([0, 2, 3]))
     >>> schema = dump_schema(pa.int64(), pa.schema([]))
     >>> sequence_rows(b, schema, ["length", "d_sum", "abs_diff_max"]).to_pydict()
-    {'length': [2, 1], 'd_sum': [-0.5, 0.0], 'abs_diff_max': [0.5, 0.0]}
+    {'length': [2, 1], 'abs_diff_max': [0.5, 0.0], 'd_sum': [-0.5, 0.0]}
     """
     stats = _Statistics(batch)
     wanted = schema.names if columns is None else [n for n in schema.names if n in columns]
@@ -357,7 +357,7 @@ def sequence_table(
 
     >>> table = sequence_table(Dump("data/fp8.parquet", where="reward = 1", extras=True))
     >>> table.num_rows, table["reward"].unique().to_pylist()
-    (24, [1.0])
+    (25, [1.0])
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if isinstance(source, TokenBatch):

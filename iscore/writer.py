@@ -88,6 +88,7 @@ when the block raises).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -96,7 +97,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
 from iscore.errors import DumpError, quote
 
@@ -285,8 +285,17 @@ def schema_mismatch(expected: pa.Schema, found: pa.Schema) -> str | None:
     return None
 
 
+def is_tensor(value: object) -> bool:
+    """Whether `value` is a torch tensor, without importing torch: a process that never
+    imported it holds none."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 def _to_numpy(name: str, value: object) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
+        import torch  # already imported: `value` is one of its tensors
+
         value = value.detach()
         if value.is_floating_point() and value.dtype not in (torch.float32, torch.float64):
             value = value.float()  # bf16/fp16: numpy has no bfloat16, and dumps are float32
@@ -599,7 +608,7 @@ def _is_per_sequence(value: object) -> bool:
 
 
 def _ids_argument(name: str, value: object, count: int) -> pa.Array:
-    if isinstance(value, torch.Tensor | np.ndarray):
+    if is_tensor(value) or isinstance(value, np.ndarray):
         array = _to_numpy(name, value)
         if array.dtype.kind not in "iuUO":
             raise DumpError(

@@ -254,3 +254,22 @@ def test_setting_names_reach_the_terminal_with_control_characters_escaped(dump, 
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert "evil\\x1b[2J\\x07name (trl)" in out
+
+
+def test_help_and_usage_errors_import_no_torch():
+    """`iscore --help`, a command's help and a mistyped option answer without importing
+    torch, plotly or streamlit (seconds of start-up)."""
+    code = (
+        "import sys\n"
+        "from iscore.cli import main\n"
+        "for argv in (['--help'], ['analyze', '--help'], ['analyze', '--nope', 'x']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('torch', 'plotly', 'streamlit') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip().splitlines()[-1] == "[]"

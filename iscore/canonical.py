@@ -14,6 +14,7 @@ and note helpers here; `iscore.export` converts between frameworks through it.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -496,7 +497,27 @@ Candidate = tuple[Spec, tuple[str, ...]]
 
 
 def lost(notes: list[str], c: Component, why: str) -> None:
-    notes.append(f"{c.describe()}: {why}")
+    """Note what a target does not express of `c` as sentences: `why` ending in "; dropped"
+    says the component is left out, otherwise how the target's differs."""
+    what, _, rule = c.describe().partition(": ")
+    subject = f"the {what} ({rule})" if rule else f"the {what}"
+    reason = why.removesuffix("; dropped")
+    verdict = "Left out" if reason != why else "Changed"
+    notes.append(f"{verdict}: {subject}. {sentence(reason)}")
+
+
+def sentence(text: str) -> str:
+    """`text` as a sentence: a capital first letter (unless it starts with a name written in
+    lower case: verl, slime, a config key) and a full stop.
+
+    >>> sentence("the cookbook has no rejection mask"), sentence("slime's TIS")
+    ('The cookbook has no rejection mask.', "slime's TIS.")
+    """
+    text = text.strip()
+    first = re.split(r"[\s']", text, maxsplit=1)[0]
+    if first.islower() and not re.search(r"[_.`(]|^(verl|slime|mis)$", first):
+        text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def ratio_bounds(m: Component) -> tuple[float | None, float | None] | None:

@@ -29,15 +29,20 @@ Three things, each the inverse of something `parse` does or a bridge between fra
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import re
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from iscore import frameworks
 from iscore.batch import TokenBatch
-from iscore.canonical import Canonical
+from iscore.canonical import Canonical, sentence
 from iscore.errors import ConfigError, quote
 from iscore.frameworks._config import check_choice
 from iscore.frameworks.base import Framework
@@ -136,27 +141,30 @@ def convert(
         written = target_framework.to_generation(target, generation)
         target, generation_exact = written.spec, written.exact
         notes += written.notes
-        text = _render(target_framework, written.config, None)
+        if written.config != target.to_config():  # an older generation's own keys
+            text = _render(target_framework, written.config, None)
     result = canonical(target)
     if result.anchor != source.anchor:
-        notes.append(_ANCHOR_NOTES[source.anchor, result.anchor].format(to=to))
+        notes.append(_ANCHOR_NOTES[source.anchor, result.anchor].format(to=target_framework.title))
     identical, difference = _measure(spec, target, batch, notes)
     if result == source:
         exact = identical is not False
         if identical is False:
-            notes.append("replays differently on the batch although the settings agree")
+            notes.append("Replays differently on this dump although the settings agree.")
     elif result.loosely_equals(source):
         exact = identical is True
         notes.append(_loose_note(identical))
     else:
         exact = False
-        target_label = to if generation is None else f"{to} {generation}"
+        title = target_framework.title
+        target_label = title if generation is None else f"{title} {generation}"
         notes.append(
-            f"source ({spec.framework}): {source.describe()}; "
-            f"target ({target_label}): {result.describe()}"
+            f"The {_title(spec)} setting: {source.describe()}. "
+            f"The {target_label} setting: {result.describe()}."
         )
     exact = exact and generation_exact
     notes += _aggregation_notes(spec, target)
+    notes = [sentence(note) for note in notes]
     return Export(target, text or snippet(target), exact, tuple(notes), difference)
 
 
@@ -179,13 +187,13 @@ _ANCHOR_NOTES = {
 
 def _loose_note(identical: bool | None) -> str:
     note = (
-        "the same rule computed along another numerical path (the +-20 exponent clamp, float32 "
-        "or overflow handling, ratio vs log-space bounds): it can differ only for tokens "
-        "with extreme log-ratios or ratios within rounding of a bound"
+        "The same rule, computed along another numerical path (the +-20 exponent clamp, "
+        "float32 or overflow handling, bounds on ratios or on log-ratios): the two can differ "
+        "only for tokens with extreme log-ratios or ratios within rounding of a bound"
     )
     if identical is None:
-        return note + "; pass a batch to check"
-    return note + ("; identical on the batch" if identical else "; differs on the batch")
+        return note + "; give a dump to check."
+    return note + ("; identical on this dump." if identical else "; they differ on this dump.")
 
 
 def _measure(
@@ -208,6 +216,10 @@ def _measure(
     return identical, difference
 
 
+def _title(spec: Spec) -> str:
+    return frameworks.of(spec).title
+
+
 def _aggregation_notes(source: Spec, target: Spec) -> list[str]:
     """A note when the two frameworks turn the same weights into different step sizes: another
     aggregation mode, or (for settings that remove tokens) another denominator."""
@@ -216,8 +228,8 @@ def _aggregation_notes(source: Spec, target: Spec) -> list[str]:
     if a.mode == b.mode and (a.shrinks == b.shrinks or not removes):
         return []
     return [
-        f"loss aggregation: {source.framework} {a.describe()}, {target.framework} "
-        f"{b.describe()}: the same weights scale the step differently (see lr_scale)"
+        f"{_title(source)} {a.in_words()}; {_title(target)} {b.in_words()}: the same "
+        "weights give a different step size (compare the LR scale)."
     ]
 
 
@@ -225,7 +237,11 @@ def _aggregation_notes(source: Spec, target: Spec) -> list[str]:
 
 
 def snippet(spec: Spec, fmt: Literal["yaml", "flags"] | None = None) -> str:
-    """The text to paste into the framework's own config for `spec`.
+    """The text to paste into the framework's own config for `spec`, as a person would write
+    it: only the keys that differ from the framework's defaults (and those it needs whatever
+    their value, `Framework.snippet_keys`); numbers with the digits the framework's float32
+    comparisons can tell apart (1/1.001 is 0.999001), each such number commented with what it
+    is; never empty (a setting that is the framework's default says so).
 
     Args:
         spec: any framework's setting.
@@ -234,16 +250,205 @@ def snippet(spec: Spec, fmt: Literal["yaml", "flags"] | None = None) -> str:
             continuations; verl, SkyRL, NeMo-RL: Hydra-style `key=value` overrides; TRL:
             `--key value`), or None for the framework's usual form.
 
-    >>> from iscore.frameworks import openrlhf
+    >>> from iscore.frameworks import openrlhf, verl
     >>> print(snippet(openrlhf.PRESETS["openrlhf_icepop"]))
     --algo.advantage.is_correction_enable \\
     --algo.advantage.is_correction_type icepop \\
     --algo.advantage.is_correction_threshold 0.5 5.0
+    >>> print(snippet(verl.PRESETS["decoupled_geo_rs"]), end="")
+    algorithm:
+      rollout_correction:
+        rollout_rs: seq_mean_k1
+        rollout_rs_threshold: '0.999_1.001'
 
     Raises:
         ConfigError: a format the framework has no form for.
     """
-    return _render(frameworks.of(spec), spec.to_config(), fmt)
+    framework = frameworks.of(spec)
+    config, meanings = _shown(spec)
+    text = _render(framework, config, fmt)
+    if not text.strip():
+        text = f"# nothing to set: {framework.title}'s default ({canonical(spec).describe()})"
+    return _commented(text, meanings)
+
+
+def shown_config(spec: Spec) -> dict[str, Any]:
+    """The config `snippet` writes, as a mapping its framework's `parse` reads: it parses to
+    `spec`, up to float32 rounding of the bounds (tests/unit/test_export.py checks that every
+    setting replays identically from it).
+
+    >>> from iscore.frameworks import trl
+    >>> shown_config(trl.PRESETS["trl_default"])
+    {'framework': 'trl', 'name': 'trl_default', 'use_vllm': True}
+    """
+    return _shown(spec)[0]
+
+
+def _shown(spec: Spec) -> tuple[dict[str, Any], dict[str, str]]:
+    """The snippet's config and the meanings of its numbers: bounds shortened to their
+    float32 value where the framework then computes exactly the same weights and masks (a
+    bound that only meets float32 tensors), else as they are (AReaL's log-space bounds, verl's
+    log of a truncation cap, which float64 arithmetic carries)."""
+    framework = frameworks.of(spec)
+    config = _pruned(spec.to_config(), _defaults(framework), framework.snippet_keys)
+    short, meanings = _rounded(config, shorten=True)
+    if short != config:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # odd but legal settings warn when parsed
+            shortened = framework.parse(short)
+        batch = _probe(numbers(config))
+        a, b = spec.replay(batch), shortened.replay(batch)
+        if not (torch.equal(a.weight, b.weight) and torch.equal(a.keep, b.keep)):
+            return _rounded(config, shorten=False)
+    return short, meanings
+
+
+def numbers(config: Any) -> list[float]:
+    """Every float of a config, also those inside strings (flags, verl's "lo_hi")."""
+    if isinstance(config, Mapping):
+        return [x for value in config.values() for x in numbers(value)]
+    if isinstance(config, list | tuple):
+        return [x for value in config for x in numbers(value)]
+    if isinstance(config, float):
+        return [config]
+    if isinstance(config, str):
+        return [float(m.group()) for m in _NUMBER.finditer(config)]
+    return []
+
+
+def _probe(values: Sequence[float], steps: int = 40) -> TokenBatch:
+    """One-token sequences whose log-ratio d takes every float32 within `steps` of where a
+    bound v can sit: d = +-v, +-log v, +-sqrt(2|v|) (a small k1 or k3 bound): where two
+    settings' bounds differ by a float32 step, some weight or mask differs here."""
+    centers = []
+    for v in values:
+        centers += [v, math.sqrt(2 * abs(v))]
+        if v > 0:
+            centers.append(math.log(v))
+    around = np.arange(-steps, steps + 1, dtype=np.int32)
+    ds = []
+    for c in centers:
+        c32 = np.float32(min(abs(c), 60.0))
+        for sign in (1, -1):
+            bits = (np.float32(sign) * c32).view(np.int32) + around
+            ds.append(bits[(bits >= 0) | (around <= 0)].view(np.float32))
+    d = torch.from_numpy(np.concatenate(ds or [np.zeros(1, np.float32)]))
+    d = d[torch.isfinite(d)]
+    n = d.numel()
+    rollout = torch.full((n,), -1.0)
+    return TokenBatch(
+        rollout=rollout,
+        train=rollout + d,
+        policy=rollout + d,
+        cu_seqlens=torch.arange(n + 1, dtype=torch.int64),
+    )
+
+
+@cache
+def _defaults(framework: Framework) -> dict[str, Any]:
+    """The config of the framework's setting when no key is given."""
+    return framework.parse({"framework": framework.name}).to_config()
+
+
+def _pruned(
+    config: Mapping[str, Any], defaults: Mapping[str, Any], keep: Sequence[str], prefix: str = ""
+) -> dict[str, Any]:
+    """`config` without the keys whose value is the default (sections left empty go too)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        path = prefix + key
+        default = defaults.get(key, _MISSING)
+        if isinstance(value, Mapping) and isinstance(default, Mapping):
+            inner = _pruned(value, default, keep, path + ".")
+            if inner or path in keep:
+                out[key] = inner if inner else dict(value)
+        elif value != default or path in keep or key in ("framework", "name"):
+            out[key] = value
+    return out
+
+
+_MISSING = object()
+
+_NUMBER = re.compile(r"(?<![\d.])[-+]?\d+\.\d+(?:e[-+]?\d+)?(?![\d.])")
+
+
+def _rounded(config: Any, *, shorten: bool) -> tuple[Any, dict[str, str]]:
+    """`config` with every float (also inside strings: flags, verl's "lo_hi") at the shortest
+    decimal that is the same float32 (if `shorten`), and what each number that was long
+    stands for."""
+    meanings: dict[str, str] = {}
+
+    def number(value: float) -> float:
+        short = shortest(value) if shorten else value
+        if shortest(value) != value:
+            meanings[repr(short)] = _meaning(value)
+        return short
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(walk(v) for v in value)
+        if isinstance(value, float):
+            return number(value)
+        if isinstance(value, str):
+            return _NUMBER.sub(lambda m: repr(number(float(m.group()))), value)
+        return value
+
+    return walk(config), meanings
+
+
+def shortest(value: float) -> float:
+    """The shortest decimal with the same float32 value as `value` (frameworks compare float32
+    tensors with their bounds, which torch casts to float32); `value` itself where that is not
+    shorter or float32 cannot hold it.
+
+    >>> shortest(1 / 1.001), shortest(2.0), shortest(0.1 + 0.2)
+    (0.999001, 2.0, 0.3)
+    """
+    if not math.isfinite(value) or value == 0.0:
+        return value
+    single = np.float32(value)
+    if not np.isfinite(single) or single == 0.0:
+        return value
+    short = float(np.format_float_scientific(single, unique=True, trim="-"))
+    return short if len(repr(short)) < len(repr(value)) else value
+
+
+def _meaning(value: float) -> str:
+    """What a long number is, where a short expression gives it: 1/x, ln x, e^x."""
+    forms = [("1/{}", 1 / value, 1)]
+    if value > 0:
+        forms.append(("e^{}", math.log(value), 1))
+    if abs(value) < 700:
+        forms += [("ln {}", math.exp(value), 1), ("-ln {}", math.exp(-value), 1)]
+    for form, x, _ in forms:
+        short = float(f"{x:.4g}")
+        if short != 0 and abs(short - x) <= 1e-9 * abs(x):
+            return form.format(f"{short:g}")
+    return f"{value!r} to float32 precision"
+
+
+def _commented(text: str, meanings: Mapping[str, str]) -> str:
+    """`text` with each shortened number explained: at the end of its YAML line, or in comment
+    lines after flags (a comment would end a ` \\` continuation)."""
+    if not meanings:
+        return text
+    lines, after = text.splitlines(), []
+    inline: dict[int, list[tuple[str, str]]] = {}
+    for number, meaning in meanings.items():
+        pattern = re.compile(rf"(?<![\d.-]){re.escape(number)}(?![\d.])")
+        found = [i for i, line in enumerate(lines) if pattern.search(line)]
+        yaml_lines = [i for i in found if ": " in lines[i] and not lines[i].endswith("\\")]
+        for i in yaml_lines:
+            inline.setdefault(i, []).append((number, meaning))
+        if len(yaml_lines) < len(found) or not found:
+            after.append(f"# {number} = {meaning}")
+    for i, items in inline.items():
+        one = len(items) == 1
+        lines[i] += "  # " + ", ".join(m if one else f"{n} = {m}" for n, m in items)
+    end = "\n" if text.endswith("\n") and not after else ""
+    return "\n".join(lines + ([""] if after else []) + after) + end
 
 
 def to_file_text(spec: Spec) -> str:
@@ -286,4 +491,4 @@ def _render(framework: Framework, config: Mapping[str, Any], fmt: str | None) ->
             f"Expected `fmt` to be {formats[0]!r} or None for {framework.name}, {why}, "
             f"but got {quote(fmt)}"
         )
-    return framework.render(body, fmt or formats[0])
+    return framework.render(body, fmt or formats[0]) if body else ""

@@ -48,6 +48,15 @@ class Aggregation:
     def describe(self) -> str:
         return self.mode + (", rejected tokens leave the denominator" if self.shrinks else "")
 
+    def in_words(self) -> str:
+        """What the mode does, for a sentence that starts with the framework's name."""
+        words = {
+            "token-mean": "averages the loss over the batch's tokens",
+            "seq-mean-token-mean": "averages each sequence's tokens, then the sequences",
+            "seq-mean-token-sum": "sums each sequence's tokens, then averages the sequences",
+        }[self.mode]
+        return words + (" (the tokens it rejects leave the count)" if self.shrinks else "")
+
 
 @dataclass(frozen=True, slots=True)
 class Upstream:
@@ -108,6 +117,8 @@ class Framework:
         metrics: per iscore mismatch statistic, the name(s) it logs it under.
         traps: its traps.
         snippet_formats: the formats `render` accepts, the usual one first.
+        snippet_keys: dotted config keys every snippet shows even at iscore's default: where
+            iscore's default is not the framework's own (TRL's `use_vllm`).
         generations: older config generations it can write (verl only).
         to_generation: (spec, generation) -> `GenerationConfig`, when `generations`.
     """
@@ -127,6 +138,7 @@ class Framework:
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     traps: tuple[Trap, ...] = ()
     snippet_formats: tuple[str, ...] = ("yaml", "flags")
+    snippet_keys: tuple[str, ...] = ()
     generations: tuple[str, ...] = ()
     to_generation: Callable[[Any, str], Any] | None = None
 

@@ -365,15 +365,15 @@ def from_canonical(c: Canonical, name: str) -> list[Candidate]:
 
 def _render(body: Mapping[str, Any], fmt: str | None) -> str:
     """YAML under the Python `Config(...)` it stands for."""
-    if "tis" in body:
-        tis = render.Raw(render.python_call("TISConfig", body["tis"]))
-        python = render.python_call("Config", {"tis": tis, "anchor_logp": body["anchor_logp"]})
-        comment = f"# training/recipes/rl_loop.py: {python}\n"
-    else:
-        is_correction = render.Raw(render.python_call("ISConfig", body["is_correction"]))
-        python = render.python_call("Config", {"is_correction": is_correction})
-        comment = f"# cookbook PR #169: {python}\n"
-    return comment + render.yaml_text(body)
+    parts: dict[str, Any] = {
+        key: render.Raw(render.python_call(cls, body[key]))
+        for key, cls in (("tis", "TISConfig"), ("is_correction", "ISConfig"))
+        if key in body
+    }
+    if "anchor_logp" in body:
+        parts["anchor_logp"] = body["anchor_logp"]
+    where = "cookbook PR #169" if "is_correction" in body else "training/recipes/rl_loop.py"
+    return f"# {where}: {render.python_call('Config', parts)}\n" + render.yaml_text(body)
 
 
 FRAMEWORK = Framework(

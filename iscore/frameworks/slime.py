@@ -920,7 +920,7 @@ def _aggregation(spec: SlimeCorrection) -> Aggregation:
 
 def _render(body: Mapping[str, Any], fmt: str | None) -> str:
     """The launch flags, one per line; mis.py's YAML under a comment header."""
-    text = render.flag_lines(body["args"])
+    text = render.flag_lines(body.get("args", ""))
     if "custom_config" in body:
         header = f"# {CUSTOM_CONFIG_PATH}, the YAML --custom-config-path points to"
         text += f"\n\n{header}\n{render.yaml_text(body['custom_config'])}"

@@ -442,6 +442,7 @@ FRAMEWORK = Framework(
     parse=parse,
     presets=lambda: PRESETS,
     default="trl_default",
+    snippet_keys=("use_vllm",),  # GRPOConfig's own default is false
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=_render,

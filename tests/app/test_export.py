@@ -40,7 +40,13 @@ def test_as_another_framework(loaded: AppTest) -> None:
     at = _with_settings(loaded, "verl:decoupled_token_is")
     at.selectbox(key="export_to_verl:decoupled_token_is").set_value("skyrl").run()
     no_exception(at)
-    assert "token_tis_ratio_clip_high: 2.0" in at.code[0].value
+    # verl's threshold 2.0 is SkyRL's default clip, so the snippet leaves it out.
+    snippet = at.code[0].value
+    assert "tis_ratio_type: token" in snippet
+    assert "clip_high" not in snippet
+    spec = parse_config({"framework": "skyrl", **yaml.safe_load(snippet)})
+    assert spec.tis_ratio_type == "token"
+    assert spec.token_tis_ratio_clip_high == 2.0
     assert "exact translation" in at.success[0].value
     at.selectbox(key="export_to_verl:decoupled_token_is").set_value("openrlhf").run()
     no_exception(at)

@@ -4,6 +4,7 @@ cross-framework conversions, verl's older config generations and the errors."""
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -13,10 +14,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from iscore import frameworks
+from iscore.analyze import presets
 from iscore.batch import TokenBatch
 from iscore.canonical import Canonical
 from iscore.errors import ConfigError
-from iscore.export import canonical, convert, snippet, to_file_text
+from iscore.export import canonical, convert, shortest, shown_config, snippet, to_file_text
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
 from iscore.replay import parse_config
@@ -262,12 +265,51 @@ def from_snippet(spec) -> dict:
     text = snippet(spec)
     config = {"framework": spec.framework, "name": spec.name}
     if spec.framework not in ("slime", "openrlhf"):
-        return config | yaml.safe_load(text)
+        return config | (yaml.safe_load(text) or {})
     flags, _, custom = text.partition("\n\n")
-    config["args"] = flags  # the pasted lines, continuations and all
-    if custom:
+    config["args"] = "" if flags.startswith("#") else flags  # the lines, continuations and all
+    if yaml.safe_load(custom):  # mis.yaml (comment lines alone are the numbers' meanings)
         config["custom_config"] = yaml.safe_load(custom)
     return config
+
+
+def numbers(config, out=None) -> list[float]:
+    """Every float of a config, also inside strings (flags, verl's "lo_hi")."""
+    out = [] if out is None else out
+    if isinstance(config, dict):
+        for value in config.values():
+            numbers(value, out)
+    elif isinstance(config, float):
+        out.append(config)
+    elif isinstance(config, str):
+        out += [float(x) for x in re.findall(r"-?\d+\.\d+(?:e[-+]?\d+)?", config)]
+    return out
+
+
+def probe(spec) -> TokenBatch:
+    """One-token sequences whose log-ratio d takes every float32 within 40 steps of where each
+    bound of `spec` sits: d = v, -v, log v and +-sqrt(2|v|) (a small k1/k3 bound), so that a
+    bound moved by one float32 step changes some weight or mask."""
+    ds: list[float] = []
+    for v in numbers(spec.to_config()):
+        for c in (v, -v, math.log(v) if v > 0 else None, math.sqrt(2 * abs(v))):
+            for center in (c, None if c is None else -c):
+                if center is None or not math.isfinite(center) or abs(center) > 50:
+                    continue
+                up = down = np.float32(center)
+                ds.append(float(up))
+                for _ in range(40):
+                    up, down = np.nextafter(up, np.float32(np.inf)), np.nextafter(down, -np.inf)
+                    ds += [float(up), float(down)]
+    d = torch.tensor(ds or [0.0], dtype=torch.float32)
+    n = d.numel()
+    rollout = torch.full((n,), -1.0)
+    return TokenBatch(
+        rollout=rollout,
+        train=rollout + d,
+        policy=rollout + d,
+        cu_seqlens=torch.arange(n + 1, dtype=torch.int64),
+    )
 
 
 # ------------------------------------------------------------------ round trip per framework
@@ -278,10 +320,16 @@ def from_snippet(spec) -> dict:
 @given(data=st.data())
 def test_export_round_trips(framework, data):
     spec = data.draw(SPECS[framework])
-    for config in (spec.to_config(), from_snippet(spec), yaml.safe_load(to_file_text(spec))):
+    for config in (spec.to_config(), yaml.safe_load(to_file_text(spec))):
         parsed = quiet_parse(config)
         assert parsed == spec
         assert identical(parsed, spec)
+    # The snippet shortens bounds to their float32 value: the same weights and masks, also
+    # for log-ratios one float32 step either side of every bound.
+    parsed = quiet_parse(from_snippet(spec))
+    assert identical(parsed, spec)
+    assert identical(parsed, spec, probe(spec))
+    assert parsed == spec or any(shortest(v) != v for v in numbers(spec.to_config()))
 
 
 def test_file_text_is_read_by_replay_as_is(tmp_path):
@@ -322,19 +370,17 @@ SKYRL_KEYS = {
 
 
 def test_verl_snippet_matches_rollout_correction_yaml():
-    text = snippet(verl.PRESETS["decoupled_geo_rs_token_tis"])
-    assert text == (
+    spec = verl.PRESETS["decoupled_geo_rs_token_tis"]
+    # Only what differs from verl's defaults (rollout_is_threshold 2.0, no normalization,
+    # decoupled PPO-clip).
+    assert snippet(spec) == (
         "algorithm:\n"
         "  rollout_correction:\n"
         "    rollout_is: token\n"
-        "    rollout_is_threshold: 2.0\n"
-        "    rollout_is_batch_normalize: false\n"
         "    rollout_rs: seq_mean_k1\n"
         "    rollout_rs_threshold: '0.999_1.001'\n"
-        "    bypass_mode: false\n"
-        "    loss_type: ppo_clip\n"
     )
-    assert set(yaml.safe_load(text)["algorithm"]["rollout_correction"]) == VERL_KEYS
+    assert set(spec.to_config()["algorithm"]["rollout_correction"]) == VERL_KEYS
 
 
 def test_verl_flags_are_hydra_overrides():
@@ -348,37 +394,40 @@ def test_verl_flags_are_hydra_overrides():
     assert lines == [
         "algorithm.rollout_correction.rollout_is=token",
         "\"algorithm.rollout_correction.rollout_is_threshold='0.5_5.0'\"",
-        "algorithm.rollout_correction.rollout_is_batch_normalize=false",
         "\"algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2'\"",
         "\"algorithm.rollout_correction.rollout_rs_threshold='0.6_1.6,2.5'\"",
-        "algorithm.rollout_correction.bypass_mode=false",
-        "algorithm.rollout_correction.loss_type=ppo_clip",
     ]
 
 
 def test_skyrl_snippet_nesting_and_keys():
-    config = yaml.safe_load(snippet(skyrl.PRESETS["skyrl_geo_mask"]))
-    algorithm = config["trainer"]["algorithm"]
+    algorithm = skyrl.PRESETS["skyrl_geo_mask"].to_config()["trainer"]["algorithm"]
     assert set(algorithm["off_policy_correction"]) == SKYRL_KEYS
     assert set(algorithm["cispo"]) == {"cispo_anchor", "cispo_eps_clip_low", "cispo_eps_clip_high"}
-    assert algorithm["off_policy_correction"]["sequence_mask_metric"] == "geometric"
-    flags = snippet(skyrl.PRESETS["skyrl_geo_mask"], "flags").split(" \\\n")
-    # The form of SkyRL's docs (off_policy_correction.mdx): dotted Hydra overrides.
-    assert "trainer.algorithm.off_policy_correction.sequence_mask_metric=geometric" in flags
-    assert "trainer.algorithm.off_policy_correction.geo_mask_low=0.99" in flags
+    # The geometric band 0.99-1.01 is SkyRL's default: the metric alone switches it on.
+    assert snippet(skyrl.PRESETS["skyrl_geo_mask"]) == (
+        "trainer:\n  algorithm:\n    off_policy_correction:\n"
+        "      sequence_mask_metric: geometric\n"
+    )
+    tight = skyrl.SkyRLSpec(sequence_mask_metric="geometric", geo_mask_low=1 / 1.001)
+    flags = snippet(tight, "flags").split(" \\\n")
+    # The form of SkyRL's docs (off_policy_correction.mdx): dotted Hydra overrides; 1/1.001 at
+    # its float32 value, explained after the flags (a comment would end the continuation).
+    assert flags == [
+        "trainer.algorithm.off_policy_correction.sequence_mask_metric=geometric",
+        "trainer.algorithm.off_policy_correction.geo_mask_low=0.999001\n\n# 0.999001 = 1/1.001",
+    ]
+    assert snippet(tight).splitlines()[-1] == "      geo_mask_low: 0.999001  # 1/1.001"
 
 
 def test_nemo_snippet_keys():
-    text = snippet(nemo_rl.PRESETS["nemo_seq_mask_tis"])
-    assert text == (
+    assert snippet(nemo_rl.PRESETS["nemo_seq_mask_tis"]) == (
         "loss_fn:\n"
         "  use_importance_sampling_correction: true\n"
         "  truncated_importance_sampling_type: seq-mask-tis\n"
         "  truncated_importance_sampling_ratio: 1.002\n"
         "  truncated_importance_sampling_ratio_min: 0.999\n"
-        "  sequence_level_importance_ratios: false\n"
-        "  token_level_loss: true\n"
     )
+    assert snippet(nemo_rl.NemoRLSpec()) == ("# nothing to set: NeMo-RL's default (no correction)")
 
 
 def test_slime_snippet_is_flags_plus_mis_yaml():
@@ -437,36 +486,84 @@ def test_openrlhf_flags_current_and_2025_forms():
 
 
 def test_trl_snippet_keys_and_flags():
-    text = snippet(trl.PRESETS["trl_token_tis"])
-    assert text.startswith("# GRPOConfig(use_vllm=True, ")
+    spec = trl.PRESETS["trl_token_tis"]
     # GRPOConfig fields in trl/trainer/grpo_config.py @ f2cd5771.
-    assert yaml.safe_load(text) == {
-        "use_vllm": True,
-        "vllm_importance_sampling_correction": True,
-        "vllm_importance_sampling_mode": "token_truncate",
-        "vllm_importance_sampling_clip_min": None,
-        "vllm_importance_sampling_clip_max": 2.0,
-        "loss_type": "dapo",
+    assert set(spec.to_config()) - {"framework", "name"} == {
+        "use_vllm",
+        "vllm_importance_sampling_correction",
+        "vllm_importance_sampling_mode",
+        "vllm_importance_sampling_clip_min",
+        "vllm_importance_sampling_clip_max",
+        "loss_type",
     }
-    assert snippet(trl.PRESETS["trl_token_tis"], "flags").split(" \\\n") == [
+    # use_vllm is shown although iscore assumes it: GRPOConfig's own default is false.
+    assert snippet(spec) == (
+        "# GRPOConfig(use_vllm=True, vllm_importance_sampling_mode='token_truncate', "
+        "vllm_importance_sampling_clip_max=2.0)\n"
+        "use_vllm: true\n"
+        "vllm_importance_sampling_mode: token_truncate\n"
+        "vllm_importance_sampling_clip_max: 2.0\n"
+    )
+    assert snippet(spec, "flags").split(" \\\n") == [
         "--use_vllm true",
-        "--vllm_importance_sampling_correction true",
         "--vllm_importance_sampling_mode token_truncate",
         "--vllm_importance_sampling_clip_max 2.0",
-        "--loss_type dapo",
     ]
 
 
 def test_fireworks_snippet_keys():
-    text = snippet(fireworks.PRESETS["fireworks_deepmath"])
-    assert text.startswith("# training/recipes/rl_loop.py: Config(tis=TISConfig(cap=2.0, ")
+    spec = fireworks.PRESETS["fireworks_deepmath"]
     # TISConfig in training/utils/rl/tis.py, Config.anchor_logp in rl_loop.py @ 76821fa1.
-    assert yaml.safe_load(text) == {
-        "tis": {"cap": 2.0, "level": "token", "icepop_threshold": None},
-        "anchor_logp": "old_policy",
-    }
+    assert spec.to_config()["tis"].keys() == {"cap", "level", "icepop_threshold"}
+    assert snippet(spec) == (
+        "# training/recipes/rl_loop.py: Config(tis=TISConfig(cap=2.0))\ntis:\n  cap: 2.0\n"
+    )
     pr169 = yaml.safe_load(snippet(fireworks.FireworksISCorrection(tis_level="sequence")))
     assert set(pr169["is_correction"]) == {"eps_clip", "eps_clip_high", "tis_cap", "tis_level"}
+    assert snippet(fireworks.PRESETS["fireworks_default"]) == (
+        "# nothing to set: Fireworks cookbook's default (token TIS: w = min(rho, 5))"
+    )
+
+
+def test_areal_log_space_bounds_keep_their_digits_and_say_what_they_are():
+    # AReaL compares float64 log-space bounds: shortening ln 2 would move a mask.
+    spec = convert(skyrl.PRESETS["skyrl_product_mask"], "areal").spec
+    lines = snippet(spec).splitlines()
+    assert "    upper: 0.6931471805599453  # ln 2" in lines
+    assert "    lower: -0.6931471805599453  # ln 0.5" in lines
+
+
+@pytest.mark.parametrize("target", FRAMEWORKS)
+def test_every_conversion_snippet_is_short_explained_and_never_empty(target):
+    """For every preset into every framework: text to paste (or a comment saying there is
+    nothing to set), no key at the framework's default unless it must be shown, and every
+    number with more than 7 significant digits explained by a comment."""
+    defaults = quiet_parse({"framework": target}).to_config()
+    keep = frameworks.get(target).snippet_keys
+    for name, spec in presets().items():
+        out = convert(spec, target).spec
+        text = snippet(out)
+        assert text.strip(), name
+        shown = shown_config(out)
+
+        def leaves(config, prefix=""):
+            for key, value in config.items():
+                if isinstance(value, dict):
+                    yield from leaves(value, f"{prefix}{key}.")
+                else:
+                    yield prefix + key, value
+
+        default = dict(leaves(defaults))
+        for key, value in leaves(shown):
+            if key not in ("framework", "name") and key not in keep:
+                assert default.get(key, object()) != value, (name, key)
+        comments = " ".join(line.partition("#")[2] for line in text.splitlines())
+        for number in re.findall(
+            r"-?\d+\.\d+(?:e[-+]?\d+)?",
+            text.split("#")[0] + " ".join(line.partition("#")[0] for line in text.splitlines()),
+        ):
+            digits = len(number.lstrip("-").split("e")[0].replace(".", "").lstrip("0"))
+            assert digits <= 7 or comments, (name, number)
 
 
 @pytest.mark.parametrize(
@@ -555,10 +652,15 @@ def test_conversions_are_exact_only_when_they_replay_identically(source, data):
             assert identical(spec, out.spec) and identical(spec, out.spec, EDGES)
         else:
             assert out.notes
+
         # Whatever the target does differently is named: without a specific note, the target
         # is the source's rule (up to floating-point paths).
-        generic = ("source (", "loss aggregation", "the same rule")
-        if all(note.startswith(generic) for note in out.notes):
+        def generic(note: str) -> bool:
+            return note.startswith("The same rule") or bool(
+                re.match(r"The .+ setting: ", note) or "a different step size" in note
+            )
+
+        if all(generic(note) for note in out.notes):
             assert canonical(out.spec).loosely_equals(canonical(spec))
 
 
@@ -632,7 +734,7 @@ WILD = from_log_ratios(
         # SkyRL's token mask removes tokens; verl's IcePop only zeroes their weight.
         (verl.PRESETS["decoupled_token_icepop"], "skyrl", "removes those from the loss mask"),
         (skyrl.PRESETS["skyrl_geo_mask"], "nemo_rl", "seq-mask-tis"),
-        (verl.PRESETS["decoupled_k3_rs"], "skyrl", "no SkyRL mask expresses it"),
+        (verl.PRESETS["decoupled_k3_rs"], "skyrl", "No SkyRL mask expresses it"),
         (skyrl.PRESETS["skyrl_outlier_mask"], "verl", "seq_max_k2"),
     ],
 )
@@ -669,21 +771,25 @@ def test_same_rule_on_another_numerical_path_is_verified_on_the_batch():
     assert on_random.exact and on_random.difference["identical"]
     on_edges = convert(spec, "trl", batch=EDGES)
     assert not on_edges.exact
-    assert any("differs on the batch" in note for note in on_edges.notes)
+    assert any("they differ on this dump" in note for note in on_edges.notes)
 
 
 def test_aggregation_difference_is_noted():
     out = convert(verl.PRESETS["decoupled_geo_rs"], "skyrl", batch=BATCH)
-    assert any("rejected tokens leave the denominator" in note for note in out.notes)
-    assert any("seq-mean-token-mean" in n for n in convert(skyrl.PRESETS["skyrl_token_tis"],
-                                                            "slime").notes)  # fmt: skip
+    assert (
+        "verl averages the loss over the batch's tokens (the tokens it rejects leave the "
+        "count); SkyRL averages the loss over the batch's tokens: the same weights give a "
+        "different step size (compare the LR scale)."
+    ) in out.notes
+    notes = convert(skyrl.PRESETS["skyrl_token_tis"], "slime").notes
+    assert any("slime averages each sequence's tokens, then the sequences" in n for n in notes)
 
 
 def test_difference_is_skipped_without_the_policy_column():
     batch = make_batch([3, 4], policy=False)
     out = convert(verl.PRESETS["bypass_pg_is"], "skyrl", batch=batch)
     assert out.difference is None
-    assert any("not measured on the batch" in note for note in out.notes)
+    assert any("Not measured on the batch" in note for note in out.notes)
 
 
 def test_convert_errors_name_the_argument():

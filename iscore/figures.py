@@ -899,7 +899,10 @@ def mismatch_by(analysis: Analysis, key: str) -> Figure:
         "overlaying": "y",
         "side": "right",
         "rangemode": "tozero",
-        "tickformat": ".2g",
+        # Its own round ticks: plotly otherwise lines them up with the left axis's grid
+        # (0.00094, 0.0019, ...).
+        "tickmode": "auto",
+        "tickformat": ".2~g",
         "showgrid": False,
         "zeroline": False,
         "automargin": True,

@@ -91,7 +91,7 @@ def render_html(analysis: Analysis) -> str:
             )
         parts.append("</div>")
     plotly = plotly_js()
-    figures_js = "\n" + "\n".join(scripts) + "\n"
+    figures_js = "\n" + "\n".join(scripts) + "\n" + _FOLLOW_THEME
     csp = "; ".join(
         (
             "default-src 'none'",  # no fetch, image, font or frame from anywhere
@@ -259,6 +259,18 @@ def _mismatch_table(doc: dict[str, Any]) -> str:
     )
 
 
+_FOLLOW_THEME = """
+const dark = matchMedia('(prefers-color-scheme: dark)');
+function paint() {
+  const ink = dark.matches ? '#e6e6e6' : '#222222';
+  for (const fig of document.querySelectorAll('.fig')) Plotly.relayout(fig, {'font.color': ink});
+}
+paint();
+dark.addEventListener('change', paint);
+"""
+"""The figures' text in the page's ink: their backgrounds are transparent, so they follow the
+reader's light or dark system theme with the page, and switch with it."""
+
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{csp}">
@@ -275,6 +287,16 @@ td.lo {{ background: #e3eefc; }} td.hi {{ background: #fde4e1; }}
 .ok {{ color: #2a7a2a; }}
 pre {{ background: #f6f6f4; padding: 8px 12px; font-size: 12px; overflow-x: auto; }}
 summary {{ cursor: pointer; margin: 4px 0; }}
+:root {{ color-scheme: light dark; }}
+@media (prefers-color-scheme: dark) {{
+  body {{ background: #0e1117; color: #e6e6e6; }}
+  .meta, .note {{ color: #a8a8a8; }}
+  td, th {{ border-color: #3a3d44; }}
+  td.lo {{ background: #1d3552; }} td.hi {{ background: #4d2626; }}
+  .flags {{ background: #3b2b12; border-color: #8a6420; }}
+  .ok {{ color: #6fcf6f; }}
+  pre {{ background: #1b1e24; }}
+}}
 </style>
 <script>{plotly}</script></head>
 <body>

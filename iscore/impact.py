@@ -26,6 +26,7 @@ multiplies a token's loss, 0 where a mask drops it; raw = `Replay.raw`):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,9 +64,13 @@ class SettingStats:
     >>> for chunk in dump.batches(whole_steps=True):      # doctest: +SKIP
     ...     stats.update(chunk, spec.replay(chunk))
     >>> stats.compute()["lr_scale"]                       # doctest: +SKIP
+
+    With `histograms=False` only the per-sequence sums are kept (`quick_stats`): `compute`
+    then has no quantiles or histograms.
     """
 
     spec: Spec
+    histograms: bool = True
     aggregation: Aggregation = field(init=False)
     raw_hist: LogHistogram = field(default_factory=LogHistogram)
     weight_hist: LogHistogram = field(default_factory=LogHistogram)
@@ -87,7 +92,32 @@ class SettingStats:
             return ops.scratch(f"impact.{name}", n, dtype, w.device)
 
         kept = result.keep if every else torch.logical_and(result.keep, m, out=buf("kept"))
-        raw_binned, raw_log = _raw_statistics(batch, result, every)
+        raw_binned, raw_clean, raw_log = _raw_statistics(batch, result, every, self.histograms)
+        if self.histograms:
+            self._histograms(batch, result, every, raw_binned)
+        # A setting that applies no IS weight (a pure mask, bypass PPO) reports weight 1 beside
+        # the ratio it ignores: that is not truncation.
+        weighted = _any_weighted(pre, kept, buf("flag"))
+        w64 = buf("w64", torch.float64).copy_(w)
+        if not every:
+            w64.masked_fill_(torch.logical_not(m, out=buf("flag")), 0.0)
+        sums = {"w": _sums(batch, w64)}
+        sums["w2"] = _sums(batch, w64.mul_(w64))
+        sums["kept"] = _counts(batch, kept)
+        nonzero = ops.compare("gt", w, 0.0, buf("flag"))
+        sums["nonzero"] = _counts(batch, nonzero if every else nonzero.logical_and_(m))
+        sums["T"] = ops.segment_count(batch, m).cpu().numpy()
+        sums["high"], sums["low"] = _truncated(batch, pre, raw, kept, weighted, raw_clean, buf)
+        sums["raw_log"] = raw_log
+        for name in _SEQ_FIELDS:
+            self.seq[name].append(sums[name])
+        self.steps.append(batch.step.cpu().numpy())
+
+    def _histograms(
+        self, batch: TokenBatch, result: Replay, every: bool, raw_binned: Binned | None
+    ) -> None:
+        m = batch.loss_mask
+        w, raw = result.weight, result.raw
         if raw_binned is None:
             self.raw_hist.update(raw if every else raw[m])
         else:
@@ -101,23 +131,6 @@ class SettingStats:
             self.weight_hist.update(w if every else w[m])
         else:
             self.weight_hist.add(w_binned)
-        # A setting that applies no IS weight (a pure mask, bypass PPO) reports weight 1 beside
-        # the ratio it ignores: that is not truncation.
-        weighted = _any_weighted(pre, kept, buf("flag"))
-        w64 = buf("w64", torch.float64).copy_(w)
-        if not every:
-            w64.masked_fill_(torch.logical_not(m, out=buf("flag")), 0.0)
-        sums = {"w": _sums(batch, w64)}
-        sums["w2"] = _sums(batch, w64.mul_(w64))
-        sums["kept"] = _counts(batch, kept)
-        nonzero = ops.compare("gt", w, 0.0, buf("flag"))
-        sums["nonzero"] = _counts(batch, nonzero if every else nonzero.logical_and_(m))
-        sums["T"] = ops.segment_count(batch, m).cpu().numpy()
-        sums["high"], sums["low"] = _truncated(batch, pre, raw, kept, weighted, raw_binned, buf)
-        sums["raw_log"] = raw_log
-        for name in _SEQ_FIELDS:
-            self.seq[name].append(sums[name])
-        self.steps.append(batch.step.cpu().numpy())
 
     def merge(self, other: SettingStats) -> None:
         """Add another accumulator's chunks after these."""
@@ -146,7 +159,8 @@ class SettingStats:
             "denominator_shrinks": self.aggregation.shrinks,
             **_summarize(s, np.ones(s["T"].size, dtype=bool), self.aggregation),
         }
-        for label, hist in (("weight", self.weight_hist), ("raw", self.raw_hist)):
+        hists = (("weight", self.weight_hist), ("raw", self.raw_hist)) if self.histograms else ()
+        for label, hist in hists:
             result[f"{label}_quantiles"] = {f"p{q * 100:g}": hist.quantile(q) for q in QUANTILES}
             result[f"{label}_min"] = hist.min if hist.total else float("nan")
             result[f"{label}_max"] = hist.max if hist.total else float("nan")
@@ -160,12 +174,13 @@ class SettingStats:
 
 
 def _raw_statistics(
-    batch: TokenBatch, result: Replay, every: bool
-) -> tuple[Binned | None, np.ndarray]:
-    """The binned raw ratios over loss tokens (None where they are not all finite and >= 0)
-    and the per-sequence log raw weight; settings whose raw ratios are the same tensor
-    values within one `ops.shared` chunk (most token-level methods start from e^d) share
-    both instead of computing them again."""
+    batch: TokenBatch, result: Replay, every: bool, histogram: bool = True
+) -> tuple[Binned | None, bool, np.ndarray]:
+    """(the binned raw ratios over loss tokens, or None where they are not all finite and
+    >= 0 or `histogram` is false; whether they are all finite and >= 0; the per-sequence log
+    raw weight). Settings whose raw ratios are the same tensor values within one `ops.shared`
+    chunk (most token-level methods start from e^d) share them instead of computing them
+    again."""
     m = batch.loss_mask
     raw = result.raw
     rawm = raw if every else raw[m]
@@ -173,30 +188,35 @@ def _raw_statistics(
     known = None if memo is None else memo.setdefault(("raw", every), [])
     entry = None
     for other in known or ():
-        values = other[0]
+        values = other["values"]
         if values.dtype == rawm.dtype and values.shape == rawm.shape and torch.equal(values, rawm):
             entry = other
             break
     if entry is None:
-        constant = _per_sequence(raw, batch) if every and result.seq_raw is not None else None
-        binned = bin_values(rawm) if constant is None else bin_values(*constant)
-        entry = [rawm, binned, None]
+        entry = {"values": rawm, "binned": None, "clean": None, "log": None}
         if known is not None:
             known.append(entry)
+    if histogram and entry["clean"] is not False and entry["binned"] is None:
+        constant = _per_sequence(raw, batch) if every and result.seq_raw is not None else None
+        entry["binned"] = bin_values(rawm) if constant is None else bin_values(*constant)
+        entry["clean"] = entry["binned"] is not None
+    if entry["clean"] is None:
+        low, high = (float(v) for v in torch.aminmax(rawm)) if rawm.numel() else (0.0, 0.0)
+        entry["clean"] = low >= 0.0 and math.isfinite(high)  # NaN fails both
     if result.seq_raw is not None:
         raw_log = torch.log(result.seq_raw.double()).cpu().numpy()
     else:
-        if entry[2] is None:
+        if entry["log"] is None:
             # The token ratios' geometric mean: the "per-sequence raw weight" for plots.
             logs = ops.scratch("impact.logs", raw.numel(), torch.float64, raw.device)
             logs.copy_(raw).clamp_(min=1e-300).log_()
-            entry[2] = (
+            entry["log"] = (
                 (ops.segment_sum(logs, batch, m) / ops.segment_count(batch, m).clamp(min=1.0))
                 .cpu()
                 .numpy()
             )
-        raw_log = entry[2]
-    return entry[1], raw_log
+        raw_log = entry["log"]
+    return entry["binned"] if histogram else None, entry["clean"], raw_log
 
 
 def _per_sequence(x: torch.Tensor, batch: TokenBatch) -> tuple[torch.Tensor, np.ndarray] | None:
@@ -239,7 +259,7 @@ def _truncated(
     raw: torch.Tensor,
     kept: torch.Tensor,
     weighted: bool,
-    raw_binned: Binned | None,
+    raw_clean: bool,
     buf: Callable[..., torch.Tensor],
 ) -> tuple[np.ndarray, np.ndarray]:
     """float64 [B] per sequence: kept tokens whose weight truncation lowered (high) or raised
@@ -247,7 +267,7 @@ def _truncated(
     b = batch.num_sequences
     if not weighted:
         return np.zeros(b), np.zeros(b)
-    if raw_binned is None:
+    if not raw_clean:
         # Raw has NaN, infinities or negative values: compare every token.
         active = kept & (pre > 0)
         p64, r64 = pre.double(), raw.double()
@@ -328,10 +348,11 @@ def _by_length(s: dict[str, np.ndarray], agg: Aggregation) -> list[dict[str, Any
     return rows
 
 
-def quick_stats(batch: TokenBatch, spec: Spec) -> dict[str, Any]:
+def quick_stats(batch: TokenBatch, spec: Spec, result: Replay | None = None) -> dict[str, Any]:
     """The headline numbers of one setting on an in-memory batch (weight_mean, ess,
-    token/seq masked fractions, lr_scale, ...), without histograms or breakdowns."""
-    stats = SettingStats(spec)
-    stats.update(batch, spec.replay(batch))
+    token/seq masked fractions, lr_scale, ...), without histograms or breakdowns; `result`:
+    the setting's replay of `batch`, when already at hand."""
+    stats = SettingStats(spec, histograms=False)
+    stats.update(batch, spec.replay(batch) if result is None else result)
     s = stats.sequences()
     return _summarize(s, np.ones(s["T"].size, dtype=bool), stats.aggregation)

@@ -29,7 +29,7 @@ from iscore.canonical import Canonical, Component, mask_component, weight_compon
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Framework
 from iscore.impact import quick_stats
-from iscore.spec import Spec
+from iscore.spec import Replay, Spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +199,7 @@ class _Normal:
         d_center, d_spread = _median_mad(d)
         g_center, g_spread = _median_mad(G[has])
         seq_of_token = np.repeat(np.arange(T.size), T.astype(np.int64))
-        medians = _segment_medians(d, seq_of_token, T)
+        medians = _segment_medians(d, T)
         stderr = 1.2533 * max(d_spread, 1e-12) / np.sqrt(np.maximum(T, 1.0))
         broken = has & (np.abs(medians - d_center) > Z_BROKEN * stderr)
         token_broken = broken[seq_of_token]
@@ -220,15 +220,37 @@ _MARGIN = 1.05  # bounds placed this much beyond the noise they must keep
 _INSIDE = 0.9  # and this far inside the nearest broken value they must drop
 
 
-def _segment_medians(values: np.ndarray, segment: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """float64 [B]: the median of each segment's values (0 for an empty one); `segment` [N]
-    is each value's segment, in order."""
-    ordered = values[np.lexsort((values, segment))]
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+def _segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """float64 [B]: the median of each segment's values (0 for an empty one); segment i holds
+    the next `counts[i]` values.
+
+    Segments of similar length are sorted together as the rows of a block, each row padded
+    with +inf to the next power of two (so never more than twice the values, and at most
+    `_MEDIAN_CELLS` at a time): 15x faster than one lexsort of (segment, value).
+
+    >>> _segment_medians(np.array([3.0, 1.0, 2.0, 5.0, 4.0, 7.0]), np.array([3, 0, 2, 1]))
+    array([2. , 0. , 4.5, 7. ])
+    """
     n = counts.astype(np.int64)
-    low = ordered[np.minimum(starts + (n - 1) // 2, max(ordered.size - 1, 0))] if n.size else n
-    high = ordered[np.minimum(starts + n // 2, max(ordered.size - 1, 0))] if n.size else n
-    return np.where(n > 0, 0.5 * (low + high), 0.0)
+    starts = np.cumsum(n) - n
+    medians = np.zeros(n.size)
+    width = np.left_shift(1, np.ceil(np.log2(np.maximum(n, 1))).astype(np.int64))
+    for w in np.unique(width[n > 0]):
+        rows = np.flatnonzero((n > 0) & (width == w))
+        columns = np.arange(w)
+        for part in np.array_split(rows, -(-rows.size * int(w) // _MEDIAN_CELLS)):
+            k = n[part]
+            block = np.full((part.size, w), np.inf)
+            valid = columns < k[:, None]
+            block[valid] = values[(starts[part][:, None] + columns)[valid]]
+            block.sort(axis=1)
+            r = np.arange(part.size)
+            medians[part] = 0.5 * (block[r, (k - 1) // 2] + block[r, k // 2])
+    return medians
+
+
+_MEDIAN_CELLS = 1 << 20
+"""Values (padding included) sorted per block by `_segment_medians`: 8 MB."""
 
 
 def _median_mad(x: np.ndarray) -> tuple[float, float]:
@@ -415,6 +437,12 @@ def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None)
     """
     fw = frameworks.get(framework)
     targets = targets or Targets()
+    with ops.shared(batch):  # d, e^d and the sequence sums, computed once for every candidate
+        return _recommend(batch, fw, targets)
+
+
+def _recommend(batch: TokenBatch, fw: Framework, targets: Targets) -> Recommendation:
+    framework = fw.name
     normal = _Normal.of(batch)
     thresholds = _Thresholds.of(normal)
     candidates = []
@@ -422,7 +450,7 @@ def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None)
         spec = fw.express(kind.setting(thresholds), f"{framework} {kind.description}")
         if spec is None:
             continue
-        stats = quick_stats(batch, spec) | _terms(batch, spec, normal)
+        stats = _measure(batch, spec, normal)
         # Reweighting by the ratio is what removes the mismatch's bias; a mask alone does not.
         stats["reweights"] = float(bool(fw.to_canonical(spec).weights))
         missed = tuple(_violations(targets, normal, stats))
@@ -455,10 +483,15 @@ def broken_sequences(batch: TokenBatch) -> np.ndarray:
     return _Normal.of(batch).broken
 
 
-def _terms(batch: TokenBatch, spec: Spec, normal: _Normal) -> dict[str, float]:
+def _measure(batch: TokenBatch, spec: Spec, normal: _Normal) -> dict[str, float]:
+    """`quick_stats` of a candidate and the objective's terms, from one replay of it."""
+    result = spec.replay(batch)
+    return quick_stats(batch, spec, result) | _terms(batch, result, normal)
+
+
+def _terms(batch: TokenBatch, result: Replay, normal: _Normal) -> dict[str, float]:
     """The objective's terms beyond `quick_stats`: what a setting does to the broken sequences
     and to the rest (docs/recommend.md)."""
-    result = spec.replay(batch)
     m = batch.loss_mask
     w = ops.segment_sum(result.weight.double(), batch, m).cpu().numpy()
     kept_tokens = ops.segment_count(batch, result.keep & (result.weight != 0)).cpu().numpy()
@@ -608,7 +641,7 @@ def _elsewhere(batch: TokenBatch, fw: Framework, normal: _Normal, targets: Targe
             spec = other.express(kind.setting(thresholds), f"{other.name} {kind.description}")
             if spec is None:
                 continue
-            stats = quick_stats(batch, spec) | _terms(batch, spec, normal)
+            stats = _measure(batch, spec, normal)
             if not _violations(targets, normal, stats):
                 return (
                     f"{fw.name} cannot express a setting that removes the broken sequences "

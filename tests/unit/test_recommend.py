@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from iscore import TokenBatch, load
 from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.recommend import Targets, recommend
+from iscore.recommend import Targets, _segment_medians, recommend
 from iscore.replay import parse_config
 from iscore.simulate import SimConfig, broken_sequences, write_simulated
 from tests.unit.frameworks.conftest import edge_batch
@@ -167,3 +169,18 @@ def test_the_json_carries_replayable_configs(benign):
     for candidate in doc["candidates"]:
         assert parse_config(candidate["config"]).name == candidate["name"]
     assert doc["runner_up"] is not None and doc["pick"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_segment_medians_match_a_median_per_segment(seed, monkeypatch) -> None:
+    rng = np.random.default_rng(seed)
+    # Empty, one-value, even and odd, and long segments; ties; with small blocks, segments
+    # of one width sorted in several blocks, and a segment wider than a block.
+    counts = np.concatenate([[0, 1, 2, 3, 0, 4097], rng.integers(0, 300, 500)])
+    values = rng.standard_normal(int(counts.sum())).round(1 + seed)
+    starts = np.cumsum(counts) - counts
+    pairs = zip(starts, counts, strict=True)
+    expected = [np.median(values[a : a + n]) if n else 0.0 for a, n in pairs]
+    np.testing.assert_array_equal(_segment_medians(values, counts), expected)
+    monkeypatch.setattr(sys.modules["iscore.recommend"], "_MEDIAN_CELLS", 4096)
+    np.testing.assert_array_equal(_segment_medians(values, counts), expected)

@@ -38,7 +38,7 @@ _NUMPY_DTYPES = (torch.float32, torch.float64, torch.bool, torch.int32, torch.in
 """Dtypes whose CPU tensors are reduced by numpy directly (others are cast to float64)."""
 
 
-class _Shared:
+class Shared:
     """Results computed once per batch inside `shared`: keyed by the operation, its
     parameters and the identity of its (shared) tensor inputs."""
 
@@ -75,7 +75,7 @@ class _Shared:
         self.tensors[id(result)] = result
 
 
-_SHARED: contextvars.ContextVar[_Shared | None] = contextvars.ContextVar(
+_SHARED: contextvars.ContextVar[Shared | None] = contextvars.ContextVar(
     "iscore_ops_shared", default=None
 )
 
@@ -85,20 +85,30 @@ def _batch_field(batch: TokenBatch, t: torch.Tensor) -> bool:
 
 
 @contextlib.contextmanager
-def shared(batch: TokenBatch) -> Iterator[None]:
+def shared(batch: TokenBatch, cache: Shared | None = None) -> Iterator[None]:
     """Within this block, compute the per-batch intermediates every setting shares once.
 
     `log_ratio(batch)`, `exp` of it, and the sequence sums / counts / means / broadcasts of
     shared tensors over the loss mask are cached for `batch` and returned as the same tensor
     to every caller; an entry whose inputs or result were modified in place is recomputed.
-    Results are identical to computing each one afresh.
+    Results are identical to computing each one afresh. `cache`: a `Shared(batch)` the
+    caller keeps, so that this block starts with what earlier blocks computed (a workspace
+    keeps one per loaded batch: adding a setting then costs only that setting's replay).
 
     >>> b = TokenBatch(rollout=torch.zeros(2), train=torch.ones(2), cu_seqlens=torch.tensor([0, 2]))
     >>> with shared(b):
     ...     log_ratio(b) is log_ratio(b)
     True
+    >>> kept = Shared(b)
+    >>> with shared(b, kept):
+    ...     d = log_ratio(b)
+    >>> with shared(b, kept):
+    ...     log_ratio(b) is d
+    True
     """
-    token = _SHARED.set(_Shared(batch))
+    if cache is not None and cache.batch is not batch:
+        raise ValueError("the cache belongs to another batch")
+    token = _SHARED.set(Shared(batch) if cache is None else cache)
     try:
         yield
     finally:
@@ -141,7 +151,7 @@ def scratch(
     return buf[:n]
 
 
-def _cache_for(batch: TokenBatch) -> _Shared | None:
+def _cache_for(batch: TokenBatch) -> Shared | None:
     cache = _SHARED.get()
     return cache if cache is not None and cache.batch is batch else None
 

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from iscore import importers
+from iscore import importers, ops
 from iscore.analyze import Analysis, analyze
 from iscore.batch import TokenBatch
 from iscore.budget import check_upload
@@ -228,7 +228,8 @@ class Workspace:
         self.dump = dump
         self.full = batch
         self.steps = sorted(int(s) for s in torch.unique(batch.step).tolist())
-        self._batches = _Memo(4)
+        self._batches = _Memo(4)  # selection -> (its batch, the ops.Shared kept for it)
+        self._sharing = threading.Lock()  # one replay at a time over a kept ops.Shared
         self._summaries = _Memo(8)
         self._mismatch = _Memo(8)
         self._settings = _Memo(128)
@@ -284,9 +285,13 @@ class Workspace:
             DumpError: the slice holds no sequence of the selected steps.
             QueryError: the slice is not a predicate over the sequence columns.
         """
-        chosen = self.selection(steps)
+        return self._loaded(self.selection(steps))[0]
 
-        def compute() -> TokenBatch:
+    def _loaded(self, chosen: Selection) -> tuple[TokenBatch, ops.Shared]:
+        """The selection's batch and the intermediates every setting shares, kept with it:
+        d, e^d and the sequence sums are computed for the first setting replayed on it."""
+
+        def compute() -> tuple[TokenBatch, ops.Shared]:
             batch = select_steps(self.full, chosen.steps)
             if chosen.where is not None:
                 with self.where(chosen.where).judge() as judge:
@@ -295,7 +300,7 @@ class Workspace:
                     raise DumpError(
                         f"no sequence of the selected steps where {quote(chosen.where)}"
                     )
-            return batch
+            return batch, ops.Shared(batch)
 
         return self._batches.get(chosen, compute)
 
@@ -319,13 +324,16 @@ class Workspace:
     def setting(self, spec: Spec, steps: Selection | StepRange | None = None) -> dict[str, Any]:
         """What one setting does to the selected steps (one entry of `Analysis.settings`)."""
 
-        def compute() -> dict[str, Any]:
-            batch = self.batch(steps)
-            stats = SettingStats(spec)
-            stats.update(batch, spec.replay(batch))
-            return stats.compute()
+        chosen = self.selection(steps)
 
-        return self._settings.get((self.selection(steps), spec), compute)
+        def compute() -> dict[str, Any]:
+            batch, cache = self._loaded(chosen)
+            with self._sharing, ops.shared(batch, cache):
+                stats = SettingStats(spec)
+                stats.update(batch, spec.replay(batch))
+                return stats.compute()
+
+        return self._settings.get((chosen, spec), compute)
 
     def analysis(
         self, specs: Sequence[Spec], steps: Selection | StepRange | None = None
@@ -336,8 +344,14 @@ class Workspace:
 
     def tuner(self, steps: Selection | StepRange | None = None) -> Tuner:
         """The sorted statistics of the selected steps, for threshold queries."""
-        steps = self.selection(steps)
-        return self._tuners.get(steps, lambda: Tuner(self.batch(steps)))
+        chosen = self.selection(steps)
+
+        def compute() -> Tuner:
+            batch, cache = self._loaded(chosen)
+            with self._sharing, ops.shared(batch, cache):
+                return Tuner(batch)
+
+        return self._tuners.get(chosen, compute)
 
     def grid(
         self, family: str, steps: Selection | StepRange | None = None

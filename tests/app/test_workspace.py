@@ -106,6 +106,28 @@ def test_workspace_memoizes_and_matches_analyze() -> None:
     assert ws.source.files == ("drift.parquet",) and ws.steps == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("sample", ["fp8.parquet", "long_collapse.parquet"])
+def test_settings_added_one_by_one_equal_each_analyzed_alone(sample: str) -> None:
+    """The workspace keeps d, e^d and the sequence sums between settings (and the tuner):
+    every setting added after others gives exactly what analyzing it alone gives."""
+    ws = open_uploads([(sample, _bytes(sample))])
+    for spec in filter(lambda s: _replays(s, ws.full), presets().values()):
+        assert ws.setting(spec) == analyze(ws.full, [spec]).settings[0], spec.name
+    fresh = Tuner(ws.full)
+    for family in FAMILIES:
+        values = [v[len(v) // 3] for v in grid(fresh, family).values()]
+        assert query(ws.tuner(), family, values) == query(fresh, family, values), family
+
+
+def _replays(spec, batch) -> bool:
+    """Whether `spec` applies to `batch` (not: it needs a policy column the batch lacks)."""
+    try:
+        spec.replay(batch)
+    except ConfigError:
+        return False
+    return True
+
+
 def test_sequence_tokens_by_step_and_id() -> None:
     batch = iscore.load(DATA / "dense_bf16.parquet")
     i = 7

@@ -380,8 +380,9 @@ def _rounded(config: Any, *, shorten: bool) -> tuple[Any, dict[str, str]]:
 
     def number(value: float) -> float:
         short = shortest(value) if shorten else value
-        if shortest(value) != value:
-            meanings[repr(short)] = _meaning(value)
+        meaning = _meaning(value)
+        if meaning is not None:
+            meanings[repr(short)] = meaning
         return short
 
     def walk(value: Any) -> Any:
@@ -415,8 +416,19 @@ def shortest(value: float) -> float:
     return short if len(repr(short)) < len(repr(value)) else value
 
 
-def _meaning(value: float) -> str:
-    """What a long number is, where a short expression gives it: 1/x, ln x, e^x."""
+def _meaning(value: float) -> str | None:
+    """What a long number is, where a short expression gives it (1/x, ln x, e^x); None for a
+    number that is short already or only float noise away from its shortened form
+    (51299999.99999999 is 5.13e7).
+
+    >>> _meaning(1 / 1.001), _meaning(-math.log(0.999)), _meaning(51299999.99999999)
+    ('1/1.001', '-ln 0.999', None)
+    >>> _meaning(1.23456789)
+    '1.23456789 to float32 precision'
+    """
+    short = shortest(value)
+    if short == value or abs(short - value) <= 1e-12 * abs(value):
+        return None
     forms = [("1/{}", 1 / value, 1)]
     if value > 0:
         forms.append(("e^{}", math.log(value), 1))

@@ -12,6 +12,11 @@
   would, on a subset of whole steps, beside iscore on the same subset; both are checked to
   agree with iscore;
 - `tune`: building a `Tuner` on up to 10M tokens and 1000 random threshold queries;
+- `app`: the dashboard's interactions through its `Workspace` on up to 10M tokens: opening
+  the dump, the mismatch diagnostics, the recommendation, the first setting and each one
+  added after it, opening Tune (its statistics and slider grid) and a slider query under
+  the framework's loss aggregation;
+- `startup`: fresh processes running `iscore --help` and importing the engine;
 - peak memory (fresh subprocesses): streaming the whole dump, streaming a quarter of it, and
   loading it whole;
 - with CUDA: the replay of the settings on chunks resident on the GPU, and including the
@@ -54,8 +59,10 @@ from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, StepRange
 from iscore.errors import ConfigError, quote
 from iscore.impact import aggregation_of
 from iscore.output import output_path
+from iscore.recommend import Targets
 from iscore.simulate import SimConfig, write_simulated
-from iscore.tune import Tuner
+from iscore.tune import Tuner, query
+from iscore.workspace import Workspace
 
 SETTINGS = (
     "verl:decoupled_geo_rs_token_tis",
@@ -90,6 +97,9 @@ GOALS = {
     "pandas_speedup": 10.0,
     "tune_query_p99_s": 0.05,
     "cuda_resident_tok_s": 1e9,
+    "app_add_setting_s": 1.0,
+    "app_tune_open_s": 3.0,
+    "app_slider_p50_s": 0.05,
 }
 
 _PADDED_SLOTS = 2**26
@@ -133,7 +143,7 @@ def run_bench(
 
     Returns:
         A JSON-ready dict: `machine`, `dump`, `rows` (the table), `goals`, `agreement`,
-        `memory`, `tune`, `cuda`.
+        `memory`, `tune`, `app`, `startup`, `cuda`.
 
     Raises:
         ConfigError: `tokens` < 1000, or `device` is neither None, "cpu" nor "cuda".
@@ -202,6 +212,27 @@ def run_bench(
                 "tune_query_p99_s",
             )
         )
+
+        say("timing the app's interactions through its workspace")
+        result["app"] = _app(dump_path, tune_tokens, specs, repeats)
+        app = result["app"]
+        rows += [
+            _row("app: open the dump", app["open_s"], app["tokens"]),
+            _row("app: mismatch diagnostics", app["mismatch_s"], app["tokens"]),
+            _row("app: recommend (verl)", app["recommend_s"], app["tokens"]),
+            _row("app: first setting", app["first_setting_s"], app["tokens"]),
+            _row("app: open Tune", app["tune_open_s"], app["tokens"], "app_tune_open_s"),
+            _row("app: Tune slider p50", app["slider_p50_s"], None, "app_slider_p50_s"),
+        ]
+        if app["add_setting_max_s"] is not None:  # with two settings or more
+            slowest = app["add_setting_max_s"]
+            rows.append(_row("app: add a setting, slowest", slowest, None, "app_add_setting_s"))
+        say("timing start-up in fresh processes")
+        result["startup"] = _startup(repeats)
+        rows += [
+            _row("start-up: iscore --help", result["startup"]["help_s"], None),
+            _row("start-up: import the engine", result["startup"]["import_engine_s"], None),
+        ]
 
         result["memory"] = _memory(dump_path, specs, chunk_tokens, say) if memory else None
         result["cuda"] = _cuda(dump_path, specs, chunk_tokens, device, repeats, say)
@@ -455,6 +486,75 @@ def _tune(path: Path, budget: int, queries: int, repeats: int) -> dict[str, Any]
     }
 
 
+def _app(path: Path, budget: int, specs: list[Any], repeats: int) -> dict[str, Any]:
+    """The dashboard's interactions through a `Workspace` of up to `budget` tokens (whole
+    steps), each timed on a fresh workspace `repeats` times (the best kept): a workspace
+    memoizes, so only a first call is an interaction's cost."""
+    steps, tokens, _ = _subset(path, budget)
+    family, framework = "token_tis", "verl"
+    best: dict[str, float] = {}
+    added: list[float] = []
+    for _ in range(max(repeats, 1)):
+        times: dict[str, float] = {}
+
+        def timed(key: str, fn: Callable[[], Any], times: dict[str, float] = times) -> Any:
+            start = time.perf_counter()
+            value = fn()
+            times[key] = time.perf_counter() - start
+            return value
+
+        dump = Dump(path, steps=StepRange(0, steps - 1), extras=True)
+        ws = timed("open_s", lambda dump=dump: Workspace.from_dump(dump))
+        timed("mismatch_s", ws.mismatch)
+        timed("recommend_s", lambda ws=ws: ws.recommend(framework, Targets()))
+        timed("first_setting_s", lambda ws=ws: ws.setting(specs[0]))
+        run = []
+        for spec in specs[1:]:
+            start = time.perf_counter()
+            ws.setting(spec)
+            run.append(time.perf_counter() - start)
+        values = timed("tune_open_s", lambda ws=ws: ws.grid(family))
+        tuner = ws.tuner()
+        slider = []
+        for point in values["upper"]:
+            start = time.perf_counter()
+            query(tuner, family, [point], framework)
+            slider.append(time.perf_counter() - start)
+        times["slider_p50_s"] = float(np.median(slider))
+        times["slider_max_s"] = float(np.max(slider))
+        for key, value in times.items():
+            best[key] = min(best.get(key, math.inf), value)
+        if not added or max(run) < max(added):
+            added = run
+    return {
+        "tokens": tokens,
+        "steps": steps,
+        **best,
+        "add_setting_p50_s": float(np.median(added)) if added else None,
+        "add_setting_max_s": float(np.max(added)) if added else None,
+        "settings_added": len(added),
+        "slider_points": len(values["upper"]),
+    }
+
+
+def _startup(repeats: int) -> dict[str, float]:
+    """Seconds for fresh processes to answer `iscore --help` and to import the engine."""
+
+    def run(*args: str) -> float:
+        return _best(
+            repeats,
+            lambda: subprocess.run(
+                [sys.executable, *args], check=True, capture_output=True, cwd=_package_root()
+            ),
+        )
+
+    return {
+        "help_s": run("-m", "iscore.cli", "--help"),
+        "import_engine_s": run("-c", "import iscore.analyze"),
+        "python_s": run("-c", "pass"),
+    }
+
+
 _MEMORY_SCRIPT = """
 import json, resource, sys
 import iscore
@@ -662,6 +762,35 @@ def _goals(result: dict[str, Any]) -> list[dict[str, Any]]:
             "met": tune["query_p99_s"] < GOALS["tune_query_p99_s"],
         }
     )
+    app = result["app"]
+    at = f"at {app['tokens'] / 1e6:.1f}M tokens"
+    goals += [
+        {
+            "id": "app_add_setting_s",
+            "goal": f"adding a setting <= {GOALS['app_add_setting_s']:g} s {at}",
+            "measured": None
+            if app["add_setting_max_s"] is None
+            else f"slowest {app['add_setting_max_s']:.2f} s, median "
+            f"{app['add_setting_p50_s']:.2f} s over {app['settings_added']} settings (the "
+            f"first, which computes what they share, {app['first_setting_s']:.2f} s)",
+            "met": None
+            if app["add_setting_max_s"] is None
+            else app["add_setting_max_s"] <= GOALS["app_add_setting_s"],
+        },
+        {
+            "id": "app_tune_open_s",
+            "goal": f"opening Tune cold <= {GOALS['app_tune_open_s']:g} s {at}",
+            "measured": f"{app['tune_open_s']:.2f} s (warm: memoized)",
+            "met": app["tune_open_s"] <= GOALS["app_tune_open_s"],
+        },
+        {
+            "id": "app_slider_p50_s",
+            "goal": f"Tune slider p50 < {GOALS['app_slider_p50_s'] * 1e3:g} ms {at}",
+            "measured": f"p50 {app['slider_p50_s'] * 1e3:.2f} ms, max "
+            f"{app['slider_max_s'] * 1e3:.2f} ms over {app['slider_points']} slider positions",
+            "met": app["slider_p50_s"] < GOALS["app_slider_p50_s"],
+        },
+    ]
     cuda = result["cuda"]
     if cuda.get("resident_tok_s"):
         goals.append(
@@ -1055,6 +1184,9 @@ _GOAL_TEXT = {
     "pandas_speedup": ">= 10x",
     "tune_query_p99_s": "< 50 ms",
     "cuda_resident_tok_s": ">= 1e9/s",
+    "app_add_setting_s": "<= 1 s",
+    "app_tune_open_s": "<= 3 s",
+    "app_slider_p50_s": "< 50 ms",
 }
 
 

@@ -27,6 +27,15 @@ ROWS = {
     "pandas groupby baseline",
     "tune: build",
     "tune: query p99",
+    "app: open the dump",
+    "app: mismatch diagnostics",
+    "app: recommend (verl)",
+    "app: first setting",
+    "app: add a setting, slowest",
+    "app: open Tune",
+    "app: Tune slider p50",
+    "start-up: iscore --help",
+    "start-up: import the engine",
 }
 GOALS = {
     "e2e_vs_read",
@@ -35,6 +44,9 @@ GOALS = {
     "bounded_memory",
     "tune_query_p99_s",
     "cuda_resident_tok_s",
+    "app_add_setting_s",
+    "app_tune_open_s",
+    "app_slider_p50_s",
 }
 
 
@@ -79,6 +91,12 @@ def test_structure(result):
     assert baselines["padding_factor"] >= 1
     tune = result["tune"]
     assert tune["queries"] == 60 and tune["query_p50_s"] <= tune["query_p99_s"]
+    app = result["app"]
+    assert app["settings_added"] == len(bench.SETTINGS) - 1 and app["slider_points"] > 10
+    assert app["add_setting_p50_s"] <= app["add_setting_max_s"]
+    assert app["slider_p50_s"] <= app["slider_max_s"]
+    startup = result["startup"]
+    assert startup["import_engine_s"] > startup["python_s"] > 0
     assert result["cuda"] == {"available": torch.cuda.is_available(), "skipped": "device='cpu'"}
 
 

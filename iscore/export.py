@@ -288,9 +288,13 @@ def _shown(spec: Spec) -> tuple[dict[str, Any], dict[str, str]]:
     """The snippet's config and the meanings of its numbers: bounds shortened to their
     float32 value where the framework then computes exactly the same weights and masks (a
     bound that only meets float32 tensors), else as they are (AReaL's log-space bounds, verl's
-    log of a truncation cap, which float64 arithmetic carries)."""
+    log of a truncation cap, which float64 arithmetic carries). Never for weights divided by
+    their batch mean: the mean carries a bound's last float64 digits into every weight, so
+    a probe cannot show that shortening is safe on every batch."""
     framework = frameworks.of(spec)
     config = _pruned(spec.to_config(), _defaults(framework), framework.snippet_keys)
+    if framework.to_canonical(spec).normalize is not None:
+        return _rounded(config, shorten=False)
     short, meanings = _rounded(config, shorten=True)
     if short != config:
         with warnings.catch_warnings():

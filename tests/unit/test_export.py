@@ -332,6 +332,19 @@ def test_export_round_trips(framework, data):
     assert parsed == spec or any(shortest(v) != v for v in numbers(spec.to_config()))
 
 
+@pytest.mark.parametrize(("upper", "option"), [(2.080078125, "token_k3"), (1.08203125, "token_k2")])
+def test_batch_normalized_bounds_keep_their_digits(upper, option):
+    """Found by the round trip: divided by their batch mean, verl's capped weights carry the
+    cap's last float64 digits (2.080078125 vs its float32-shortest 2.0800781) into every
+    weight, on some batches and not others; such bounds are written as they are."""
+    rs = (verl.RSCriterion(option, upper=0.001),)
+    spec = verl.VerlSpec(name="verl", is_level="token", is_upper=upper, batch_normalize=True, rs=rs)
+    assert repr(upper) in snippet(spec)
+    parsed = quiet_parse(from_snippet(spec))
+    assert parsed == spec
+    assert identical(parsed, spec) and identical(parsed, spec, probe(spec))
+
+
 def test_file_text_is_read_by_replay_as_is(tmp_path):
     for module in (verl, skyrl, nemo_rl, slime, areal, openrlhf, trl, fireworks):
         for name, spec in module.PRESETS.items():

@@ -7,6 +7,8 @@
 - `analyze, streamed`: `iscore.analyze` of the dump from disk with the settings (read,
   replay, every statistic), the headline number;
 - `analyze, resident` and `replay only, resident`: the same on chunks already in memory;
+- `marginal`: what the second half of the dump's steps adds to `analyze` against what it adds
+  to the pyarrow read, in fresh processes (imports and first-chunk costs cancel out);
 - `padded baseline` and `pandas baseline`: the same corrections and key statistics written the
   way the frameworks (float32 tensors padded to [B, max_len]) and a dataframe user (groupby)
   would, on a subset of whole steps, beside iscore on the same subset; both are checked to
@@ -93,6 +95,7 @@ one in float64, where iscore's weights are float32 (as the frameworks hand them 
 
 GOALS = {
     "e2e_vs_read": 2.0,
+    "marginal_vs_read": 2.0,
     "padded_speedup": 5.0,
     "pandas_speedup": 10.0,
     "tune_query_p99_s": 0.05,
@@ -120,6 +123,7 @@ def run_bench(
     tune_tokens: int = 10_000_000,
     queries: int = 1000,
     repeats: int = 2,
+    marginal_repeats: int = 5,
     memory: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -138,12 +142,13 @@ def run_bench(
         tune_tokens: tokens (whole steps) the `Tuner` is built on.
         queries: random Tuner queries timed.
         repeats: runs per timing (the best is kept).
+        marginal_repeats: fresh processes per marginal timing (the best is kept).
         memory: measure peak RSS in subprocesses (several extra passes over the dump).
         log: called with a line of progress for each stage.
 
     Returns:
         A JSON-ready dict: `machine`, `dump`, `rows` (the table), `goals`, `agreement`,
-        `memory`, `tune`, `app`, `startup`, `cuda`.
+        `memory`, `marginal`, `tune`, `app`, `startup`, `cuda`.
 
     Raises:
         ConfigError: `tokens` < 1000, or `device` is neither None, "cpu" nor "cuda".
@@ -191,6 +196,9 @@ def run_bench(
             lambda: analyze(dump_path, specs, max_tokens=chunk_tokens, device="cpu"),
         )
         rows.append(_row(f"analyze, streamed ({len(specs)} settings)", streamed, n, "e2e_vs_read"))
+
+        say("timing the marginal analyze and read in fresh processes")
+        result["marginal"] = _marginal(dump_path, specs, chunk_tokens, marginal_repeats)
 
         say("timing analyze and replay on resident chunks")
         rows += _resident(dump_path, specs, chunk_tokens, repeats, n)
@@ -537,6 +545,59 @@ def _app(path: Path, budget: int, specs: list[Any], repeats: int) -> dict[str, A
     }
 
 
+_MARGINAL_SCRIPT = """
+import sys, time
+import pyarrow.parquet as pq
+from iscore.analyze import analyze
+from iscore.dump import Dump, StepRange
+mode, path, chunk, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+columns, settings = sys.argv[5].split(","), sys.argv[6:]
+start = time.perf_counter()
+if mode == "read":
+    pq.read_table(path, columns=columns, filters=[("step", "<", steps)])
+else:
+    analyze(Dump(path, steps=StepRange(0, steps - 1)), settings, max_tokens=chunk, device="cpu")
+print(time.perf_counter() - start)
+"""
+
+
+def _marginal(path: Path, specs: list[Any], chunk_tokens: int, repeats: int) -> dict[str, Any]:
+    """Seconds to read and to analyze the first half of the steps and all of them, each the
+    best of `repeats` fresh processes (timed after the imports); the marginal ratio is what
+    the second half adds to analyze over what it adds to the read."""
+    step = pq.read_table(path, columns=["step"])["step"].to_numpy()
+    steps = int(step.max()) + 1  # the simulated dump's steps are 0, 1, ...
+    half = steps // 2
+    tokens = {k: int((step < k).sum()) for k in (half, steps)}
+    if half == 0:
+        return {"steps": steps, "tokens": tokens[steps], "repeats": repeats, "ratio": None}
+    names = [f"{s.framework}:{s.name}" for s in specs]
+    env = {
+        **os.environ,
+        "PYTHONPATH": _package_root() + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    seconds: dict[str, dict[int, float]] = {"read": {}, "analyze": {}}
+    for mode, k in ((m, k) for m in seconds for k in (half, steps)):
+        argv = [sys.executable, "-c", _MARGINAL_SCRIPT, mode, str(path), str(chunk_tokens)]
+        argv += [str(k), ",".join(_COLUMNS), *names]
+        runs = [
+            float(subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout)
+            for _ in range(max(repeats, 1))
+        ]
+        seconds[mode][k] = min(runs)
+    extra = {mode: seconds[mode][steps] - seconds[mode][half] for mode in seconds}
+    return {
+        "steps": steps,
+        "half_steps": half,
+        "tokens": tokens[steps],
+        "half_tokens": tokens[half],
+        "repeats": repeats,
+        "read_s": {"half": seconds["read"][half], "all": seconds["read"][steps]},
+        "analyze_s": {"half": seconds["analyze"][half], "all": seconds["analyze"][steps]},
+        "ratio": extra["analyze"] / extra["read"] if extra["read"] > 0 else None,
+    }
+
+
 def _startup(repeats: int) -> dict[str, float]:
     """Seconds for fresh processes to answer `iscore --help` and to import the engine."""
 
@@ -704,6 +765,22 @@ def _goals(result: dict[str, Any]) -> list[dict[str, Any]]:
             f"of the streamed time, {replay['seconds']:.2f} s is the frameworks' replays and "
             f"{resident['seconds'] - replay['seconds']:.2f} s the statistics (resident "
             "chunks, no I/O)",
+        }
+    )
+    marginal = result["marginal"]
+    ratio = marginal["ratio"]
+    goals.append(
+        {
+            "id": "marginal_vs_read",
+            "goal": f"marginal analyze <= {GOALS['marginal_vs_read']:g}x the marginal pyarrow "
+            f"read (the second half of the steps, fresh processes, best of "
+            f"{marginal['repeats']})",
+            "measured": "a dump of one step has no second half"
+            if ratio is None
+            else f"{ratio:.2f}x (analyze {marginal['analyze_s']['half']:.2f} -> "
+            f"{marginal['analyze_s']['all']:.2f} s, read {marginal['read_s']['half']:.2f} -> "
+            f"{marginal['read_s']['all']:.2f} s)",
+            "met": None if ratio is None else ratio <= GOALS["marginal_vs_read"],
         }
     )
     for key, name in (("padded_speedup", "padded"), ("pandas_speedup", "pandas")):

@@ -9,12 +9,15 @@ import json
 import math
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from iscore import bench
+from iscore.analyze import resolve
 from iscore.bench import format_table, run_bench, write_json
 from iscore.errors import ConfigError
+from iscore.simulate import SimConfig, write_simulated
 
 ROWS = {
     "read (pyarrow, needed columns)",
@@ -39,6 +42,7 @@ ROWS = {
 }
 GOALS = {
     "e2e_vs_read",
+    "marginal_vs_read",
     "padded_speedup",
     "pandas_speedup",
     "bounded_memory",
@@ -64,6 +68,7 @@ def result(tmp_path_factory) -> dict:
         tune_tokens=150_000,
         queries=60,
         repeats=1,
+        marginal_repeats=1,
     )
 
 
@@ -95,6 +100,7 @@ def test_structure(result):
     assert app["settings_added"] == len(bench.SETTINGS) - 1 and app["slider_points"] > 10
     assert app["add_setting_p50_s"] <= app["add_setting_max_s"]
     assert app["slider_p50_s"] <= app["slider_max_s"]
+    assert result["marginal"]["ratio"] is None  # one step: no second half to time
     startup = result["startup"]
     assert startup["import_engine_s"] > startup["python_s"] > 0
     assert result["cuda"] == {"available": torch.cuda.is_available(), "skipped": "device='cpu'"}
@@ -143,6 +149,7 @@ def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, m
         tune_tokens=50_000,
         queries=12,
         repeats=1,
+        marginal_repeats=1,
         memory=False,
     )
     assert again["dump"]["generated_s"] is None
@@ -169,6 +176,7 @@ def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, m
         tune_tokens=20_000,
         queries=6,
         repeats=1,
+        marginal_repeats=1,
         memory=False,
     )
     assert temporary["dump"]["path"] == "(temporary, deleted)"
@@ -183,3 +191,19 @@ def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, m
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         run_bench(**kwargs)
+
+
+@pytest.mark.slow
+def test_marginal_times_the_second_half_of_the_steps(tmp_path):
+    path = tmp_path / "two_steps.parquet"
+    config = SimConfig("dense_bf16", sequences=16, steps=4, median_len=200, seed=1)
+    write_simulated(path, config, layout="token")  # as the bench writes its dump
+    specs = [resolve("verl:decoupled_token_is")]
+    marginal = bench._marginal(path, specs, chunk_tokens=50_000, repeats=1)
+    tokens = pq.read_table(path, columns=["step"])["step"].to_numpy()
+    assert (marginal["steps"], marginal["half_steps"]) == (4, 2)
+    assert marginal["half_tokens"] == int((tokens < 2).sum()) < marginal["tokens"] == tokens.size
+    for timing in ("read_s", "analyze_s"):
+        assert marginal[timing]["all"] > 0 and marginal[timing]["half"] > 0
+    extra = {k: marginal[f"{k}_s"]["all"] - marginal[f"{k}_s"]["half"] for k in ("read", "analyze")}
+    assert marginal["ratio"] == pytest.approx(extra["analyze"] / extra["read"])

@@ -218,6 +218,10 @@ Z_BROKEN = 8.0
 
 _MARGIN = 1.05  # bounds placed this much beyond the noise they must keep
 _INSIDE = 0.9  # and this far inside the nearest broken value they must drop
+CAP_QUANTILE = 0.999
+"""A token TIS cap truncates the healthy tokens' ratios above this quantile: the extreme
+0.1% tail, whose weights would otherwise dominate the gradient's variance (a cap beyond every
+ratio truncates nothing: on MoE-like dumps it came out at 7e6)."""
 
 
 def _segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -264,9 +268,10 @@ def _median_mad(x: np.ndarray) -> tuple[float, float]:
 class _Thresholds:
     """Thresholds placed where the data stops looking like numerical noise.
 
-    Without broken sequences every bound sits just outside what the data holds (nothing is
-    masked; caps truncate only the noise's extreme tail). With broken sequences a bound sits
-    just inside the nearest broken value, so masks drop them and keep what looks like noise.
+    Without broken sequences every mask bound sits just outside what the data holds (nothing
+    is masked) and a token cap at the healthy ratios' `CAP_QUANTILE` (it truncates only the
+    noise's extreme tail). With broken sequences a bound sits just inside the nearest broken
+    value, so masks drop them and keep what looks like noise.
     """
 
     token_cap: float
@@ -309,8 +314,10 @@ class _Thresholds:
             g_half = min(g_half, _INSIDE * float(np.abs(g_dev[normal.broken]).min()))
             k3_cap = min(k3_cap, _INSIDE * float(normal.k3[normal.broken].min()))
         low, high = normal.d_center - t_half, normal.d_center + t_half
+        top = float(np.quantile(healthy_tokens, CAP_QUANTILE)) if healthy_tokens.size else 0.0
+        cap = min(normal.d_center + top, high)
         return cls(
-            token_cap=max(_round_up(math.exp(high)), 1.001),
+            token_cap=max(_round_up(math.exp(cap)), 1.001),
             band=(_round_down(math.exp(low)), _round_up(math.exp(high))),
             geo=(
                 _round_down(math.exp(normal.g_center - g_half), 5),

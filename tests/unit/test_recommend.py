@@ -122,6 +122,20 @@ def test_benign_noise_is_not_masked(benign, framework):
     assert any(r.startswith("low-probability-token noise") for r in rec.regimes)
 
 
+def test_the_token_cap_truncates_only_the_extreme_tail(benign):
+    """At the healthy ratios' 99.9th percentile (rounded up to 3 digits): about 0.1% of the
+    tokens truncated, not none (a cap beyond every ratio does nothing)."""
+    rec = recommend(benign, "verl")
+    tis = next(c for c in rec.candidates if c.kind == "token_tis")
+    d = (benign.train - benign.rollout).double()[benign.loss_mask]
+    center = float(np.median(d.numpy()))  # the noise's centre
+    expected = np.exp(center + np.quantile((d - center).numpy(), 0.999))
+    cap = rec.thresholds["token_cap"]
+    assert expected <= cap <= expected * 1.01
+    assert tis.spec.is_upper == cap
+    assert 0.0003 <= tis.stats["truncated_high_fraction"] <= 0.0011  # float32 ratios at the cap
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_broken_sequences_are_masked_where_the_framework_can(broken_replica, framework):
     batch, broken = broken_replica

@@ -189,7 +189,9 @@ def _raw_statistics(
     entry = None
     for other in known or ():
         values = other["values"]
-        if values.dtype == rawm.dtype and values.shape == rawm.shape and torch.equal(values, rawm):
+        if values is rawm or (
+            values.dtype == rawm.dtype and values.shape == rawm.shape and torch.equal(values, rawm)
+        ):
             entry = other
             break
     if entry is None:
@@ -230,7 +232,14 @@ def _per_sequence(x: torch.Tensor, batch: TokenBatch) -> tuple[torch.Tensor, np.
     nonempty = lengths > 0
     values = x.numpy()
     first = values[cu[:-1][nonempty]]
-    if not np.array_equal(np.repeat(first, lengths[nonempty]), values):
+    if np.isnan(first).any():  # NaN equals nothing: never "constant"
+        return None
+    # Constant within each sequence: the value changes only where a sequence starts (at
+    # most once per sequence, so a token-level tensor is rejected before `isin` sorts).
+    differs = values[1:] != values[:-1]
+    if np.count_nonzero(differs) >= lengths.size:
+        return None
+    if not np.isin(np.flatnonzero(differs) + 1, cu[1:-1]).all():
         return None
     return torch.from_numpy(first), lengths[nonempty]
 

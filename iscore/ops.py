@@ -213,6 +213,22 @@ def exp(x: torch.Tensor, bound: float | None = SAFETY_BOUND) -> torch.Tensor:
     return _exp(x, bound)
 
 
+def float32(x: torch.Tensor) -> torch.Tensor:
+    """x as float32 (x itself when it is already): inside `shared`, one copy of a shared
+    tensor for every caller (most settings' raw ratios are the same e^d).
+
+    >>> b = TokenBatch(rollout=torch.zeros(2), train=torch.ones(2), cu_seqlens=torch.tensor([0, 2]))
+    >>> with shared(b):
+    ...     rho = exp(log_ratio(b))
+    ...     float32(rho) is float32(rho), float32(rho).dtype
+    (True, torch.float32)
+    """
+    cache = _SHARED.get()
+    if cache is not None and x.dtype != torch.float32 and cache.holds(x):
+        return _cached(cache.batch, ("float32", id(x)), (x,), x.float)
+    return x.float()
+
+
 def _exp(x: torch.Tensor, bound: float | None) -> torch.Tensor:
     if bound is None:
         return torch.exp(x)

@@ -69,7 +69,7 @@ class Replay:
         return cls(
             weight=zeroed(weight),
             keep=keep,
-            raw=raw.float(),
+            raw=ops.float32(raw),  # read only: shared by the settings whose raw is e^d
             seq_raw=f32(seq_raw),
             seq_weight=f32(seq_weight),
             pre_norm=zeroed(pre_norm),

@@ -10,13 +10,14 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from iscore import Dump, load
 from iscore.analyze import SCHEMA_VERSION, analyze, presets, resolve
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Aggregation
-from iscore.impact import SettingStats, aggregation_of
+from iscore.impact import SettingStats, _per_sequence, aggregation_of
 from iscore.replay import parse_config
 from iscore.report import render_html
 from iscore.simulate import SimConfig, write_simulated
@@ -249,3 +250,31 @@ def test_html_report_holds_the_configs_and_the_worst_sequences(simulated):
     assert worst and "Worst sequences" in page
     first = re.search(r"Worst sequences.*?<tr><td>(.*?)</td><td>(.*?)</td>", page, flags=re.S)
     assert (first[1], first[2]) == (str(worst[0]["step"]), str(worst[0]["seq_id"]))
+
+
+@pytest.mark.parametrize(
+    ("lengths", "values", "constant"),
+    [
+        ([2, 3, 1], [1, 1, 2, 2, 2, 3], True),
+        ([2, 3, 1], [1, 1, 1, 1, 1, 1], True),  # the same value across sequences too
+        ([2, 0, 3, 0, 1], [1, 1, 2, 2, 2, 3], True),  # empty sequences
+        ([6], [4, 4, 4, 4, 4, 4], True),
+        ([2, 3, 1], [1, 1, 2, 0, 2, 3], False),  # a masked token inside a sequence
+        ([2, 3, 1], [1, 2, 2, 2, 2, 3], False),  # a change one token after a start
+        ([6], [4, 4, 4, 4, 4, 5], False),
+        ([1, 1, 1], [1, float("nan"), 3], False),  # NaN equals nothing
+        ([3], [float("nan")] * 3, False),
+        ([1, 1, 1, 1], [1, 2, 3, 4], True),  # one-token sequences: always constant
+    ],
+)
+def test_per_sequence_finds_constant_values_as_a_repeat_would(lengths, values, constant):
+    batch = make_batch(lengths)
+    x = torch.tensor(values, dtype=torch.float64)
+    found = _per_sequence(x, batch)
+    nonempty = [n for n in lengths if n]
+    starts = np.cumsum([0, *lengths])[:-1][np.array(lengths) > 0]
+    reference = np.array_equal(np.repeat(np.asarray(values)[starts], nonempty), values)
+    assert (found is not None) == constant == reference
+    if constant:
+        assert found[0].tolist() == np.asarray(values)[starts].tolist()
+        assert found[1].tolist() == nonempty

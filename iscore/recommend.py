@@ -624,9 +624,12 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
             )
     if not found:
         found.append("numerical noise only: nothing stands out, so nothing should be masked")
-    healthy = ~normal.token_broken
-    k3 = np.expm1(np.clip(normal.d[healthy], -20.0, 20.0)) - normal.d[healthy]
-    unlikely = normal.rollout[healthy] < math.log(0.1)
+    broken = normal.token_broken.any()  # without, no copies of the token arrays
+    d = normal.d[~normal.token_broken] if broken else normal.d
+    k3 = np.clip(d, -20.0, 20.0)
+    np.expm1(k3, out=k3)
+    k3 -= d
+    unlikely = (normal.rollout[~normal.token_broken] if broken else normal.rollout) < math.log(0.1)
     if k3.sum() > 0 and unlikely.any():
         share = float(k3[unlikely].sum() / k3.sum())
         if share > 0.5:

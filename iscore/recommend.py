@@ -195,15 +195,15 @@ class _Normal:
         has = T > 0
         G = np.where(has, S / np.maximum(T, 1.0), 0.0)
         k3 = np.where(has, k3 / np.maximum(T, 1.0), 0.0)
-        d = d_all[m].cpu().numpy()
+        every = ops.mask_is_all(batch, m)  # then views, not copies (only ever read)
+        d = (d_all if every else d_all[m]).cpu().numpy()
         d_center, d_spread = _median_mad(d)
         g_center, g_spread = _median_mad(G[has])
-        seq_of_token = np.repeat(np.arange(T.size), T.astype(np.int64))
         medians = _segment_medians(d, T)
         stderr = 1.2533 * max(d_spread, 1e-12) / np.sqrt(np.maximum(T, 1.0))
         broken = has & (np.abs(medians - d_center) > Z_BROKEN * stderr)
-        token_broken = broken[seq_of_token]
-        rollout = batch.rollout[m].cpu().numpy()
+        token_broken = np.repeat(broken, T.astype(np.int64))
+        rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
         return cls(
             d_center, d_spread, g_center, g_spread, broken, G, k3, T, d, token_broken, rollout
         )

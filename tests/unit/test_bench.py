@@ -206,4 +206,7 @@ def test_marginal_times_the_second_half_of_the_steps(tmp_path):
     for timing in ("read_s", "analyze_s"):
         assert marginal[timing]["all"] > 0 and marginal[timing]["half"] > 0
     extra = {k: marginal[f"{k}_s"]["all"] - marginal[f"{k}_s"]["half"] for k in ("read", "analyze")}
-    assert marginal["ratio"] == pytest.approx(extra["analyze"] / extra["read"])
+    if extra["read"] > 0:
+        assert marginal["ratio"] == pytest.approx(extra["analyze"] / extra["read"])
+    else:  # a dump this small reads within noise of its half: no ratio rather than a wrong one
+        assert marginal["ratio"] is None

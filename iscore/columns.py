@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from iscore.errors import DumpError, quote
 
 REQUIRED = ("seq_id", "rollout_logprob", "train_logprob")
@@ -27,6 +29,40 @@ PER_TOKEN = ("pos", "rollout_logprob", "train_logprob", "policy_logprob", "loss_
 
 PER_SEQUENCE = ("seq_id", "step")
 """Per-sequence columns the engine reads; constant within a sequence in token layout."""
+
+# The sequence table (`iscore.sequences`): one row per sequence, the dump's columns and these.
+COUNTS = ("length", "loss_tokens")
+"""Computed integer columns: tokens, and loss tokens, of each sequence."""
+
+MISMATCH = {
+    "d_mean": "S / T: the mean of d = train_logprob - rollout_logprob over the loss tokens",
+    "abs_diff_mean": "mean |d|",
+    "abs_diff_max": "max |d|",
+    "k1": "-S / T: k1 estimate of KL(rollout || train), per sequence",
+    "k3": "mean of e^d - 1 - d",
+    "d_sum": "S: the sum of d (the log of the sequence-level ratio)",
+    "geo_ratio": "e^(S / T): the geometric-mean ratio",
+}
+"""Computed mismatch columns (float64, over loss tokens; null without loss tokens)."""
+
+COMPUTED = (*COUNTS, *MISMATCH)
+"""Every column computed from the log-probs; the dump's own columns are renamed `dump_NAME`
+where their name is one of these."""
+
+
+def dump_schema(seq_id: pa.DataType, extras: pa.Schema) -> pa.Schema:
+    """The columns of the sequence table that come from the dump (all but the per-setting
+    ones): `step`, `seq_id` of type `seq_id`, the `extras`, then `COMPUTED`."""
+    return pa.schema(
+        [
+            ("step", pa.int64()),
+            ("seq_id", seq_id),
+            *extras,
+            *((name, pa.int64()) for name in COUNTS),
+            *((name, pa.float64()) for name in MISMATCH),
+        ]
+    )
+
 
 EXTRA = ("advantage", "token_id", "group_id", "reward", "entropy")
 """Optional columns recognized and reported; carried through by readers that need them."""

@@ -30,15 +30,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
-import torch
 
-from iscore.batch import TokenBatch
 from iscore.budget import DEFAULT_CHUNK_TOKENS
 from iscore.columns import (
+    COMPUTED,
     LOGPROB_COLUMNS,
     PER_SEQUENCE,
     PER_TOKEN,
     ColumnMap,
+    dump_schema,
     resolve_columns,
 )
 from iscore.errors import DumpError, quote
@@ -46,6 +46,9 @@ from iscore.paths import list_files
 from iscore.writer import PROVENANCE_KEY
 
 if TYPE_CHECKING:
+    import torch
+
+    from iscore.batch import TokenBatch
     from iscore.sequences import Judge
 
 
@@ -209,8 +212,6 @@ def _extras(schema: pa.Schema, columns: ColumnMap, layout: Layout) -> tuple[Extr
         elif kind in (pa.int64(), pa.float64()):
             out.append(Extra(name, source, "mean", pa.float64()))
     if layout == "sequence":
-        from iscore.sequences import COMPUTED  # which imports this module
-
         known = set(columns.source.values())
         for source in schema.names:
             kind = _scalar_type(schema.field(source).type)
@@ -259,6 +260,33 @@ class _Chunk:
             self.rows[a:b],
             None if self.extra is None else self.extra.slice(start, stop - start),
         )
+
+    def subset(self, keep: np.ndarray) -> _Chunk:
+        """The sequences where `keep` (bool [B]) is true."""
+        keep_token = np.repeat(keep, self.lengths)
+        return _Chunk(
+            self.file,
+            {k: v.filter(pa.array(keep_token)) for k, v in self.per_token.items()},
+            self.seq_id.filter(pa.array(keep)),
+            self.step[keep],
+            self.lengths[keep],
+            self.rows[keep_token],
+            None if self.extra is None else self.extra.filter(pa.array(keep)),
+        )
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """`step` and `lengths` [B], the `rollout` and `train` log-probs [N] as the engine
+        holds them (float32) and `loss_mask` [N] when the dump has one, as numpy arrays."""
+        t = self.per_token
+        out = {
+            "step": self.step,
+            "lengths": self.lengths,
+            "rollout": _plain(t["rollout_logprob"], pa.float32()).to_numpy(),
+            "train": _plain(t["train_logprob"], pa.float32()).to_numpy(),
+        }
+        if "loss_mask" in t:
+            out["loss_mask"] = _bools(t["loss_mask"])
+        return out
 
 
 @dataclass(slots=True)
@@ -560,14 +588,16 @@ class Dump:
                 + ", ".join(f"{f.path} ({f.layout})" for f in self.files)
             )
         self.layout: Layout = self.files[0].layout
-        from iscore.sequences import Where, dump_schema  # which imports this module
-
         self._extras = _union_extras(self.files)
         self.sequence_schema = dump_schema(
             _seq_id_type(self.files), pa.schema([(e.name, e.type) for e in self._extras])
         )
         """The sequence table's columns that come from the dump (`iscore.sequences`)."""
-        self.where = None if where is None else Where.compile(where, self.sequence_schema)
+        self.where = None
+        if where is not None:
+            from iscore.sequences import Where  # which imports this module
+
+            self.where = Where.compile(where, self.sequence_schema)
         """The `where` predicate, checked against `sequence_schema`."""
         carried = {e.name for e in self._extras}
         if not extras:
@@ -625,6 +655,8 @@ class Dump:
                 )
             selected = self.describe_selection()
             raise DumpError(f"{self.files[0].path}: no sequences in the {selected}")
+        import torch
+
         batch = parts[0] if len(parts) == 1 else _concat(parts)
         return batch.to(device) if torch.device(device) != batch.device else batch
 
@@ -690,6 +722,12 @@ class Dump:
             batch = judge.select(batch)
         return batch if batch.num_sequences else None
 
+    def _keep(self, chunk: _Chunk, judge: Judge | None) -> _Chunk | None:
+        """`_select` without tensors (none are made unless the predicate needs them)."""
+        if judge is not None and chunk.lengths.size:
+            chunk = chunk.subset(judge.keep(_to_batch(chunk, self.carried)))
+        return chunk if chunk.lengths.size else None
+
     def nothing_in_loss(self, sequences: int, tokens: int) -> Problem:
         """The problem of a dump whose sequences hold no token in the loss."""
         where = self.files[0].path if len(self.files) == 1 else f"{len(self.files)} files"
@@ -703,9 +741,11 @@ class Dump:
 
     def scan(
         self, max_tokens: int | None = DEFAULT_CHUNK_TOKENS
-    ) -> Iterator[tuple[list[Problem], TokenBatch | None]]:
-        """Read the whole dump, yielding each chunk's problems and its batch (None if it has
-        problems, or if `where` selects none of its sequences).
+    ) -> Iterator[tuple[list[Problem], dict[str, np.ndarray] | None]]:
+        """Read the whole dump, yielding each chunk's problems and its sequences as numpy
+        arrays (`_Chunk.arrays`; None if it has problems, or if `where` selects none of its
+        sequences). Tensors are made only to judge a `where` predicate: validating a
+        dump needs no torch.
 
         This is `batches` for validation: a file with a structural problem (duplicate
         sequences, unequal lists, corrupt pages) is reported and skipped, and reading goes on
@@ -720,7 +760,8 @@ class Dump:
                         problems = _check(chunk, info.columns)
                         if problems:
                             chunk, problems = self._drop(chunk, problems)
-                        yield problems, None if problems else self._select(chunk, judge)
+                        kept = None if problems else self._keep(chunk, judge)
+                        yield problems, None if kept is None else kept.arrays()
                 except DumpProblems as e:
                     yield list(e.problems), None
 
@@ -740,17 +781,7 @@ class Dump:
             self.dropped.reasons[key] = self.dropped.reasons.get(key, 0) + p.count
         self.dropped.sequences += int(bad_seq.sum())
         self.dropped.tokens += int(chunk.lengths[bad_seq].sum())
-        keep_token = pa.array(~bad_seq[seq_of_token])
-        kept = _Chunk(
-            chunk.file,
-            {k: v.filter(keep_token) for k, v in chunk.per_token.items()},
-            chunk.seq_id.filter(pa.array(~bad_seq)),
-            chunk.step[~bad_seq],
-            chunk.lengths[~bad_seq],
-            chunk.rows[~bad_seq[seq_of_token]],
-            None if chunk.extra is None else chunk.extra.filter(pa.array(~bad_seq)),
-        )
-        return kept, []
+        return chunk.subset(~bad_seq), []
 
 
 _INVALID = "invalid log-prob"
@@ -1261,12 +1292,25 @@ def _concat_chunks(chunks: list[_Chunk]) -> _Chunk:
     )
 
 
-def _tensor(values: pa.Array, dtype: pa.DataType, torch_dtype: torch.dtype) -> torch.Tensor:
-    """Zero-copy view of an Arrow array when its type already fits, else one cast."""
+def _plain(values: pa.Array, dtype: pa.DataType) -> pa.Array:
+    """`values` as `dtype` (cast only when needed), nulls as 0."""
     if values.type != dtype:
         values = pc.cast(values, dtype)
     if values.null_count:
         values = pc.fill_null(values, 0)
+    return values
+
+
+def _bools(values: pa.Array) -> np.ndarray:
+    """A boolean column as numpy (nulls as false)."""
+    return values.to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _tensor(values: pa.Array, dtype: pa.DataType, torch_dtype: torch.dtype) -> torch.Tensor:
+    """Zero-copy view of an Arrow array when its type already fits, else one cast."""
+    import torch
+
+    values = _plain(values, dtype)
     data = values.buffers()[1]
     width = np.dtype(torch.empty((), dtype=torch_dtype).numpy().dtype).itemsize
     if len(values) == 0:
@@ -1278,6 +1322,10 @@ def _tensor(values: pa.Array, dtype: pa.DataType, torch_dtype: torch.dtype) -> t
 
 def _to_batch(chunk: _Chunk, carried: pa.Schema | None = None) -> TokenBatch:
     """The chunk as tensors; its extra columns as the `carried` schema (missing ones null)."""
+    import torch  # here, where tensors are made: validating a dump needs none
+
+    from iscore.batch import TokenBatch
+
     t = chunk.per_token
     mask = t.get("loss_mask")
     lengths = torch.from_numpy(chunk.lengths)
@@ -1287,9 +1335,7 @@ def _to_batch(chunk: _Chunk, carried: pa.Schema | None = None) -> TokenBatch:
         rollout=_tensor(t["rollout_logprob"], pa.float32(), torch.float32),
         train=_tensor(t["train_logprob"], pa.float32(), torch.float32),
         cu_seqlens=cu,
-        loss_mask=None
-        if mask is None
-        else torch.from_numpy(mask.to_numpy(zero_copy_only=False).astype(bool)),
+        loss_mask=None if mask is None else torch.from_numpy(_bools(mask)),
         policy=_tensor(t["policy_logprob"], pa.float32(), torch.float32)
         if "policy_logprob" in t
         else None,
@@ -1315,6 +1361,9 @@ def _conform(extra: pa.Table | None, schema: pa.Schema | None, rows: int) -> pa.
 
 def _concat(parts: list[TokenBatch]) -> TokenBatch:
     """Join batches (of different files) into one."""
+    import torch
+
+    from iscore.batch import TokenBatch
 
     def cat(name: str) -> torch.Tensor | None:
         tensors = [getattr(p, name) for p in parts]

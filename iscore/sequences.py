@@ -41,6 +41,7 @@ import torch
 
 from iscore import ops
 from iscore.batch import TokenBatch
+from iscore.columns import COMPUTED, MISMATCH, dump_schema
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import IscoreError, quote
 from iscore.impact import aggregation_of
@@ -48,40 +49,8 @@ from iscore.output import output_path
 from iscore.spec import Replay, Spec
 from iscore.sql import Evaluator, Predicate, QueryError, Source, referenced
 
-COUNTS = ("length", "loss_tokens")
-"""Computed integer columns: tokens, and loss tokens, of each sequence."""
-
-MISMATCH = {
-    "d_mean": "S / T: the mean of d = train_logprob - rollout_logprob over the loss tokens",
-    "abs_diff_mean": "mean |d|",
-    "abs_diff_max": "max |d|",
-    "k1": "-S / T: k1 estimate of KL(rollout || train), per sequence",
-    "k3": "mean of e^d - 1 - d",
-    "d_sum": "S: the sum of d (the log of the sequence-level ratio)",
-    "geo_ratio": "e^(S / T): the geometric-mean ratio",
-}
-"""Computed mismatch columns (float64, over loss tokens; null without loss tokens)."""
-
-COMPUTED = (*COUNTS, *MISMATCH)
-"""Every column computed from the log-probs; the dump's own columns are renamed `dump_NAME`
-where their name is one of these."""
-
 SETTING_STATISTICS = ("weight", "kept", "share")
 """Per-setting columns, as suffixes of the setting's name."""
-
-
-def dump_schema(seq_id: pa.DataType, extras: pa.Schema) -> pa.Schema:
-    """The columns of the sequence table that come from the dump (all but the per-setting
-    ones): `step`, `seq_id` of type `seq_id`, the `extras`, then `COMPUTED`."""
-    return pa.schema(
-        [
-            ("step", pa.int64()),
-            ("seq_id", seq_id),
-            *extras,
-            *((name, pa.int64()) for name in COUNTS),
-            *((name, pa.float64()) for name in MISMATCH),
-        ]
-    )
 
 
 class _Statistics:
@@ -214,12 +183,15 @@ class Judge:
     def __exit__(self, *exc: object) -> None:
         self.evaluator.close()
 
-    def select(self, batch: TokenBatch) -> TokenBatch:
-        """The sequences of `batch` where the predicate holds (only the columns it reads are
-        computed)."""
+    def keep(self, batch: TokenBatch) -> np.ndarray:
+        """bool [B]: whether the predicate holds for each sequence of `batch` (only the
+        columns it reads are computed)."""
         predicate = self.evaluator.predicate
-        rows = sequence_rows(batch, predicate.schema, predicate.columns)
-        keep = self.evaluator.mask(rows)
+        return self.evaluator.mask(sequence_rows(batch, predicate.schema, predicate.columns))
+
+    def select(self, batch: TokenBatch) -> TokenBatch:
+        """The sequences of `batch` where the predicate holds."""
+        keep = self.keep(batch)
         return batch if keep.all() else batch.select(torch.from_numpy(keep))
 
 

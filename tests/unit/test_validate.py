@@ -1,0 +1,77 @@
+"""`validate`'s summary against a float64 reference written from its definitions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from iscore.dump import Dump, StepRange
+from iscore.validate import validate
+from tests.conftest import Sequences, make_sequences, write
+
+
+def _reference(s: Sequences) -> dict[str, float]:
+    """Mean and max |d| and mean e^d - 1 - d over loss tokens, d = train - rollout, with the
+    log-probs rounded to float32 as the dump stores them."""
+    d = np.concatenate(
+        [
+            (t.astype(np.float32).astype(np.float64) - r.astype(np.float32))[m]
+            for r, t, m in zip(s.rollout, s.train, s.loss_mask, strict=True)
+        ]
+    )
+    with np.errstate(over="ignore"):
+        k3 = [math.expm1(x) - x if x < 709 else math.inf for x in d.tolist()]
+    return {
+        "loss_tokens": d.size,
+        "abs_diff_mean": math.fsum(abs(x) for x in d.tolist()) / d.size,
+        "abs_diff_max": float(np.max(np.abs(d))),
+        "k3": math.fsum(k3) / d.size,
+    }
+
+
+def _check(s: Sequences, path, **dump) -> None:
+    report = validate(Dump(write(s.sequence_table(), path), **dump), max_tokens=64)
+    want = _reference(s)
+    assert report.ok and report.loss_tokens == want["loss_tokens"]
+    assert report.tokens == sum(s.lengths) and report.sequences == len(s.lengths)
+    assert report.abs_diff_max == want["abs_diff_max"]
+    for key in ("abs_diff_mean", "k3"):
+        assert getattr(report, key) == pytest.approx(want[key], rel=1e-12, abs=0), key
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_summary_equals_the_reference_on_random_dumps(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 300, size=int(rng.integers(1, 40))).tolist()
+    _check(make_sequences(lengths, seed=seed), tmp_path / "d.parquet")
+
+
+def test_edge_cases(tmp_path):
+    """One-token sequences, a sequence outside the loss, |d| past e^d's float64 range, and
+    tokens exactly equal."""
+    s = make_sequences([1, 1, 6, 4, 3], seed=5)
+    s.loss_mask[0][:] = True
+    s.loss_mask[2][:] = False  # a whole sequence outside the loss
+    s.rollout[3][:] = [-1000.0, -0.5, -2.0, -3.0]
+    s.train[3][:] = [-1.0, -0.5, -2.0, -3.0]  # d = 999 (k3 overflows), then d = 0 exactly
+    s.loss_mask[3][:] = True
+    _check(s, tmp_path / "d.parquet")
+    report = validate(Dump(tmp_path / "d.parquet"))
+    assert report.k3 == math.inf and report.abs_diff_max == 999.0
+
+
+def test_where_and_steps_summarize_only_the_selected_sequences(tmp_path):
+    s = make_sequences([5, 9, 2, 30], steps=[0, 1, 1, 2], seed=3)
+    path = write(s.sequence_table(), tmp_path / "d.parquet")
+    kept = Sequences(
+        *([v[i] for i in (1, 2)] for v in (s.seq_id, s.step, s.rollout, s.train)),
+        loss_mask=[s.loss_mask[i] for i in (1, 2)],
+    )
+    want = _reference(kept)
+    for dump in (Dump(path, where="step = 1"), Dump(path, steps=StepRange.parse("1"))):
+        report = validate(dump)
+        assert report.steps == [1] and report.sequences == 2
+        assert report.abs_diff_mean == pytest.approx(want["abs_diff_mean"], rel=1e-12)
+        assert report.k3 == pytest.approx(want["k3"], rel=1e-12)

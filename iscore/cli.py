@@ -13,9 +13,10 @@ import importlib.util
 import json
 import os
 import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from iscore import frameworks
 from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_UPLOAD_TOKENS
@@ -30,8 +31,32 @@ if TYPE_CHECKING:
 
     from iscore.dump import Dump, StepRange
 
-# The commands import what they use when they run: `iscore --help`, and a mistyped option,
-# answer without importing torch (measured by `iscore bench`).
+# The commands import what they use when they run, and torch loads when it is first used:
+# `iscore --help`, a mistyped option, `presets` and `validate` answer without it (measured by
+# `iscore bench`).
+
+
+class _Deferred(types.ModuleType):
+    """A module whose code runs when an attribute it lacks is first read. `import` statements
+    read only the attributes it has (`__spec__`, `__path__`), so they bind it without running
+    it. (The standard library's `LazyLoader` runs on any attribute, `__spec__` included, so
+    the first `import torch` statement loads it.)"""
+
+    def __getattr__(self, name: str) -> Any:
+        self.__class__ = types.ModuleType  # from now on a plain module, loading itself
+        self.__spec__.loader.exec_module(self)
+        return getattr(self, name)
+
+
+def _defer_import(name: str) -> None:
+    """Bind `name` in `sys.modules` to a `_Deferred` module unless it is imported already.
+    The engine's modules import torch at the top; commands that never compute with it skip
+    the 1-2 s of loading it. Only in this single-threaded process: the app runs in its own."""
+    if name in sys.modules or (spec := importlib.util.find_spec(name)) is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    module.__class__ = _Deferred
+    sys.modules[name] = module
 
 
 def _step_range(text: str) -> StepRange:
@@ -751,6 +776,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `iscore` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    _defer_import("torch")
     try:
         return args.func(args)
     except IscoreError as e:

@@ -34,9 +34,6 @@ from iscore.batch import TokenBatch
 SAFETY_BOUND = 20.0
 """The +-20 clamp on log-ratios that verl, SkyRL, slime's mis.py and Fireworks apply."""
 
-_NUMPY_DTYPES = (torch.float32, torch.float64, torch.bool, torch.int32, torch.int64)
-"""Dtypes whose CPU tensors are reduced by numpy directly (others are cast to float64)."""
-
 
 class Shared:
     """Results computed once per batch inside `shared`: keyed by the operation, its
@@ -135,9 +132,7 @@ def workspace() -> Iterator[None]:
         _WORKSPACE.reset(token)
 
 
-def scratch(
-    name: str, n: int, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"
-) -> torch.Tensor:
+def scratch(name: str, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """A [n] tensor of undefined values: the workspace's buffer `name` (grown as needed) inside
     `workspace()`, else a fresh one. Callers own it until they ask for `name` again."""
     buffers = _WORKSPACE.get()
@@ -308,13 +303,13 @@ def segment_maxes(values: np.ndarray, batch: TokenBatch) -> np.ndarray:
     return _reduceat(np.maximum, values, batch, -np.inf).astype(np.float64, copy=False)
 
 
-_COMPARISONS = {
-    "lt": (np.less, torch.lt),
-    "le": (np.less_equal, torch.le),
-    "gt": (np.greater, torch.gt),
-    "ge": (np.greater_equal, torch.ge),
-    "eq": (np.equal, torch.eq),
-    "ne": (np.not_equal, torch.ne),
+_COMPARISONS = {  # torch's have the same names
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
 }
 
 
@@ -326,7 +321,7 @@ def compare(
     On CPU numpy's SIMD comparisons are 3-7x faster than torch's; a Python-float `y` is
     compared in x's dtype either way.
     """
-    numpy_op, torch_op = _COMPARISONS[op]
+    numpy_op, torch_op = _COMPARISONS[op], getattr(torch, op)
     same = not isinstance(y, torch.Tensor) or (y.dtype == x.dtype and y.device == x.device)
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not same:
         return torch_op(x, y) if out is None else torch_op(x, y, out=out)
@@ -380,9 +375,14 @@ def segment_counts(mask: np.ndarray, batch: TokenBatch) -> np.ndarray:
 def _host(x: torch.Tensor) -> np.ndarray:
     """A numpy view of a CPU tensor, cast to float64 where numpy lacks its dtype."""
     x = x.detach()
-    if x.dtype not in _NUMPY_DTYPES:
+    if not _numpy_has(x.dtype):
         x = x.double()
     return x.numpy()
+
+
+def _numpy_has(dtype: torch.dtype) -> bool:
+    """Whether numpy reduces CPU tensors of `dtype` directly (others are cast to float64)."""
+    return dtype in (torch.float32, torch.float64, torch.bool, torch.int32, torch.int64)
 
 
 def _on_host(batch: TokenBatch, *tensors: torch.Tensor | None) -> bool:
@@ -467,7 +467,7 @@ def broadcast(values: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
 
 
 def _broadcast(values: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
-    if not _on_host(batch, values) or values.dtype not in _NUMPY_DTYPES:
+    if not _on_host(batch, values) or not _numpy_has(values.dtype):
         return values[batch.seq_index]
     lengths = np.diff(batch.cu_seqlens.numpy())
     return torch.from_numpy(np.repeat(values.detach().numpy(), lengths))

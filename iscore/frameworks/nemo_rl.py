@@ -74,6 +74,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 import torch
 
 from iscore import ops, render
@@ -109,7 +110,7 @@ _SEQ_LEVEL = f"{_LOSS_FN}.sequence_level_importance_ratios"
 _TOKEN_LOSS = f"{_LOSS_FN}.token_level_loss"
 _IS_LEVEL = f"{_LOSS_FN}.is_correction_level"
 
-_FLOAT32_MAX = torch.finfo(torch.float32).max
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 _TRUNCATION_TYPES = (None, "tis", "icepop", "seq-mask-tis")
 _IS_LEVELS = (None, "sequence", "sequence_mean", "token")
@@ -551,7 +552,7 @@ def _aggregation(spec: NemoRLSpec) -> Aggregation:
     return Aggregation("token-mean" if spec.token_level_loss else "seq-mean-token-mean")
 
 
-_FLOAT32_EXP_MAX = math.log(float(torch.finfo(torch.float32).max))  # 88.72
+_FLOAT32_EXP_MAX = math.log(_FLOAT32_MAX)  # 88.72
 
 
 def _overflow(batch: TokenBatch, measure: Measure) -> str | None:

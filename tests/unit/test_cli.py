@@ -256,20 +256,51 @@ def test_setting_names_reach_the_terminal_with_control_characters_escaped(dump, 
     assert "evil\\x1b[2J\\x07name (trl)" in out
 
 
-def test_help_and_usage_errors_import_no_torch():
-    """`iscore --help`, a command's help and a mistyped option answer without importing
-    torch, plotly or streamlit (seconds of start-up)."""
+def _fresh(code: str) -> str:
+    """The last line `code` prints in a fresh Python process."""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip().splitlines()[-1]
+
+
+_LOADED = (
+    "print(sorted(m for m, probe in (('torch', 'torch._C'), ('plotly', 'plotly'), "
+    "('streamlit', 'streamlit')) if probe in sys.modules))\n"
+)
+
+
+def test_commands_that_compute_nothing_load_no_torch(dump):
+    """`iscore --help`, a command's help, a mistyped option, `presets` and `validate` answer
+    without loading torch, plotly or streamlit (seconds of start-up)."""
+    argvs = [
+        ["--help"],
+        ["analyze", "--help"],
+        ["analyze", "--nope", "x"],
+        ["presets"],
+        ["validate", str(dump)],
+    ]
     code = (
         "import sys\n"
         "from iscore.cli import main\n"
-        "for argv in (['--help'], ['analyze', '--help'], ['analyze', '--nope', 'x']):\n"
+        f"for argv in {argvs!r}:\n"
         "    try:\n"
-        "        main(argv)\n"
+        "        assert main(argv) == 0, argv\n"
         "    except SystemExit:\n"
-        "        pass\n"
-        "print(sorted(m for m in ('torch', 'plotly', 'streamlit') if m in sys.modules))\n"
+        "        pass\n" + _LOADED
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
-    ).stdout
-    assert out.strip().splitlines()[-1] == "[]"
+    assert _fresh(code) == "[]"
+
+
+def test_torch_loads_on_first_use_and_gives_the_same_results(dump, tmp_path, capsys):
+    """A command that computes, in a fresh process where torch was deferred, writes what it
+    writes where torch was imported first (as in this test process)."""
+    args = ["analyze", str(dump), "--config", "verl:decoupled_geo_rs", "--quiet"]
+    assert main([*args, "--json", str(tmp_path / "here.json")]) == 0
+    code = (
+        "import sys\n"
+        "from iscore.cli import main\n"
+        f"assert main({[*args, '--json', str(tmp_path / 'fresh.json')]!r}) == 0\n" + _LOADED
+    )
+    assert _fresh(code) == "['torch']"
+    here, fresh = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("here", "fresh"))
+    assert fresh == here

@@ -186,14 +186,17 @@ def test_shared_results_are_computed_once_and_recomputed_when_modified():
 
 
 def test_scratch_buffers_are_reused_only_inside_a_workspace():
-    first, second = ops.scratch("x", 10), ops.scratch("x", 10)  # outside: fresh tensors
+    def scratch(name: str, n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        return ops.scratch(name, n, dtype, "cpu")
+
+    first, second = scratch("x", 10), scratch("x", 10)  # outside: fresh tensors
     assert first.data_ptr() != second.data_ptr()
     with ops.workspace():
-        a = ops.scratch("x", 100)
-        b = ops.scratch("x", 60)
+        a = scratch("x", 100)
+        b = scratch("x", 60)
         assert a.data_ptr() == b.data_ptr() and b.shape == (60,)
-        c = ops.scratch("x", 200)  # grown
-        assert c.shape == (200,) and ops.scratch("y", 10, torch.bool).dtype == torch.bool
+        c = scratch("x", 200)  # grown
+        assert c.shape == (200,) and scratch("y", 10, torch.bool).dtype == torch.bool
 
 
 def test_streamed_analysis_equals_the_analysis_of_resident_chunks(tmp_path):

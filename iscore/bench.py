@@ -18,7 +18,8 @@
   the dump, the mismatch diagnostics, the recommendation, the first setting and each one
   added after it, opening Tune (its statistics and slider grid) and a slider query under
   the framework's loss aggregation;
-- `startup`: fresh processes running `iscore --help` and importing the engine;
+- `startup`: fresh processes running `iscore --help`, `iscore presets` and `iscore validate`
+  of a small dump, and importing the engine;
 - peak memory (fresh subprocesses): streaming the whole dump, streaming a quarter of it, and
   loading it whole;
 - with CUDA: the replay of the settings on chunks resident on the GPU, and including the
@@ -239,6 +240,10 @@ def run_bench(
         result["startup"] = _startup(repeats)
         rows += [
             _row("start-up: iscore --help", result["startup"]["help_s"], None),
+            _row("start-up: iscore presets", result["startup"]["presets_s"], None),
+            _row(
+                "start-up: iscore validate (100 sequences)", result["startup"]["validate_s"], None
+            ),
             _row("start-up: import the engine", result["startup"]["import_engine_s"], None),
         ]
 
@@ -599,7 +604,8 @@ def _marginal(path: Path, specs: list[Any], chunk_tokens: int, repeats: int) -> 
 
 
 def _startup(repeats: int) -> dict[str, float]:
-    """Seconds for fresh processes to answer `iscore --help` and to import the engine."""
+    """Seconds for fresh processes to answer `iscore --help`, `iscore presets` and `iscore
+    validate` of a small dump (100 sequences), and to import the engine."""
 
     def run(*args: str) -> float:
         return _best(
@@ -609,8 +615,14 @@ def _startup(repeats: int) -> dict[str, float]:
             ),
         )
 
+    with tempfile.TemporaryDirectory(prefix="iscore-bench-") as tmp:
+        small = Path(tmp) / "small.parquet"
+        write_simulated(small, SimConfig("dense_bf16", sequences=100, steps=1, seed=0))
+        validate_s = run("-m", "iscore.cli", "validate", str(small))
     return {
         "help_s": run("-m", "iscore.cli", "--help"),
+        "presets_s": run("-m", "iscore.cli", "presets"),
+        "validate_s": validate_s,
         "import_engine_s": run("-c", "import iscore.analyze"),
         "python_s": run("-c", "pass"),
     }

@@ -38,6 +38,8 @@ ROWS = {
     "app: open Tune",
     "app: Tune slider p50",
     "start-up: iscore --help",
+    "start-up: iscore presets",
+    "start-up: iscore validate (100 sequences)",
     "start-up: import the engine",
 }
 GOALS = {
@@ -103,6 +105,7 @@ def test_structure(result):
     assert result["marginal"]["ratio"] is None  # one step: no second half to time
     startup = result["startup"]
     assert startup["import_engine_s"] > startup["python_s"] > 0
+    assert startup["presets_s"] > 0 and startup["validate_s"] > 0
     assert result["cuda"] == {"available": torch.cuda.is_available(), "skipped": "device='cpu'"}
 
 
@@ -163,8 +166,8 @@ def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, m
     made = []
     real = bench.tempfile.mkdtemp
 
-    def mkdtemp(**kwargs):
-        made.append(Path(real(dir=tmp_path, **kwargs)))
+    def mkdtemp(suffix=None, prefix=None, dir=None):
+        made.append(Path(real(suffix, prefix, tmp_path)))
         return str(made[-1])
 
     monkeypatch.setattr(bench.tempfile, "mkdtemp", mkdtemp)
@@ -180,7 +183,7 @@ def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, m
         memory=False,
     )
     assert temporary["dump"]["path"] == "(temporary, deleted)"
-    assert made and not made[0].exists()
+    assert made and not any(p.exists() for p in made)
     assert math.isfinite(temporary["rows"][0]["seconds"])
 
 

@@ -44,14 +44,19 @@ class _Deferred(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         self.__class__ = types.ModuleType  # from now on a plain module, loading itself
-        self.__spec__.loader.exec_module(self)
+        try:
+            self.__spec__.loader.exec_module(self)
+        except BaseException:
+            sys.modules.pop(self.__name__, None)  # as a failed import leaves it
+            raise
         return getattr(self, name)
 
 
 def _defer_import(name: str) -> None:
     """Bind `name` in `sys.modules` to a `_Deferred` module unless it is imported already.
     The engine's modules import torch at the top; commands that never compute with it skip
-    the 1-2 s of loading it. Only in this single-threaded process: the app runs in its own."""
+    the 1-2 s of loading it. Only in this process, whose first use of torch is on its main
+    thread (analyze's reader thread starts after it); the app runs in a process of its own."""
     if name in sys.modules or (spec := importlib.util.find_spec(name)) is None:
         return
     module = importlib.util.module_from_spec(spec)

@@ -304,3 +304,26 @@ def test_torch_loads_on_first_use_and_gives_the_same_results(dump, tmp_path, cap
     assert _fresh(code) == "['torch']"
     here, fresh = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("here", "fresh"))
     assert fresh == here
+
+
+def test_a_deferred_module_runs_on_first_use_and_a_failed_load_is_retried(tmp_path, monkeypatch):
+    from iscore.cli import _defer_import
+
+    (tmp_path / "iscore_probe_ok.py").write_text("import sys\nsys.ran = True\nvalue = 42\n")
+    (tmp_path / "iscore_probe_bad.py").write_text("raise ImportError('broken install')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("iscore_probe_ok", "iscore_probe_bad"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        _defer_import(name)
+    monkeypatch.delattr(sys, "ran", raising=False)
+    import iscore_probe_ok  # binds the module without running it
+
+    assert not hasattr(sys, "ran")
+    assert iscore_probe_ok.value == 42 and sys.ran
+    assert type(iscore_probe_ok) is type(sys)  # a plain module from then on
+    import iscore_probe_bad
+
+    with pytest.raises(ImportError, match="broken install"):
+        iscore_probe_bad.anything  # noqa: B018
+    assert "iscore_probe_bad" not in sys.modules
+    monkeypatch.delitem(sys.modules, "iscore_probe_ok")

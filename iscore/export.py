@@ -332,10 +332,10 @@ def _probe(values: Sequence[float], steps: int = 40) -> TokenBatch:
     around = np.arange(-steps, steps + 1, dtype=np.int32)
     ds = []
     for c in centers:
-        c32 = np.float32(min(abs(c), 60.0))
-        for sign in (1, -1):
-            bits = (np.float32(sign) * c32).view(np.int32) + around
-            ds.append(bits[(bits >= 0) | (around <= 0)].view(np.float32))
+        # The magnitudes `steps` float32 steps either side of |c| (none below 0), both signs.
+        bits = np.float32(min(abs(c), 60.0)).view(np.int32) + around
+        magnitudes = bits[bits >= 0].view(np.float32)
+        ds += [magnitudes, -magnitudes]
     d = torch.from_numpy(np.concatenate(ds or [np.zeros(1, np.float32)]))
     d = d[torch.isfinite(d)]
     n = d.numel()
@@ -384,7 +384,7 @@ def _rounded(config: Any, *, shorten: bool) -> tuple[Any, dict[str, str]]:
 
     def number(value: float) -> float:
         short = shortest(value) if shorten else value
-        meaning = _meaning(value)
+        meaning = _meaning(value, shortened=short != value)
         if meaning is not None:
             meanings[repr(short)] = meaning
         return short
@@ -420,10 +420,11 @@ def shortest(value: float) -> float:
     return short if len(repr(short)) < len(repr(value)) else value
 
 
-def _meaning(value: float) -> str | None:
-    """What a long number is, where a short expression gives it (1/x, ln x, e^x); None for a
-    number that is short already or only float noise away from its shortened form
-    (51299999.99999999 is 5.13e7).
+def _meaning(value: float, shortened: bool = True) -> str | None:
+    """What a long number is, where a short expression gives it (1/x, ln x, e^x), else that
+    it was `shortened` to float32 precision; None for a number that is short already or only
+    float noise away from its shortened form (51299999.99999999 is 5.13e7), and for one kept
+    whole that no short expression gives.
 
     >>> _meaning(1 / 1.001), _meaning(-math.log(0.999)), _meaning(51299999.99999999)
     ('1/1.001', '-ln 0.999', None)
@@ -442,7 +443,7 @@ def _meaning(value: float) -> str | None:
         short = float(f"{x:.4g}")
         if short != 0 and abs(short - x) <= 1e-9 * abs(x):
             return form.format(f"{short:g}")
-    return f"{value!r} to float32 precision"
+    return f"{value!r} to float32 precision" if shortened else None
 
 
 def _commented(text: str, meanings: Mapping[str, str]) -> str:

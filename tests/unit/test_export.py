@@ -897,3 +897,23 @@ def test_difference_on_device_matches_cpu(device):
     assert other.exact == cpu.exact
     for side in ("source", "target"):
         assert other.difference[side] == pytest.approx(cpu.difference[side], rel=1e-6)
+
+
+def test_a_bound_whose_float32_rounding_changes_a_mask_is_kept_whole():
+    """Found by the round-trip property: NeMo-RL's icepop compares its ratio in float64 here,
+    and e^d of a probe just beyond ln(0.5124621622946423) falls between the bound and its
+    float32 value. The snippet keeps the bound whole, with no comment restating it."""
+    spec = parse_config(
+        {
+            "framework": "nemo_rl",
+            "loss_fn": {
+                "use_importance_sampling_correction": True,
+                "truncated_importance_sampling_type": "icepop",
+                "truncated_importance_sampling_ratio": 1.001,
+                "truncated_importance_sampling_ratio_min": 0.5124621622946423,
+            },
+        }
+    )
+    text = snippet(spec)
+    assert "truncated_importance_sampling_ratio_min: 0.5124621622946423\n" in text
+    assert identical(quiet_parse(from_snippet(spec)), spec, probe(spec))

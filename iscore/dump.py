@@ -1035,6 +1035,12 @@ class _Reader:
     def _mark_seen(self, step: np.ndarray, seq_id: pa.Array, first_rows: np.ndarray) -> None:
         """Remember each sequence's file; a sequence met twice is an error naming both."""
         ids = seq_id.to_pylist()
+        keys = list(zip(step.tolist(), ids, strict=True))
+        if len(set(keys)) == len(keys) and self.seen.keys().isdisjoint(keys):
+            # All new (the common case): no error to look for, one key at a time.
+            self.seen.update(dict.fromkeys(keys, self.info.path))
+            self._here.update(keys)
+            return
         for s, i, r in zip(step.tolist(), ids, first_rows.tolist(), strict=True):
             key = (s, i)
             first = self.seen.setdefault(key, self.info.path)
@@ -1072,7 +1078,7 @@ class _TokenReader(_Reader):
                 rows = np.concatenate(pending_rows)
                 # Hold back the last sequence (or step): its rows may go on in the next
                 # read. One longer than max_tokens keeps accumulating until it ends.
-                cut = int(_run_starts(table, self.unit)[-1])
+                cut = _last_run_start(table, self.unit)
                 if cut == 0:
                     pending, pending_rows = [table], [rows]
                     continue
@@ -1119,6 +1125,18 @@ def _run_starts(table: pa.Table, keys: tuple[str, ...] = ("step", "seq_id")) -> 
                 zero_copy_only=False
             )
     return np.flatnonzero(change)
+
+
+def _last_run_start(table: pa.Table, keys: tuple[str, ...]) -> int:
+    """`_run_starts(table, keys)[-1]`, looking only as far back from the end as the last run
+    goes (a sequence, or a step: not the whole table)."""
+    size = 4096
+    while True:
+        lo = max(0, table.num_rows - size)
+        starts = _run_starts(table.slice(lo), keys)
+        if starts.size > 1 or lo == 0:  # past its first row, a slice's starts are real
+            return lo + int(starts[-1])
+        size *= 4
 
 
 def _order_by_pos(

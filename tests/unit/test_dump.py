@@ -309,6 +309,31 @@ class TestBadInput:
         assert "sequence seq_id='a' step=0 appears twice or its rows are not contiguous" in msg
         assert "at row 68" in msg
 
+    @pytest.mark.parametrize("max_tokens", [None, 8])
+    @pytest.mark.parametrize("layout", ["token", "sequence"])
+    def test_sequence_met_again_in_a_later_read_or_file(
+        self, tmp_path, sequences, layout, max_tokens
+    ):
+        table = getattr(sequences, f"{layout}_table")()
+        again = table.slice(0, 2 if layout == "token" else 1)  # the first rows of "a"
+        path = write(pa.concat_tables([table, again]), tmp_path / "twice.parquet")
+        with pytest.raises(DumpProblems) as info:
+            list(Dump(path).batches(max_tokens=max_tokens))
+        row = table.num_rows
+        assert "twice.parquet, column seq_id: sequence seq_id='a' step=0 appears twice" in str(
+            info.value
+        ) and f"at row {row}" in str(info.value)
+        (tmp_path / "two").mkdir()
+        write(table, tmp_path / "two" / "a.parquet")
+        write(again, tmp_path / "two" / "b.parquet")
+        with pytest.raises(DumpProblems) as info:
+            list(Dump(tmp_path / "two").batches(max_tokens=max_tokens))
+        assert (
+            "b.parquet, column seq_id: sequence seq_id='a' step=0 appears twice" in str(info.value)
+            and "(it is also in " in str(info.value)
+            and "a.parquet)" in str(info.value)
+        )
+
     def test_empty_file(self, tmp_path):
         (tmp_path / "empty.parquet").write_bytes(b"")
         assert "empty.parquet: empty file (0 bytes)" in problems_of(tmp_path / "empty.parquet")
@@ -410,3 +435,16 @@ def test_from_buffers_reads_like_files(tmp_path, sequences):
         "a.parquet: empty file (0 bytes)",
         "b.parquet: truncated Parquet file (100 bytes, no footer); was the write interrupted?",
     ]
+
+
+@pytest.mark.parametrize("keys", [("step",), ("step", "seq_id")])
+def test_the_last_run_start_equals_the_last_of_all_run_starts(keys):
+    """Runs shorter and far longer than the first look back (4096 rows), and one run only."""
+    rng = np.random.default_rng(0)
+    cases = [[3, 1, 7], [5000], [1, 20_000], [9000, 2, 70_000], list(rng.integers(1, 900, 60))]
+    for lengths in cases:
+        step = np.repeat(np.arange(len(lengths)) // 2, lengths)
+        seq = np.repeat(np.arange(len(lengths)), lengths)
+        table = pa.table({"step": step, "seq_id": seq})
+        want = int(iscore.dump._run_starts(table, keys)[-1])
+        assert iscore.dump._last_run_start(table, keys) == want

@@ -37,6 +37,7 @@ from iscore.cli import main
 from iscore.dump import Dump, DumpError, DumpProblems
 from iscore.errors import ConfigError
 from iscore.replay import parse_config
+from iscore.validate import validate
 from iscore.writer import canonical_table
 from tests.unit import hostile
 
@@ -441,6 +442,30 @@ def test_fuzzed_dump_is_read_faithfully_or_refused(table):
     assert batch.loss_mask.any()
     if "step" in table.column_names:
         assert set(batch.step.tolist()) <= set(table["step"].to_pylist())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_dumps())
+def test_fuzzed_dump_is_validated_as_it_is_loaded(table):
+    """`validate` (numpy, no tensors) passes exactly the dumps that load, and summarizes what
+    loading gives: the same tokens, loss tokens and mean |d|."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    files = [("f.parquet", sink.getvalue().to_pybytes())]
+    try:
+        report = validate(Dump.from_buffers(files))
+    except DumpError:  # refused on opening: neither reads it
+        return
+    try:
+        batch = Dump.from_buffers(files).load()
+    except DumpError:
+        assert not report.ok
+        return
+    assert report.ok, report.problems
+    assert (report.tokens, report.sequences) == (batch.num_tokens, batch.num_sequences)
+    d = (batch.train.double() - batch.rollout.double())[batch.loss_mask]
+    assert report.loss_tokens == d.numel()
+    assert report.abs_diff_mean == pytest.approx(float(d.abs().mean()), rel=1e-12)
 
 
 # -------------------------------------------------------------------------------- memory

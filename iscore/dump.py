@@ -723,7 +723,7 @@ class Dump:
         return batch if batch.num_sequences else None
 
     def _keep(self, chunk: _Chunk, judge: Judge | None) -> _Chunk | None:
-        """`_select` without tensors (none are made unless the predicate needs them)."""
+        """`_select` kept as a chunk: tensors are made only for the `where` judge."""
         if judge is not None and chunk.lengths.size:
             chunk = chunk.subset(judge.keep(_to_batch(chunk, self.carried)))
         return chunk if chunk.lengths.size else None

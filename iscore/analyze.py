@@ -188,6 +188,7 @@ def analyze(
     mismatch = MismatchStats()
     stats = [SettingStats(spec) for spec in specs]
     where = None
+    dump = None
     if isinstance(source, TokenBatch):
         chunks: Any = [source]
         files = []
@@ -219,6 +220,8 @@ def analyze(
                 progress(batch.num_tokens)
     summary = mismatch.compute()
     if not summary["tokens"]:
+        if dump is not None and not summary.get("sequences"):  # none where the dump was read
+            raise DumpError(f"{files[0]}: no sequences in the {dump.describe_selection()}")
         # Every statistic is a mean over loss tokens: with none, there is nothing to report.
         where = ", ".join(files) or "the batch"
         raise DumpError(

@@ -694,10 +694,39 @@ class Dump:
             raise DumpProblems([self.nothing_in_loss(sequences, tokens)])
 
     def describe_selection(self) -> str:
-        """What reading selects, for messages: the steps, and the `where` predicate."""
+        """What reading selects, for messages: the steps (with those the dump has, when a
+        range was asked for), and the `where` predicate."""
+        steps = "selected steps"
+        if self.steps != StepRange():
+            lo, hi = ("" if v is None else v for v in (self.steps.lo, self.steps.hi))
+            asked = str(lo) if lo == hi else f"{lo}:{hi}"
+            span = self._step_span()
+            if span is not None:
+                low, high = span
+                has = f"step {low}" if low == high else f"steps {low}..{high}"
+                asked += f"; the dump has {has}"
+            steps = f"selected steps ({asked})"
         if self.where is None:
-            return "selected steps"
-        return f"selected steps where {quote(self.where.text)}"
+            return steps
+        return f"{steps} where {quote(self.where.text)}"
+
+    def _step_span(self) -> tuple[int, int] | None:
+        """The smallest and largest step of every file, from the footers' statistics (None
+        where one lacks them). A file without a step column is step 0."""
+        lows, highs = [], []
+        for info, parquet in zip(self.files, self._parquet, strict=True):
+            source = info.columns.source.get("step")
+            if source is None:
+                lows.append(0)
+                highs.append(0)
+                continue
+            for g in range(parquet.num_row_groups):
+                stats = _leaf(parquet.metadata.row_group(g), source).statistics
+                if stats is None or not stats.has_min_max:
+                    return None
+                lows.append(int(stats.min))
+                highs.append(int(stats.max))
+        return (min(lows), max(highs)) if lows else None
 
     def _carry(self, info: DumpFile) -> tuple[Extra, ...]:
         """The extra columns to read from `info`."""

@@ -209,6 +209,23 @@ class TestStreaming:
         with pytest.raises(DumpError, match="no sequences in the selected steps"):
             load(path, steps=StepRange(9, 9))
 
+    def test_an_empty_step_selection_names_the_steps_the_dump_has(self, tmp_path):
+        from iscore.analyze import analyze
+
+        s = make_sequences([4, 4, 4, 4], steps=[2, 3, 5, 5])
+        path = write(s.sequence_table(), tmp_path / "steps.parquet", row_group_size=1)
+        with pytest.raises(DumpError, match=r"selected steps \(9:; the dump has steps 2..5\)"):
+            load(path, steps=StepRange(9, None))
+        with pytest.raises(DumpError, match=r"selected steps \(4; the dump has steps 2..5\)$"):
+            analyze(Dump(path, steps=StepRange(4, 4)), ["trl:trl_default"], device="cpu")
+        no_step = write(s.sequence_table().drop_columns(["step"]), tmp_path / "no_step.parquet")
+        with pytest.raises(DumpError, match=r"\(:-1; the dump has step 0\)"):
+            load(no_step, steps=StepRange(None, -1))
+        # Without statistics in the footer the range alone is named (nothing is read for it).
+        bare = write(s.sequence_table(), tmp_path / "bare.parquet", write_statistics=False)
+        with pytest.raises(DumpError, match=r"selected steps \(9\)$"):
+            load(bare, steps=StepRange(9, 9))
+
     def test_directory_and_glob(self, tmp_path):
         a, b = make_sequences([3, 2], seed=1), make_sequences([4], seed=2, ids=[500])
         write(a.token_table(), tmp_path / "part-0.parquet")

@@ -31,6 +31,7 @@ from iscore import frameworks, ops
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import ConfigError, DumpError, quote
+from iscore.frameworks._config import nearest
 from iscore.impact import SettingStats
 from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import output_path
@@ -74,8 +75,11 @@ def resolve(setting: Setting) -> Spec:
         raise ConfigError(f"preset {quote(text)} is ambiguous: say which of {', '.join(matches)}")
     if Path(text).is_file():
         return parse_config(text)
+    framework, colon, _ = text.partition(":")
+    own = sorted(k for k in known if colon and k.startswith(f"{framework}:"))
+    listed = f"{framework}'s presets: {', '.join(own)}" if own else "see `iscore presets`"
     raise ConfigError(
-        f"{quote(text)} is neither a config file nor a preset; presets: {', '.join(sorted(known))}"
+        f"{quote(text)} is neither a config file nor a preset{nearest(text, known)}; {listed}"
     )
 
 

@@ -151,8 +151,12 @@ def test_lr_scale_of_geo_mask_renormalizes_surviving_tokens_in_verl_only():
 def test_presets_and_resolution(tmp_path):
     assert "verl:decoupled_geo_rs" in presets() and len(presets()) > 30
     assert resolve("decoupled_geo_rs") is presets()["verl:decoupled_geo_rs"]
-    with pytest.raises(ConfigError, match="neither a config file nor a preset"):
+    with pytest.raises(ConfigError, match="neither a config file nor a preset; see `iscore pre"):
         resolve("nope")
+    # A near miss is named; a framework's prefix lists that framework's presets only.
+    with pytest.raises(ConfigError, match=r"\(did you mean 'verl:decoupled_geo_rs'\?\)") as e:
+        resolve("verl:decoupled_geo")
+    assert "verl's presets: verl:bypass_pg_geo_rs," in str(e.value) and "slime:" not in str(e.value)
     path = tmp_path / "c.yaml"
     path.write_text("framework: trl\nvllm_importance_sampling_mode: token_truncate\n")
     assert resolve(str(path)).mode == "token_truncate"

@@ -268,9 +268,10 @@ def _median_mad(x: np.ndarray) -> tuple[float, float]:
 class _Thresholds:
     """Thresholds placed where the data stops looking like numerical noise.
 
-    Without broken sequences every mask bound sits just outside what the data holds (nothing
-    is masked) and a token cap at the healthy ratios' `CAP_QUANTILE` (it truncates only the
-    noise's extreme tail). With broken sequences a bound sits just inside the nearest broken
+    Without broken sequences a sequence mask's bound sits just outside what the data holds (no
+    sequence is dropped), a token band's at the healthy tokens' `CAP_QUANTILE` on each side
+    (it masks only the noise's extreme tails) and a token cap at the upper one (it truncates
+    only the top tail). With broken sequences a bound sits just inside the nearest broken
     value, so masks drop them and keep what looks like noise.
     """
 
@@ -302,20 +303,26 @@ class _Thresholds:
         has = normal.T > 0
         healthy = has & ~normal.broken
         g_dev = normal.G - normal.g_center
-        # Every healthy value is kept; with broken sequences, their typical (median) token and
+        # Every healthy sequence is kept and only the healthy tokens' extreme tails are masked
+        # (`CAP_QUANTILE` on each side: a band beyond every token masks nothing, and where a
+        # few tokens are far off, fp8 outliers or routing flips, it lands in the millions and
+        # lets them weigh that much); with broken sequences, their typical (median) token and
         # their nearest sequence are dropped.
-        tail = float(np.abs(healthy_tokens).max(initial=0.0))
-        t_half = max(_MARGIN * tail, 1e-3)
+        low_q = high_q = 0.0
+        if healthy_tokens.size:
+            quantiles = np.quantile(healthy_tokens, [1.0 - CAP_QUANTILE, CAP_QUANTILE])
+            low_q, high_q = (float(q) for q in quantiles)
+        below, above = max(-low_q, 1e-3), max(high_q, 1e-3)  # the band's reach in d
         g_half = max(_MARGIN * float(np.abs(g_dev[healthy]).max(initial=0.0)), 1e-4)
         k3_cap = max(_MARGIN * float(normal.k3[healthy].max(initial=0.0)), 1e-6)
         if normal.broken.any():
             broken_d = np.abs(normal.d[normal.token_broken] - normal.d_center)
-            t_half = min(t_half, _INSIDE * float(np.median(broken_d)))
+            inside = _INSIDE * float(np.median(broken_d))
+            below, above = min(below, inside), min(above, inside)
             g_half = min(g_half, _INSIDE * float(np.abs(g_dev[normal.broken]).min()))
             k3_cap = min(k3_cap, _INSIDE * float(normal.k3[normal.broken].min()))
-        low, high = normal.d_center - t_half, normal.d_center + t_half
-        top = float(np.quantile(healthy_tokens, CAP_QUANTILE)) if healthy_tokens.size else 0.0
-        cap = min(normal.d_center + top, high)
+        low, high = normal.d_center - below, normal.d_center + above
+        cap = min(normal.d_center + high_q, high)
         return cls(
             token_cap=max(_round_up(math.exp(cap)), 1.001),
             band=(_round_down(math.exp(low)), _round_up(math.exp(high))),
@@ -543,14 +550,15 @@ def _violations(targets: Targets, normal: _Normal, stats: dict[str, float]) -> l
 def _preference(c: Candidate) -> tuple[Any, ...]:
     """The order among candidates (docs/recommend.md): meeting the targets, then reweighting
     (which corrects the mismatch's bias; a mask alone does not), then the least healthy data
-    dropped (to 0.1%), then the LR scale nearest 1 (to 1%), then the highest ESS. Rounding
-    keeps a 0.00x difference in LR scale from outranking dropped data."""
+    dropped (to 0.1%), then the LR scale nearest 1 (in whole percents: 0.997 and 0.995 tie),
+    then the highest ESS. The steps keep a 0.00x difference in LR scale from outranking
+    dropped data or a lower ESS."""
     s = c.stats
     return (
         len(c.missed),
         -s["reweights"],
         round(s["healthy_token_dropped"], 3),
-        round(abs(math.log(max(s["lr_scale"], 1e-12))), 2),
+        math.floor(100 * abs(math.log(max(s["lr_scale"], 1e-12)))),  # whole percents
         -round(s["ess"], 3),
     )
 

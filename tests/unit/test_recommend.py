@@ -136,6 +136,33 @@ def test_the_token_cap_truncates_only_the_extreme_tail(benign):
     assert 0.0003 <= tis.stats["truncated_high_fraction"] <= 0.0011  # float32 ratios at the cap
 
 
+def test_token_bands_mask_only_the_extreme_tails(benign):
+    """IcePop and token-mask bands sit at the healthy tokens' 0.1st and 99.9th percentiles
+    (rounded outwards to 3 digits): about 0.1% of the tokens masked on each side, not none (a
+    band beyond every token masks nothing)."""
+    rec = recommend(benign, "verl")
+    d = (benign.train - benign.rollout).double()[benign.loss_mask].numpy()
+    center = float(np.median(d))
+    low, high = np.exp(center + np.quantile(d - center, [0.001, 0.999]))
+    band = rec.thresholds["token_band"]
+    assert low * 0.99 <= band[0] <= low and high <= band[1] <= high * 1.01
+    icepop = next(c for c in rec.candidates if c.kind == "icepop")
+    assert 0.0008 <= icepop.stats["token_masked_fraction"] <= 0.0022
+    assert icepop.stats["seq_masked_fraction"] == 0.0
+
+
+def test_far_off_tokens_do_not_stretch_a_band_or_win_by_a_rounding(short_fp8):
+    """fp8 outliers (|d| up to ~15) are not broken sequences; a band keeping them would reach
+    e^15 and weigh them that much. Its upper bound is the token cap's, and a setting with
+    unbounded token weights does not beat token TIS by an LR scale 0.2% nearer 1 when its
+    ESS is lower (LR scales tie within whole percents)."""
+    for framework in ("verl", "nemo_rl"):
+        rec = recommend(short_fp8, framework)
+        band, cap = rec.thresholds["token_band"], rec.thresholds["token_cap"]
+        assert band[1] == pytest.approx(cap, rel=0.01) and cap < 20
+        assert rec.best.kind == "token_tis", rec.best.reason
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_broken_sequences_are_masked_where_the_framework_can(broken_replica, framework):
     batch, broken = broken_replica

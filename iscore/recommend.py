@@ -3,12 +3,13 @@
 First, what numerical noise looks like in this dump, robustly (medians and MADs), and what
 stands out of it: broken sequences (a stale replica: every token off), a global offset,
 long-sequence collapse, drift over steps. Thresholds are then placed where the data stops
-looking like noise: on benign data every bound lies outside the data (nothing is masked); with
-broken sequences just inside them. Candidates are framework-neutral kinds (token TIS, IcePop,
-token and geometric masks, k3 masks, sequence-level weights) kept where the framework expresses
-them; each is replayed exactly as the framework would (`iscore.impact.quick_stats`), held to
-the targets (and, with broken sequences, to removing them), and ranked: meeting the targets,
-then reweighting, then the least healthy data dropped, then the LR scale nearest 1, then ESS.
+looking like noise: on benign data sequence bounds lie outside the data (no sequence is
+dropped) and token bounds at its extreme 0.1% tails; with broken sequences just inside them.
+Candidates are framework-neutral kinds (token TIS, IcePop, token and geometric masks, k3 masks,
+sequence-level weights) kept where the framework expresses them; each is replayed exactly as
+the framework would (`iscore.impact.quick_stats`), held to the targets (and, with broken
+sequences, to removing them), and ranked: meeting the targets, then reweighting, then the least
+healthy data dropped, then the LR scale nearest 1, then ESS.
 
 >>> rec = recommend(iscore.load("data/long_collapse.parquet"), "verl")  # doctest: +SKIP
 >>> rec.best.spec.name, rec.regimes, rec.pick                          # doctest: +SKIP
@@ -631,7 +632,7 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
                 "the steps: re-run this on the latest steps (--steps) before trusting a bound"
             )
     if not found:
-        found.append("numerical noise only: nothing stands out, so nothing should be masked")
+        found.append("numerical noise only: nothing stands out, so no sequence should be dropped")
     broken = normal.token_broken.any()  # without, no copies of the token arrays
     d = normal.d[~normal.token_broken] if broken else normal.d
     k3 = np.clip(d, -20.0, 20.0)

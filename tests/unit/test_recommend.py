@@ -11,6 +11,7 @@ from iscore import TokenBatch, load
 from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.recommend import Targets, _segment_medians, recommend
+from iscore.recommend import broken_sequences as recommend_broken
 from iscore.replay import parse_config
 from iscore.simulate import SimConfig, broken_sequences, write_simulated
 from tests.unit.frameworks.conftest import edge_batch
@@ -177,6 +178,17 @@ def test_broken_sequences_are_masked_where_the_framework_can(broken_replica, fra
         assert kept <= 0.10
     else:  # the framework cannot: it says so, and names one that can if any
         assert any("cannot express a setting that removes the broken" in r for r in rec.regimes)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_context_dependent_offset_is_not_taken_for_broken_sequences(tmp_path_factory, seed):
+    """Top-p processed rollout log-probs shift each sequence's median d by its own amount
+    (the nucleus mass varies with the context): more than token noise explains, so the
+    sequences' own spread widens the test and none is called broken (at 8 token-noise
+    standard errors alone, seed 0 had 2 of 256). Stale replicas in a benign dump are still
+    found (`test_broken_sequences_are_masked_where_the_framework_can`)."""
+    batch = _simulated(tmp_path_factory, "offset_bug", seed, sequences=256)
+    assert not recommend_broken(batch).any()
 
 
 def recommend_broken_gradient(batch: TokenBatch, spec, broken: np.ndarray) -> float:

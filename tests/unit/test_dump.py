@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -183,6 +184,52 @@ class TestStreaming:
         for c in chunks[:-1]:
             # A chunk overshoots by at most one read, unless one sequence is longer.
             assert c.num_tokens <= max_tokens + 40 + 4
+
+    @pytest.mark.parametrize("layout", ["token", "sequence"])
+    def test_load_joins_chunks_into_the_whole_dump(self, tmp_path, monkeypatch, layout):
+        # Reads of 4 tokens, chunks of about 6: every sequence of two files is in some chunk.
+        monkeypatch.setattr(iscore.dump, "_READ_TOKENS", 4)
+        monkeypatch.setattr(iscore.dump, "DEFAULT_CHUNK_TOKENS", 6)
+        a = make_sequences([5, 1, 40, 7], steps=[0, 0, 1, 1], ids=["a", "b", "c", "d"])
+        b = make_sequences([3, 12, 2], steps=[2, 2, 3], seed=1, ids=["e", "f", "g"])
+        paths, given = [], []
+        for name, s, shift in (("a", a, 3), ("b", b, 0)):  # a's positions start at 3
+            policy = [t.astype(np.float32) - np.float32(0.25) for t in s.train]
+            reward = np.arange(len(s.seq_id), dtype=np.float64)
+            table = getattr(s, f"{layout}_table")()
+            if layout == "token":
+                pos = table["pos"].to_numpy() + shift
+                given.append(pos)
+                table = table.set_column(5, "pos", pa.array(pos))
+                policy, reward = np.concatenate(policy), np.repeat(reward, s.lengths)
+            else:
+                policy = pa.array(policy, pa.list_(pa.float32()))
+            table = table.append_column("policy_logprob", pa.array(policy))
+            table = table.append_column("reward", pa.array(reward))
+            paths.append(write(table, tmp_path / f"{name}.parquet", row_group_size=3))
+        done = []
+        batch = Dump(paths, extras=True).load(progress=done.append)
+        assert len(done) > 2 and sum(done) == batch.num_tokens == sum(a.lengths + b.lengths)
+        both = Sequences(*(getattr(a, f) + getattr(b, f) for f in Sequences.__dataclass_fields__))
+        expected = expected_batch(both)
+        expected = dataclasses.replace(
+            expected,
+            policy=expected.train - 0.25,
+            pos=torch.from_numpy(np.concatenate(given)) if given else None,
+        )
+        assert batch.equal(expected) and (batch.pos is None) == (layout == "sequence")
+        assert batch.extra["reward"].to_pylist() == [0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0]
+
+    def test_load_lists_the_problems_of_every_chunk(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(iscore.dump, "_READ_TOKENS", 4)
+        monkeypatch.setattr(iscore.dump, "DEFAULT_CHUNK_TOKENS", 6)
+        s = make_sequences([5, 1, 40, 7, 3, 12])
+        table = s.token_table()
+        train = table["train_logprob"].to_numpy().copy()
+        train[[2, 60]] = np.nan  # in the first chunk and in the last
+        table = table.set_column(3, "train_logprob", pa.array(train))
+        msg = problems_of(write(table, tmp_path / "nan.parquet", row_group_size=3))
+        assert "2 NaN or null values at rows 2, 60" in msg
 
     @pytest.mark.parametrize("max_tokens", [1, 10, 30])
     @pytest.mark.parametrize("layout", ["token", "sequence"])

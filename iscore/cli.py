@@ -29,6 +29,7 @@ from iscore.serving import LOOPBACK_HOSTS
 if TYPE_CHECKING:
     from tqdm import tqdm
 
+    from iscore.batch import TokenBatch
     from iscore.dump import Dump, StepRange
 
 # The commands import what they use when they run, and torch loads when it is first used:
@@ -153,6 +154,13 @@ def _progress(dump: Dump, desc: str, args: argparse.Namespace) -> tqdm:
         disable=args.quiet or None,
         leave=False,
     )
+
+
+def _load(args: argparse.Namespace) -> TokenBatch:
+    """The whole dump the arguments name, with a progress bar while it is read."""
+    dump = _open_dump(args)
+    with _progress(dump, "load", args) as bar:
+        return dump.load(progress=bar.update)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -281,8 +289,16 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
             f"Expected --lr-scale LO:HI, e.g. 0.8:1.25, but got {quote(args.lr_scale)}"
         ) from None
     targets = Targets(args.max_token_drop, args.max_seq_drop, lr_scale, args.min_ess)
-    batch = _open_dump(args).load()
-    rec = recommend(batch, args.framework, targets)
+    batch = _load(args)
+    from tqdm import tqdm
+
+    with tqdm(desc="recommend", unit="setting", disable=args.quiet or None, leave=False) as bar:
+
+        def replayed(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        rec = recommend(batch, args.framework, targets, progress=replayed)
     print(
         f"{args.framework}: {len(rec.candidates)} candidate settings replayed on "
         f"{batch.num_tokens:,} tokens, best first"
@@ -321,7 +337,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from iscore.export import convert, snippet, to_file_text
 
     spec = resolve(args.config)
-    batch = _open_dump(args).load() if args.dump else None
+    batch = _load(args) if args.dump else None
     result = convert(spec, args.to, generation=args.generation, batch=batch)
     text = to_file_text(result.spec) if args.out else snippet(result.spec)
     if args.generation and args.out is None:
@@ -704,7 +720,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_where(p)
     p.set_defaults(
-        func=_cmd_export, column=[], steps=None, drop_invalid=False, fmt=None, allow_pickle=False
+        func=_cmd_export,
+        column=[],
+        steps=None,
+        drop_invalid=False,
+        fmt=None,
+        allow_pickle=False,
+        quiet=False,
     )
 
     p = sub.add_parser(

@@ -443,13 +443,20 @@ _KINDS = (
 """The candidates, in the order they are tried; each framework gets those it can express."""
 
 
-def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None) -> Recommendation:
+def recommend(
+    batch: TokenBatch,
+    framework: str,
+    targets: Targets | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Recommendation:
     """Rank the framework's candidate settings on `batch` against `targets` (docs/recommend.md).
 
     Args:
         batch: the loaded dump.
         framework: one of `iscore.frameworks.NAMES`.
         targets: what a good setting does; defaults to `Targets()`.
+        progress: called after each candidate is replayed with (candidates replayed,
+            candidates in all).
 
     >>> import iscore
     >>> rec = recommend(iscore.load("data/fp8.parquet"), "skyrl")
@@ -459,24 +466,33 @@ def recommend(batch: TokenBatch, framework: str, targets: Targets | None = None)
     fw = frameworks.get(framework)
     targets = targets or Targets()
     with ops.shared(batch):  # d, e^d and the sequence sums, computed once for every candidate
-        return _recommend(batch, fw, targets)
+        return _recommend(batch, fw, targets, progress)
 
 
-def _recommend(batch: TokenBatch, fw: Framework, targets: Targets) -> Recommendation:
+def _recommend(
+    batch: TokenBatch,
+    fw: Framework,
+    targets: Targets,
+    progress: Callable[[int, int], None] | None,
+) -> Recommendation:
     framework = fw.name
     normal = _Normal.of(batch)
     thresholds = _Thresholds.of(normal)
+    expressed = [
+        (kind, fw.express(kind.setting(thresholds), f"{framework} {kind.description}"))
+        for kind in _KINDS
+    ]
+    expressed = [(kind, spec) for kind, spec in expressed if spec is not None]
     candidates = []
-    for kind in _KINDS:
-        spec = fw.express(kind.setting(thresholds), f"{framework} {kind.description}")
-        if spec is None:
-            continue
+    for kind, spec in expressed:
         stats = _measure(batch, spec, normal)
         # Reweighting by the ratio is what removes the mismatch's bias; a mask alone does not.
         stats["reweights"] = float(bool(fw.to_canonical(spec).weights))
         missed = tuple(_violations(targets, normal, stats))
         reason = _reason(f"{kind.description}, {thresholds.describe(kind.key)}", stats, missed)
         candidates.append(Candidate(spec, kind.key, stats, missed, reason))
+        if progress is not None:
+            progress(len(candidates), len(expressed))
     ranked = tuple(sorted(candidates, key=_preference))
     regimes = _regimes(batch, normal)
     if normal.broken.any() and not any(c.passes for c in ranked):

@@ -224,6 +224,14 @@ def test_the_json_carries_replayable_configs(benign):
     assert doc["runner_up"] is not None and doc["pick"]
 
 
+@pytest.mark.parametrize("framework", ["verl", "areal"])
+def test_progress_counts_every_candidate(benign, framework):
+    calls = []
+    rec = recommend(benign, framework, progress=lambda done, total: calls.append((done, total)))
+    n = len(rec.candidates)
+    assert calls == [(i, n) for i in range(1, n + 1)]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_segment_medians_match_a_median_per_segment(seed, monkeypatch) -> None:
     rng = np.random.default_rng(seed)

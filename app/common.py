@@ -541,30 +541,12 @@ def seed_settings(ws: Workspace, steps: StepRange | None) -> None:
     state._seeded_list = list(state.settings)
 
 
-_GOOD, _FAIR, _BAD = (
-    "background-color: rgba(46, 160, 67, 0.22)",
-    "background-color: rgba(210, 153, 34, 0.25)",
-    "background-color: rgba(248, 81, 73, 0.25)",
-)
-
-
-def _grade(key: str, value: float | None, targets: Targets) -> str:
-    """A cell's colour: whether `value` of statistic `key` is good, fair or bad for training,
-    against the session's targets where they say (LR scale, ESS, drop rates)."""
-    if value is None or value != value:
-        return ""
-    if key == "lr_scale":
-        lo, hi = targets.lr_scale
-        return _GOOD if lo <= value <= hi else _FAIR if lo / 2 <= value <= hi * 2 else _BAD
-    if key == "ess":
-        return _GOOD if value >= max(targets.min_ess, 0.8) else _FAIR if value >= 0.3 else _BAD
-    if key in ("weight_mean", "weight_mean_seq"):
-        return _GOOD if 0.9 <= value <= 1.1 else _FAIR if 0.5 <= value <= 2 else _BAD
-    limit = {
-        "token_masked_fraction": targets.max_token_drop,
-        "seq_masked_fraction": targets.max_seq_drop,
-    }.get(key, 0.01)
-    return _GOOD if value <= limit else _FAIR if value <= 5 * limit else _BAD
+_GRADES = {
+    "good": "background-color: rgba(46, 160, 67, 0.22)",
+    "fair": "background-color: rgba(210, 153, 34, 0.25)",
+    "bad": "background-color: rgba(248, 81, 73, 0.25)",
+}
+"""A cell's colour per `Targets.grade`."""
 
 
 def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
@@ -585,7 +567,9 @@ def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
         lambda v: f"color: {color(names[v])}; font-weight: 600", subset=["setting"]
     )
     for key, header, _ in SUMMARY_COLUMNS:
-        style = style.map(lambda v, key=key: _grade(key, v, targets), subset=[header])
+        style = style.map(
+            lambda v, key=key: _GRADES.get(targets.grade(key, v), ""), subset=[header]
+        )
     return style
 
 

@@ -60,6 +60,36 @@ class Targets:
                 f"Expected `lr_scale` to be a range lo <= 1 <= hi with lo > 0, but got {lo}:{hi}"
             )
 
+    def grade(self, key: str, value: float | None) -> Literal["good", "fair", "bad"] | None:
+        """Whether `value` of statistic `key` (a column of the settings table) is good, fair or
+        bad for training, against these targets where they say (None for a missing value):
+
+        - `lr_scale`: good within `lr_scale`, fair within half its low and twice its high end;
+        - `ess`: good from `min_ess` (at least 0.8), fair from 0.3;
+        - `weight_mean`, `weight_mean_seq`: good within [0.9, 1.1], fair within [0.5, 2];
+        - dropped and truncated shares: good up to `max_token_drop` (tokens),
+          `max_seq_drop` (sequences) or 0.01 (truncation), fair up to 5 times that.
+
+        >>> Targets().grade("ess", 0.043), Targets().grade("lr_scale", 1.0)
+        ('bad', 'good')
+        """
+        if value is None or value != value:
+            return None
+        if key == "lr_scale":
+            lo, hi = self.lr_scale
+            good, fair = lo <= value <= hi, lo / 2 <= value <= hi * 2
+        elif key == "ess":
+            good, fair = value >= max(self.min_ess, 0.8), value >= 0.3
+        elif key in ("weight_mean", "weight_mean_seq"):
+            good, fair = 0.9 <= value <= 1.1, 0.5 <= value <= 2
+        else:
+            limit = {
+                "token_masked_fraction": self.max_token_drop,
+                "seq_masked_fraction": self.max_seq_drop,
+            }.get(key, 0.01)
+            good, fair = value <= limit, value <= 5 * limit
+        return "good" if good else "fair" if fair else "bad"
+
     def violations(self, stats: dict[str, float]) -> list[str]:
         """The targets a candidate's statistics miss, in words."""
         missed = []

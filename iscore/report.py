@@ -22,6 +22,7 @@ from iscore.errors import IscoreError
 from iscore.export import to_file_text
 from iscore.figures import all_figures, color
 from iscore.output import output_path
+from iscore.recommend import Targets
 from iscore.replay import parse_config
 
 SUMMARY_COLUMNS = (
@@ -64,14 +65,15 @@ def plotly_js() -> str:
     return (Path(spec.submodule_search_locations[0]) / "package_data" / "plotly.min.js").read_text()
 
 
-def render_html(analysis: Analysis) -> str:
-    """The report as one HTML string."""
+def render_html(analysis: Analysis, targets: Targets | None = None) -> str:
+    """The report as one HTML string; the settings table is graded against `targets`
+    (default: `Targets()`, those of `iscore recommend`)."""
     figures = all_figures(analysis)
     doc = analysis.to_dict()
     parts = [
         _header(doc),
         _flags(doc),
-        _summary_table(doc),
+        _summary_table(doc, targets or Targets()),
         _configs(doc),
         _mismatch_table(doc),
         _worst_table(doc),
@@ -127,9 +129,9 @@ def _sha256(script: str) -> str:
     return f"'sha256-{base64.b64encode(digest).decode()}'"
 
 
-def write_html(analysis: Analysis, path: str | Path) -> None:
-    """Write the report to `path`."""
-    text = render_html(analysis)
+def write_html(analysis: Analysis, path: str | Path, targets: Targets | None = None) -> None:
+    """Write the report to `path` (`targets`: as `render_html`)."""
+    text = render_html(analysis, targets)
     with output_path(path) as tmp:
         Path(tmp).write_text(text, encoding="utf-8")
 
@@ -143,8 +145,9 @@ def _header(doc: dict[str, Any]) -> str:
     files = ", ".join(html.escape(Path(f).name) for f in src["files"]) or "in-memory batch"
     if src.get("where"):
         files += f" · only sequences where <code>{html.escape(src['where'])}</code>"
+    steps = len(src["steps"])
     return (
-        f"<h1>iscore report</h1><p class='meta'>{files} · {len(src['steps'])} steps · "
+        f"<h1>iscore report</h1><p class='meta'>{files} · {steps} step{'s' * (steps != 1)} · "
         f"{src['sequences']:,} sequences · {src['loss_tokens']:,} loss tokens · "
         f"iscore {doc['iscore_version']} · schema v{doc['schema_version']}</p>"
     )
@@ -164,28 +167,18 @@ def _fmt(value: Any, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def _summary_table(doc: dict[str, Any]) -> str:
+def _summary_table(doc: dict[str, Any], targets: Targets) -> str:
     settings = doc["settings"]
     if not settings:
         return ""
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in SUMMARY_COLUMNS)
-    extremes = {}
-    for key, _, _ in SUMMARY_COLUMNS:
-        values = [s.get(key) for s in settings if s.get(key) is not None]
-        if len(values) > 1:
-            extremes[key] = (min(values), max(values))
     rows = []
     for i, s in enumerate(settings):
         cells = []
         for key, _, pattern in SUMMARY_COLUMNS:
             value = s.get(key)
-            mark = ""
-            if key in extremes and value is not None and extremes[key][0] != extremes[key][1]:
-                mark = (
-                    " class='lo'"
-                    if value == extremes[key][0]
-                    else (" class='hi'" if value == extremes[key][1] else "")
-                )
+            grade = targets.grade(key, value)
+            mark = f" class='{grade}'" if grade else ""
             cells.append(f"<td{mark}>{_fmt(value, pattern)}</td>")
         name = html.escape(f"{s['name']} ({s['framework']})")
         upstream = html.escape(s.get("upstream", ""))
@@ -194,11 +187,17 @@ def _summary_table(doc: dict[str, Any]) -> str:
             f"<br><span class='note'>{upstream}</span></td>"
             f"<td>{html.escape(s['aggregation'])}</td>{''.join(cells)}</tr>"
         )
+    lo, hi = targets.lr_scale
     return (
         "<h2>Settings</h2><table><tr><th>setting</th><th>loss aggregation</th>"
-        f"{head}</tr>{''.join(rows)}</table><p class='note'>Lowest value of a column in blue, "
-        "highest in red. LR scale: the corrected gradient's size relative to the uncorrected "
-        "one under the framework's loss aggregation.</p>"
+        f"{head}</tr>{''.join(rows)}</table><p class='note'>Green: good for training, amber: "
+        f"fair, red: bad, against the targets of <code>iscore recommend</code>: LR scale in "
+        f"[{lo:g}, {hi:g}], ESS at least {max(targets.min_ess, 0.8):.0%}, mean weight in "
+        f"[0.9, 1.1], at most {100 * targets.max_token_drop:.3g}% of tokens and "
+        f"{100 * targets.max_seq_drop:.3g}% of sequences masked and 1% truncated (amber: "
+        "within half to twice the LR bounds, ESS from 30%, mean weight in [0.5, 2], up to 5x "
+        "the shares). LR scale: the corrected gradient's size relative to the uncorrected one "
+        "under the framework's loss aggregation.</p>"
     )
 
 
@@ -280,7 +279,8 @@ body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
 h1 {{ margin-bottom: 4px; }} .meta, .note {{ color: #666; font-size: 13px; }}
 table {{ border-collapse: collapse; font-size: 13px; margin: 8px 0; }}
 td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }}
-td.lo {{ background: #e3eefc; }} td.hi {{ background: #fde4e1; }}
+td.good {{ background: #dcf1de; }} td.fair {{ background: #f8ecd0; }}
+td.bad {{ background: #fddcda; }}
 .dot {{ display: inline-block; width: 10px; height: 10px; border-radius: 5px; margin-right: 6px; }}
 .grid {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 12px; }}
 .flags {{ background: #fff4e5; border: 1px solid #f0b45c; padding: 8px 12px; }}
@@ -292,7 +292,8 @@ summary {{ cursor: pointer; margin: 4px 0; }}
   body {{ background: #0e1117; color: #e6e6e6; }}
   .meta, .note {{ color: #a8a8a8; }}
   td, th {{ border-color: #3a3d44; }}
-  td.lo {{ background: #1d3552; }} td.hi {{ background: #4d2626; }}
+  td.good {{ background: #1e3d25; }} td.fair {{ background: #4a3b16; }}
+  td.bad {{ background: #4d2626; }}
   .flags {{ background: #3b2b12; border-color: #8a6420; }}
   .ok {{ color: #6fcf6f; }}
   pre {{ background: #1b1e24; }}

@@ -83,7 +83,7 @@ cols = st.columns(2)
 # Computed when a button is clicked, not when the page opens.
 cols[0].download_button(
     "HTML report",
-    lambda: render_html(ws.analysis(specs, steps)),
+    lambda: render_html(ws.analysis(specs, steps), st.session_state.targets),
     file_name="iscore-report.html",
     mime="text/html",
     icon=":material/description:",

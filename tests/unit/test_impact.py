@@ -18,8 +18,9 @@ from iscore.analyze import SCHEMA_VERSION, analyze, presets, resolve
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Aggregation
 from iscore.impact import SettingStats, _per_sequence, aggregation_of
+from iscore.recommend import Targets
 from iscore.replay import parse_config
-from iscore.report import render_html
+from iscore.report import SUMMARY_COLUMNS, render_html
 from iscore.simulate import SimConfig, write_simulated
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 from tests.unit.test_mismatch import assert_same
@@ -254,6 +255,27 @@ def test_html_report_holds_the_configs_and_the_worst_sequences(simulated):
     assert worst and "Worst sequences" in page
     first = re.search(r"Worst sequences.*?<tr><td>(.*?)</td><td>(.*?)</td>", page, flags=re.S)
     assert (first[1], first[2]) == (str(worst[0]["step"]), str(worst[0]["seq_id"]))
+
+
+def test_html_report_grades_the_settings_against_the_targets(simulated):
+    result = analyze(simulated, ["verl:decoupled_seq_is", "skyrl:skyrl_geo_mask"])
+
+    def grades(page: str, row: int) -> dict[str, str]:
+        table = re.search(r"<h2>Settings</h2>(.*?)</table>", page, flags=re.S)[1]
+        cells = re.findall(r"<tr><td>.*?</td><td>.*?</td>(.*?)</tr>", table, flags=re.S)[row]
+        marks = re.findall(r"<td(?: class='(\w+)')?>", cells)
+        return {key: mark for (key, _, _), mark in zip(SUMMARY_COLUMNS, marks, strict=True)}
+
+    page = render_html(result)
+    for row, setting in enumerate(result.settings):
+        expected = {k: Targets().grade(k, setting[k]) or "" for k, _, _ in SUMMARY_COLUMNS}
+        assert grades(page, row) == expected
+    assert grades(page, 0)["lr_scale"] in ("fair", "bad")  # product weights collapse
+    assert grades(page, 1)["lr_scale"] == "good"
+    # The app's Export passes the session's targets.
+    lenient = Targets(lr_scale=(0.001, 1.25))
+    assert grades(render_html(result, lenient), 0)["lr_scale"] == "good"
+    assert " · 1 step · " in render_html(analyze(make_batch([3, 4]), []))
 
 
 @pytest.mark.parametrize(

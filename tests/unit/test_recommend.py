@@ -224,6 +224,45 @@ def test_the_json_carries_replayable_configs(benign):
     assert doc["runner_up"] is not None and doc["pick"]
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "grade"),
+    [
+        ("lr_scale", 0.8, "good"),  # bounds exactly hit
+        ("lr_scale", 1.25, "good"),
+        ("lr_scale", 0.79, "fair"),
+        ("lr_scale", 0.4, "fair"),
+        ("lr_scale", 0.39, "bad"),
+        ("lr_scale", 2.5, "fair"),
+        ("lr_scale", 2.51, "bad"),
+        ("ess", 0.8, "good"),  # good from 80% even where min_ess is lower
+        ("ess", 0.79, "fair"),
+        ("ess", 0.3, "fair"),
+        ("ess", 0.29, "bad"),
+        ("weight_mean", 1.1, "good"),
+        ("weight_mean_seq", 0.5, "fair"),
+        ("weight_mean", 2.01, "bad"),
+        ("token_masked_fraction", 0.01, "good"),
+        ("token_masked_fraction", 0.05, "fair"),
+        ("token_masked_fraction", 0.051, "bad"),
+        ("seq_masked_fraction", 0.05, "good"),
+        ("seq_masked_fraction", 0.25, "fair"),
+        ("seq_masked_fraction", 0.26, "bad"),
+        ("truncated_high_fraction", 0.011, "fair"),
+        ("ess", float("nan"), None),
+        ("ess", None, None),
+    ],
+)
+def test_grades(key, value, grade):
+    assert Targets().grade(key, value) == grade
+
+
+def test_grades_follow_the_targets():
+    strict = Targets(max_token_drop=0.001, lr_scale=(0.95, 1.05), min_ess=0.9)
+    assert strict.grade("token_masked_fraction", 0.002) == "fair"
+    assert strict.grade("lr_scale", 0.9) == "fair"
+    assert strict.grade("ess", 0.85) == "fair"
+
+
 @pytest.mark.parametrize("framework", ["verl", "areal"])
 def test_progress_counts_every_candidate(benign, framework):
     calls = []

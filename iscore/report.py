@@ -282,7 +282,7 @@ td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-a
 td.good {{ background: #dcf1de; }} td.fair {{ background: #f8ecd0; }}
 td.bad {{ background: #fddcda; }}
 .dot {{ display: inline-block; width: 10px; height: 10px; border-radius: 5px; margin-right: 6px; }}
-.grid {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 12px; }}
+.grid {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(760px, 1fr)); gap: 12px; }}
 .flags {{ background: #fff4e5; border: 1px solid #f0b45c; padding: 8px 12px; }}
 .ok {{ color: #2a7a2a; }}
 pre {{ background: #f6f6f4; padding: 8px 12px; font-size: 12px; overflow-x: auto; }}

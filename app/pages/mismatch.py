@@ -37,11 +37,9 @@ cols[3].metric(
     border=True,
 )  # fmt: skip
 
-shown = list(figures.mismatch_figures(analysis).values())
-for row in range(0, len(shown), 2):
-    for col, figure in zip(st.columns(2), shown[row : row + 2], strict=False):
-        with col:
-            common.plot(figure)
+# One per row: beside another, a plot keeps a third of its width once its legend is placed.
+for figure in figures.mismatch_figures(analysis).values():
+    common.plot(figure)
 
 st.subheader("The numbers, and what each framework logs them as")
 st.dataframe(

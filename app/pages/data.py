@@ -41,8 +41,8 @@ COLUMNS = {
     "seq_id": "Sequence id",
     "step": "Step",
 }
+# Offered when the file has them (found by name, or mapped before).
 EXTRA = {"reward": "Reward", "advantage": "Advantage", "group_id": "Group id"}
-"""Offered when the file has them (found by name, or mapped before)."""
 NONE = "(none)"
 
 

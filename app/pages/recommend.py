@@ -90,7 +90,9 @@ percent = st.column_config.NumberColumn(format="%.2f")
 st.dataframe(
     pd.DataFrame(rows),
     column_config={
-        "meets targets": st.column_config.CheckboxColumn(width="small"),
+        "meets targets": st.column_config.CheckboxColumn(
+            "meets", width="small", help="Whether the setting meets the targets"
+        ),
         "setting": st.column_config.TextColumn(width="large"),
         "LR scale": st.column_config.NumberColumn(format="%.3g"),
         "ESS": st.column_config.NumberColumn("ESS (% of tokens)", format="%.1f"),

@@ -1,6 +1,7 @@
 """Draw docs/img/recommend-<regime>.svg: each sequence's e^G against its length, the sequences
 `iscore recommend` calls broken, and the e^G band it places for a geometric mask, on simulated
-dumps of each regime.
+dumps of each regime; and print docs/recommend.md's table of each framework's pick on the same
+dumps.
 
 Run from the repository root: `python docs/recommend_plots.py` (plain SVG, no plotting library).
 """
@@ -15,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from iscore import TokenBatch, load, ops, recommend
-from iscore.recommend import broken_sequences
+from iscore.frameworks import NAMES
+from iscore.recommend import Recommendation, broken_sequences
 from iscore.simulate import SimConfig, write_simulated
 
 W, H, PAD = 640, 360, 56
@@ -94,9 +96,25 @@ def _geometric(batch: TokenBatch) -> tuple[np.ndarray, np.ndarray]:
     return T.numpy(), np.exp((S / T.clamp(min=1)).numpy())
 
 
+def _cell(rec: Recommendation) -> str:
+    """A framework's pick on one dump, for the table."""
+    best, s = rec.best, rec.best.stats
+    text = (
+        f"{best.kind}{'' if best.passes else ' (misses)'}: tok {s['token_masked_fraction']:.2%}, "
+        f"seq {s['seq_masked_fraction']:.1%}, LR {s['lr_scale']:.3f}, ESS {s['ess']:.0%}"
+    )
+    if rec.thresholds["broken_sequences"]:
+        text += (
+            f", broken kept {s['broken_gradient_kept']:.0%}, "
+            f"healthy seqs dropped {s['healthy_seq_dropped']:.1%}"
+        )
+    return text
+
+
 def main() -> None:
     out = Path(__file__).parent / "img"
     out.mkdir(exist_ok=True)
+    cells: dict[str, list[str]] = {framework: [] for framework in NAMES}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (regime, config, seed) in REGIMES.items():
             path = Path(tmp) / f"{name}.parquet"
@@ -111,6 +129,12 @@ def main() -> None:
             svg = _svg(title, lengths[has], ratio[has], broken[has], band, rec.best.kind)
             (out / f"recommend-{name}.svg").write_text(svg)
             print(f"wrote docs/img/recommend-{name}.svg")
+            for framework in NAMES:
+                cells[framework].append(_cell(recommend(batch, framework)))
+    print("\n| framework | " + " | ".join(REGIMES) + " |")
+    print("|---" * (len(REGIMES) + 1) + "|")
+    for framework, row in cells.items():
+        print(f"| {framework} | " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

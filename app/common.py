@@ -18,7 +18,8 @@ import argparse
 import re
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -265,7 +266,7 @@ def _pickled(names: Sequence[str], allow_pickle: bool) -> bool:
     return bool(pickled)
 
 
-def _path_workspace(loaded: Loaded) -> Workspace:
+def _path_workspace(loaded: Loaded, progress: Callable[[float], None] | None = None) -> Workspace:
     """A server-side dump's workspace, shared by the sessions that open it, keyed by its
     files' (path, size, mtime) and the column mapping: a rewritten file is read again.
 
@@ -285,8 +286,19 @@ def _path_workspace(loaded: Loaded) -> Workspace:
             columns=dict(loaded.columns),
             drop_invalid=loaded.drop_invalid,
             allow_pickle=loaded.allow_pickle,
+            progress=progress,
         ),
     )
+
+
+@contextmanager
+def _progress(text: str) -> Iterator[Callable[[float], None]]:
+    """A progress bar saying `text`, moved by the share done it is called with; gone after."""
+    bar = st.progress(0.0, text=text)
+    try:
+        yield lambda done: bar.progress(done, text=text)
+    finally:
+        bar.empty()
 
 
 def upload_digest(upload: Any) -> str:
@@ -314,7 +326,7 @@ def load_uploads(
     files = tuple((u.name, u.getvalue()) for u in uploads)
     session = _this_session()
     this = _upload_key(session, loaded)
-    with st.spinner(f"Reading {len(files)} uploaded file{'s' * (len(files) > 1)}…"):
+    with _progress(f"Reading {len(files)} uploaded file{'s' * (len(files) > 1)}…") as read:
         workspace = session.cache.get(
             this,
             session.id,
@@ -324,6 +336,7 @@ def load_uploads(
                 drop_invalid=drop_invalid,
                 allow_pickle=pickled,
                 max_tokens=options().max_upload_tokens,
+                progress=read,
             ),
         )
     # A session holds one uploaded dump: its token budget bounds what it keeps.
@@ -343,8 +356,8 @@ def load_path(
             files are not a valid dump.
     """
     loaded = Loaded("path", source, source, drop_invalid, columns, allow_pickle)
-    with st.spinner(f"Reading {source}…"):
-        workspace = _path_workspace(loaded)
+    with _progress(f"Reading {source}…") as read:
+        workspace = _path_workspace(loaded, read)
     _set_loaded(loaded)
     return workspace
 

@@ -238,9 +238,17 @@ class Workspace:
         self._other = _Memo(32)
 
     @classmethod
-    def from_dump(cls, dump: Dump) -> Workspace:
-        """Load `dump` whole."""
-        batch = dump.load()
+    def from_dump(cls, dump: Dump, progress: Callable[[float], None] | None = None) -> Workspace:
+        """Load `dump` whole; `progress` is called with the share of its tokens read so far."""
+        total, done = max(dump.num_tokens, 1), 0
+
+        def read(tokens: int) -> None:
+            nonlocal done
+            done += tokens
+            if progress is not None:
+                progress(min(done / total, 1.0))
+
+        batch = dump.load(progress=read)
         files = tuple(f.path for f in dump.files)
         name = Path(files[0]).name if len(files) == 1 else f"{len(files)} files"
         columns = tuple(dump.files[0].columns.source.items())
@@ -430,6 +438,7 @@ def open_path(
     columns: Mapping[str, str | None] | None = None,
     drop_invalid: bool = False,
     allow_pickle: bool = False,
+    progress: Callable[[float], None] | None = None,
 ) -> Workspace:
     """Load a dump on this machine: a file, a directory, a glob, or a list of those; Parquet,
     or a framework's own dump (imported in memory, see `iscore.importers`).
@@ -440,6 +449,7 @@ def open_path(
             optional column out).
         drop_invalid: drop sequences with invalid log-probs instead of failing.
         allow_pickle: read pickled files (`.pt`, `.pkl`) named in `source`; refused without.
+        progress: called with the share of the dump's tokens read so far.
 
     Raises:
         DumpProblems: the dump has problems (all listed).
@@ -454,7 +464,8 @@ def open_path(
             drop_invalid=drop_invalid,
             allow_pickle=allow_pickle,
             extras=True,
-        )
+        ),
+        progress,
     )
 
 
@@ -465,6 +476,7 @@ def open_uploads(
     drop_invalid: bool = False,
     allow_pickle: bool = False,
     max_tokens: int | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> Workspace:
     """Load a dump from (name, bytes) pairs held in memory, never written to disk: Parquet
     files, and a framework's own dump (JSON Lines, `.pt`, `.pkl`, told by the names'
@@ -472,7 +484,7 @@ def open_uploads(
 
     Args:
         files: the uploads.
-        columns, drop_invalid, allow_pickle: as `open_path`.
+        columns, drop_invalid, allow_pickle, progress: as `open_path`.
         max_tokens: the most tokens the dump may hold, checked before anything is decoded
             (`iscore.budget.check_upload`), and for a framework dump again once it is
             converted, before it is loaded.
@@ -497,7 +509,7 @@ def open_uploads(
         if max_tokens is not None:
             check_upload(buffers, max_tokens)
     dump = Dump.from_buffers(buffers, columns=columns, drop_invalid=drop_invalid, extras=True)
-    return Workspace.from_dump(dump)
+    return Workspace.from_dump(dump, progress)
 
 
 def _refuse_pickles(names: Sequence[str | Path], allow_pickle: bool) -> None:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import iscore
+import iscore.dump
 from iscore.analyze import analyze, presets
 from iscore.dump import Dump, DumpProblems, StepRange
 from iscore.errors import ConfigError, DumpError
@@ -219,6 +220,19 @@ def test_open_path_names_the_dump() -> None:
     assert isinstance(ws, Workspace)
     assert ws.source.name == "fp8.parquet" and ws.source.layout == "sequence"
     assert dict(ws.source.columns)["train_logprob"] == "train_logprob"
+
+
+def test_opening_reports_the_share_read(monkeypatch) -> None:
+    monkeypatch.setattr(iscore.dump, "_READ_TOKENS", 4096)  # chunks of about 10k tokens
+    monkeypatch.setattr(iscore.dump, "DEFAULT_CHUNK_TOKENS", 10_000)
+    for opened in (
+        lambda progress: open_path(str(DATA / "fp8.parquet"), progress=progress),
+        lambda progress: open_uploads([("fp8.parquet", _bytes("fp8.parquet"))], progress=progress),
+    ):
+        shares = []
+        ws = opened(shares.append)
+        assert len(shares) > 2 and shares == sorted(shares) and shares[-1] == 1.0
+        assert ws.full.num_tokens == iscore.load(DATA / "fp8.parquet").num_tokens
 
 
 def _parquet(table) -> bytes:

@@ -278,6 +278,8 @@ def _cmd_sequences(args: argparse.Namespace) -> int:
 
 
 def _cmd_recommend(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from iscore.export import snippet
     from iscore.recommend import Targets, recommend
 
@@ -290,8 +292,6 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         ) from None
     targets = Targets(args.max_token_drop, args.max_seq_drop, lr_scale, args.min_ess)
     batch = _load(args)
-    from tqdm import tqdm
-
     with tqdm(desc="recommend", unit="setting", disable=args.quiet or None, leave=False) as bar:
 
         def replayed(done: int, total: int) -> None:

@@ -124,6 +124,9 @@ def test_memory_is_measured_in_subprocesses(result):
     for mode in ("import", "stream", "stream_part", "load"):
         assert memory[f"{mode}_mb"] > 0, memory
     assert memory["stream_mb"] >= memory["import_mb"]
+    assert "import_s" not in memory
+    for mode in ("stream", "stream_part", "load"):
+        assert memory[f"{mode}_s"] > 0, memory
 
 
 @pytest.mark.slow

@@ -103,6 +103,15 @@ for spec in specs:
         st.rerun()
 analysis = ws.analysis(specs, steps)
 
+# Headers that fit a narrow column (st.dataframe cuts, never wraps, them); the full one on hover.
+_SHORT = {
+    "mean w (token)": "w (tok)",
+    "mean w (seq)": "w (seq)",
+    "tokens masked": "tok masked",
+    "sequences masked": "seq masked",
+    "truncated high": "trunc high",
+    "truncated low": "trunc low",
+}
 st.subheader("Summary")
 st.dataframe(
     common.summary_table(analysis),
@@ -111,7 +120,10 @@ st.dataframe(
     column_config={
         "setting": st.column_config.Column(width="medium"),
         "loss aggregation": st.column_config.Column("aggregation", width="small"),
-        **{header: st.column_config.Column(width="small") for _, header, _ in SUMMARY_COLUMNS},
+        **{
+            header: st.column_config.Column(_SHORT.get(header, header), help=header, width="small")
+            for _, header, _ in SUMMARY_COLUMNS
+        },
     },
 )
 st.caption(

@@ -1018,29 +1018,53 @@ def length_figure(summary: dict[str, Any]) -> Figure:
     }
 
 
-def sequence_figure(tokens: dict[str, Any], title: str) -> Figure:
-    """One sequence's rollout and train log-probs (top) and d (bottom) along its positions
-    (`iscore.workspace.sequence_tokens`), drawn with WebGL."""
+def sequence_figure(
+    tokens: dict[str, Any], title: str, weights: dict[str, Any] | None = None
+) -> Figure:
+    """One sequence's rollout and train log-probs (top) and d (below) along its positions
+    (`iscore.workspace.sequence_tokens`), drawn with WebGL; with `weights` (legend name: the
+    per-token weight under that setting, 0 where it masks the token), a third panel at the
+    bottom draws setting i in `style(i)`, on the same positions, so that a spike of d lines up
+    with what each setting does to it."""
     pos = [float(p) for p in tokens["pos"]]
 
-    def line(name: str, values: Any, axis: str, unit: str, **style_: Any) -> dict[str, Any]:
+    def line(name: str, values: Any, axis: str, hover: str, **style_: Any) -> dict[str, Any]:
         return {
             "type": "scattergl", "mode": "lines", "name": name, "x": pos,
             "y": [float(v) for v in values], "xaxis": "x", "yaxis": axis, "line": style_,
-            "hovertemplate": f"position %{{x:,.0f}}<br>{name} %{{y:.4g}} {unit}<extra></extra>",
+            "hovertemplate": f"position %{{x:,.0f}}<br>{hover}<extra></extra>",
         }  # fmt: skip
 
+    def nats(name: str, values: Any, axis: str, **style_: Any) -> dict[str, Any]:
+        return line(name, values, axis, f"{name} %{{y:.4g}} nats", **style_)
+
+    weights = weights or {}
     layout = _layout(title, "position in the sequence", "log-prob (nats)", height=460)
-    layout["xaxis"]["anchor"] = "y2"
     layout["yaxis"]["domain"] = [0.42, 1.0]
     layout["yaxis2"] = _axis("d (nats)") | {"domain": [0.0, 0.36]}
+    if weights:
+        layout["height"] = 640
+        layout["yaxis"]["domain"] = [0.6, 1.0]
+        layout["yaxis2"]["domain"] = [0.32, 0.54]
+        layout["yaxis3"] = _axis("weight") | {"domain": [0.0, 0.26]}
+    layout["xaxis"]["anchor"] = "y3" if weights else "y2"
     layout["shapes"] = [_hline(0.0, yref="y2")]
     return {
         "data": [
             # The trainer's curve wide and light under the rollout's: where they differ, it shows.
-            line("train log-prob", tokens["train"], "y", "nats", color=TRAIN, width=4),
-            line("rollout log-prob", tokens["rollout"], "y", "nats", color=DATA, width=1.2),
-            line("d = train - rollout", tokens["d"], "y2", "nats", color=ACCENT, width=1.2),
+            nats("train log-prob", tokens["train"], "y", color=TRAIN, width=4),
+            nats("rollout log-prob", tokens["rollout"], "y", color=DATA, width=1.2),
+            nats("d = train - rollout", tokens["d"], "y2", color=ACCENT, width=1.2),
+            *(
+                line(
+                    name,
+                    w,
+                    "y3",
+                    "weight under %{fullData.name} %{y:.4g}",
+                    **style(i, len(weights))["line"],
+                )
+                for i, (name, w) in enumerate(weights.items())
+            ),
         ],
         "layout": layout,
     }

@@ -4,8 +4,6 @@ curves under each setting, and a slice that every page then looks at."""
 from __future__ import annotations
 
 import common
-import numpy as np
-import pandas as pd
 import streamlit as st
 
 from iscore import figures
@@ -177,15 +175,13 @@ except IscoreError as e:
     common.show_error(e)
     st.stop()
 st.subheader(f"Sequence {seq_id} of step {step}")
-common.plot(figures.sequence_figure(tokens, f"Sequence {seq_id} of step {step}: log-probs and d"))
-if specs:
-    curves = pd.DataFrame({common.label(spec): w for spec, w in weights.items()})
-    curves.insert(0, "position", np.asarray(tokens["pos"]))
-    st.caption("The weight each setting gives each token (0 where it masks the token).")
-    st.line_chart(
-        curves,
-        x="position",
-        y=[common.label(spec) for spec in specs],
-        color=[figures.color(i) for i in range(len(specs))],
-        y_label="weight",
+common.plot(
+    figures.sequence_figure(
+        tokens,
+        f"Sequence {seq_id} of step {step}: "
+        + ("log-probs, d and each setting's weight" if specs else "log-probs and d"),
+        {common.label(spec): weights[spec] for spec in specs},
     )
+)
+if specs:
+    st.caption("Bottom: the weight each setting gives each token (0 where it masks the token).")

@@ -59,10 +59,13 @@ def test_query_open_a_sequence_and_slice(page: Page, app_url: str, screens: Path
     _idle(page)
     heading = page.get_by_role("heading", name="Sequence 28 of step 0")
     expect(heading).to_be_visible(timeout=30_000)
+    # One figure: the log-probs, d, and the weight curve of each of the session's settings (the
+    # framework's default and the recommended one), each a legend entry.
     expect(page.locator(".js-plotly-plot")).to_have_count(1, timeout=30_000)
-    # The weight curves sit below the fold: bring them into view, where the chart is drawn.
-    page.get_by_text("The weight each setting gives each token").scroll_into_view_if_needed()
-    expect(page.get_by_test_id("stVegaLiteChart")).to_have_count(1, timeout=30_000)
+    legend = page.locator(".js-plotly-plot .legendtext")
+    expect(legend.filter(has_text="d = train - rollout")).to_have_count(1)
+    expect(legend.filter(has_text="recommended_")).to_have_count(1)
+    expect(legend).to_have_count(5)
     expect(page.get_by_test_id("stException")).to_have_count(0)
     _shoot(page, screens, "explore-sequence")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 
@@ -33,6 +34,28 @@ def test_sequence_figure_draws_d_below_the_log_probs() -> None:
     assert by_name["d = train - rollout"]["y"] == pytest.approx([-0.1, 0.5, 0.0])
     assert by_name["rollout log-prob"]["yaxis"] == "y"
     assert fig["layout"]["yaxis2"]["domain"][1] < fig["layout"]["yaxis"]["domain"][0]
+
+
+def test_sequence_figure_draws_each_settings_weights_below_d_on_the_same_positions() -> None:
+    d = np.array([0.0, 0.9, -0.1])
+    tokens = {"pos": np.array([5, 6, 7]), "rollout": -np.ones(3), "train": d - 1, "d": d}
+    weights = {"verl:token_tis": np.array([1.0, 2.0, 0.9]), "slime:icepop": np.array([1, 0, 0.9])}
+    fig = figures.sequence_figure(tokens, "one sequence", weights)
+    layout = fig["layout"]
+    panels = [layout[axis]["domain"] for axis in ("yaxis", "yaxis2", "yaxis3")]
+    assert all(low[1] < high[0] for low, high in itertools.pairwise(panels[::-1]))
+    assert layout["xaxis"]["anchor"] == "y3"  # the position axis under the lowest panel
+    drawn = [t for t in fig["data"] if t["yaxis"] == "y3"]
+    assert [t["name"] for t in drawn] == list(weights)
+    for i, (trace, values) in enumerate(zip(drawn, weights.values(), strict=True)):
+        assert trace["x"] == [5.0, 6.0, 7.0] and trace["xaxis"] == "x"
+        assert trace["y"] == pytest.approx(list(values))
+        assert trace["line"] == figures.style(i, 2)["line"]
+        assert "%{fullData.name}" in trace["hovertemplate"]
+    # Without weights: the two panels only.
+    plain = figures.sequence_figure(tokens, "one sequence")
+    assert "yaxis3" not in plain["layout"] and plain["layout"]["xaxis"]["anchor"] == "y2"
+    assert {t["yaxis"] for t in plain["data"]} == {"y", "y2"}
 
 
 def test_tune_figure_draws_the_asked_read_outs_and_marks_the_value() -> None:
@@ -204,6 +227,7 @@ def test_hovers_name_quantities_not_fields(which, request) -> None:
     every = _every_figure(analysis) | {
         "length": figures.length_figure({"length_hist": {"edges": [1, 2, 4], "counts": [3, 1]}}),
         "sequence": figures.sequence_figure(tokens, "one sequence"),
+        "weights": figures.sequence_figure(tokens, "one", {"verl:token_tis": np.ones(3)}),
     }
     for key, fig in every.items():
         for trace in fig["data"]:

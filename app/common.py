@@ -29,7 +29,7 @@ import streamlit as st
 
 from iscore import frameworks
 from iscore.analyze import Analysis, presets
-from iscore.budget import CACHE_MB, MAX_UPLOAD_TOKENS, WorkspaceCache
+from iscore.budget import CACHE_MB, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS, WorkspaceCache
 from iscore.dump import DumpProblems, StepRange
 from iscore.errors import IscoreError
 from iscore.export import convert as convert_setting
@@ -181,13 +181,16 @@ def notice() -> None:
 @dataclass(frozen=True, slots=True)
 class Options:
     """How the operator started the app: `streamlit run app/serve.py -- [--path DUMP]
-    [--data-dir DIR ...] [--max-upload-tokens N] [--cache-mb MB]`, as `iscore app` does.
+    [--data-dir DIR ...] [--max-upload-tokens N] [--max-path-tokens N] [--cache-mb MB]`, as
+    `iscore app` does.
 
     Attributes:
         preload: the dump to open on the Data page.
         roots: the folders the server-path box may read: every `--data-dir`, the folder of
             `preload`, the bundled samples.
         max_upload_tokens: the most tokens one session may upload.
+        max_path_tokens: the most tokens one session may open from a server path, except
+            `preload`, which the operator named.
         cache_mb: memory for the loaded dumps of every session together.
         where: the slice every page starts with (`iscore app --where`).
     """
@@ -197,6 +200,7 @@ class Options:
     max_upload_tokens: int
     cache_mb: int
     where: str | None = None
+    max_path_tokens: int = MAX_PATH_TOKENS
 
 
 def options() -> Options:
@@ -205,13 +209,21 @@ def options() -> Options:
     parser.add_argument("--path")
     parser.add_argument("--data-dir", action="append", default=[])
     parser.add_argument("--max-upload-tokens", type=int, default=MAX_UPLOAD_TOKENS)
+    parser.add_argument("--max-path-tokens", type=int, default=MAX_PATH_TOKENS)
     parser.add_argument("--cache-mb", type=int, default=CACHE_MB)
     parser.add_argument("--where")
     args, _ = parser.parse_known_args(sys.argv[1:])
     folders = [ROOT / "data", *args.data_dir]
     if args.path:
         folders.append(dump_folder(args.path))
-    return Options(args.path, DataRoots(folders), args.max_upload_tokens, args.cache_mb, args.where)
+    return Options(
+        args.path,
+        DataRoots(folders),
+        args.max_upload_tokens,
+        args.cache_mb,
+        args.where,
+        args.max_path_tokens,
+    )
 
 
 @st.cache_resource(show_spinner=False)
@@ -268,13 +280,16 @@ def _pickled(names: Sequence[str], allow_pickle: bool) -> bool:
 
 def _path_workspace(loaded: Loaded, progress: Callable[[float], None] | None = None) -> Workspace:
     """A server-side dump's workspace, shared by the sessions that open it, keyed by its
-    files' (path, size, mtime) and the column mapping: a rewritten file is read again.
+    files' (path, size, mtime) and the column mapping: a rewritten file is read again. Any
+    dump but the one the operator named holds at most `--max-path-tokens` tokens.
 
     Raises:
         IscoreError: `loaded.key` is missing or outside the data folders (one message for
-            both), holds pickled files `loaded` does not allow, or is not a valid dump.
+            both), holds pickled files `loaded` does not allow, is over the token budget, or is
+            not a valid dump.
     """
-    files = options().roots.files(loaded.key, fingerprint)
+    app = options()
+    files = app.roots.files(loaded.key, fingerprint)
     session = _this_session()
     paths = [path for path, _, _ in files]
     _pickled(paths, loaded.allow_pickle)
@@ -286,6 +301,7 @@ def _path_workspace(loaded: Loaded, progress: Callable[[float], None] | None = N
             columns=dict(loaded.columns),
             drop_invalid=loaded.drop_invalid,
             allow_pickle=loaded.allow_pickle,
+            max_tokens=None if loaded.key == app.preload else app.max_path_tokens,
             progress=progress,
         ),
     )

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -36,6 +37,11 @@ T = TypeVar("T")
 MAX_UPLOAD_TOKENS = 20_000_000
 """Tokens one session may upload (about 1 GB once loaded and analyzed)."""
 
+MAX_PATH_TOKENS = 20_000_000
+"""Tokens one session may open from a server path, except the dump the operator named when
+starting the app: loading and ranking settings take about 90 bytes a token for a while (1.75 GB
+at 20M tokens), whoever's browser asks."""
+
 CACHE_MB = 4096
 """Memory for the loaded dumps of every session together."""
 
@@ -43,13 +49,14 @@ DEFAULT_CHUNK_TOKENS = 2_000_000
 """Tokens per streamed chunk: about 300 MB of working memory while a chunk is processed."""
 
 
-def parquet_tokens(data: bytes) -> int | None:
-    """The tokens a Parquet file holds, read from its footer without decoding: its longest
-    column in values (a list column counts its elements, so both layouts count tokens).
-    None when there is no readable footer (the dump reader then says what the file is).
+def parquet_tokens(source: bytes | str) -> int | None:
+    """The tokens a Parquet file (its bytes, or its path) holds, read from its footer without
+    decoding: its longest column in values (a list column counts its elements, so both layouts
+    count tokens). None when there is no readable footer (the dump reader then says what the
+    file is).
     """
     try:
-        meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+        meta = pq.read_metadata(pa.BufferReader(source) if isinstance(source, bytes) else source)
     except (pa.ArrowException, OSError):
         return None
     longest = 0
@@ -60,16 +67,45 @@ def parquet_tokens(data: bytes) -> int | None:
 
 
 IMPORT_BYTES_PER_TOKEN = 8
-"""Bytes of a framework's own dump (JSON Lines, `.pt`, `.pkl`) an upload may hold per token of
+"""Bytes of a framework's own dump (JSON Lines, `.pt`, `.pkl`) a session may load per token of
 its budget, checked before it is parsed: its tokens are known only once it is read. A token
 takes at least 6 bytes of JSON (a mask, a rollout and a trainer log-prob of 2 characters each)
-or 8 of tensors, so this bounds what parsing can build; the tokens are counted again after."""
+or 8 of tensors, so this bounds what parsing can build (an upload's are counted again once
+converted, before it is loaded)."""
+
+
+def _check(files: Iterable[tuple[str, bytes | str, int]], limit: int, holds: str, hint: str) -> int:
+    """The tokens of `files` (name, bytes or path, size in bytes), checked against `limit`
+    before decoding: Parquet files from their footers; framework dumps (by their names'
+    suffixes) by their size, against `IMPORT_BYTES_PER_TOKEN` bytes per token of `limit`.
+    `holds` names the files in the message with its verb ("the upload holds"), `hint` says
+    what to do instead."""
+    total = imported = 0
+    names = []
+    for name, source, size in files:
+        tokens = parquet_tokens(source)
+        if tokens is None and name.endswith(SUFFIXES):
+            imported += size
+            names.append(name)
+        else:
+            total += tokens or 0
+    bound = limit * IMPORT_BYTES_PER_TOKEN
+    if imported > bound:
+        raise DumpError(
+            f"{holds} {imported:,} bytes of framework dumps ({clip(', '.join(names))}), "
+            f"more than the {bound:,} bytes ({IMPORT_BYTES_PER_TOKEN} per token of the "
+            f"{limit:,} one session may load) they may take before they are read; {hint}"
+        )
+    if total > limit:
+        raise DumpError(
+            f"{holds} {total:,} tokens, more than the {limit:,} one session may load; " + hint
+        )
+    return total
 
 
 def check_upload(files: Iterable[tuple[str, bytes]], limit: int) -> int:
-    """The tokens of uploaded files (name, bytes), checked against `limit` before decoding:
-    Parquet files from their footers; framework dumps (by their names' suffixes) by their
-    size, against `IMPORT_BYTES_PER_TOKEN` bytes per token of `limit`.
+    """The tokens of uploaded files (name, bytes), checked against `limit` before decoding
+    (Parquet files from their footers, framework dumps from their size).
 
     Raises:
         DumpError: more than `limit` tokens, or framework dumps larger than that bound.
@@ -78,32 +114,27 @@ def check_upload(files: Iterable[tuple[str, bytes]], limit: int) -> int:
     Traceback (most recent call last):
     iscore.errors.DumpError: the upload holds 81 bytes of framework dumps ..., more than the 80 ...
     """
-    total = imported = 0
-    names = []
-    for name, data in files:
-        tokens = parquet_tokens(data)
-        if tokens is None and name.endswith(SUFFIXES):
-            imported += len(data)
-            names.append(name)
-        else:
-            total += tokens or 0
     hint = (
-        "open {} from a server path, or ask the operator to raise `iscore app --max-upload-tokens`"
+        "open it from a server path, or ask the operator to raise `iscore app --max-upload-tokens`"
     )
-    bound = limit * IMPORT_BYTES_PER_TOKEN
-    if imported > bound:
-        raise DumpError(
-            f"the upload holds {imported:,} bytes of framework dumps ({clip(', '.join(names))}), "
-            f"more than the {bound:,} bytes ({IMPORT_BYTES_PER_TOKEN} per token of the "
-            f"{limit:,} one session may load) they may take before they are read; "
-            + hint.format("them")
-        )
-    if total > limit:
-        raise DumpError(
-            f"the upload holds {total:,} tokens, more than the {limit:,} one session may "
-            "load; " + hint.format("it")
-        )
-    return total
+    return _check(((n, data, len(data)) for n, data in files), limit, "the upload holds", hint)
+
+
+def check_paths(paths: Sequence[str], limit: int) -> int:
+    """The tokens of the dump files `paths`, checked against `limit` as `check_upload` checks
+    an upload, before anything is decoded: a session may open no larger dump from a server
+    path than the operator allows (`iscore app --max-path-tokens`).
+
+    Raises:
+        DumpError: more than `limit` tokens, or framework dumps larger than that bound.
+    """
+    hint = (
+        "the CLI streams a dump of any size (`iscore analyze PATH`); or ask the operator to "
+        "name it when starting the app (`iscore app PATH`) or to raise `iscore app "
+        "--max-path-tokens`"
+    )
+    holds = f"{paths[0]} holds" if len(paths) == 1 else f"the dump's {len(paths):,} files hold"
+    return _check(((p, p, os.path.getsize(p)) for p in paths), limit, holds, hint)
 
 
 def footprint(value: Any) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from iscore import frameworks
-from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_UPLOAD_TOKENS
+from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS
 from iscore.errors import IscoreError, clip, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS
@@ -442,6 +442,8 @@ APP_OPTIONS = {
     "name a proxy serves it under (repeatable; `*` for any)",
     "--max-upload-tokens": "the most tokens one session may upload "
     f"(default {MAX_UPLOAD_TOKENS:,})",
+    "--max-path-tokens": "the most tokens one session may open from a server path; the DUMP "
+    f"named here may hold more (default {MAX_PATH_TOKENS:,})",
     "--cache-mb": f"memory for loaded dumps, shared by all sessions (default {CACHE_MB:,} MB)",
     "--where": "a slice applied to every page from the start: an SQL predicate over the "
     "sequence table's dump columns (docs/sql.md), as Explore's 'apply as slice'",
@@ -508,7 +510,7 @@ def _cmd_app(args: argparse.Namespace) -> int:
         if not Path(folder).is_dir():
             raise IscoreError(f"Expected --data-dir to be a directory, but got {folder}")
         script_args += ["--data-dir", str(Path(folder).absolute())]
-    for name in ("--max-upload-tokens", "--cache-mb"):
+    for name in ("--max-upload-tokens", "--max-path-tokens", "--cache-mb"):
         for value in own[name]:
             script_args += [name, str(_positive_int(name, value))]
     # Loopback only unless told otherwise, whatever Streamlit's own default (every interface).
@@ -791,7 +793,7 @@ def build_parser() -> argparse.ArgumentParser:
         "`iscore app runs/ --server.port 8600`. It listens on 127.0.0.1 unless given "
         "--server.address; see docs/security.md before serving it to others.",
         usage="iscore app [DUMP] [--data-dir DIR ...] [--allowed-host NAME ...] "
-        "[--max-upload-tokens N] [--cache-mb MB] [--server.OPTION VALUE ...]",
+        "[--max-upload-tokens N] [--max-path-tokens N] [--cache-mb MB] [--server.OPTION VALUE ...]",
         prefix_chars="+",
         add_help=False,
     )

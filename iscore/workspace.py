@@ -31,7 +31,7 @@ import torch
 from iscore import importers, ops
 from iscore.analyze import Analysis, analyze
 from iscore.batch import TokenBatch
-from iscore.budget import check_upload
+from iscore.budget import check_paths, check_upload
 from iscore.dump import (
     Dump,
     StepRange,
@@ -438,6 +438,7 @@ def open_path(
     columns: Mapping[str, str | None] | None = None,
     drop_invalid: bool = False,
     allow_pickle: bool = False,
+    max_tokens: int | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> Workspace:
     """Load a dump on this machine: a file, a directory, a glob, or a list of those; Parquet,
@@ -449,14 +450,19 @@ def open_path(
             optional column out).
         drop_invalid: drop sequences with invalid log-probs instead of failing.
         allow_pickle: read pickled files (`.pt`, `.pkl`) named in `source`; refused without.
+        max_tokens: the most tokens the dump may hold, checked before anything is decoded
+            (`iscore.budget.check_paths`).
         progress: called with the share of the dump's tokens read so far.
 
     Raises:
         DumpProblems: the dump has problems (all listed).
-        DumpError: a pickled file without `allow_pickle`.
+        DumpError: nothing matches `source`, too many tokens, or a pickled file without
+            `allow_pickle`.
     """
     names = [source] if isinstance(source, str) else list(source)
     _refuse_pickles(names, allow_pickle)
+    if max_tokens is not None:
+        check_paths([path for name in names for path, _, _ in fingerprint(name)], max_tokens)
     return Workspace.from_dump(
         Dump(
             source,

@@ -90,10 +90,12 @@ with upload_tab:
     if uploads and "upload" in errors:
         common.show_error(errors["upload"])
 with path_tab:
-    folders = common.options().roots.folders
+    app = common.options()
     st.caption(
         "Inside the folders this server may read: "
-        + ", ".join(f"`{common.escape(str(f))}`" for f in folders)
+        + ", ".join(f"`{common.escape(str(f))}`" for f in app.roots.folders)
+        + f"; at most {app.max_path_tokens:,} tokens a dump"
+        + (" (the one the app was started with may hold more)" if app.preload else "")
     )
     state.setdefault("_w_path", state.path)  # after a page switch
     with st.form("open_path", border=False):

@@ -57,7 +57,7 @@ def test_iscore_options_go_to_the_script(launched: dict, tmp_path) -> None:
         [
             "app", str(DATA / "fp8.parquet"), "--data-dir", str(tmp_path),
             "--allowed-host", "iscore.example.org", "--max-upload-tokens=1000",
-            "--cache-mb", "512",
+            "--max-path-tokens", "2000", "--cache-mb", "512",
         ]
     )  # fmt: skip
     argv = launched["argv"]
@@ -65,7 +65,7 @@ def test_iscore_options_go_to_the_script(launched: dict, tmp_path) -> None:
     assert hosts == ["localhost", "127.0.0.1", "::1", "iscore.example.org"]
     assert argv[argv.index("--") :] == [
         "--", "--path", str(DATA / "fp8.parquet"), "--data-dir", str(tmp_path),
-        "--max-upload-tokens", "1000", "--cache-mb", "512",
+        "--max-upload-tokens", "1000", "--max-path-tokens", "2000", "--cache-mb", "512",
     ]  # fmt: skip
 
 
@@ -79,6 +79,7 @@ def test_iscore_options_go_to_the_script(launched: dict, tmp_path) -> None:
         (["app", "--data-dir", "nowhere/"], "Expected --data-dir to be a directory"),
         (["app", "--max-upload-tokens", "-5"], "to be a positive integer, but got -5"),
         (["app", "--cache-mb", "lots"], "to be a positive integer, but got lots"),
+        (["app", "--max-path-tokens", "0"], "to be a positive integer, but got 0"),
     ],
 )
 def test_mistakes_are_one_line_errors(launched: dict, capsys, argv: list, message: str) -> None:

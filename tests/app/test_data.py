@@ -212,6 +212,25 @@ def test_an_upload_over_the_token_budget_is_refused_before_decoding(monkeypatch)
     assert [i.value for i in at.info] == ["No dump loaded yet."]
 
 
+def test_a_server_path_over_the_token_budget_is_refused_but_the_operators_dump_opens(
+    monkeypatch, tmp_path
+) -> None:
+    (tmp_path / "run.parquet").write_bytes((DATA / "fp8.parquet").read_bytes())
+    budget = ["--max-path-tokens", "1000", "--data-dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["main.py", *budget])
+    at = open_path(new_app(), tmp_path / "run.parquet")
+    no_exception(at)
+    message = plain(at.error[0].value)
+    assert "more than the 1,000 one session may load" in message
+    assert "--max-path-tokens" in message
+    assert [i.value for i in at.info] == ["No dump loaded yet."]
+    # The same file, named by the operator when starting the app, is theirs to open.
+    monkeypatch.setattr(sys, "argv", ["main.py", "--path", str(tmp_path / "run.parquet"), *budget])
+    at = new_app()
+    no_exception(at)
+    assert metric(at, "Sequences") == "48"
+
+
 # ------------------------------------------------------------------------------------------
 # Column mapping, framework dumps, pickles, the step filter of a new dump
 

@@ -16,7 +16,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from iscore.budget import WorkspaceCache, check_upload, footprint, parquet_tokens
+from iscore.budget import (
+    IMPORT_BYTES_PER_TOKEN,
+    WorkspaceCache,
+    check_paths,
+    check_upload,
+    footprint,
+    parquet_tokens,
+)
 from iscore.errors import DumpError
 from iscore.simulate import SimConfig, write_simulated
 
@@ -45,6 +52,30 @@ def test_a_small_file_of_many_tokens_is_refused_before_decoding() -> None:
     with pytest.raises(DumpError, match=r"holds 2,000,00[0-9] tokens, more than the 1,000,000"):
         check_upload([("bomb.parquet", data)], limit=1_000_000)
     assert check_upload([("bomb.parquet", data)], limit=3_000_000) >= 2_000_000
+
+
+def test_server_files_are_counted_from_their_footers_and_sizes(tmp_path) -> None:
+    # The same bomb on disk: refused from its footer, naming the file and the flag to raise.
+    bomb = tmp_path / "bomb.parquet"
+    pq.write_table(pa.table({"rollout_logprob": [[-0.5] * 1_000_000, [-0.5] * 1_000_000]}), bomb)
+    with pytest.raises(DumpError) as refused:
+        check_paths([str(bomb)], limit=1_000_000)
+    message = str(refused.value)
+    assert message.startswith(f"{bomb} holds 2,000,00")
+    assert "more than the 1,000,000 one session may load" in message
+    assert "--max-path-tokens" in message and "iscore analyze" in message
+    # Token layout, two files: their tokens add up.
+    token = tmp_path / "token.parquet"
+    pq.write_table(pa.table({"seq_id": [0, 0, 1], "rollout_logprob": [-1.0] * 3}), token)
+    assert check_paths([str(bomb), str(token)], limit=2_000_003) == 2_000_003
+    with pytest.raises(DumpError, match=r"^the dump's 2 files hold 2,000,003 tokens"):
+        check_paths([str(bomb), str(token)], limit=2_000_002)
+    # A framework's own dump has no footer: its size is bounded, 8 bytes a token of the budget.
+    jsonl = tmp_path / "train_data_step1.jsonl"
+    jsonl.write_bytes(b"x" * (10 * IMPORT_BYTES_PER_TOKEN + 1))
+    with pytest.raises(DumpError, match=r"holds 81 bytes of framework dumps .*the 80 bytes"):
+        check_paths([str(jsonl)], limit=10)
+    assert check_paths([str(jsonl)], limit=11) == 0
 
 
 def test_footprint_counts_each_storage_once() -> None:

@@ -74,12 +74,12 @@ or 8 of tensors, so this bounds what parsing can build (an upload's are counted 
 converted, before it is loaded)."""
 
 
-def _check(files: Iterable[tuple[str, bytes | str, int]], limit: int, holds: str, hint: str) -> int:
+def _check(files: Iterable[tuple[str, bytes | str, int]], limit: int, holds: str, flag: str) -> int:
     """The tokens of `files` (name, bytes or path, size in bytes), checked against `limit`
     before decoding: Parquet files from their footers; framework dumps (by their names'
     suffixes) by their size, against `IMPORT_BYTES_PER_TOKEN` bytes per token of `limit`.
-    `holds` names the files in the message with its verb ("the upload holds"), `hint` says
-    what to do instead."""
+    `holds` names the files in the message with its verb ("the upload holds"); the message
+    says what to do instead, `flag` being the bound's `iscore app` option."""
     total = imported = 0
     names = []
     for name, source, size in files:
@@ -89,6 +89,10 @@ def _check(files: Iterable[tuple[str, bytes | str, int]], limit: int, holds: str
             names.append(name)
         else:
             total += tokens or 0
+    hint = (
+        "the CLI streams a dump of any size (`iscore analyze PATH`); or ask the operator to "
+        f"raise `iscore app {flag}`, or to start the app with this dump (`iscore app PATH`)"
+    )
     bound = limit * IMPORT_BYTES_PER_TOKEN
     if imported > bound:
         raise DumpError(
@@ -114,10 +118,8 @@ def check_upload(files: Iterable[tuple[str, bytes]], limit: int) -> int:
     Traceback (most recent call last):
     iscore.errors.DumpError: the upload holds 81 bytes of framework dumps ..., more than the 80 ...
     """
-    hint = (
-        "open it from a server path, or ask the operator to raise `iscore app --max-upload-tokens`"
-    )
-    return _check(((n, data, len(data)) for n, data in files), limit, "the upload holds", hint)
+    sizes = ((name, data, len(data)) for name, data in files)
+    return _check(sizes, limit, "the upload holds", "--max-upload-tokens")
 
 
 def check_paths(paths: Sequence[str], limit: int) -> int:
@@ -128,13 +130,8 @@ def check_paths(paths: Sequence[str], limit: int) -> int:
     Raises:
         DumpError: more than `limit` tokens, or framework dumps larger than that bound.
     """
-    hint = (
-        "the CLI streams a dump of any size (`iscore analyze PATH`); or ask the operator to "
-        "name it when starting the app (`iscore app PATH`) or to raise `iscore app "
-        "--max-path-tokens`"
-    )
     holds = f"{paths[0]} holds" if len(paths) == 1 else f"the dump's {len(paths):,} files hold"
-    return _check(((p, p, os.path.getsize(p)) for p in paths), limit, holds, hint)
+    return _check(((p, p, os.path.getsize(p)) for p in paths), limit, holds, "--max-path-tokens")
 
 
 def footprint(value: Any) -> int:

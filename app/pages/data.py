@@ -75,8 +75,9 @@ with upload_tab:
         "Files of one dump: Parquet, or a framework's own dump",
         type=["parquet", "pq", "parq", "jsonl", "pt", "pkl"],
         accept_multiple_files=True,
-        help="Kept in this session's memory only, never written to disk. For dumps larger "
-        "than the upload limit, open a server path instead.",
+        help="Kept in this session's memory only, never written to disk; at most "
+        f"{common.options().max_upload_tokens:,} tokens. The CLI streams larger dumps "
+        "(`iscore analyze`).",
     )
     digests = tuple(common.upload_digest(u) for u in uploads)
     in_view = state.get("attempt", ("",))[0] == "upload"  # the uploads are the dump tried last

@@ -101,6 +101,9 @@ def init_state(preload: str | None, where: str | None = None) -> None:
         state.setdefault(key, value)
 
 
+_UNSET = object()
+
+
 def persist(
     key: str, default: Any, *, as_value: bool = False, on_change: bool = True
 ) -> dict[str, Any]:
@@ -116,7 +119,11 @@ def persist(
     callback = {"on_change": store, "args": (key,)} if on_change else {}
     if as_value:
         return {"key": widget, "value": st.session_state[key], **callback}
-    st.session_state[widget] = st.session_state[key]
+    # Only when they differ (the widget's state is gone after a page switch, or `key` was set
+    # by the page): a value written to a widget's state is sent back to the browser, which
+    # then drops the moves made while this run was under way.
+    if st.session_state.get(widget, _UNSET) != st.session_state[key]:
+        st.session_state[widget] = st.session_state[key]
     return {"key": widget, **callback}
 
 

@@ -571,9 +571,12 @@ def seed_settings(ws: Workspace, steps: StepRange | None) -> None:
     state = st.session_state
     if state.settings or state.get("_seeded") == state.loaded:
         return
-    state._seeded = state.loaded
+    # The ranking is the step a rerun can cut short (the user switching page while it runs):
+    # nothing changes before it is done, so that the next run seeds again, not half.
+    best = recommended(recommendation(ws, steps))
     state.settings.append(framework_default())
-    use_setting(recommended(recommendation(ws, steps)))
+    use_setting(best)
+    state._seeded = state.loaded
     state._seeded_list = list(state.settings)
 
 

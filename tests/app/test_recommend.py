@@ -4,12 +4,14 @@ setting" handing one to Compare, Tune and Export."""
 from __future__ import annotations
 
 import pytest
+import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import iscore
 from iscore.recommend import Targets, recommend
 from iscore.tune import family_of
-from tests.app.conftest import DATA, no_exception, plain
+from iscore.workspace import Workspace
+from tests.app.conftest import DATA, no_exception, open_path, plain
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +76,26 @@ def test_another_framework_reseeds_an_untouched_compare_list(loaded: AppTest) ->
     settings = at.session_state.settings
     assert [s.framework for s in settings] == ["skyrl", "skyrl"]
     assert settings[0].name == "skyrl_geo_mask"  # SkyRL's default
+
+
+def test_a_first_ranking_cut_short_seeds_the_whole_list_on_the_next_run(
+    at: AppTest, monkeypatch
+) -> None:
+    # Opening a dump seeds the Compare list with the framework's default and the recommended
+    # setting; the ranking takes a while, and a page switch meanwhile stops that run.
+    real, stopped = Workspace.recommend, []
+
+    def cut_short(self, *args, **kwargs):
+        if not stopped:
+            stopped.append(True)
+            st.stop()  # what a rerun does to the run it interrupts, at its next st call
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Workspace, "recommend", cut_short)
+    at = open_path(at, DATA / "fp8.parquet")
+    at.switch_page("pages/compare.py").run()  # the first run that seeds, stopped in the ranking
+    assert stopped
+    at.run()  # the run that the page switch started
+    no_exception(at)
+    names = [s.name for s in at.session_state.settings]
+    assert names == ["decoupled_token_is", "recommended_token_tis"], names

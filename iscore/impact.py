@@ -42,7 +42,8 @@ from iscore.spec import Replay, Spec
 
 QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
 
-_TOLERANCE = 1e-6  # relative: float32 weights that differ from raw by less were not truncated
+TRUNCATION_TOLERANCE = 1e-6
+"""Relative: a weight that differs from its raw ratio by less was not truncated (float32)."""
 
 
 def aggregation_of(spec: Spec) -> Aggregation:
@@ -157,7 +158,7 @@ class SettingStats:
             "config": {"framework": self.spec.framework, **self.spec.to_config()},
             "aggregation": self.aggregation.mode,
             "denominator_shrinks": self.aggregation.shrinks,
-            **_summarize(s, np.ones(s["T"].size, dtype=bool), self.aggregation),
+            **_summarize(s, self.aggregation),
         }
         hists = (("weight", self.weight_hist), ("raw", self.raw_hist)) if self.histograms else ()
         for label, hist in hists:
@@ -166,8 +167,8 @@ class SettingStats:
             result[f"{label}_max"] = hist.max if hist.total else float("nan")
             result[f"{label}_hist"] = hist.coarse(plot_resolution(hist))
         result["by_step"] = [
-            {"step": int(step), **_summarize(s, s["step"] == step, self.aggregation)}
-            for step in np.unique(s["step"])
+            {"step": int(step), **_summarize(group, self.aggregation)}
+            for step, group in ops.groups(s, s["step"])
         ]
         result["by_length"] = _by_length(s, self.aggregation)
         return result
@@ -280,16 +281,16 @@ def _truncated(
         # Raw has NaN, infinities or negative values: compare every token.
         active = kept & (pre > 0)
         p64, r64 = pre.double(), raw.double()
-        high = active & (p64 < r64 * (1 - _TOLERANCE))
-        low = active & (p64 > r64 * (1 + _TOLERANCE))
+        high = active & (p64 < r64 * (1 - TRUNCATION_TOLERANCE))
+        low = active & (p64 > r64 * (1 + TRUNCATION_TOLERANCE))
         sums = ops.segment_sums_of(batch, {"high": high, "low": low})
         return sums["high"], sums["low"]
     # With raw finite and >= 0, a token whose weight equals its raw ratio is neither: only
     # the (few) tokens where they differ need the float64 comparison.
     index = ops.nonzero(ops.compare("ne", pre, raw, buf("flag")).logical_and_(kept))
     p64, r64 = pre[index].double(), raw[index].double()
-    high = (p64 > 0) & (p64 < r64 * (1 - _TOLERANCE))
-    low = (p64 > 0) & (p64 > r64 * (1 + _TOLERANCE))
+    high = (p64 > 0) & (p64 < r64 * (1 - TRUNCATION_TOLERANCE))
+    low = (p64 > 0) & (p64 > r64 * (1 + TRUNCATION_TOLERANCE))
     cu = batch.cu_seqlens.to(index.device)
     seq = torch.searchsorted(cu, index, right=True) - 1
     return (
@@ -298,33 +299,33 @@ def _truncated(
     )
 
 
-def _summarize(s: dict[str, np.ndarray], sel: np.ndarray, agg: Aggregation) -> dict[str, Any]:
-    """Scalar statistics over the sequences `sel`."""
-    T = s["T"][sel]
+def _summarize(s: dict[str, np.ndarray], agg: Aggregation) -> dict[str, Any]:
+    """Scalar statistics over the sequences of `s` (one array per field, a value each)."""
+    T = s["T"]
     has = T > 0
     n = float(T.sum())
     if n == 0:
         return {"tokens": 0, "sequences": 0}
-    w, w2 = float(s["w"][sel].sum()), float(s["w2"][sel].sum())
-    per_seq = s["w"][sel][has] / T[has]
+    w, w2 = float(s["w"].sum()), float(s["w2"].sum())
+    per_seq = s["w"][has] / T[has]
     return {
         "tokens": int(n),
         "sequences": int(has.sum()),
         "weight_mean": w / n,
         "weight_mean_seq": float(per_seq.mean()),
         "ess": w * w / (n * w2) if w2 > 0 else 0.0,
-        "truncated_high_fraction": float(s["high"][sel].sum()) / n,
-        "truncated_low_fraction": float(s["low"][sel].sum()) / n,
-        "token_masked_fraction": 1.0 - float(s["nonzero"][sel].sum()) / n,
-        "token_rejected_fraction": 1.0 - float(s["kept"][sel].sum()) / n,
-        "seq_masked_fraction": float((s["nonzero"][sel][has] == 0).mean()),
-        "lr_scale": _lr_scale(s, sel & (s["T"] > 0), agg),
+        "truncated_high_fraction": float(s["high"].sum()) / n,
+        "truncated_low_fraction": float(s["low"].sum()) / n,
+        "token_masked_fraction": 1.0 - float(s["nonzero"].sum()) / n,
+        "token_rejected_fraction": 1.0 - float(s["kept"].sum()) / n,
+        "seq_masked_fraction": float((s["nonzero"][has] == 0).mean()),
+        "lr_scale": _lr_scale(T[has], s["w"][has], s["kept"][has], agg),
     }
 
 
-def _lr_scale(s: dict[str, np.ndarray], sel: np.ndarray, agg: Aggregation) -> float:
-    """Corrected over uncorrected gradient scale under `agg` (see the module docstring)."""
-    T, w, kept = s["T"][sel], s["w"][sel], s["kept"][sel]
+def _lr_scale(T: np.ndarray, w: np.ndarray, kept: np.ndarray, agg: Aggregation) -> float:
+    """Corrected over uncorrected gradient scale under `agg` (see the module docstring), from
+    the per-sequence loss tokens, weight sums and kept tokens of sequences with T > 0."""
     if agg.mode == "seq-mean-token-mean":
         denominator = kept if agg.shrinks else T
         return float(np.mean(np.where(denominator > 0, w / np.maximum(denominator, 1), 0.0)))
@@ -335,23 +336,22 @@ def _lr_scale(s: dict[str, np.ndarray], sel: np.ndarray, agg: Aggregation) -> fl
 def _by_length(s: dict[str, np.ndarray], agg: Aggregation) -> list[dict[str, Any]]:
     """Per log2 bucket of loss tokens: the per-sequence weight's spread and the mask rate."""
     rows = []
-    has = s["T"] > 0
     buckets = np.floor(np.log2(np.maximum(s["T"], 1))).astype(int)
-    for b in np.unique(buckets[has]):
-        sel = has & (buckets == b)
-        seq_weight = s["w"][sel] / s["T"][sel]
+    for b, group in ops.groups(s, buckets, s["T"] > 0):
+        seq_weight = group["w"] / group["T"]
+        p10, p90 = np.quantile(seq_weight, [0.1, 0.9])
         rows.append(
             {
                 "bucket": bucket_label(int(b)),
                 "length_lo": 2 ** int(b),
                 "length_hi": 2 ** (int(b) + 1) - 1,
-                "length_median": float(np.median(s["T"][sel])),
-                **_summarize(s, sel, agg),
+                "length_median": float(np.median(group["T"])),
+                **_summarize(group, agg),
                 "seq_weight_mean": float(seq_weight.mean()),
                 "seq_weight_median": float(np.median(seq_weight)),
-                "seq_weight_p10": float(np.quantile(seq_weight, 0.1)),
-                "seq_weight_p90": float(np.quantile(seq_weight, 0.9)),
-                "seq_raw_median": float(np.exp(np.median(s["raw_log"][sel]))),
+                "seq_weight_p10": float(p10),
+                "seq_weight_p90": float(p90),
+                "seq_raw_median": float(np.exp(np.median(group["raw_log"]))),
             }
         )
     return rows
@@ -364,4 +364,4 @@ def quick_stats(batch: TokenBatch, spec: Spec, result: Replay | None = None) -> 
     stats = SettingStats(spec, histograms=False)
     stats.update(batch, spec.replay(batch) if result is None else result)
     s = stats.sequences()
-    return _summarize(s, np.ones(s["T"].size, dtype=bool), stats.aggregation)
+    return _summarize(s, stats.aggregation)

@@ -306,12 +306,13 @@ class MismatchStats:
         """Every statistic: overall, `by_step`, `by_length`, `by_prob`, `by_pos`, the worst
         sequences and tokens, the 2-D histogram and the bug `flags`."""
         s = self.sequences()
-        every = np.ones(s["T"].size, dtype=bool)
-        result = _summarize(s, every)
+        numbers = {k: v for k, v in s.items() if k != "seq_id"}
+        result = _summarize(numbers)
         result["by_step"] = [
-            {"step": int(step), **_summarize(s, s["step"] == step)} for step in np.unique(s["step"])
+            {"step": int(step), **_summarize(group)}
+            for step, group in ops.groups(numbers, s["step"])
         ]
-        result["by_length"] = self._by_length(s, result)
+        result["by_length"] = self._by_length(numbers, result)
         result["by_prob"] = _bucket_rows(
             self.by_prob,
             [f"{lo:g}-{hi:g}" for lo, hi in itertools.pairwise(PROB_EDGES)],
@@ -345,28 +346,28 @@ class MismatchStats:
         if not overall["tokens"]:
             return rows  # no token in the loss: no mean or variance of d to compare with
         mu, var = overall["d_mean"], overall["d_var"]
-        has = s["T"] > 0
         buckets = np.floor(np.log2(np.maximum(s["T"], 1))).astype(int)
-        for b in np.unique(buckets[has]):
-            sel = has & (buckets == b)
-            T, S = s["T"][sel], s["S"][sel]
+        for b, group in ops.groups(s, buckets, s["T"] > 0):
+            T, S = group["T"], group["S"]
             t_mid = float(np.median(T))
             sd = math.sqrt(var * t_mid) if var > 0 else 0.0
+            seq_p10, seq_p90 = np.quantile(S, [0.1, 0.9])
+            geo_p10, geo_p90 = np.quantile(S / T, [0.1, 0.9])
             rows.append(
                 {
                     "bucket": bucket_label(int(b)),
                     "length_lo": 2 ** int(b),
                     "length_hi": 2 ** (int(b) + 1) - 1,
                     "length_median": t_mid,
-                    "sequences": int(sel.sum()),
+                    "sequences": int(T.size),
                     "tokens": int(T.sum()),
-                    "abs_diff_mean": float(s["abs"][sel].sum() / T.sum()),
-                    "k3": float(s["k3"][sel].sum() / T.sum()),
+                    "abs_diff_mean": float(group["abs"].sum() / T.sum()),
+                    "k3": float(group["k3"].sum() / T.sum()),
                     "seq_ratio_median": float(np.exp(np.median(S))),
-                    "seq_ratio_p10": float(np.exp(np.quantile(S, 0.1))),
-                    "seq_ratio_p90": float(np.exp(np.quantile(S, 0.9))),
-                    "geo_ratio_p10": float(np.exp(np.quantile(S / T, 0.1))),
-                    "geo_ratio_p90": float(np.exp(np.quantile(S / T, 0.9))),
+                    "seq_ratio_p10": float(np.exp(seq_p10)),
+                    "seq_ratio_p90": float(np.exp(seq_p90)),
+                    "geo_ratio_p10": float(np.exp(geo_p10)),
+                    "geo_ratio_p90": float(np.exp(geo_p90)),
                     "expected_seq_ratio_median": math.exp(mu * t_mid),
                     "expected_seq_ratio_p10": math.exp(mu * t_mid - Z90 * sd),
                     "expected_seq_ratio_p90": math.exp(mu * t_mid + Z90 * sd),
@@ -548,15 +549,15 @@ def _position_sums(
     return out
 
 
-def _summarize(s: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, Any]:
-    """The scalar statistics over the sequences `sel`."""
-    n = float(s["T"][sel].sum())
-    has = sel & (s["T"] > 0)
+def _summarize(s: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The scalar statistics over the sequences of `s` (one array per field, a value each)."""
+    n = float(s["T"].sum())
+    has = s["T"] > 0
     if n == 0:
-        return {"tokens": 0, "sequences": int(has.sum())}
+        return {"tokens": 0, "sequences": 0}
 
     def tok(name: str) -> float:
-        return float(s[name][sel].sum() / n)
+        return float(s[name].sum() / n)
 
     T = s["T"][has]
     G = s["S"][has] / T

@@ -350,6 +350,23 @@ def segment_sums_of(batch: TokenBatch, tensors: dict[str, torch.Tensor]) -> dict
     return {name: sums[:, i] for i, name in enumerate(tensors)}
 
 
+def groups(
+    s: dict[str, np.ndarray], keys: np.ndarray, sel: np.ndarray | None = None
+) -> Iterator[tuple[Any, dict[str, np.ndarray]]]:
+    """(key, `s` restricted to the sequences of `sel` with that key, in their order) for each
+    distinct key, ascending: one stable sort instead of a boolean selection per key and field."""
+    index = np.arange(keys.size) if sel is None else np.flatnonzero(sel)
+    order = index[np.argsort(keys[index], kind="stable")]
+    if not order.size:
+        return
+    ordered = keys[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    ends = np.r_[starts[1:], order.size]
+    columns = {k: v[order] for k, v in s.items()}
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        yield ordered[a], {k: v[a:b] for k, v in columns.items()}
+
+
 def segment_counts(mask: np.ndarray, batch: TokenBatch) -> np.ndarray:
     """float64 [B] number of true values of host bool `mask` [N] in each sequence.
 

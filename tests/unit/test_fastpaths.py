@@ -18,7 +18,13 @@ from iscore import ops
 from iscore.analyze import analyze
 from iscore.batch import TokenBatch
 from iscore.dump import Dump, DumpProblems
-from iscore.histogram import BINS_PER_DECADE, LOG10_RANGE, Histogram2D, LogHistogram, bin_values
+from iscore.histogram import (
+    BINS_PER_DECADE,
+    LOG10_RANGE,
+    Histogram2D,
+    LogHistogram,
+    bin_values,
+)
 from iscore.simulate import SimConfig, write_simulated
 from tests.unit.test_mismatch import assert_same
 
@@ -155,6 +161,20 @@ def test_segment_reductions_equal_scatters(host, monkeypatch):
     values = torch.arange(batch.num_sequences, dtype=torch.float32)
     assert torch.equal(ops.broadcast(values, batch), values[batch.seq_index])
     assert torch.equal(ops.broadcast(values > 3, batch), (values > 3)[batch.seq_index])
+
+
+@pytest.mark.parametrize("selected", [None, "some", "none"])
+def test_groups_equal_one_boolean_selection_per_key(selected):
+    rng = np.random.default_rng(2)
+    keys = rng.integers(-3, 5, 500)
+    s = {"a": rng.random(500), "b": rng.integers(0, 9, 500)}
+    sel = {None: None, "some": rng.random(500) < 0.6, "none": np.zeros(500, bool)}[selected]
+    pick = np.ones(500, bool) if sel is None else sel
+    got = list(ops.groups(s, keys, sel))
+    assert [int(k) for k, _ in got] == np.unique(keys[pick]).tolist()
+    for key, group in got:
+        for name, values in s.items():
+            assert np.array_equal(group[name], values[pick & (keys == key)])
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1e-3, 0.3, 0.999, 1.0])

@@ -9,10 +9,10 @@
 - `analyze, resident` and `replay only, resident`: the same on chunks already in memory;
 - `marginal`: what the second half of the dump's steps adds to `analyze` against what it adds
   to the pyarrow read, in fresh processes (imports and first-chunk costs cancel out);
-- `padded baseline` and `pandas baseline`: the same corrections and key statistics written the
-  way the frameworks (float32 tensors padded to [B, max_len]) and a dataframe user (groupby)
-  would, on a subset of whole steps, beside iscore on the same subset; both are checked to
-  agree with iscore;
+- `padded baseline` and `pandas baseline`: the same corrections written the way the frameworks
+  (float32 tensors padded to [B, max_len], the key statistics) and a dataframe user (groupby,
+  every statistic `analyze` reports) would, on a subset of whole steps, beside iscore on the
+  same subset; both are checked to agree with iscore (pandas on every overall statistic);
 - `tune`: building a `Tuner` on up to 10M tokens and 1000 random threshold queries;
 - `app`: the dashboard's interactions through its `Workspace` on up to 10M tokens: opening
   the dump, the mismatch diagnostics, the recommendation, the first setting and each one
@@ -60,7 +60,9 @@ from iscore.analyze import Setting, analyze, resolve
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, StepRange
 from iscore.errors import ConfigError, quote
-from iscore.impact import aggregation_of
+from iscore.histogram import BINS_PER_DECADE, LOG10_RANGE
+from iscore.impact import TRUNCATION_TOLERANCE, aggregation_of
+from iscore.mismatch import TOP_K
 from iscore.output import output_path
 from iscore.recommend import Targets
 from iscore.simulate import SimConfig, write_simulated
@@ -85,6 +87,21 @@ KEY_STATISTICS = ("weight_mean", "token_masked_fraction", "seq_masked_fraction",
 
 MISMATCH_STATISTICS = ("k3", "abs_diff_mean")
 """Mismatch statistics both baselines compute and are checked against."""
+
+PANDAS_STATISTICS = {
+    "mismatch": (
+        *MISMATCH_STATISTICS,
+        *("k3_reverse", "chi2_token", "chi2_seq", "token_mult_prob_error", "js", "ratio_mean"),
+        *("ratio_mean_stderr", "d_var", "abs_diff_max", "log_ppl_diff", "log_ppl_abs_diff"),
+        *("ppl_ratio", "training_ppl", "rollout_ppl", "d_rollout_correlation", "d_sign_fraction"),
+    ),
+    "settings": (
+        *KEY_STATISTICS,
+        *("weight_mean_seq", "token_rejected_fraction"),
+        *("truncated_high_fraction", "truncated_low_fraction"),
+    ),
+}
+"""What the pandas baseline is also checked against: every overall statistic it computes."""
 
 REGIME = "moe_routing"
 """Simulated regime: bf16-level noise plus routing-flip spans, so every setting acts."""
@@ -409,8 +426,8 @@ def _baselines(
     engine_s = _best(repeats, lambda: analyze(chunks, supported, device="cpu"))
     engine = analyze(chunks, supported, device="cpu")
     reference = {
-        "mismatch": {k: engine.mismatch[k] for k in MISMATCH_STATISTICS},
-        "settings": [{k: s[k] for k in KEY_STATISTICS} for s in engine.settings],
+        "mismatch": {k: engine.mismatch[k] for k in PANDAS_STATISTICS["mismatch"]},
+        "settings": [{k: s[k] for k in PANDAS_STATISTICS["settings"]} for s in engine.settings],
     }
     padded_s, padded, shape = _time_padded(batch, supported, repeats)
     info["padded_shape"] = shape
@@ -430,7 +447,9 @@ def _baselines(
         "rows": rows,
         "agreement": {
             "padded": _agreement(padded, reference, TOLERANCE["padded"], supported),
-            "pandas": _agreement(pandas_result, reference, TOLERANCE["pandas"], supported),
+            "pandas": _agreement(
+                pandas_result, reference, TOLERANCE["pandas"], supported, PANDAS_STATISTICS
+            ),
         },
     }
 
@@ -1056,8 +1075,11 @@ def _pandas(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
 
     Beside the key statistics (checked against iscore), it computes what else `analyze`
     reports, so the workloads match: the other mismatch estimators (token and sequence
-    level), per-step, per-probability, per-position and per-length tables, and the weights'
-    and raw ratios' quantiles (exact, where iscore reads them off log-histograms).
+    level, overall and per step), per-probability, per-position and per-length tables, the
+    histograms of |d|, of signed d and of (rollout, train) log-probs, the correlation and
+    sign balance of d, the worst tokens and sequences; per setting the truncated and rejected
+    fractions, per-step and per-length tables, and the histograms of the weights and raw
+    ratios beside their quantiles (exact, where iscore reads them off the histograms).
     """
     d = df["train"] - df["rollout"]
     m = df["mask"]
@@ -1068,14 +1090,13 @@ def _pandas(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
     frame = pd.DataFrame(
         {
             "seq": df["seq"],
-            "step": df["step"],
             "m": m.astype(float),
             "d": dm,
             "abs": dm.abs(),
             "d2": dm * dm,
             "k3": (np.expm1(dm) - dm),
             "k3r": (np.expm1(-dm) + dm),
-            "chi": np.exp(2 * d.clip(-10, 10)).where(m, 0.0),
+            "chi": np.exp(2 * d.clip(-20, 20)).where(m, 0.0),
             "mult": np.exp(d.abs()).where(m, 0.0),
             "js": (0.5 * (np.expm1(a) - a + np.expm1(b) - b)).where(m, 0.0),
             "rho": rho,
@@ -1084,79 +1105,137 @@ def _pandas(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
             "rollout": df["rollout"].where(m, 0.0),
         }
     )
-    per_seq = frame.groupby("seq").sum()
-    per_seq["max_abs"] = frame.groupby("seq")["abs"].max()
+    grouped = frame.groupby("seq")
+    per_seq = grouped.sum()
+    per_seq["max_abs"] = grouped["abs"].max()
+    per_seq["step"] = df.groupby("seq")["step"].first()
     per_seq = per_seq[per_seq["m"] > 0]
     n = per_seq["m"].sum()
-    token = per_seq.drop(columns=["step"]).sum() / n
+    token = per_seq.drop(columns=["step", "max_abs"]).sum() / n
     G = per_seq["d"] / per_seq["m"]
+    sequence = pd.DataFrame(
+        {
+            "step": per_seq["step"],
+            "chi2_seq": np.exp(2 * per_seq["d"].clip(-20, 20)),
+            "log_ppl_diff": -G,
+            "log_ppl_abs_diff": G.abs(),
+            "ppl_ratio": np.exp(-G),
+            "training_ppl": np.exp(-per_seq["train"] / per_seq["m"]),
+            "rollout_ppl": np.exp(-per_seq["rollout"] / per_seq["m"]),
+        }
+    )
+    loss = d[m]
+    abs_loss = loss.abs()
+    columns = ["m", "abs", "k3", "d"]
     mismatch = {
-        **{k: token[k] for k in ("k3", "k3r", "chi", "mult", "js", "rho", "rho2", "d2")},
+        "k3": token["k3"],
+        "k3_reverse": token["k3r"],
+        "chi2_token": token["chi"] - 1,
+        "token_mult_prob_error": token["mult"],
+        "js": token["js"],
+        "ratio_mean": token["rho"],
+        "ratio_mean_stderr": np.sqrt((token["rho2"] - token["rho"] ** 2) / n),
+        "d_var": token["d2"] - token["d"] ** 2,
         "abs_diff_mean": token["abs"],
         "abs_diff_max": per_seq["max_abs"].max(),
-        "chi2_seq": np.exp(2 * per_seq["d"].clip(-20, 20)).mean() - 1,
-        "log_ppl_diff": (-G).mean(),
-        "log_ppl_abs_diff": G.abs().mean(),
-        "ppl_ratio": np.exp(-G).mean(),
-        "training_ppl": np.exp(-per_seq["train"] / per_seq["m"]).mean(),
-        "rollout_ppl": np.exp(-per_seq["rollout"] / per_seq["m"]).mean(),
-        "by_step": frame.groupby("step")[["m", "abs", "k3", "d"]].sum(),
+        **sequence.drop(columns=["step"]).mean(),
+        "chi2_seq": sequence["chi2_seq"].mean() - 1,
+        "by_step": frame.groupby(df["step"]).sum(),
+        "by_step_sequences": sequence.groupby("step").agg(["mean", "max", "min"]),
         "by_prob": frame.groupby(pd.cut(np.exp(df["rollout"]), [0, 0.01, 0.1, 0.5, 0.9, 0.99, 1]))[
-            ["m", "abs", "k3", "d"]
+            columns
         ].sum(),
-        "by_pos": frame.groupby(np.floor(np.log2(df.groupby("seq").cumcount() + 1)))[
-            ["m", "abs", "k3", "d"]
-        ].sum(),
-        "by_length": per_seq.groupby(np.floor(np.log2(per_seq["m"])))["d"].quantile(
-            [0.1, 0.5, 0.9]
-        ),
-        "abs_quantiles": d.abs()[m].quantile([0.5, 0.9, 0.99, 0.999]),
+        "by_pos": frame.groupby(np.floor(np.log2(df.groupby("seq").cumcount() + 1)))[columns].sum(),
+        "by_length": pd.DataFrame({"S": per_seq["d"], "G": G, "T": per_seq["m"]})
+        .groupby(np.floor(np.log2(per_seq["m"])))
+        .quantile([0.1, 0.5, 0.9]),
+        "abs_quantiles": abs_loss.quantile([0.5, 0.9, 0.99, 0.999]),
+        "abs_hist": _log_histogram(abs_loss),
+        "neg_hist": _log_histogram(abs_loss[loss < 0]),
+        "joint_hist": np.histogram2d(
+            df["rollout"][m].clip(-20, 0), df["train"][m].clip(-20, 0), 80, [(-20, 0), (-20, 0)]
+        )[0],
+        "d_rollout_correlation": np.corrcoef(df["rollout"][m], loss)[0, 1],
+        "d_sign_fraction": max((loss < 0).sum(), (loss > 0).sum()) / max((loss != 0).sum(), 1),
+        "worst_tokens": df.loc[abs_loss.nlargest(TOP_K).index],
+        "worst_sequences": per_seq.nlargest(TOP_K, "k3"),
     }
     out = {"mismatch": mismatch, "settings": []}
-    grouped = frame.groupby("seq")
     count = grouped["m"].transform("sum")
     for spec in specs:
-        weight, kept, raw = _BASELINES[f"{spec.framework}:{spec.name}"][1](df, d, m, grouped, count)
+        weight, kept, raw, pre = _BASELINES[f"{spec.framework}:{spec.name}"][1](
+            df, d, m, grouped, count
+        )
         w = weight.where(m, 0.0)
+        kept = kept & m
+        changed = kept & (pre > 0)
         sums = pd.DataFrame(
             {
                 "seq": df["seq"],
                 "w": w,
                 "w2": w * w,
                 "nz": ((w > 0) & m),
-                "kept": kept & m,
+                "kept": kept,
+                "high": changed & (pre < raw * (1 - TRUNCATION_TOLERANCE)),
+                "low": changed & (pre > raw * (1 + TRUNCATION_TOLERANCE)),
                 "log_raw": np.log(raw.clip(lower=1e-300)).where(m, 0.0),
             }
         )
         s = sums.groupby("seq").sum()
         s["T"] = per_seq["m"]
         s = s[s["T"] > 0]
-        s["step"] = frame.groupby("seq")["step"].first()
+        s["step"] = per_seq["step"]
+        s["seq_weight"] = s["w"] / s["T"]
+        s["seq_raw"] = s["log_raw"] / s["T"]
         total, squares = s["w"].sum(), s["w2"].sum()
         agg = aggregation_of(spec)
         if agg.mode == "seq-mean-token-mean":
-            lr = (s["w"] / s["T"]).mean()
+            lr = s["seq_weight"].mean()
         elif agg.shrinks:
             lr = total / s["kept"].sum()
         else:
             lr = total / n
+        tables = ["w", "w2", "nz", "kept", "high", "low", "T"]
+        length = s.groupby(np.floor(np.log2(s["T"])))
         quantiles = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999]
         out["settings"].append(
             {
                 "weight_mean": total / n,
+                "weight_mean_seq": s["seq_weight"].mean(),
                 "token_masked_fraction": 1 - s["nz"].sum() / n,
+                "token_rejected_fraction": 1 - s["kept"].sum() / n,
+                "truncated_high_fraction": s["high"].sum() / n,
+                "truncated_low_fraction": s["low"].sum() / n,
                 "seq_masked_fraction": (s["nz"] == 0).mean(),
                 "lr_scale": lr,
                 "ess": total * total / (n * squares),
-                "by_step": s.groupby("step")[["w", "w2", "nz", "kept", "T"]].sum(),
-                "by_length": (s["w"] / s["T"])
-                .groupby(np.floor(np.log2(s["T"])))
-                .quantile([0.1, 0.5, 0.9]),
+                "by_step": s.groupby("step")[tables].sum(),
+                "by_length": length[tables].sum(),
+                "by_length_quantiles": length["seq_weight"].quantile([0.1, 0.5, 0.9]),
+                "by_length_medians": length[["T", "seq_raw"]].median(),
                 "weight_quantiles": w[m].quantile(quantiles),
                 "raw_quantiles": raw[m].quantile(quantiles),
+                "weight_hist": _log_histogram(w[m]),
+                "raw_hist": _log_histogram(raw[m]),
             }
         )
     return out
+
+
+def _log_histogram(x: pd.Series) -> dict[str, Any]:
+    """The counts of `LogHistogram` (log-spaced bins, zeros, tails, extremes) with numpy."""
+    values = x.to_numpy()
+    logs = np.log10(values[values > 0])
+    lo, hi = LOG10_RANGE
+    counts, _ = np.histogram(logs, bins=int((hi - lo) * BINS_PER_DECADE), range=(lo, hi))
+    return {
+        "counts": counts,
+        "zeros": int((values == 0).sum()),
+        "underflow": int((logs < lo).sum()),
+        "overflow": int((logs >= hi).sum()),
+        "min": values.min(initial=np.inf),
+        "max": values.max(initial=-np.inf),
+    }
 
 
 def _pandas_verl(df, d, m, grouped, count):
@@ -1164,7 +1243,8 @@ def _pandas_verl(df, d, m, grouped, count):
     mean = k1.groupby(df["seq"]).transform("sum") / count.clip(lower=1.0)
     keep = (mean >= math.log(0.999)) & (mean <= math.log(1.001)) & m
     raw = np.exp(d.clip(-20, 20))
-    return raw.clip(upper=2.0).where(keep, 0.0), keep, raw
+    weight = raw.clip(upper=2.0).where(keep, 0.0)
+    return weight, keep, raw, weight
 
 
 def _pandas_skyrl(df, d, m, grouped, count):
@@ -1176,13 +1256,15 @@ def _pandas_skyrl(df, d, m, grouped, count):
     den = k.groupby(df["seq"]).transform("sum").clip(lower=1.0)
     geo = np.exp((num / den).clip(-20, 20))
     keep = keep & (geo >= 0.99) & (geo <= 1.01)
-    return rho.clip(upper=2.0).where(keep, 0.0), keep, rho
+    weight = rho.clip(upper=2.0).where(keep, 0.0)
+    return weight, keep, rho, weight
 
 
 def _pandas_nemo(df, d, m, grouped, count):
     rho = np.exp(d)
     rho = rho.where(np.isfinite(rho.astype(np.float32)), 0.0)
-    return rho.where((rho >= 0.5) & (rho <= 5.0), 0.0), m, rho
+    weight = rho.where((rho >= 0.5) & (rho <= 5.0), 0.0)
+    return weight, m, rho, weight
 
 
 def _pandas_slime(df, d, m, grouped, count):
@@ -1196,7 +1278,7 @@ def _pandas_slime(df, d, m, grouped, count):
     step_count = m.astype(float).groupby(df["step"]).transform("sum").clip(lower=1.0)
     mean = step_sum / step_count
     mean = mean.where(mean > 1e-8, 1.0)
-    return (weight / mean).where(keep, 0.0), keep, ratio
+    return (weight / mean).where(keep, 0.0), keep, ratio, weight
 
 
 def _pandas_areal(df, d, m, grouped, count):
@@ -1204,23 +1286,27 @@ def _pandas_areal(df, d, m, grouped, count):
     mean = d.where(m, 0.0).groupby(df["seq"]).transform("sum") / count.clip(lower=1.0)
     ratio = np.exp(mean)
     keep = m & (ratio <= 5.0)
-    return ratio.where(keep, 0.0), keep, ratio
+    weight = ratio.where(keep, 0.0)
+    return weight, keep, ratio, weight
 
 
 def _pandas_openrlhf(df, d, m, grouped, count):
     rho = np.exp(d)
-    return rho.where((rho >= 0.5) & (rho <= 5.0), 0.0), m, rho
+    weight = rho.where((rho >= 0.5) & (rho <= 5.0), 0.0)
+    return weight, m, rho, weight
 
 
 def _pandas_trl(df, d, m, grouped, count):
     total = d.where(m, 0.0).groupby(df["seq"]).transform("sum")
     ratio = np.exp(total).astype(np.float32).astype(np.float64)
-    return ratio.where(ratio <= 3.0, 0.0), m, ratio
+    weight = ratio.where(ratio <= 3.0, 0.0)
+    return weight, m, ratio, weight
 
 
 def _pandas_fireworks(df, d, m, grouped, count):
     raw = np.exp(d.clip(-20, 20))
-    return raw.clip(0.0, 5.0), m, raw
+    weight = raw.clip(0.0, 5.0)
+    return weight, m, raw, weight
 
 
 _BASELINES: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
@@ -1233,19 +1319,27 @@ _BASELINES: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "trl:trl_default": (_padded_trl, _pandas_trl),
     "fireworks:fireworks_default": (_padded_fireworks, _pandas_fireworks),
 }
-"""(padded torch, pandas) implementation of each default setting, from its formulas."""
+"""(padded torch, pandas) implementation of each default setting, from its formulas; the pandas
+one returns (weight, kept, raw ratio, weight before batch normalization) per token."""
 
 
 def _agreement(
-    got: dict[str, Any], reference: dict[str, Any], tolerance: float, specs: list[Any]
+    got: dict[str, Any],
+    reference: dict[str, Any],
+    tolerance: float,
+    specs: list[Any],
+    statistics: dict[str, tuple[str, ...]] | None = None,
 ) -> dict[str, Any]:
-    """Largest relative difference of the key statistics from iscore's."""
+    """Largest relative difference of the `statistics` (default: the key ones) from iscore's."""
+    statistics = statistics or {"mismatch": MISMATCH_STATISTICS, "settings": KEY_STATISTICS}
     worst, where = 0.0, ""
     pairs = [
-        (f"mismatch.{k}", got["mismatch"][k], reference["mismatch"][k]) for k in MISMATCH_STATISTICS
+        (f"mismatch.{k}", got["mismatch"][k], reference["mismatch"][k])
+        for k in statistics["mismatch"]
     ]
     for spec, g, r in zip(specs, got["settings"], reference["settings"], strict=True):
-        pairs += [(f"{spec.framework}:{spec.name}.{k}", g[k], r[k]) for k in KEY_STATISTICS]
+        name = f"{spec.framework}:{spec.name}"
+        pairs += [(f"{name}.{k}", g[k], r[k]) for k in statistics["settings"]]
     for name, a, b in pairs:
         a, b = float(a), float(b)
         diff = 0.0 if a == b else abs(a - b) / max(abs(a), abs(b), 1e-12)

@@ -862,10 +862,11 @@ def _check(chunk: _Chunk, columns: ColumnMap) -> list[Problem]:
         if name not in chunk.per_token:
             continue
         x = _as_float32(chunk.per_token[name])
+        infinite = np.isinf(x)
         kinds = [
             ("NaN or null", np.isnan(x)),
-            ("infinite (or beyond float32's range, +-3.4e38)", np.isinf(x)),
-            ("positive (a log-prob must be <= 0)", x > 0),
+            ("infinite (or beyond float32's range, +-3.4e38)", infinite),
+            ("positive (a log-prob must be <= 0)", (x > 0) & ~infinite),
         ]
         for what, mask in kinds:
             if mask.any():

@@ -325,6 +325,7 @@ class TestBadInput:
         msg = problems_of(path)
         assert "column train_logprob (source 'prev_logprobs')" in msg
         assert f"2 {what}" in msg and "at rows 6, 30" in msg
+        assert msg.count("invalid log-prob") == 1  # +inf is infinite, not also positive
         batch = load(path, drop_invalid=True)  # rows 6 and 30 are both in sequence "c"
         assert batch.seq_id.to_pylist() == ["a", "b", "d", "e", "f"]
         assert same_values(batch, expected_batch(sequences, keep=[0, 1, 3, 4, 5]))

@@ -299,7 +299,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append("")
     for goal in result["goals"]:
         status = {True: "met", False: "NOT met", None: "not measured"}[goal["met"]]
-        lines.append(f"[{status}] {goal['goal']}: {goal['measured']}")
+        measured = goal["measured"] if goal["measured"] is not None else "skipped in this run"
+        lines.append(f"[{status}] {goal['goal']}: {measured}")
         if goal.get("gap"):
             lines.append(f"    gap: {goal['gap']}")
     for name, agreement in (result.get("agreement") or {}).items():

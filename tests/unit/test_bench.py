@@ -174,6 +174,9 @@ def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, m
     )
     assert again["memory"] is None
     assert next(g for g in again["goals"] if g["id"] == "bounded_memory")["met"] is None
+    table = format_table(again)
+    assert "[not measured] streaming peak memory bounded by the chunk size: skipped" in table
+    assert ": None" not in table
 
     made = []
     real = bench.tempfile.mkdtemp

@@ -1,10 +1,12 @@
-"""The bundled sample dumps are what `data/make_samples.sh` writes, byte for byte."""
+"""The bundled sample dumps are what `data/make_samples.sh` writes: the same rows, columns and
+metadata (not compared byte for byte: the bytes depend on the Parquet writer's version)."""
 
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from iscore.cli import main
@@ -25,4 +27,6 @@ def test_every_bundled_sample_has_a_command():
 def test_the_script_regenerates_the_sample_exactly(args, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(args) == 0
-    assert (tmp_path / args[1]).read_bytes() == (DATA / args[1]).read_bytes()
+    made, bundled = pq.ParquetFile(tmp_path / args[1]), pq.ParquetFile(DATA / args[1])
+    assert made.metadata.metadata == bundled.metadata.metadata
+    assert made.read().equals(bundled.read(), check_metadata=True)

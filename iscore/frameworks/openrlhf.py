@@ -43,8 +43,10 @@ Where OpenRLHF's documentation (docs/corrections.md#openrlhf) and its code diffe
 math. Details it leaves out,
 read in the code: G is a plain masked mean (sum / count, float32), so a fully masked
 sequence gets G = NaN and a false mask (irrelevant: none of its tokens is in the loss; the
-replay reports e^0 = 1 for it); the thresholds are not validated (LOW > HIGH is accepted; for
-`tis` torch's clamp then returns HIGH everywhere, and the replay does the same).
+replay reports e^0 = 1 for it); the thresholds are not validated. Here LOW must be >= 0 (0 is
+no lower bound), HIGH > 0 and LOW <= HIGH (equal bounds are a constant weight for `tis`): a
+reversed pair makes `tis` return HIGH everywhere (torch's clamp) and `icepop` / `seq-mask-tis`
+zero everything.
 
 >>> import torch
 >>> from iscore.batch import TokenBatch
@@ -148,13 +150,7 @@ class OpenRLHFCorrection:
                 f"Expected `{_FLAGS['loss'][0]}` to be one of {', '.join(_LOSS_TYPES)}, "
                 f"but got {quote(self.policy_loss_type)}"
             )
-        for side, value in (("LOW", self.lower), ("HIGH", self.upper)):
-            if value is None and side == "LOW":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-                raise ConfigError(
-                    f"Expected {side} of `{_THRESHOLD}` to be a number, but got {quote(value)}"
-                )
+        _check_threshold(self.lower, self.upper, _THRESHOLD)
 
     def to_config(self) -> dict[str, Any]:
         """The iscore config of this setting: OpenRLHF's IS flags as one `args` string, the
@@ -213,6 +209,25 @@ class OpenRLHFCorrection:
         seq_keep = ops.band(seq_raw, self.lower, self.upper)
         weight = torch.where(ops.broadcast(seq_keep, batch), rho, 0.0)
         return Replay.build(batch, weight, mask, rho, seq_raw=seq_raw, seq_weight=seq_keep.double())
+
+
+def _check_threshold(lower: Any, upper: Any, flag: str) -> None:
+    """Raise ConfigError naming `flag` unless 0 <= LOW <= HIGH and HIGH > 0 (LOW may be None,
+    the 2025 single-value form); OpenRLHF itself does not check."""
+    for side, value, bound in (("LOW", lower, ">= 0.0"), ("HIGH", upper, "> 0.0")):
+        if value is None and side == "LOW":
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        # NaN fails both comparisons.
+        if not number or not (value >= 0.0 if side == "LOW" else value > 0.0):
+            raise ConfigError(
+                f"Expected {side} of `{flag}` to be a float {bound}, but got {quote(value)}"
+            )
+    if lower is not None and lower > upper:
+        raise ConfigError(
+            f"Expected LOW of `{flag}` <= HIGH ({quote(upper)}), but got {quote(lower)} "
+            "(OpenRLHF does not check it; no ratio would lie within the bounds)"
+        )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -327,6 +342,7 @@ def parse(config: Mapping[str, Any]) -> OpenRLHFCorrection:
             f"`args`: expected one or two values for --vllm_is_truncated_threshold, "
             f"but got {len(threshold)}"
         )
+    _check_threshold(lower, upper, _FLAGS["threshold"][1 if old else 0])
     return OpenRLHFCorrection(
         enable=get("enable", False),
         type=correction_type,

@@ -81,6 +81,11 @@ Where slime's documentation (docs/corrections.md#slime) and its code differ, or 
   not reach its asserts then).
 - Numeric strings ("1e-4", which `yaml.safe_load` reads as a string; mis.yaml warns about it) are
   accepted as numbers.
+- slime checks `--tis-clip` and `--tis-clip-low` only for being floats (argparse), and mis.py
+  checks the signs of none of its bounds. A negative ratio bound, a zero upper bound or
+  `--tis-clip-low` above `--tis-clip` (torch's clamp then returns `--tis-clip` for every token;
+  icepop zeroes every token) is refused here. A zero lower bound (slime's default) means none;
+  equal bounds are accepted (a constant weight).
 - slime computes in float32 (d as a float32 difference, float32 sums); the replay uses the exact
   float64 d and float64 sums; the veto compares d with the float32 log(veto) slime uses.
 
@@ -238,8 +243,9 @@ class MisConfig:
         check_choice(key("rs_level"), self.rs_level, _LEVELS)
         check_choice(key("tis_mode"), self.tis_mode, _MODES)
         check_number(key("tis_upper_bound"), self.tis_upper_bound, gt=0.0)
-        for name in ("tis_lower_bound", "rs_lower_bound", "rs_upper_bound"):
-            check_number(key(name), getattr(self, name), nullable=True)
+        for name in ("tis_lower_bound", "rs_lower_bound"):
+            check_number(key(name), getattr(self, name), ge=0.0, nullable=True)
+        check_number(key("rs_upper_bound"), self.rs_upper_bound, gt=0.0, nullable=True)
         check_number(key("rs_veto_threshold"), self.rs_veto_threshold, gt=0.0, nullable=True)
         # mis.py asserts lower < upper (strictly) in its clip and mask helpers.
         if self.tis_mode != "truncate" and not self.tis_lower < self.tis_upper_bound:
@@ -312,9 +318,7 @@ class SlimeCorrection:
         check_bool("--get-mismatch-metrics", self.get_mismatch_metrics)
         check_bool("--use-rollout-logprobs", self.use_rollout_logprobs)
         check_choice("--custom-tis-function-path", self.tis_function, tuple(_FUNCTIONS.values()))
-        # argparse's type=float is slime's only check on these (torch's clamp then decides).
-        check_number("--tis-clip", self.tis_clip)
-        check_number("--tis-clip-low", self.tis_clip_low)
+        _check_clip(self.tis_clip, self.tis_clip_low)
         if self.tis_function == "mis" and self.called and not isinstance(self.mis, MisConfig):
             raise ConfigError(
                 "Expected `custom_config` (the YAML at --custom-config-path) with mis.py's "
@@ -416,6 +420,23 @@ class SlimeCorrection:
         else:
             weight = ops.truncate(rho, self.tis_clip_low, self.tis_clip)
         return Replay.build(batch, weight, mask, rho)
+
+
+def _check_clip(
+    tis_clip: Any,
+    tis_clip_low: Any,
+    clip_key: str = "--tis-clip",
+    low_key: str = "--tis-clip-low",
+) -> None:
+    """Raise ConfigError naming the key unless 0 <= tis_clip_low <= tis_clip and tis_clip > 0
+    (slime itself does not check)."""
+    check_number(clip_key, tis_clip, gt=0.0)
+    check_number(low_key, tis_clip_low, ge=0.0)
+    if tis_clip_low > tis_clip:
+        raise ConfigError(
+            f"Expected `{low_key}` <= `{clip_key}` ({quote(tis_clip)}), but got "
+            f"{quote(tis_clip_low)} (slime does not check it; no ratio would lie within the bounds)"
+        )
 
 
 def _level_log_ratio(d: torch.Tensor, batch: TokenBatch, level: str) -> torch.Tensor:
@@ -662,6 +683,11 @@ def parse(config: Mapping[str, Any]) -> SlimeCorrection:
     use_tis = custom.bool("use_tis", flags.use_tis)
     tis_clip = custom.float("tis_clip", flags.tis_clip)
     tis_clip_low = custom.float("tis_clip_low", flags.tis_clip_low)
+    clip_key, low_key = (
+        custom.key(k) if k in custom.data else f"--{k.replace('_', '-')}"
+        for k in ("tis_clip", "tis_clip_low")
+    )
+    _check_clip(tis_clip, tis_clip_low, clip_key, low_key)
     called = use_tis or flags.get_mismatch_metrics
     mis = None
     if function == "mis" and called:

@@ -44,7 +44,9 @@ honoured as TRL would (no weight), so a complete config dumped from a run replay
 
 Validation follows TRL: clip_min >= clip_max is an error (TRL checks it even with the
 correction off, after applying the deprecated cap); a truncate mode needs at least one bound;
-`vespo` with a sequence mode is rejected (by TRL, with use_vllm and the correction on).
+`vespo` with a sequence mode is rejected (by TRL, with use_vllm and the correction on). TRL does
+not check the bounds' signs; here clip_max (and the deprecated cap) must be > 0 and clip_min
+>= 0 (0 bounds nothing, as null does), even where the cap overrides clip_max.
 
 Where TRL's documentation (docs/corrections.md#trl) and its code differ: nowhere in the math. The
 docstring of
@@ -86,7 +88,7 @@ from iscore.canonical import (
     weight_component,
 )
 from iscore.errors import ConfigError, quote
-from iscore.frameworks._config import top_level
+from iscore.frameworks._config import check_number, top_level
 from iscore.frameworks.base import Aggregation, Framework, Measure, Trap, Upstream
 from iscore.spec import Replay
 
@@ -166,14 +168,8 @@ class TRLCorrection:
                 f"Expected `loss_type` to be one of {', '.join(_LOSS_TYPES)}, "
                 f"but got {quote(self.loss_type)}"
             )
-        for key, value in (
-            ("vllm_importance_sampling_clip_min", self.clip_min),
-            ("vllm_importance_sampling_clip_max", self.clip_max),
-        ):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)
-            ):
-                raise ConfigError(f"Expected `{key}` to be a float or null, but got {quote(value)}")
+        check_number("vllm_importance_sampling_clip_min", self.clip_min, ge=0.0, nullable=True)
+        check_number("vllm_importance_sampling_clip_max", self.clip_max, gt=0.0, nullable=True)
         both = self.clip_min is not None and self.clip_max is not None
         if both and self.clip_min >= self.clip_max:
             raise ConfigError(
@@ -280,8 +276,8 @@ def parse(config: Mapping[str, Any]) -> TRLCorrection:
     s = top.section("grpo_config") if "grpo_config" in config else top
     if s is not top:
         top.done()
-    clip_max = s.float("vllm_importance_sampling_clip_max", 3.0, nullable=True)
-    cap = s.float("vllm_importance_sampling_cap", None)
+    clip_max = s.float("vllm_importance_sampling_clip_max", 3.0, gt=0.0, nullable=True)
+    cap = s.float("vllm_importance_sampling_cap", None, gt=0.0)
     if cap is not None:
         # TRL warns and lets the deprecated cap override clip_max, even when both are set.
         overridden = (
@@ -300,7 +296,7 @@ def parse(config: Mapping[str, Any]) -> TRLCorrection:
         "use_vllm": s.bool("use_vllm", True),
         "enabled": s.bool("vllm_importance_sampling_correction", True),
         "mode": s.choice("vllm_importance_sampling_mode", "sequence_mask", _MODES),
-        "clip_min": s.float("vllm_importance_sampling_clip_min", None),
+        "clip_min": s.float("vllm_importance_sampling_clip_min", None, ge=0.0),
         "off_policy_mask_threshold": s.float("off_policy_mask_threshold", None),
         "loss_type": s.choice("loss_type", "dapo", _LOSS_TYPES),
     }

@@ -62,7 +62,7 @@ def check(batch: TokenBatch, spec: OpenRLHFCorrection) -> None:
 SETTINGS = [
     pytest.param(kind, lower, upper, id=f"{kind}-{lower}-{upper}")
     for kind in ("tis", "icepop", "seq-mask-tis")
-    for lower, upper in [(0.5, 5.0), (1.0, 2.0), (0.5, 1.0), (0.999, 1.002), (2.0, 0.5)]
+    for lower, upper in [(0.5, 5.0), (1.0, 2.0), (0.5, 1.0), (0.999, 1.002), (0.0, 2.0), (1.0, 1.0)]
 ] + [pytest.param("tis", None, 2.0, id="tis-legacy-single-value")]
 
 
@@ -273,6 +273,53 @@ def test_invalid_config_raises_naming_the_key(config, named):
 def test_spec_validation_names_the_flag(kwargs, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         OpenRLHFCorrection(**kwargs)
+
+
+# OpenRLHF checks none of these: a negative LOW, a HIGH <= 0, or LOW above HIGH.
+BAD_THRESHOLDS = [
+    (f"{NEW}_enable {NEW}_threshold -0.5 -2",
+     f"Expected LOW of `{NEW}_threshold` to be a float >= 0.0, but got -0.5"),
+    (f"{NEW}_enable {NEW}_threshold 0.5 -2",
+     f"Expected HIGH of `{NEW}_threshold` to be a float > 0.0, but got -2.0"),
+    (f"{NEW}_enable {NEW}_threshold 0 0",
+     f"Expected HIGH of `{NEW}_threshold` to be a float > 0.0, but got 0.0"),
+    (f"{NEW}_enable {NEW}_threshold 2.0 0.5",
+     f"Expected LOW of `{NEW}_threshold` <= HIGH (0.5), but got 2.0"),
+    (f"{NEW}_threshold 2.0 0.5", f"Expected LOW of `{NEW}_threshold` <= HIGH"),  # even when off
+    ("--enable_vllm_is_correction --vllm_is_truncated_threshold -1",
+     "Expected HIGH of `--vllm_is_truncated_threshold` to be a float > 0.0, but got -1.0"),
+    ("--enable_vllm_is_correction --vllm_is_truncated_threshold 2 0.5",
+     "Expected LOW of `--vllm_is_truncated_threshold` <= HIGH (0.5), but got 2.0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_THRESHOLDS)
+def test_senseless_thresholds_are_refused_naming_the_flag_given(args, message):
+    with pytest.raises(ConfigError) as info:
+        parse({"framework": "openrlhf", "args": args})
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lower": -0.1}, "LOW of `--algo.advantage.is_correction_threshold` to be a float >= 0.0"),
+        ({"upper": 0.0}, "HIGH of `--algo.advantage.is_correction_threshold` to be a float > 0.0"),
+        ({"lower": None, "upper": -2.0}, "HIGH of `--algo.advantage.is_correction_threshold`"),
+        ({"lower": 2.0, "upper": 1.0}, "LOW of `--algo.advantage.is_correction_threshold` <= HIGH"),
+    ],
+)
+def test_spec_validation_refuses_senseless_thresholds(kwargs, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        OpenRLHFCorrection(**kwargs)
+
+
+@pytest.mark.parametrize(("lower", "upper"), [(0.0, 2.0), (1.0, 1.0)])
+def test_zero_low_and_equal_thresholds_replay(edges, lower, upper):
+    args = f"{NEW}_enable {NEW}_type icepop {NEW}_threshold {lower} {upper}"
+    spec = parse({"framework": "openrlhf", "args": args})
+    assert (spec.lower, spec.upper) == (lower, upper)
+    check(edges, spec)
 
 
 def test_presets_and_end_to_end_dispatch(edges):

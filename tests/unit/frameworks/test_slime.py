@@ -150,8 +150,9 @@ SIMPLE_CASES = [
     (f"--use-tis --custom-tis-function-path {ICEPOP} --tis-clip-low 0.5", "icepop", 0.5, 2.0),
     # d = 0 gives a ratio of exactly 1.0: the inclusive lower bound keeps it.
     (f"--use-tis --custom-tis-function-path {ICEPOP} --tis-clip-low 1", "icepop", 1.0, 2.0),
-    # slime does not check the order; torch's clamp then returns the upper bound everywhere.
-    ("--use-tis --tis-clip-low 3 --tis-clip 2", "vanilla", 3.0, 2.0),
+    # Equal bounds are accepted: a constant weight.
+    ("--use-tis --tis-clip-low 1.5 --tis-clip 1.5", "vanilla", 1.5, 1.5),
+    (f"--use-tis --custom-tis-function-path {ICEPOP} --tis-clip 1", "icepop", 0.0, 1.0),
     (f"--get-mismatch-metrics --custom-tis-function-path {VANILLA}", "vanilla", 0.0, 2.0),
 ]
 
@@ -494,6 +495,47 @@ ERRORS = [
     (mis_error(use_rs=None), "custom_config.use_rs"),
 ]  # fmt: skip
 
+# slime checks none of these (argparse's type=float only): a negative or zero upper bound, a
+# negative lower bound, or a lower bound above the upper one.
+BAD_BOUNDS = [
+    (cfg("--use-tis --tis-clip -2.0 --tis-clip-low 0.5"),
+     "Expected `--tis-clip` to be a float > 0.0, but got -2.0"),
+    (cfg("--use-tis --tis-clip 0"), "Expected `--tis-clip` to be a float > 0.0, but got 0.0"),
+    (cfg("--use-tis --tis-clip-low -0.1"),
+     "Expected `--tis-clip-low` to be a float >= 0.0, but got -0.1"),
+    (cfg("--use-tis --tis-clip 0.5 --tis-clip-low 2.0"),
+     "Expected `--tis-clip-low` <= `--tis-clip` (0.5), but got 2.0"),
+    (cfg(f"--use-tis --custom-tis-function-path {ICEPOP} --tis-clip-low 3"),
+     "Expected `--tis-clip-low` <= `--tis-clip` (2.0), but got 3.0"),
+    (cfg("--use-tis", {"tis_clip": -1}),
+     "Expected `custom_config.tis_clip` to be a float > 0.0, but got -1"),
+    (cfg("--use-tis --tis-clip 5", {"tis_clip_low": 6}),
+     "Expected `custom_config.tis_clip_low` <= `--tis-clip` (5.0), but got 6.0"),
+    (mis_error(tis_mode="clip", tis_lower_bound=-0.5),
+     "Expected `custom_config.tis_lower_bound` to be a float >= 0.0 or null, but got -0.5"),
+    (mis_error(use_rs=True, rs_level="token", rs_lower_bound=-1.0),
+     "Expected `custom_config.rs_lower_bound` to be a float >= 0.0 or null, but got -1.0"),
+    (mis_error(use_rs=True, rs_level="token", rs_upper_bound=0.0),
+     "Expected `custom_config.rs_upper_bound` to be a float > 0.0 or null, but got 0.0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("config", "message"), BAD_BOUNDS)
+def test_senseless_bounds_are_refused_naming_the_key_and_value(config, message):
+    with pytest.raises(ConfigError) as info:
+        slime.parse(config)
+    assert message in str(info.value)
+
+
+def test_zero_lower_bounds_are_valid_and_replay(edges):
+    config = cfg(f"--use-tis --custom-tis-function-path {ICEPOP} --tis-clip-low 0")
+    assert slime.parse(config).tis_clip_low == 0.0
+    check(replay(edges, config), *ref_simple(edges, "icepop", 0.0, 2.0))
+    config = mis_cfg(tis_level="token", tis_mode="clip", tis_upper_bound=2.0, tis_lower_bound=0)
+    spec = slime.parse(config)
+    assert spec.mis.tis_lower == 0.0
+    check(replay(edges, config), *ref_mis(edges, dataclasses.asdict(spec.mis)))
+
 
 @pytest.mark.parametrize(("config", "key"), ERRORS)
 def test_invalid_configs_name_the_key(config, key):
@@ -518,6 +560,10 @@ def test_spec_validation_from_python():
         slime.SlimeCorrection(tis_function="tis")
     with pytest.raises(ConfigError, match="--tis-clip"):
         slime.SlimeCorrection(tis_clip="2")
+    with pytest.raises(ConfigError, match="`--tis-clip-low` <= `--tis-clip`"):
+        slime.SlimeCorrection(tis_clip=1.0, tis_clip_low=2.0)
+    with pytest.raises(ConfigError, match=r"`--tis-clip-low` to be a float >= 0\.0"):
+        slime.SlimeCorrection(tis_clip_low=-1.0)
     with pytest.raises(ConfigError, match=r"custom_config\.tis_mode"):
         slime.MisConfig(tis_mode="bogus")
     # Not called: mis.py settings are not needed.

@@ -206,6 +206,49 @@ def test_invalid_config_raises_naming_the_key(config, named):
         parse({"framework": "trl", **config})
 
 
+# TRL checks none of these: a negative or zero upper bound, a negative lower bound.
+BAD_BOUNDS = [
+    ({"vllm_importance_sampling_clip_max": -3},
+     "Expected `vllm_importance_sampling_clip_max` to be a float > 0.0, but got -3"),
+    ({"vllm_importance_sampling_clip_max": 0.0},
+     "Expected `vllm_importance_sampling_clip_max` to be a float > 0.0, but got 0.0"),
+    ({"grpo_config": {"vllm_importance_sampling_clip_min": -0.5}},
+     "Expected `grpo_config.vllm_importance_sampling_clip_min` to be a float >= 0.0, but got -0.5"),
+    ({"vllm_importance_sampling_cap": -3},
+     "Expected `vllm_importance_sampling_cap` to be a float > 0.0, but got -3"),
+    # The cap overrides clip_max in TRL, but a negative clip_max is still refused.
+    ({"vllm_importance_sampling_cap": 2.0, "vllm_importance_sampling_clip_max": -1.0},
+     "Expected `vllm_importance_sampling_clip_max` to be a float > 0.0, but got -1.0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("config", "message"), BAD_BOUNDS)
+def test_senseless_bounds_are_refused_naming_the_key_and_value(config, message):
+    with pytest.raises(ConfigError) as info:
+        parse({"framework": "trl", **config})
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"clip_max": -3.0}, "`vllm_importance_sampling_clip_max` to be a float > 0.0 or null"),
+        ({"clip_min": -0.5}, "`vllm_importance_sampling_clip_min` to be a float >= 0.0 or null"),
+    ],
+)
+def test_spec_validation_refuses_senseless_bounds(kwargs, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        TRLCorrection(**kwargs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zero_clip_min_is_valid_and_replays(edges, mode):
+    bounds = {"vllm_importance_sampling_clip_min": 0, "vllm_importance_sampling_clip_max": 2}
+    spec = parse({"framework": "trl", "vllm_importance_sampling_mode": mode, **bounds})
+    assert (spec.clip_min, spec.clip_max) == (0.0, 2.0)
+    check(edges, spec)
+
+
 def test_clip_min_ge_clip_max_is_rejected_even_with_the_correction_off():
     with pytest.raises(ConfigError, match="clip_min"):
         TRLCorrection(enabled=False, clip_min=4.0, clip_max=3.0)

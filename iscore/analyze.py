@@ -35,7 +35,7 @@ from iscore.frameworks._config import nearest
 from iscore.impact import SettingStats
 from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import output_path
-from iscore.replay import parse_config
+from iscore.replay import parse_config, replay
 from iscore.sequences import SequenceTable
 from iscore.spec import Spec
 
@@ -215,7 +215,7 @@ def analyze(
                 if sequences is not None:
                     sequences.update(batch)
                 for i, (spec, acc) in enumerate(zip(specs, stats, strict=True)):
-                    replayed = spec.replay(batch)
+                    replayed = replay(batch, spec)
                     acc.update(batch, replayed)
                     if sequences is not None:
                         sequences.add(i, batch, replayed)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from iscore import frameworks
 from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS
-from iscore.errors import IscoreError, clip, quote
+from iscore.errors import ConfigError, IscoreError, clip, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS
 from iscore.output import output_path
@@ -74,56 +74,87 @@ def _step_range(text: str) -> StepRange:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _chunk_tokens(text: str) -> int:
+    try:
+        return _positive_int("--chunk-tokens", text)
+    except IscoreError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer, but got {quote(text[:200])}"
+        ) from None
+
+
 def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dump", nargs="+", help="Parquet file(s), directory or glob")
-    parser.add_argument(
-        "--column",
-        action="append",
-        default=[],
-        metavar="CANONICAL=SOURCE",
-        help="read canonical column CANONICAL from the file's column SOURCE (repeatable)",
-    )
-    parser.add_argument(
-        "--steps",
-        type=_step_range,
-        default=None,
-        metavar="RANGE",
-        help="only these training steps: 5, 3:7, 3: or :7 (inclusive)",
-    )
-    parser.add_argument(
-        "--drop-invalid",
-        action="store_true",
-        help="drop sequences with NaN, infinite or positive log-probs instead of failing",
-    )
-    _add_where(parser)
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        dest="fmt",
-        metavar="FORMAT",
-        help=f"read a framework's own dump ({', '.join(FORMATS)}); detected when unambiguous",
-    )
-    parser.add_argument(
-        "--allow-pickle",
-        action="store_true",
-        help="allow reading pickled dumps (SkyRL .pkl); pickles can run code when loaded",
-    )
-    parser.add_argument(
-        "--chunk-tokens",
-        type=int,
-        default=DEFAULT_CHUNK_TOKENS,
-        help="tokens per streamed chunk; bounds memory (default %(default)s)",
-    )
+    _add_dump_options(parser)
+    _add_quiet(parser)
+
+
+def _add_dump_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The options saying which of a dump to read, and how; returns them."""
+    return [
+        parser.add_argument(
+            "--column",
+            action="append",
+            default=[],
+            metavar="CANONICAL=SOURCE",
+            help="read canonical column CANONICAL from the file's column SOURCE (repeatable)",
+        ),
+        parser.add_argument(
+            "--steps",
+            type=_step_range,
+            default=None,
+            metavar="RANGE",
+            help="only these training steps: 5, 3:7, 3: or :7 (inclusive)",
+        ),
+        parser.add_argument(
+            "--drop-invalid",
+            action="store_true",
+            help="drop sequences with NaN, infinite or positive log-probs instead of failing",
+        ),
+        parser.add_argument(
+            "--where",
+            metavar="PREDICATE",
+            help="only the sequences where this SQL expression over the sequence table's dump "
+            'columns holds, e.g. "step > 200 AND length > 4000" (see docs/sql.md)',
+        ),
+        parser.add_argument(
+            "--format",
+            choices=FORMATS,
+            dest="fmt",
+            metavar="FORMAT",
+            help=f"read a framework's own dump ({', '.join(FORMATS)}); detected when unambiguous",
+        ),
+        parser.add_argument(
+            "--allow-pickle",
+            action="store_true",
+            help="allow reading pickled dumps (SkyRL .pkl); pickles can run code when loaded",
+        ),
+        parser.add_argument(
+            "--chunk-tokens",
+            type=_chunk_tokens,
+            default=DEFAULT_CHUNK_TOKENS,
+            help="tokens per streamed chunk; bounds memory (default %(default)s)",
+        ),
+    ]
+
+
+def _add_quiet(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
-def _add_where(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--where",
-        metavar="PREDICATE",
-        help="only the sequences where this SQL expression over the sequence table's dump "
-        'columns holds, e.g. "step > 200 AND length > 4000" (see docs/sql.md)',
-    )
+def _distinct_outputs(args: argparse.Namespace, *flags: str) -> None:
+    """Refuse two of the output options `flags` naming one file: the last would replace it."""
+    seen: dict[str, str] = {}
+    for flag in flags:
+        path = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if path is None:
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise IscoreError(
+                f"{seen[key]} and {flag} both name {path}; give each output a file of its own"
+            )
+        seen[key] = flag
 
 
 def _open_dump(args: argparse.Namespace, *, extras: bool = False) -> Dump:
@@ -179,12 +210,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    from iscore.replay import parse_config, replay
+    from iscore.analyze import resolve
+    from iscore.replay import replay
 
-    spec = parse_config(args.config)
+    spec = resolve(args.config)
     dump = _open_dump(args)
     tokens = kept = 0
-    with output_path(args.out) as tmp, _progress(dump, "replay", args) as bar:
+    with (
+        output_path(args.out, suffixes=(".parquet",)) as tmp,
+        _progress(dump, "replay", args) as bar,
+    ):
         writer = None
         # Whole steps per chunk: batch-normalizing settings divide by a step's mean weight.
         for batch in dump.batches(max_tokens=args.chunk_tokens, whole_steps=True):
@@ -211,8 +246,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from iscore.report import write_html
     from iscore.sequences import SequenceTable, read_schema, write_rows
 
-    settings = [*args.config, *args.preset]
-    specs = [resolve(s) for s in settings]
+    _distinct_outputs(args, "--json", "--html", "--sequences")
+    specs = [resolve(s) for s in args.settings]
     dump = _open_dump(args, extras=args.sequences is not None)
     table = None if args.sequences is None else SequenceTable(read_schema(dump), specs)
     with _progress(dump, "analyze", args) as bar:
@@ -256,7 +291,7 @@ def _cmd_sequences(args: argparse.Namespace) -> int:
     from iscore.sequences import TABLES, catalog, sequence_table, write_rows
     from iscore.sql import QueryError, one_line, open_query, referenced
 
-    specs = [resolve(s) for s in (*args.config, *args.preset)]
+    specs = [resolve(s) for s in args.settings]
     dump = _open_dump(args, extras=True)
     if args.sql is not None:  # a bad query fails here, before the dump is read
         referenced(args.sql, set(TABLES))
@@ -278,6 +313,8 @@ def _cmd_sequences(args: argparse.Namespace) -> int:
 
 
 def _cmd_recommend(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
     from tqdm import tqdm
 
     from iscore.export import snippet
@@ -290,7 +327,13 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         raise IscoreError(
             f"Expected --lr-scale LO:HI, e.g. 0.8:1.25, but got {quote(args.lr_scale)}"
         ) from None
-    targets = Targets(args.max_token_drop, args.max_seq_drop, lr_scale, args.min_ess)
+    try:
+        targets = Targets(args.max_token_drop, args.max_seq_drop, lr_scale, args.min_ess)
+    except ConfigError as e:
+        message = str(e)
+        for field in fields(Targets):
+            message = message.replace(f"`{field.name}`", "--" + field.name.replace("_", "-"))
+        raise ConfigError(message) from None
     batch = _load(args)
     with tqdm(desc="recommend", unit="setting", disable=args.quiet or None, leave=False) as bar:
 
@@ -336,6 +379,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from iscore.analyze import resolve
     from iscore.export import convert, snippet, to_file_text
 
+    if args.dump is None:
+        for option in args.dump_options:
+            if getattr(args, option.dest) != option.default:
+                raise IscoreError(
+                    f"{option.option_strings[0]} is an option of --dump; give --dump DUMP with it"
+                )
     spec = resolve(args.config)
     batch = _load(args) if args.dump else None
     result = convert(spec, args.to, generation=args.generation, batch=batch)
@@ -370,6 +419,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from iscore.bench import format_table, format_where, run_bench, where_overhead, write_json
 
+    _distinct_outputs(args, "--dump", "--json")
     if args.where:
         result = where_overhead(
             args.where,
@@ -538,6 +588,19 @@ def _positive_int(name: str, text: str) -> int:
     return value
 
 
+class _Version(argparse.Action):
+    """`--version`: the installed iscore's version, read from its metadata only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from importlib.metadata import version
+
+        print(f"{parser.prog} {version('iscore')}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `iscore` command."""
     parser = argparse.ArgumentParser(
@@ -545,6 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replay rollout/trainer logprob dumps through RL frameworks' "
         "importance-sampling corrections.",
     )
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -568,8 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         required=True,
-        metavar="CFG.yaml",
-        help="the framework's own config plus a top-level `framework:`",
+        metavar="CFG.yaml|PRESET",
+        help="the framework's own config plus a top-level `framework:`, or a preset name "
+        "(see `iscore presets`)",
     )
     p.add_argument("--out", required=True, metavar="OUT.parquet", help="output Parquet file")
     p.set_defaults(func=_cmd_replay)
@@ -586,13 +651,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         action="append",
         default=[],
+        dest="settings",
         metavar="CFG.yaml",
         help="a framework config with a top-level `framework:` (repeatable)",
     )
     p.add_argument(
         "--preset",
         action="append",
-        default=[],
+        dest="settings",
         metavar="NAME",
         help="a named setting, e.g. verl:decoupled_geo_rs (repeatable)",
     )
@@ -619,13 +685,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         action="append",
         default=[],
+        dest="settings",
         metavar="CFG.yaml",
         help="a setting whose columns the table gets (repeatable)",
     )
     p.add_argument(
         "--preset",
         action="append",
-        default=[],
+        dest="settings",
         metavar="NAME",
         help="a named setting whose columns the table gets (repeatable)",
     )
@@ -720,16 +787,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DUMP",
         help="measure source vs target on this dump (mask rate, LR scale, mean w)",
     )
-    _add_where(p)
-    p.set_defaults(
-        func=_cmd_export,
-        column=[],
-        steps=None,
-        drop_invalid=False,
-        fmt=None,
-        allow_pickle=False,
-        quiet=False,
-    )
+    p.set_defaults(func=_cmd_export, dump_options=_add_dump_options(p))
+    _add_quiet(p)
 
     p = sub.add_parser(
         "bench",
@@ -743,7 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=50_000_000, help="dump size (default 50M)")
     p.add_argument("--dump", metavar="PATH", help="reuse this simulated dump, or write it here")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA rows when present")
-    p.add_argument("--chunk-tokens", type=int, default=DEFAULT_CHUNK_TOKENS)
+    p.add_argument("--chunk-tokens", type=_chunk_tokens, default=DEFAULT_CHUNK_TOKENS)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument(
         "--where",

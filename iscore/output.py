@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from iscore.errors import IscoreError
+from iscore.errors import IscoreError, quote
 
 # Paths that reach a process's own descriptors or devices (/dev/stdout -> /proc/self/fd/1,
 # which may resolve to the very regular file a shell redirected into): written in place.
@@ -30,18 +30,21 @@ _SPECIAL_ROOTS = ("/dev/", "/proc/")
 
 
 @contextmanager
-def output_path(path: str | Path) -> Iterator[str]:
+def output_path(path: str | Path, suffixes: tuple[str, ...] = ()) -> Iterator[str]:
     """The path to write `path`'s content to; on success it becomes `path`.
 
     Args:
         path: the output file the user named.
+        suffixes: the endings a file name must have (any case), e.g. (".parquet",); any
+            when empty. A FIFO, a device or another non-regular file may have any name.
 
     Yields:
         A temporary path in the target's directory for a regular (or new) file, or `path`
         itself for a FIFO, a device or another non-regular file.
 
     Raises:
-        IscoreError: `path` is a directory, or its directory does not exist.
+        IscoreError: `path` is a directory, its directory does not exist, or its name does
+            not end with one of `suffixes`.
     """
     target = Path(path)
     real = Path(os.path.realpath(target))
@@ -56,6 +59,10 @@ def output_path(path: str | Path) -> Iterator[str]:
     if (st is not None and not stat.S_ISREG(st.st_mode)) or str(real).startswith(_SPECIAL_ROOTS):
         yield str(target)
         return
+    if suffixes and not target.name.lower().endswith(suffixes):
+        raise IscoreError(
+            f"{path}: expected a {' or '.join(suffixes)} file name, but got {quote(target.suffix)}"
+        )
     if not real.parent.is_dir():
         raise IscoreError(f"{path}: no such directory {real.parent}; create it first")
     tmp, fd = _create_beside(real)

@@ -124,13 +124,24 @@ def replay(batch: TokenBatch, config: Spec | Mapping[str, Any] | str | Path) -> 
         batch: the packed dump (any device).
         config: a spec, a framework config mapping, or the path of a YAML config.
 
+    Raises:
+        ConfigError: the config is invalid, or the setting cannot replay this dump (e.g. it
+            needs a column the dump lacks); the message starts with `framework:name`.
+
     >>> import iscore
     >>> r = replay(iscore.load("data/fp8.parquet"), {"framework": "fireworks", "tis": {"cap": 2}})
     >>> float(r.weight.max()) <= 2.0, r.keep.shape == r.weight.shape
     (True, True)
+    >>> from iscore.analyze import resolve
+    >>> replay(iscore.load("data/fp8.parquet"), resolve("verl:bypass_ppo_clip"))
+    Traceback (most recent call last):
+    iscore.errors.ConfigError: verl:bypass_ppo_clip: `algorithm.rollout_correction.bypass_mode...
     """
     spec = config if hasattr(config, "replay") else parse_config(config)
-    return spec.replay(batch)
+    try:
+        return spec.replay(batch)
+    except ConfigError as e:
+        raise ConfigError(f"{spec.framework}:{clip(spec.name)}: {e}") from e
 
 
 def write_replay(batch: TokenBatch, result: Replay, path: str | Path) -> None:

@@ -46,6 +46,7 @@ from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import IscoreError, quote
 from iscore.impact import aggregation_of
 from iscore.output import output_path
+from iscore.replay import replay
 from iscore.spec import Replay, Spec
 from iscore.sql import Evaluator, Predicate, QueryError, Source, referenced
 
@@ -345,7 +346,7 @@ def sequence_table(
             with ops.shared(batch):
                 table.update(batch)
                 for i, spec in enumerate(specs):
-                    table.add(i, batch, spec.replay(batch))
+                    table.add(i, batch, replay(batch, spec))
             if progress is not None:
                 progress(batch.num_tokens)
     return table.compute()

@@ -78,6 +78,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iscore.errors import ConfigError, DumpError, quote
+from iscore.output import output_path
 
 METADATA_KEY = b"iscore.simulate"
 """Parquet key-value metadata key of the file's `SimTruth` (JSON, see `SimTruth.to_dict`)."""
@@ -800,8 +801,9 @@ def write_simulated(
     """Write a simulated dump to Parquet (zstd, one row group per step) and return its truth.
 
     Steps are generated and written one at a time, so memory is bounded by the largest
-    step, not the dump. The `SimTruth` (with the config) is stored as JSON under
-    `METADATA_KEY` in the file's key-value metadata; `read_truth` reads it back.
+    step, not the dump; the file appears only when the whole dump is written. The `SimTruth`
+    (with the config) is stored as JSON under `METADATA_KEY` in the file's key-value
+    metadata; `read_truth` reads it back.
 
     Args:
         path: the Parquet file to write (overwritten).
@@ -814,6 +816,8 @@ def write_simulated(
 
     Raises:
         ConfigError: `layout` is neither "sequence" nor "token".
+        IscoreError: `path` is a directory, its directory does not exist, or its name does
+            not end with .parquet.
 
     >>> import tempfile
     >>> with tempfile.TemporaryDirectory() as tmp:
@@ -829,7 +833,10 @@ def write_simulated(
     regime = REGIMES[config.regime]
     schema = SEQUENCE_SCHEMA if layout == "sequence" else TOKEN_SCHEMA
     steps = []
-    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+    with (
+        output_path(path, suffixes=(".parquet",)) as tmp,
+        pq.ParquetWriter(tmp, schema, compression="zstd") as writer,
+    ):
         for step in range(config.steps):
             s = _simulate_step(config, regime, step)
             batch = _sequence_batch(s) if layout == "sequence" else _token_batch(s)

@@ -188,14 +188,14 @@ def _claims(files: Sequence[File]) -> dict[str, list[File]]:
     return {fmt: [f for f in files if _module(fmt).claims(f)] for fmt in FORMATS}
 
 
-def _plan(source: str | Path, fmt: str | None) -> tuple[str, list[File]]:
+def _plan(source: str | Path, fmt: str | None, flag: str = "--format") -> tuple[str, list[File]]:
     """The format and the files to read, in step order."""
     files, explicit = _expand(source)
-    return _choose(str(source), files, fmt, explicit)
+    return _choose(str(source), files, fmt, explicit, flag)
 
 
 def _choose(
-    source: str, files: list[File], fmt: str | None, explicit: bool
+    source: str, files: list[File], fmt: str | None, explicit: bool, flag: str = "--format"
 ) -> tuple[str, list[File]]:
     """The format of `files` and those of them it reads.
 
@@ -205,6 +205,7 @@ def _choose(
         fmt: the format named, or None to detect it.
         explicit: whether every file was named on purpose (a file, uploads): then each must
             be read, never skipped as another kind of file in a directory would be.
+        flag: the command-line option that names the format, in messages.
     """
     if fmt is not None:
         module = _module(fmt)
@@ -219,7 +220,7 @@ def _choose(
     if not claimed:
         raise DumpError(
             f"{source}: no file looks like a dump iscore can import (expected {expected}); "
-            "name the format with fmt= (--format)"
+            f"name the format with fmt= ({flag})"
         )
     if explicit:
         known = {id(f) for found in claimed.values() for f in found}
@@ -237,7 +238,7 @@ def _choose(
     )
     raise DumpError(
         f"{source}: the files look like more than one format: {candidates}; "
-        "name the format with fmt= (--format) or point at one format's files"
+        f"name the format with fmt= ({flag}) or point at one format's files"
     )
 
 
@@ -336,7 +337,7 @@ def convert(
     >>> convert("dumped_data/", "skyrl.parquet", allow_pickle=True)  # doctest: +SKIP
     ConvertReport(framework='skyrl', out='skyrl.parquet', files=3, steps=3, ...)
     """
-    fmt, files = _plan(source, fmt)
+    fmt, files = _plan(source, fmt, flag="--from")
     parts: list[Part] = []
     with output_path(out) as tmp:
         writer = DumpWriter(tmp, framework=fmt)

@@ -175,7 +175,9 @@ def test_recommend_prints_ranking_and_snippet(tmp_path, capsys):
     ranking = json.loads(out.read_text())
     assert ranking["framework"] == "skyrl" and ranking["candidates"][0]["passes"]
     assert main([*argv, "--lr-scale", "1.2:2"]) == 2
-    assert "Expected `lr_scale` to be a range" in capsys.readouterr().err
+    assert "Expected --lr-scale to be a range" in capsys.readouterr().err
+    assert main([*argv, "--max-token-drop", "2"]) == 2
+    assert "Expected --max-token-drop to be a fraction in [0, 1]" in capsys.readouterr().err
 
 
 def nemo_logs(tmp_path):
@@ -254,6 +256,128 @@ def test_setting_names_reach_the_terminal_with_control_characters_escaped(dump, 
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert "evil\\x1b[2J\\x07name (trl)" in out
+
+
+def test_replay_takes_a_preset_name(dump, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from iscore import load
+    from iscore.analyze import resolve
+
+    out = tmp_path / "w.parquet"
+    argv = ["replay", str(dump), "--config", "verl:decoupled_geo_rs", "--out", str(out), "-q"]
+    assert main(argv) == 0
+    assert "replayed with decoupled_geo_rs (verl)" in capsys.readouterr().out
+    expected = resolve("verl:decoupled_geo_rs").replay(load(dump))
+    assert pq.read_table(out)["weight"].to_numpy().tolist() == expected.weight.tolist()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simulate", "nodir/s.parquet"], "nodir/s.parquet: no such directory"),
+        (["simulate", "adir"], "adir: is a directory; expected a file name to write"),
+        (["simulate", "s1.csv"], "s1.csv: expected a .parquet file name, but got '.csv'"),
+        (
+            ["replay", "DUMP", "--config", "verl:disabled", "--out", "w.csv", "-q"],
+            "w.csv: expected a .parquet file name, but got '.csv'",
+        ),
+        (
+            ["analyze", "DUMP", "-q", "--json", "same.out", "--html", "./same.out"],
+            "--json and --html both name ./same.out; give each output a file of its own",
+        ),
+        (
+            ["analyze", "DUMP", "-q", "--json", "a.json", "--sequences", "a.json"],
+            "--json and --sequences both name a.json",
+        ),
+        (
+            ["bench", "--dump", "b.json", "--json", "b.json", "-q"],
+            "--dump and --json both name b.json",
+        ),
+        (
+            ["export", "--config", "verl:disabled", "--to", "skyrl", "--where", "step > 1"],
+            "--where is an option of --dump; give --dump DUMP with it",
+        ),
+        (
+            ["export", "--config", "verl:disabled", "--to", "skyrl", "--chunk-tokens", "9"],
+            "--chunk-tokens is an option of --dump; give --dump DUMP with it",
+        ),
+    ],
+)
+def test_bad_outputs_and_misplaced_options_are_refused(
+    argv, message, dump, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "adir").mkdir()
+    before = sorted(tmp_path.iterdir())
+    assert main([str(dump) if a == "DUMP" else a for a in argv]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}")
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_convert_names_its_own_format_flag(dump, tmp_path, capsys):
+    assert main(["convert", str(dump), "--out", str(tmp_path / "r.parquet")]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("name the format with fmt= (--from)")
+    assert main(["validate", str(tmp_path / "nothing*.jsonl"), "-q"]) == 2
+    assert "(--from)" not in capsys.readouterr().err
+
+
+def test_export_reads_its_dump_with_the_dump_options(dump, capsys):
+    argv = ["export", "--config", "verl:decoupled_geo_rs", "--to", "skyrl", "--dump", str(dump)]
+    measured = {}
+    for extra in ([], ["--steps", "1", "-q"], ["--where", "step = 1", "-q"]):
+        assert main([*argv, *extra]) == 0
+        err = capsys.readouterr().err
+        measured[" ".join(extra)] = [line for line in err.splitlines() if "mean w" in line]
+    assert measured["--steps 1 -q"] == measured["--where step = 1 -q"] != measured[""]
+
+
+def test_settings_keep_the_command_line_order(dump, tmp_path, capsys):
+    config = tmp_path / "geo.yaml"
+    config.write_text(VERL_GEO)
+    argv = ["--preset", "trl:trl_token_tis", "--config", str(config), "--preset", "verl:disabled"]
+    out = tmp_path / "a.json"
+    assert main(["analyze", str(dump), "-q", *argv, "--json", str(out)]) == 0
+    names = [s["name"] for s in json.loads(out.read_text())["settings"]]
+    assert names == ["trl_token_tis", "geo", "disabled"]
+    table = tmp_path / "s.csv"
+    assert main(["sequences", str(dump), "-q", *argv, "--out", str(table)]) == 0
+    header = table.read_text().splitlines()[0].replace('"', "").split(",")
+    weights = [name for name in header if name.endswith("_weight")]
+    assert weights == ["trl_token_tis_weight", "geo_weight", "disabled_weight"]
+
+
+@pytest.mark.parametrize("command", ["analyze", "replay"])
+@pytest.mark.parametrize("preset", ["verl:bypass_ppo_clip", "skyrl:skyrl_rollout_is"])
+def test_a_setting_that_cannot_replay_the_dump_is_named(command, preset, dump, tmp_path, capsys):
+    argv = [command, str(dump), "-q"]
+    if command == "analyze":
+        argv += ["--preset", "verl:disabled", "--preset", preset]
+    else:
+        argv += ["--config", preset, "--out", str(tmp_path / "w.parquet")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {preset}: ") and "`policy_logprob` column" in err
+    assert not (tmp_path / "w.parquet").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_chunk_tokens_must_be_positive(value, dump, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["validate", str(dump), "--chunk-tokens", value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --chunk-tokens: expected a positive integer, but got '{value}'" in err
+
+
+def test_version_is_the_installed_one(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"iscore {version('iscore')}\n"
 
 
 def _fresh(code: str) -> str:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from iscore.errors import ConfigError, DumpError
+from iscore.errors import ConfigError, DumpError, IscoreError
 from iscore.simulate import (
     METADATA_KEY,
     REGIMES,
@@ -320,3 +320,28 @@ def test_bad_config_raises(kwargs, message):
 def test_bad_layout_raises(tmp_path):
     with pytest.raises(ConfigError, match="Expected argument `layout` to be 'sequence' or"):
         write_simulated(tmp_path / "x.parquet", SimConfig(sequences=2), layout="rows")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nodir/s.parquet", "nodir/s.parquet: no such directory"),
+        ("adir", "adir: is a directory; expected a file name to write"),
+        ("s.csv", "s.csv: expected a .parquet file name, but got '.csv'"),
+    ],
+)
+def test_bad_output_paths_are_refused_and_nothing_is_left(name, message, tmp_path):
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(IscoreError, match=re.escape(message)):
+        write_simulated(tmp_path / name, SimConfig(sequences=2))
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["adir"]
+
+
+def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
+    def fail(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr("iscore.simulate._token_batch", fail)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_simulated(tmp_path / "s.parquet", SimConfig(sequences=2), layout="token")
+    assert list(tmp_path.iterdir()) == []

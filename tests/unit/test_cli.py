@@ -348,18 +348,19 @@ def test_settings_keep_the_command_line_order(dump, tmp_path, capsys):
     assert weights == ["trl_token_tis_weight", "geo_weight", "disabled_weight"]
 
 
-@pytest.mark.parametrize("command", ["analyze", "replay"])
+@pytest.mark.parametrize("command", ["analyze", "sequences", "replay"])
 @pytest.mark.parametrize("preset", ["verl:bypass_ppo_clip", "skyrl:skyrl_rollout_is"])
 def test_a_setting_that_cannot_replay_the_dump_is_named(command, preset, dump, tmp_path, capsys):
     argv = [command, str(dump), "-q"]
-    if command == "analyze":
-        argv += ["--preset", "verl:disabled", "--preset", preset]
-    else:
+    if command == "replay":
         argv += ["--config", preset, "--out", str(tmp_path / "w.parquet")]
+    else:
+        argv += ["--preset", "verl:disabled", "--preset", preset]
+        argv += ["--out", str(tmp_path / "w.csv")] if command == "sequences" else []
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {preset}: ") and "`policy_logprob` column" in err
-    assert not (tmp_path / "w.parquet").exists()
+    assert not (tmp_path / "w.parquet").exists() and not (tmp_path / "w.csv").exists()
 
 
 @pytest.mark.parametrize("value", ["0", "-5"])

@@ -397,9 +397,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
         print(f"wrote {args.out} ({args.to}); `iscore replay --config {args.out}` reads it")
     else:
         print(text.rstrip())
+    target = (
+        f"{args.to} in its {args.generation} config keys"
+        if args.generation
+        else f"{args.to} (as of {frameworks.get(args.to).upstream})"
+    )
     print(
         f"# {'exact' if result.exact else 'not exact'}: {spec.name} ({spec.framework}) -> "
-        f"{args.to} (as of {frameworks.get(args.to).upstream})",
+        f"{target}",
         file=sys.stderr,
     )
     for note in result.notes:

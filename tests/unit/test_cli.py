@@ -240,6 +240,13 @@ def test_export_prints_snippet_and_writes_a_replayable_file(tmp_path, capsys, du
     assert exported.keep.tolist() == original.keep.tolist()
 
 
+def test_export_of_an_older_verl_generation_is_labelled_with_it(capsys):
+    argv = ["export", "--config", "verl:decoupled_geo_rs", "--to", "verl", "--generation", "gen0"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "-> verl in its gen0 config keys" in err and "as of" not in err
+
+
 def test_bench_prints_the_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "--tokens", "20000", "--no-memory", "-q", "--json", str(out)]) == 0

@@ -225,7 +225,7 @@ def analyze(
     summary = mismatch.compute()
     if not summary["tokens"]:
         if dump is not None and not summary.get("sequences"):  # none where the dump was read
-            raise DumpError(f"{files[0]}: no sequences in the {dump.describe_selection()}")
+            raise DumpError(f"{files[0]}: {dump.why_empty()}")
         # Every statistic is a mean over loss tokens: with none, there is nothing to report.
         where = ", ".join(files) or "the batch"
         raise DumpError(

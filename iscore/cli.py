@@ -232,7 +232,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             kept += int(result.keep.sum())
             bar.update(batch.num_tokens)
         if writer is None:
-            raise IscoreError(f"no sequences in the {dump.describe_selection()}; nothing written")
+            raise IscoreError(f"{dump.files[0].path}: {dump.why_empty()}; nothing written")
         writer.close()
     print(
         f"{args.out}: {tokens:,} tokens replayed with {spec.name} ({spec.framework}); "
@@ -403,8 +403,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         else f"{args.to} (as of {frameworks.get(args.to).upstream})"
     )
     print(
-        f"# {'exact' if result.exact else 'not exact'}: {spec.name} ({spec.framework}) -> "
-        f"{target}",
+        f"# {'exact' if result.exact else 'not exact'}: {spec.name} ({spec.framework}) -> {target}",
         file=sys.stderr,
     )
     for note in result.notes:

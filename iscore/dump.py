@@ -668,13 +668,7 @@ class Dump:
                 pass
             raise
         if not parts:
-            if self.dropped.sequences:
-                raise DumpError(
-                    f"{self.files[0].path}: all {self.dropped.sequences:,} sequences were "
-                    "dropped as invalid"
-                )
-            selected = self.describe_selection()
-            raise DumpError(f"{self.files[0].path}: no sequences in the {selected}")
+            raise DumpError(f"{self.files[0].path}: {self.why_empty()}")
         import torch
 
         batch = parts[0] if len(parts) == 1 else _concat(parts)
@@ -712,6 +706,13 @@ class Dump:
                         yield batch
         if sequences and not in_loss:
             raise DumpProblems([self.nothing_in_loss(sequences, tokens)])
+
+    def why_empty(self) -> str:
+        """Why reading yielded no sequence, for messages: all were dropped as invalid, or
+        none is in the selection."""
+        if self.dropped.sequences:
+            return f"all {self.dropped.sequences:,} sequences were dropped as invalid"
+        return f"no sequences in the {self.describe_selection()}"
 
     def describe_selection(self) -> str:
         """What reading selects, for messages: the steps (with those the dump has, when a

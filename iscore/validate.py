@@ -165,12 +165,7 @@ def validate(
             progress(int(chunk["lengths"].sum()))
     if not lengths:
         if not report.problems:
-            what = (
-                f"all {dump.dropped.sequences:,} sequences were dropped as invalid"
-                if dump.dropped.sequences
-                else f"no sequences in the {dump.describe_selection()}"
-            )
-            report.problems.append(Problem(report.files[0], None, what))
+            report.problems.append(Problem(report.files[0], None, dump.why_empty()))
         return report
     all_lengths = np.concatenate(lengths)
     report.steps = sorted(steps)

@@ -240,6 +240,23 @@ def test_export_prints_snippet_and_writes_a_replayable_file(tmp_path, capsys, du
     assert exported.keep.tolist() == original.keep.tolist()
 
 
+@pytest.mark.parametrize("command", ["analyze", "replay", "recommend", "validate"])
+def test_a_dump_with_every_sequence_dropped_says_so(command, tmp_path, capsys):
+    table = pa.table({"seq_id": [1, 1], "rollout_logprob": np.float32([-1, np.nan])})
+    path = write(
+        table.append_column("train_logprob", pa.array(np.float32([-1, -1]))),
+        tmp_path / "nan.parquet",
+    )
+    extra = {
+        "replay": ["--config", "verl:disabled", "--out", str(tmp_path / "w.parquet")],
+        "recommend": ["--framework", "verl"],
+    }.get(command, [])
+    assert main([command, str(path), "-q", "--drop-invalid", *extra]) in (1, 2)
+    said = capsys.readouterr()
+    assert f"{path}: all 1 sequences were dropped as invalid" in said.out + said.err
+    assert not (tmp_path / "w.parquet").exists()
+
+
 def test_export_of_an_older_verl_generation_is_labelled_with_it(capsys):
     argv = ["export", "--config", "verl:decoupled_geo_rs", "--to", "verl", "--generation", "gen0"]
     assert main(argv) == 0

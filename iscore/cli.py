@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import types
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -716,7 +717,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the dump, rank them against the targets and print the best as a config snippet.",
     )
     _add_dump_arguments(p)
-    p.add_argument("--framework", required=True, choices=FRAMEWORKS)
+    p.add_argument(
+        "--framework",
+        required=True,
+        choices=FRAMEWORKS,
+        help="the framework whose settings are ranked (its candidates: `iscore presets`)",
+    )
     p.add_argument(
         "--max-token-drop",
         type=float,
@@ -820,7 +826,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("presets", help="list the named settings of every framework")
-    p.add_argument("--framework", choices=FRAMEWORKS)
+    p.add_argument("--framework", choices=FRAMEWORKS, help="only this framework's presets")
     p.set_defaults(func=_cmd_presets)
 
     p = sub.add_parser(
@@ -833,9 +839,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", choices=("sequence", "token"), default="sequence")
     p.add_argument("--sequences", type=int, help="sequences per step")
     p.add_argument("--steps", type=int, help="training steps")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--min-len", type=int)
-    p.add_argument("--max-len", type=int)
+    p.add_argument("--seed", type=int, help="the same seed writes the same dump")
+    p.add_argument("--min-len", type=int, help="shortest sequence length")
+    p.add_argument("--max-len", type=int, help="longest sequence length")
     p.add_argument("--median-len", type=int, help="median sequence length (default: the regime's)")
     p.add_argument(
         "--broken-share",
@@ -865,12 +871,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message: Warning | str, *args: object, **kwargs: object) -> None:
+    """A warning as one line, `warning: ...`, without the source line it was raised from."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `iscore` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     _defer_import("torch")
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return args.func(args)
     except IscoreError as e:
         if problems := getattr(e, "problems", None):  # a DumpProblems: every one listed
             print(f"{len(problems)} problem{'s' * (len(problems) > 1)}:", file=sys.stderr)

@@ -222,13 +222,13 @@ def setting_columns(specs: Sequence[Spec], taken: Collection[str] = ()) -> list[
         if name in out[:i]:
             raise IscoreError(
                 f"two settings are both named {quote(specs[i].name)} ({specs[i].framework}); "
-                "rename one of them to tell their columns apart"
+                "rename one of them (a config's `name:` key) to tell their columns apart"
             )
         clash = [f"{name}_{s}" for s in SETTING_STATISTICS if f"{name}_{s}" in taken]
         if clash:
             raise IscoreError(
                 f"setting {quote(specs[i].name)}'s column {clash[0]} is already a column of "
-                "the dump; rename the setting"
+                "the dump; rename the setting (its config's `name:` key)"
             )
     return out
 

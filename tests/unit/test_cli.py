@@ -257,6 +257,15 @@ def test_a_dump_with_every_sequence_dropped_says_so(command, tmp_path, capsys):
     assert not (tmp_path / "w.parquet").exists()
 
 
+def test_a_warning_is_one_line(dump, tmp_path, capsys):
+    config = tmp_path / "cap.yaml"
+    config.write_text("framework: trl\nvllm_importance_sampling_cap: 2.0\n")
+    assert main(["analyze", str(dump), "-q", "--config", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: `vllm_importance_sampling_cap` is deprecated in TRL" in err
+    assert "FutureWarning" not in err and ".py:" not in err
+
+
 def test_export_of_an_older_verl_generation_is_labelled_with_it(capsys):
     argv = ["export", "--config", "verl:decoupled_geo_rs", "--to", "verl", "--generation", "gen0"]
     assert main(argv) == 0

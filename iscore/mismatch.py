@@ -697,6 +697,7 @@ def _flags(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) ->
             }
         )
     steps = result.get("by_step", [])
+    result["k3_growth"] = None  # fewer than three steps, or no mismatch at the first
     if len(steps) >= 3 and steps[0].get("k3", 0) > 0:
         growth = steps[-1]["k3"] / steps[0]["k3"]
         result["k3_growth"] = growth

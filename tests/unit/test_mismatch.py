@@ -211,3 +211,18 @@ def test_collapse_matches_independent_token_expectation(tmp_path, length):
         assert abs(measured - expected) < 4 * stderr, (key, measured, expected, stderr)
     # and the product weights do collapse: the median is e^(mu T) < 1, ever smaller with T
     assert row["expected_seq_ratio_median"] == pytest.approx(math.exp(result["d_mean"] * length))
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_k3_growth_is_last_over_first_step_and_null_below_three_steps(tmp_path, steps):
+    path = tmp_path / "drift.parquet"
+    write_simulated(path, SimConfig(regime="drift", sequences=12 * steps, steps=steps, seed=3))
+    stats = MismatchStats()
+    for chunk in Dump(path).batches(whole_steps=True):
+        stats.update(chunk)
+    result = stats.compute()
+    if steps < 3:
+        assert result["k3_growth"] is None
+    else:
+        by_step = result["by_step"]
+        assert result["k3_growth"] == by_step[-1]["k3"] / by_step[0]["k3"] > 1.0

@@ -115,8 +115,9 @@ def _add_dump_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
         parser.add_argument(
             "--where",
             metavar="PREDICATE",
-            help="only the sequences where this SQL expression over the sequence table's dump "
-            'columns holds, e.g. "step > 200 AND length > 4000" (see docs/sql.md)',
+            help="only the sequences where this SQL condition on the sequence table holds "
+            "(the dump's columns and the mismatch ones, such as length, k3, d_mean), e.g. "
+            '"step > 200 AND length > 4000" (see docs/sql.md)',
         ),
         parser.add_argument(
             "--format",
@@ -500,8 +501,9 @@ APP_OPTIONS = {
     "--max-path-tokens": "the most tokens one session may open from a server path; the DUMP "
     f"named here may hold more (default {MAX_PATH_TOKENS:,})",
     "--cache-mb": f"memory for loaded dumps, shared by all sessions (default {CACHE_MB:,} MB)",
-    "--where": "a slice applied to every page from the start: an SQL predicate over the "
-    "sequence table's dump columns (docs/sql.md), as Explore's 'apply as slice'",
+    "--where": "a slice applied to every page from the start: an SQL condition on the "
+    "sequence table (its dump and mismatch columns, docs/sql.md), as Explore's 'apply as "
+    "slice'",
 }
 """iscore's own options of `iscore app`; every other `--section.option` goes to Streamlit."""
 

@@ -497,7 +497,7 @@ class Dump:
         drop_invalid: drop sequences with NaN, infinite or positive log-probs (counted in
             `dropped`) instead of raising.
         where: only read sequences where this SQL predicate over the sequence table's dump
-            columns holds (`iscore.sequences`), judged chunk by chunk as they are read.
+            and mismatch columns holds (`iscore.sequences`), judged chunk by chunk as they are read.
         extras: carry every per-sequence column of the dump (`Extra`) into the batches'
             `extra` table; without it only those `where` reads are carried.
 

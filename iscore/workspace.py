@@ -199,7 +199,7 @@ class Source:
 @dataclass(frozen=True, slots=True)
 class Selection:
     """The sequences the pages look at: training steps, and a slice (a `--where` predicate
-    over the sequence table's dump columns, `iscore.sequences`) or None.
+    over the sequence table's dump and mismatch columns, `iscore.sequences`) or None.
 
     >>> Selection(StepRange(3, 7), "length > 4000")
     Selection(steps=StepRange(lo=3, hi=7), where='length > 4000')

@@ -9,3 +9,4 @@ iscore simulate moe_routing.parquet   --regime moe_routing   --sequences 64 --se
 iscore simulate offset_bug.parquet    --regime offset_bug    --sequences 48 --seed 4
 iscore simulate drift.parquet         --regime drift         --sequences 12 --steps 4 --seed 5
 iscore simulate long_collapse.parquet --regime long_collapse --sequences 18 --seed 6
+iscore simulate off_policy.parquet    --regime moe_routing   --sequences 48 --policy-sigma 0.1 --seed 7

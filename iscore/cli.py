@@ -482,6 +482,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             "max_len",
             "median_len",
             "broken_share",
+            "policy_sigma",
         )
         if getattr(args, name) is not None
     }
@@ -850,6 +851,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="share of each step's sequences scored by a stale replica (every token's train "
         "log-prob 1 nat above the rollout's); default 0",
+    )
+    p.add_argument(
+        "--policy-sigma",
+        type=float,
+        help="logit noise (nats) between the trainer and the current policy: adds a "
+        "policy_logprob column, for bypass and current-policy settings; default 0 (none)",
     )
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=_cmd_simulate)

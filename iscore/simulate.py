@@ -48,7 +48,11 @@ long_collapse    sigma 0.09; median length 4000 (1.5M tokens);  0.0125   7.5e-4 
 Rare outliers remain in every regime: max |d| over those ~250k tokens is 1.3 nats for
 dense_bf16, 1.4 to 15 for the others. `SimConfig.median_len=None` takes the regime's
 median length (4000 for `long_collapse`, 600 otherwise); an explicit value always wins.
-Columns are `SEQUENCE_SCHEMA` (what `simulate` yields) or `TOKEN_SCHEMA`.
+Columns are `SEQUENCE_SCHEMA` (what `simulate` yields) or `TOKEN_SCHEMA`; with
+`SimConfig.policy_sigma` > 0 a `policy_logprob` column follows `train_logprob`: the log-prob of
+the sampled token under a current policy whose logits are the trainer's plus Gaussian noise of
+that size (what bypass and current-policy corrections score against), with the exact
+KL(trainer || policy) in the truth.
 
 Generation is vectorized numpy in chunks of bounded scratch memory: about 2.8M tokens/s on
 one core at vocab 16 (1.8M for offset_bug, which sorts for its nucleus). `write_simulated`
@@ -226,6 +230,10 @@ class SimConfig:
         length_sigma: log-normal sigma of the lengths; 0 makes every length `median_len`.
         vocab: candidate tokens per position.
         group_size: sequences per prompt group (advantages are normalized per group).
+        policy_sigma: scale (nats) of the logit noise between the trainer and the current
+            policy (the model after the step's first updates, which bypass and current-policy
+            corrections score against); above 0 the dump gets a `policy_logprob` column, drawn
+            from a stream of its own so that every other column is the same as without it.
         broken_share: the share of each step's sequences (at least one when above 0) that a
             stale replica scored: every token's train log-prob `BROKEN_SHIFT` nats above the
             rollout's, capped at 0. `broken_sequences` says which.
@@ -252,6 +260,7 @@ class SimConfig:
     vocab: int = 16
     group_size: int = 8
     broken_share: float = 0.0
+    policy_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.regime, str) or self.regime not in REGIMES:
@@ -293,6 +302,12 @@ class SimConfig:
                 f"Expected argument `broken_share` to be a float in [0, 1), but got {quote(share)}"
             )
         object.__setattr__(self, "broken_share", float(share))
+        policy = self.policy_sigma
+        if isinstance(policy, bool) or not isinstance(policy, Real) or not 0 <= policy <= 2:
+            raise ConfigError(
+                f"Expected argument `policy_sigma` to be a float in [0, 2], but got {quote(policy)}"
+            )
+        object.__setattr__(self, "policy_sigma", float(policy))
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +327,9 @@ class StepTruth:
             rollout's support; exactly 1 unless the regime is biased (top-p).
         broken: sequences a stale replica scored (`SimConfig.broken_share`); the three
             figures above describe the regime's noise, before that shift.
+        kl_train_policy: token mean of KL(trainer || current policy) at each position, what
+            the k-estimators of `policy_logprob - train_logprob` estimate; None without a
+            policy (`SimConfig.policy_sigma` 0).
     """
 
     step: int
@@ -322,6 +340,7 @@ class StepTruth:
     kl_train_rollout: float
     expected_ratio: float
     broken: int = 0
+    kl_train_policy: float | None = None
 
 
 def _json_float(value: float) -> float | None:
@@ -371,6 +390,14 @@ class SimTruth:
         """Token mean of E_rollout[exp(d)] over the whole dump."""
         return self._token_mean("expected_ratio")
 
+    @property
+    def kl_train_policy(self) -> float | None:
+        """Token mean of KL(trainer || current policy) over the whole dump, or None without a
+        policy."""
+        if not self.config.policy_sigma:
+            return None
+        return self._token_mean("kl_train_policy")
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; an infinite KL is None.
 
@@ -389,6 +416,7 @@ class SimTruth:
             "kl_rollout_train": self.kl_rollout_train,
             "kl_train_rollout": _json_float(self.kl_train_rollout),
             "expected_ratio": self.expected_ratio,
+            "kl_train_policy": self.kl_train_policy,
             "steps": [_step_dict(s) for s in self.steps],
         }
 
@@ -492,10 +520,16 @@ class _Positions:
     kl_forward: np.ndarray  # float32 [n], KL(mu || pi)
     kl_reverse: np.ndarray  # float32 [n], KL(pi || mu)
     ratio: np.ndarray  # float32 [n], E_mu[pi / mu]
+    policy: np.ndarray | None = None  # float32 [n], log q[a] (with a policy)
+    kl_policy: np.ndarray | None = None  # float32 [n], KL(pi || q)
 
 
 def _sample_positions(
-    rng: np.random.Generator, noise: np.ndarray, regime: Regime, vocab: int
+    rng: np.random.Generator,
+    noise: np.ndarray,
+    regime: Regime,
+    vocab: int,
+    policy_noise: np.ndarray | None = None,
 ) -> _Positions:
     """Draw rollout/trainer distributions at n positions, sample from the rollout, score both.
 
@@ -506,6 +540,8 @@ def _sample_positions(
         noise: float32 [n], scale of the trainer's logit noise at each position.
         regime: the mismatch regime.
         vocab: candidates per position.
+        policy_noise: float32 [vocab, n], the current policy's logits minus the trainer's, or
+            None for no policy.
     """
     n = noise.size
     logits = _normals(rng, vocab, n)
@@ -562,8 +598,23 @@ def _sample_positions(
 
     columns = np.arange(n)
     rollout = shifted[token, columns] - np.log(total)
-    train = np.minimum(rollout + (delta[token, columns] - log_norm), np.float32(0.0))
-    return _Positions(token, rollout, train, log_norm, kl_reverse, ratio)
+    log_pi = rollout + (delta[token, columns] - log_norm)
+    train = np.minimum(log_pi, np.float32(0.0))
+    if policy_noise is None:
+        return _Positions(token, rollout, train, log_norm, kl_reverse, ratio)
+    # The trainer's distribution over every candidate: mu e^delta on mu's support and, outside
+    # a top-p nucleus, the untruncated rollout weight times e^delta; it sums to 1 + excess.
+    pi = mu * np.exp(delta)
+    if escaped is not None:
+        pi += weights_outside / total * np.exp(delta)
+    pi /= np.float32(1.0) + excess
+    # The same accurate form as for KL(mu || pi): with g centred on its trainer mean,
+    # KL(pi || q) = log E_pi[exp(g)] = log1p(E_pi[expm1(g) - g]), and log q[a] = log pi[a] +
+    # g[a] - KL(pi || q).
+    g = policy_noise - (pi * policy_noise).sum(axis=0)
+    kl_policy = np.log1p((pi * _expm1_minus_x(g)).sum(axis=0))
+    policy = np.minimum(log_pi + (g[token, columns] - kl_policy), np.float32(0.0))
+    return _Positions(token, rollout, train, log_norm, kl_reverse, ratio, policy, kl_policy)
 
 
 @dataclass(slots=True)
@@ -580,6 +631,7 @@ class _Step:
     token_id: np.ndarray  # int32 [N]
     rollout: np.ndarray  # float32 [N]
     train: np.ndarray  # float32 [N]
+    policy: np.ndarray | None = None  # float32 [N], with `SimConfig.policy_sigma`
 
 
 def _lengths(rng: np.random.Generator, config: SimConfig) -> np.ndarray:
@@ -633,7 +685,10 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
     token_id = np.empty(tokens, dtype=np.int32)
     rollout = np.empty(tokens, dtype=np.float32)
     train = np.empty(tokens, dtype=np.float32)
-    kl_forward = kl_reverse = ratio = 0.0
+    kl_forward = kl_reverse = ratio = kl_policy = 0.0
+    # The policy draws from a stream of its own: with or without it, the rest is the same.
+    policy_rng = np.random.default_rng([config.seed, step, 2]) if config.policy_sigma else None
+    policy = None if policy_rng is None else np.empty(tokens, dtype=np.float32)
     chunk = max(1, _SCRATCH_ELEMENTS // config.vocab)
     for lo in range(0, tokens, chunk):
         hi = min(lo + chunk, tokens)
@@ -645,7 +700,14 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         noise[outlier] *= np.float32(regime.outlier_scale)
         noise[flips[lo:hi]] *= np.float32(regime.flip_scale)
         np.minimum(noise, np.float32(_MAX_NOISE), out=noise)
-        pos = _sample_positions(rng, noise, regime, config.vocab)
+        policy_noise = None
+        if policy_rng is not None:
+            policy_noise = _normals(policy_rng, config.vocab, n)
+            policy_noise *= np.float32(config.policy_sigma)
+        pos = _sample_positions(rng, noise, regime, config.vocab, policy_noise)
+        if policy is not None:
+            policy[lo:hi] = pos.policy
+            kl_policy += float(pos.kl_policy.sum(dtype=np.float64))
         token_id[lo:hi] = pos.token_id
         rollout[lo:hi] = pos.rollout
         train[lo:hi] = pos.train
@@ -669,6 +731,7 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         kl_train_rollout=kl_reverse / tokens,
         expected_ratio=ratio / tokens,
         broken=int(broken.sum()),
+        kl_train_policy=None if policy is None else kl_policy / tokens,
     )
     return _Step(
         truth=truth,
@@ -682,6 +745,7 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         token_id=token_id,
         rollout=rollout,
         train=train,
+        policy=policy,
     )
 
 
@@ -717,6 +781,12 @@ TOKEN_SCHEMA = pa.schema(
 """Columns of a simulated dump in token layout (one row per token)."""
 
 
+def _with_policy(schema: pa.Schema) -> pa.Schema:
+    """`schema` with a `policy_logprob` column after `train_logprob`, of its type."""
+    train = schema.get_field_index("train_logprob")
+    return schema.insert(train + 1, schema.field(train).with_name("policy_logprob"))
+
+
 def _sequence_batch(s: _Step) -> pa.RecordBatch:
     """A step in sequence layout, its truth in the schema metadata."""
     offsets = pa.array(s.offsets)
@@ -731,12 +801,14 @@ def _sequence_batch(s: _Step) -> pa.RecordBatch:
         s.group_id,
         lists(s.rollout),
         lists(s.train),
+        *([] if s.policy is None else [lists(s.policy)]),
         lists(np.ones(s.rollout.size, dtype=bool)),
         lists(s.token_id),
         s.advantage,
         s.reward,
     ]
-    schema = SEQUENCE_SCHEMA.with_metadata({STEP_METADATA_KEY: json.dumps(_step_dict(s.truth))})
+    schema = SEQUENCE_SCHEMA if s.policy is None else _with_policy(SEQUENCE_SCHEMA)
+    schema = schema.with_metadata({STEP_METADATA_KEY: json.dumps(_step_dict(s.truth))})
     return pa.RecordBatch.from_arrays(
         [pa.array(c) if isinstance(c, np.ndarray) else c for c in columns], schema=schema
     )
@@ -756,12 +828,14 @@ def _token_batch(s: _Step) -> pa.RecordBatch:
         pos,
         s.rollout,
         s.train,
+        *([] if s.policy is None else [s.policy]),
         np.ones(s.rollout.size, dtype=bool),
         s.token_id,
         per_token(s.advantage),
         per_token(s.reward),
     ]
-    return pa.RecordBatch.from_arrays([pa.array(c) for c in columns], schema=TOKEN_SCHEMA)
+    schema = TOKEN_SCHEMA if s.policy is None else _with_policy(TOKEN_SCHEMA)
+    return pa.RecordBatch.from_arrays([pa.array(c) for c in columns], schema=schema)
 
 
 def _step_dict(truth: StepTruth) -> dict[str, Any]:
@@ -773,7 +847,8 @@ def simulate(config: SimConfig) -> Iterator[pa.RecordBatch]:
     """Yield a simulated dump step by step, one sequence-layout `RecordBatch` per step.
 
     Each batch's schema metadata holds that step's `StepTruth` as JSON under
-    `STEP_METADATA_KEY`; otherwise its schema is `SEQUENCE_SCHEMA`.
+    `STEP_METADATA_KEY`; otherwise its schema is `SEQUENCE_SCHEMA` (with `policy_logprob`
+    after `train_logprob` when `config.policy_sigma` > 0).
 
     Args:
         config: what to simulate.
@@ -832,6 +907,8 @@ def write_simulated(
         )
     regime = REGIMES[config.regime]
     schema = SEQUENCE_SCHEMA if layout == "sequence" else TOKEN_SCHEMA
+    if config.policy_sigma:
+        schema = _with_policy(schema)
     steps = []
     with (
         output_path(path, suffixes=(".parquet",)) as tmp,

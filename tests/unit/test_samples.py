@@ -9,7 +9,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from iscore import load
+from iscore.analyze import presets
 from iscore.cli import main
+from iscore.errors import ConfigError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 COMMANDS = [
@@ -30,3 +33,20 @@ def test_the_script_regenerates_the_sample_exactly(args, tmp_path, monkeypatch):
     made, bundled = pq.ParquetFile(tmp_path / args[1]), pq.ParquetFile(DATA / args[1])
     assert made.metadata.metadata == bundled.metadata.metadata
     assert made.read().equals(bundled.read(), check_metadata=True)
+
+
+def test_every_preset_replays_on_the_off_policy_sample():
+    batch = load(DATA / "off_policy.parquet")
+    assert batch.policy is not None
+    for name, spec in presets().items():
+        result = spec.replay(batch)
+        assert result.weight.shape == batch.rollout.shape, name
+
+
+def test_the_current_policy_presets_refuse_a_sample_without_policy_logprob():
+    """The settings that score against the current policy replay on no other sample."""
+    needs_policy = {"verl:bypass_ppo_clip", "skyrl:skyrl_rollout_is", "skyrl:skyrl_cispo_rollout"}
+    batch = load(DATA / "fp8.parquet")
+    for name in needs_policy:
+        with pytest.raises(ConfigError, match="policy_logprob"):
+            presets()[name].replay(batch)

@@ -172,14 +172,11 @@ def test_explicit_median_len_overrides_the_regime():
     assert SimConfig("dense_bf16").median_len == 600
 
 
-@pytest.mark.parametrize(("regime", "vocab"), [(r, 16) for r in REGIMES] + [("offset_bug", 5)])
-def test_positions_match_float64_reference(regime, vocab):
-    """Per-position truth and log-probs against a plain float64 softmax of the same draws."""
-    n = 4000
-    noise = np.random.default_rng(1).lognormal(-1.5, 1.0, n).clip(0.01, 4.0).astype(np.float32)
-    got = _sample_positions(np.random.default_rng(2), noise, REGIMES[regime], vocab)
-
-    # Replay the draws in the order `_sample_positions` makes them.
+def _reference(regime: str, vocab: int, noise: np.ndarray) -> dict[str, np.ndarray]:
+    """Per position in float64, replaying the draws in the order `_sample_positions` makes
+    them (generator seed 2): the sampled token and the rollout's and trainer's log-probs of
+    every candidate (a plain softmax, the rollout's truncated to its nucleus)."""
+    n = noise.size
     rng = np.random.default_rng(2)
     z = _normals(rng, vocab, n)
     z[0] += _margins(rng, n)
@@ -187,11 +184,7 @@ def test_positions_match_float64_reference(regime, vocab):
     uniform = rng.random(n, dtype=np.float32)
     z, trainer = z.astype(np.float64), z.astype(np.float64) + eps
 
-    def log_softmax(logits):
-        shifted = logits - logits.max(axis=0)
-        return shifted - np.log(np.exp(shifted).sum(axis=0))
-
-    log_mu = log_softmax(z / REGIMES[regime].temperature)
+    log_mu = _log_softmax(z / REGIMES[regime].temperature)
     top_p = REGIMES[regime].top_p
     if top_p < 1:
         order = np.argsort(-log_mu, axis=0)
@@ -201,15 +194,35 @@ def test_positions_match_float64_reference(regime, vocab):
         np.put_along_axis(inside, order, above < top_p, axis=0)
         log_mu = np.where(inside, log_mu, -np.inf)
         log_mu -= np.log(np.exp(log_mu).sum(axis=0))
-    log_pi = log_softmax(trainer)
+    cdf = np.cumsum(np.exp(log_mu), axis=0)
+    token = np.count_nonzero(cdf <= uniform * cdf[-1], axis=0)
+    return {"token": token, "log_mu": log_mu, "trainer": trainer}
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=0)
+    return shifted - np.log(np.exp(shifted).sum(axis=0))
+
+
+def _noise(n: int) -> np.ndarray:
+    return np.random.default_rng(1).lognormal(-1.5, 1.0, n).clip(0.01, 4.0).astype(np.float32)
+
+
+@pytest.mark.parametrize(("regime", "vocab"), [(r, 16) for r in REGIMES] + [("offset_bug", 5)])
+def test_positions_match_float64_reference(regime, vocab):
+    """Per-position truth and log-probs against a plain float64 softmax of the same draws."""
+    n = 4000
+    noise = _noise(n)
+    got = _sample_positions(np.random.default_rng(2), noise, REGIMES[regime], vocab)
+    ref = _reference(regime, vocab, noise)
+    token, log_mu = ref["token"], ref["log_mu"]
+    log_pi = _log_softmax(ref["trainer"])
     mu, pi = np.exp(log_mu), np.exp(log_pi)
     support = mu > 0
     with np.errstate(invalid="ignore"):  # 0 * -inf outside the nucleus, masked out
         kl_forward = np.where(support, mu * (log_mu - log_pi), 0.0).sum(axis=0)
         kl_reverse = np.where(support, pi * (log_pi - log_mu), np.inf).sum(axis=0)
     ratio = np.where(support, pi, 0.0).sum(axis=0)
-    cdf = np.cumsum(mu, axis=0)
-    token = np.count_nonzero(cdf <= uniform * cdf[-1], axis=0)
 
     np.testing.assert_array_equal(got.token_id, token)
     cols = np.arange(n)
@@ -219,6 +232,29 @@ def test_positions_match_float64_reference(regime, vocab):
     np.testing.assert_allclose(got.kl_forward, kl_forward, rtol=1e-5, atol=1e-12)
     np.testing.assert_allclose(got.kl_reverse, kl_reverse, rtol=1e-5, atol=1e-12)
     np.testing.assert_allclose(got.ratio, ratio, rtol=1e-5)
+    assert got.policy is None and got.kl_policy is None
+
+
+@pytest.mark.parametrize("regime", ["dense_bf16", "fp8", "offset_bug"])
+@pytest.mark.parametrize("sigma", [1e-3, 0.1, 1.0])
+def test_policy_matches_float64_reference(regime, sigma):
+    """The current policy's log-prob of the sampled token and KL(trainer || policy) against a
+    float64 softmax of the trainer's logits plus the policy noise; the rest is unchanged."""
+    n, vocab = 4000, 16
+    noise = _noise(n)
+    g = _normals(np.random.default_rng(5), vocab, n) * np.float32(sigma)
+    got = _sample_positions(np.random.default_rng(2), noise, REGIMES[regime], vocab, g)
+    without = _sample_positions(np.random.default_rng(2), noise, REGIMES[regime], vocab)
+    ref = _reference(regime, vocab, noise)
+    log_pi = _log_softmax(ref["trainer"])
+    log_q = _log_softmax(ref["trainer"] + g.astype(np.float64))
+    kl = (np.exp(log_pi) * (log_pi - log_q)).sum(axis=0)
+
+    cols = np.arange(n)
+    np.testing.assert_array_equal(got.token_id, without.token_id)
+    np.testing.assert_array_equal(got.train, without.train)
+    np.testing.assert_allclose(got.policy, log_q[ref["token"], cols], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.kl_policy, kl, rtol=1e-4, atol=1e-9)
 
 
 def test_same_seed_same_output_other_seed_differs():
@@ -310,6 +346,14 @@ def test_read_truth_needs_simulation_metadata(tmp_path):
             "Expected argument `length_sigma` to be a float in [0, 4], but got -0.5",
         ),
         ({"regime": "bf16"}, "Expected argument `regime` to be one of 'dense_bf16', 'fp8'"),
+        (
+            {"policy_sigma": -0.1},
+            "Expected argument `policy_sigma` to be a float in [0, 2], but got -0.1",
+        ),
+        (
+            {"policy_sigma": True},
+            "Expected argument `policy_sigma` to be a float in [0, 2], but got True",
+        ),
     ],
 )
 def test_bad_config_raises(kwargs, message):
@@ -345,3 +389,29 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="disk full"):
         write_simulated(tmp_path / "s.parquet", SimConfig(sequences=2), layout="token")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("layout", ["sequence", "token"])
+def test_a_policy_adds_its_column_and_changes_nothing_else(tmp_path, layout):
+    config = SimConfig("moe_routing", sequences=24, steps=2, seed=4)
+    plain = write_simulated(tmp_path / "plain.parquet", config, layout=layout)
+    with_policy = SimConfig("moe_routing", sequences=24, steps=2, seed=4, policy_sigma=0.2)
+    truth = write_simulated(tmp_path / "policy.parquet", with_policy, layout=layout)
+    a, b = pq.read_table(tmp_path / "plain.parquet"), pq.read_table(tmp_path / "policy.parquet")
+    names = a.column_names
+    train = names.index("train_logprob")
+    assert b.column_names == [*names[: train + 1], "policy_logprob", *names[train + 1 :]]
+    assert b.schema.field("policy_logprob").type == a.schema.field("train_logprob").type
+    assert all(a[name].equals(b[name]) for name in names)
+    assert [s.kl_train_policy for s in plain.steps] == [None, None]
+    assert plain.kl_train_policy is None and truth.kl_train_policy > 0
+    assert read_truth(tmp_path / "policy.parquet") == truth
+
+    # k3 of log(train / policy) over the sampled tokens estimates KL(trainer || policy): the
+    # tokens are drawn from the rollout, within bf16 noise of the trainer.
+    flat = pc.list_flatten if layout == "sequence" else (lambda column: column)
+    policy = flat(b["policy_logprob"]).to_numpy().astype(np.float64)
+    log_ratio = flat(b["train_logprob"]).to_numpy() - policy
+    k3 = np.expm1(-log_ratio) + log_ratio
+    assert (policy <= 0).all()
+    assert abs(k3.mean() - truth.kl_train_policy) < Z * k3.std() / math.sqrt(k3.size)

@@ -107,7 +107,7 @@ def test_workspace_memoizes_and_matches_analyze() -> None:
     assert ws.source.files == ("drift.parquet",) and ws.steps == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("sample", ["fp8.parquet", "long_collapse.parquet"])
+@pytest.mark.parametrize("sample", ["fp8.parquet", "long_collapse.parquet", "off_policy.parquet"])
 def test_settings_added_one_by_one_equal_each_analyzed_alone(sample: str) -> None:
     """The workspace keeps d, e^d and the sequence sums between settings (and the tuner):
     every setting added after others gives exactly what analyzing it alone gives."""

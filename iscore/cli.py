@@ -98,7 +98,8 @@ def _add_dump_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
             action="append",
             default=[],
             metavar="CANONICAL=SOURCE",
-            help="read canonical column CANONICAL from the file's column SOURCE (repeatable)",
+            help="read canonical column CANONICAL from the file's column SOURCE; CANONICAL= "
+            "leaves an optional column out (repeatable)",
         ),
         parser.add_argument(
             "--steps",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from difflib import get_close_matches
 
 import pyarrow as pa
 
@@ -140,18 +141,34 @@ class ColumnMap:
         )
 
 
-def parse_mapping(items: Sequence[str]) -> dict[str, str]:
-    """Parse CLI `CANONICAL=SOURCE` pairs into an explicit column mapping.
+def parse_mapping(items: Sequence[str]) -> dict[str, str | None]:
+    """Parse CLI `CANONICAL=SOURCE` pairs into an explicit column mapping; `CANONICAL=` (no
+    source) leaves an optional column out.
 
-    >>> parse_mapping(["train_logprob=lp_trainer"])
-    {'train_logprob': 'lp_trainer'}
+    >>> parse_mapping(["train_logprob=lp_trainer", "loss_mask="])
+    {'train_logprob': 'lp_trainer', 'loss_mask': None}
+
+    Raises:
+        DumpError: an item is not of that form, or names no canonical column.
     """
-    mapping: dict[str, str] = {}
+    mapping: dict[str, str | None] = {}
     for item in items:
-        name, sep, source = item.partition("=")
-        if not sep or not name or not source:
-            raise DumpError(f"Expected a column mapping CANONICAL=SOURCE, but got {quote(item)}")
-        mapping[name.strip()] = source.strip()
+        name, sep, source = (part.strip() for part in item.partition("="))
+        if not sep or not name:
+            raise DumpError(
+                f"Expected a column mapping CANONICAL=SOURCE (or CANONICAL= to leave an optional "
+                f"column out), but got {quote(item)}"
+            )
+        if name not in ALIASES:
+            close = get_close_matches(name, CANONICAL, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise DumpError(
+                f"Unknown canonical column {quote(name)} in --column {quote(item)}{hint}; "
+                f"expected one of {', '.join(CANONICAL)}"
+            )
+        if not source and name in ("rollout_logprob", "train_logprob"):
+            raise DumpError(f"--column {quote(item)}: {name} is required and cannot be left out")
+        mapping[name] = source or None
     return mapping
 
 

@@ -78,12 +78,28 @@ def test_step_filter_and_mapping(dump, capsys):
     [
         (["validate", "nope.parquet"], "error: nope.parquet: no such file or directory"),
         (["validate", "x.parquet", "--column", "oops"], "Expected a column mapping"),
+        (
+            ["validate", "x.parquet", "--column", "trainlogprob=lp"],
+            "Unknown canonical column 'trainlogprob' in --column 'trainlogprob=lp' (did you "
+            "mean train_logprob?)",
+        ),
+        (
+            ["validate", "x.parquet", "--column", "rollout_logprob="],
+            "rollout_logprob is required and cannot be left out",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_optional_column_is_left_out_with_an_empty_source(dump, capsys):
+    assert main(["validate", str(dump), "-q"]) == 0
+    assert "loss_mask" in capsys.readouterr().out.split("columns")[1].splitlines()[0]
+    assert main(["validate", str(dump), "-q", "--column", "loss_mask="]) == 0
+    assert "loss_mask" not in capsys.readouterr().out.split("columns")[1].splitlines()[0]
 
 
 def test_bad_step_range_is_a_usage_error(capsys):

@@ -520,12 +520,14 @@ class Dump:
     ):
         sources = [source] if isinstance(source, str | Path) else list(source)
         files: list[tuple[str, bytes | None]] = []
+        imported = False
         for item in sources:
             if fmt is not None or is_framework_dump(item):
                 files.append(_import(item, fmt, allow_pickle))
+                imported = True
             else:
                 files.extend((path, None) for path in resolve_files(item))
-        self._setup(files, columns, steps, drop_invalid, where, extras)
+        self._setup(files, columns, steps, drop_invalid, where, extras, imported)
 
     @classmethod
     def from_buffers(
@@ -558,7 +560,9 @@ class Dump:
         drop_invalid: bool,
         where: str | None = None,
         extras: bool = False,
+        imported: bool = False,
     ) -> None:
+        self.imported = imported  # a framework's own dump, converted to Parquet in memory
         self._mapping = dict(columns or {})
         self.steps = steps or StepRange()
         self.drop_invalid = drop_invalid

@@ -41,6 +41,8 @@ class Report:
         problems: everything wrong; empty when the dump is valid.
         dropped: sequences dropped with `drop_invalid`.
         provenance: per file, the framework dump it was imported from (empty if none).
+        imported: whether `files` is a framework's own dump, read directly (converted to
+            Parquet in memory; `provenance` lists its files).
         where: the `--where` predicate the summary's sequences satisfy (problems are
             looked for in every sequence read), or None.
     """
@@ -59,6 +61,7 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     dropped: DropReport = field(default_factory=DropReport)
     provenance: list[dict] = field(default_factory=list)
+    imported: bool = False
     where: str | None = None
 
     @property
@@ -82,9 +85,12 @@ class Report:
         steps = self.steps
         span = f"{steps[0]}..{steps[-1]}" if len(steps) > 1 else str(steps[0])
         quantiles = " · ".join(f"{k} {v:,}" for k, v in self.length.items())
+        files = f"{len(self.files)} file{'s' * (len(self.files) > 1)}"
+        if self.imported:
+            files = "converted on reading (see imported)"
         lines = [
             f"{where}: OK",
-            f"  layout      {self.layout}, {len(self.files)} file{'s' * (len(self.files) > 1)}",
+            f"  layout      {self.layout}, {files}",
             f"  steps       {len(steps)} ({span})",
             f"  sequences   {self.sequences:,}"
             + ("" if self.where is None else f" where {clip(self.where)}"),
@@ -139,6 +145,7 @@ def validate(
         columns,
         dropped=dump.dropped,
         provenance=dump.provenance,
+        imported=dump.imported,
         where=None if dump.where is None else dump.where.text,
     )
     lengths: list[np.ndarray] = []

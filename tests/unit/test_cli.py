@@ -223,9 +223,11 @@ def test_convert_and_direct_loading_of_framework_dumps(tmp_path, capsys):
     assert main(["validate", str(out), "-q"]) == 0
     converted = capsys.readouterr().out
     assert "imported    from nemo_rl: 2 file(s), steps [1, 2]" in converted
+    assert "layout      sequence, 1 file" in converted
     assert main(["validate", str(logs), "-q"]) == 0  # read directly, format detected
     direct = capsys.readouterr().out
     assert "(nemo_rl): OK" in direct and "tokens      12" in direct
+    assert "layout      sequence, converted on reading (see imported)" in direct
 
 
 def test_pickles_are_refused_without_the_flag(tmp_path, capsys):

@@ -523,14 +523,15 @@ def _grid(layout: dict[str, Any], n: int, rows: int, columns: int, titles: Seque
         y1 = 1 - row * (height + gap_y)
         suffix = "" if p == 0 else str(p + 1)
         bottom = p + columns >= n
+        # Clamped: the last row's bottom is 0 only up to rounding (plotly refuses -2.8e-17).
         xa = x_axis | {
-            "domain": [x0, x0 + width],
+            "domain": [x0, min(x0 + width, 1.0)],
             "anchor": f"y{suffix}",
             "showticklabels": bottom,
             "title": {"text": ""},
         }
         ya = y_axis | {
-            "domain": [y1 - height, y1],
+            "domain": [max(y1 - height, 0.0), y1],
             "anchor": f"x{suffix}",
             "showticklabels": col == 0,
             "title": {"text": ""},

@@ -333,3 +333,19 @@ def test_page_figure_sets_drop_what_carries_no_information() -> None:
     assert list(figures.mismatch_figures(one_step))[:2] == ["signed_diff", "abs_diff"]
     assert "joint" not in figures.all_figures(one_step)
     assert figures.setting_figures(analyze(_batch(5), device="cpu")) == {}
+
+
+@pytest.mark.parametrize("n", range(5, 25))
+def test_every_grid_of_panels_lies_within_the_figure(six, n) -> None:
+    """Panel domains in [0, 1] for any number of settings: plotly refuses -2.8e-17 (the
+    bottom of a grid's last row, in float arithmetic), which broke Compare at 17 settings."""
+    import plotly.graph_objects as go
+
+    settings = [six.settings[i % len(six.settings)] for i in range(n)]
+    analysis = dataclasses.replace(six, settings=settings)
+    fig = figures.collapse_by_length(analysis)
+    for key, axis in fig["layout"].items():
+        if key.startswith(("xaxis", "yaxis")):
+            low, high = axis["domain"]
+            assert 0.0 <= low < high <= 1.0, (n, key, axis["domain"])
+    go.Figure(fig)  # what the app draws: plotly validates every property

@@ -3,6 +3,8 @@ holds, pick steps."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import common
 import pandas as pd
 import streamlit as st
@@ -114,13 +116,16 @@ with path_tab:
 with sample_tab:
     st.caption(
         "Simulated dumps whose mismatch is known exactly (see data/README.md): a healthy bf16 "
-        "baseline, FP8, MoE routing flips, an offset bug, drift, long responses."
+        "baseline, FP8, MoE routing flips, an offset bug, drift, long responses, and an "
+        "off-policy run with the current policy's log-probs (for bypass settings)."
     )
+    preload = common.options().preload
+    named = [s for s in common.SAMPLES if preload and s == Path(preload).resolve()]
     sample = st.selectbox(
         "Sample",
         common.SAMPLES,
         format_func=lambda p: p.stem,
-        **common.persist("sample", common.SAMPLES[0] if common.SAMPLES else None),
+        **common.persist("sample", next(iter(named + common.SAMPLES), None)),
     )
     if st.button("Open sample", icon=":material/science:", disabled=sample is None):
         _open(("sample", "path", str(sample)))

@@ -111,6 +111,12 @@ def test_the_path_given_to_iscore_app_is_preloaded(monkeypatch) -> None:
     at = new_app()
     no_exception(at)
     assert metric(at, "Sequences") == "48"
+    # A bundled sample named at start-up is the one the Sample tab shows.
+    assert next(s for s in at.selectbox if s.label == "Sample").value.name == "fp8.parquet"
+
+
+def test_the_sample_tab_starts_on_the_first_sample_without_a_preload(at) -> None:
+    assert next(s for s in at.selectbox if s.label == "Sample").value.name == "dense_bf16.parquet"
 
 
 def test_uploads_stay_in_their_session_and_leave_with_it(monkeypatch) -> None:

@@ -339,8 +339,6 @@ def test_page_figure_sets_drop_what_carries_no_information() -> None:
 def test_every_grid_of_panels_lies_within_the_figure(six, n) -> None:
     """Panel domains in [0, 1] for any number of settings: plotly refuses -2.8e-17 (the
     bottom of a grid's last row, in float arithmetic), which broke Compare at 17 settings."""
-    import plotly.graph_objects as go
-
     settings = [six.settings[i % len(six.settings)] for i in range(n)]
     analysis = dataclasses.replace(six, settings=settings)
     fig = figures.collapse_by_length(analysis)
@@ -348,4 +346,3 @@ def test_every_grid_of_panels_lies_within_the_figure(six, n) -> None:
         if key.startswith(("xaxis", "yaxis")):
             low, high = axis["domain"]
             assert 0.0 <= low < high <= 1.0, (n, key, axis["domain"])
-    go.Figure(fig)  # what the app draws: plotly validates every property

@@ -152,7 +152,8 @@ class Recommendation:
         warnings: the traps that bite this data.
         pick: why the best beat the runner-up, and what would change the pick.
         thresholds: the bounds placed from the data (token ratio band and cap, e^G band,
-            mean-k3 bound) and how many sequences were found broken.
+            mean-k3 bound), how many sequences were found broken, and the global offset of
+            the token log-ratios where there is one (a semantics bug; None otherwise).
     """
 
     framework: str
@@ -216,6 +217,11 @@ class _Normal:
     d: np.ndarray  # float64 [N loss tokens]
     token_broken: np.ndarray  # bool [N loss tokens]: tokens of broken sequences
     rollout: np.ndarray  # float32 [N loss tokens]: the rollout's log-prob of each
+
+    @property
+    def offset(self) -> bool:
+        """Whether the token log-ratios are centred away from 0: a semantics bug."""
+        return abs(self.d_center) > max(0.25 * self.d_spread, 1e-3)
 
     @classmethod
     def of(cls, batch: TokenBatch) -> _Normal:
@@ -533,13 +539,23 @@ def _recommend(
         "geometric_band": list(thresholds.geo),
         "k3": thresholds.k3,
         "broken_sequences": int(normal.broken.sum()),
+        "global_offset": normal.d_center if normal.offset else None,
     }
+    warnings = _warnings(batch, fw)
+    if normal.offset:
+        warnings.insert(
+            0,
+            f"Fix the semantics bug first: the token log-ratios are centred at "
+            f"{normal.d_center:+.3g}, not 0 (processed vs raw log-probs, a temperature on one "
+            "side). No IS correction removes it; the pick only keeps its damage within "
+            "the targets meanwhile.",
+        )
     return Recommendation(
         framework,
         targets,
         ranked,
         tuple(regimes),
-        tuple(_warnings(batch, fw)),
+        tuple(warnings),
         _pick(ranked),
         found,
     )
@@ -658,7 +674,7 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
             f"mean log-ratio more than {Z_BROKEN:g} standard errors from the rest (a stale "
             "replica or a bad rank, not noise): the pick must mask them"
         )
-    if abs(normal.d_center) > max(0.25 * normal.d_spread, 1e-3):
+    if normal.offset:
         found.append(
             f"global offset: the median token log-ratio is {normal.d_center:+.3g} (noise spread "
             f"{normal.d_spread:.3g}): a semantics bug (processed vs raw log-probs, temperature) "

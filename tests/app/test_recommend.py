@@ -37,6 +37,14 @@ def test_ranks_the_frameworks_candidates(loaded: AppTest, fp8) -> None:
     assert "rollout_correction" in at.code[0].value
 
 
+def test_a_semantics_bug_gets_no_green_light(at: AppTest) -> None:
+    at = _recommend(open_path(at, DATA / "offset_bug.parquet"))
+    assert not at.success  # the passing pick is a warning: the bug comes first
+    assert any("Fix the semantics bug first" in plain(w.value) for w in at.warning)
+    clean = _recommend(open_path(AppTest.from_file(at._script_path).run(), DATA / "fp8.parquet"))
+    assert clean.success and not any("semantics bug" in plain(w.value) for w in clean.warning)
+
+
 def test_use_a_candidate_everywhere(loaded: AppTest, fp8) -> None:
     at = _recommend(loaded)
     rec = recommend(fp8, "verl")

@@ -211,9 +211,19 @@ def test_long_sequences_keep_the_step_size(long_dense, framework):
 
 def test_an_offset_and_a_drift_are_named(tmp_path_factory):
     offset = _simulated(tmp_path_factory, "offset_bug", 31, sequences=64, median_len=300)
-    assert any(r.startswith("global offset") for r in recommend(offset, "verl").regimes)
+    rec = recommend(offset, "verl")
+    assert any(r.startswith("global offset") for r in rec.regimes)
+    # The pick comes with "fix the bug first", and the offset is in the JSON.
+    assert rec.warnings[0].startswith("Fix the semantics bug first")
+    assert rec.thresholds["global_offset"] < 0 and rec.to_dict()["thresholds"]["global_offset"]
     drift = _simulated(tmp_path_factory, "drift", 32, sequences=24, steps=6, median_len=200)
     assert any(r.startswith("drift") for r in recommend(drift, "verl").regimes)
+
+
+def test_no_offset_no_semantics_warning(benign):
+    rec = recommend(benign, "verl")
+    assert rec.thresholds["global_offset"] is None
+    assert not any(w.startswith("Fix the semantics bug") for w in rec.warnings)
 
 
 def test_the_json_carries_replayable_configs(benign):

@@ -149,6 +149,11 @@ event = st.dataframe(
     rows,
     hide_index=True,
     width="stretch",
+    # Four significant digits: mismatch columns (k3 ~ 1e-4) would read 0.0007 at 4 decimals.
+    column_config={
+        c: st.column_config.NumberColumn(format="%.4g")
+        for c in rows.select_dtypes("floating").columns
+    },
     height=min(35 * (len(rows) + 1) + 3, 420),
     on_select="rerun" if opens else "ignore",
     selection_mode="single-row",

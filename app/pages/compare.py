@@ -52,8 +52,10 @@ def _add_your_own() -> None:
                 config = load_config_text(text, "the pasted config") if text.strip() else None
                 common.say("success", f"Added {common.add_setting(parse_config(config))}.")
             except IscoreError as e:
-                common.say("error", str(e))
-            st.rerun()
+                # Here, under the text to fix: a whole-page rerun would fold the panel away.
+                st.error(common.escape(str(e)))
+            else:
+                st.rerun()
     with build:
         cols = st.columns(2)
         framework = cols[0].selectbox(
@@ -83,8 +85,9 @@ def _add_your_own() -> None:
                 spec = family_spec(family, values, framework, name.strip() or None)
                 common.say("success", f"Added {common.add_setting(spec)}.")
             except IscoreError as e:
-                common.say("error", str(e))
-            st.rerun()
+                st.error(common.escape(str(e)))
+            else:
+                st.rerun()
 
 
 with st.expander("Add a setting of your own", icon=":material/add:"):

@@ -64,6 +64,10 @@ with st.expander("Targets: what a good setting may do to this data", icon=":mate
         )
         st.form_submit_button("Rank again", icon=":material/refresh:", on_click=_set_targets)
 
+LR_SCALE_HELP = (
+    "The corrected gradient's size over the uncorrected one under the framework's loss "
+    "aggregation: 1 leaves the step size alone, 0.5 halves the effective learning rate"
+)
 rec = common.recommendation(ws, steps)
 best = rec.best
 
@@ -94,7 +98,7 @@ st.dataframe(
             "meets", width="small", help="Whether the setting meets the targets"
         ),
         "setting": st.column_config.TextColumn(width="large"),
-        "LR scale": st.column_config.NumberColumn(format="%.3g"),
+        "LR scale": st.column_config.NumberColumn(format="%.3g", help=LR_SCALE_HELP),
         "ESS": st.column_config.NumberColumn("ESS (% of tokens)", format="%.1f"),
         "tokens dropped (%)": percent,
         "sequences dropped (%)": percent,
@@ -120,7 +124,7 @@ index = st.selectbox(
 )
 chosen = rec.candidates[index]
 cols = st.columns(4)
-cols[0].metric("LR scale", f"{chosen.stats['lr_scale']:.3g}", border=True)
+cols[0].metric("LR scale", f"{chosen.stats['lr_scale']:.3g}", help=LR_SCALE_HELP, border=True)
 cols[1].metric("ESS", f"{chosen.stats['ess']:.1%}", border=True)
 cols[2].metric("Tokens dropped", f"{chosen.stats['token_masked_fraction']:.2%}", border=True)
 cols[3].metric("Sequences dropped", f"{chosen.stats['seq_masked_fraction']:.2%}", border=True)

@@ -39,10 +39,14 @@ def test_paste_a_config_and_see_its_errors(loaded: AppTest) -> None:
     assert at.multiselect[0].value == ["verl:decoupled_geo_rs", "verl:my_tis"]
     assert len(at.dataframe[0].value) == 2
 
-    at.text_area[0].input("framework: verl\nalgorithm: {rollout_correction: {rollout_is: x}}")
+    bad = "framework: verl\nalgorithm: {rollout_correction: {rollout_is: x}}"
+    at.text_area[0].input(bad)
     next(b for b in at.button if b.label == "Add this config").click().run()
     no_exception(at)
     assert "rollout_is" in plain(at.error[0].value)
+    # Shown in the panel, under the text to fix, which stays as typed.
+    assert at.expander[0].error[0].value == at.error[0].value
+    assert at.text_area[0].value == bad
     at.text_area[0].input("framework: [verl")
     next(b for b in at.button if b.label == "Add this config").click().run()
     assert "not valid YAML" in plain(at.error[0].value)

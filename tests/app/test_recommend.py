@@ -35,6 +35,7 @@ def test_ranks_the_frameworks_candidates(loaded: AppTest, fp8) -> None:
     assert list(table["meets targets"]) == [c.passes for c in rec.candidates]
     assert at.selectbox(key="rec_pick_verl").value == 0
     assert "rollout_correction" in at.code[0].value
+    assert "effective learning rate" in next(m for m in at.metric if m.label == "LR scale").help
 
 
 def test_a_semantics_bug_gets_no_green_light(at: AppTest) -> None:

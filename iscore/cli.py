@@ -321,7 +321,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from iscore.export import snippet
-    from iscore.recommend import Targets, recommend
+    from iscore.recommend import RULE_SYMBOLS, Targets, recommend
 
     lo, _, hi = args.lr_scale.partition(":")
     try:
@@ -361,6 +361,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         with output_path(args.json) as tmp:
             Path(tmp).write_text(json.dumps(rec.to_dict(), indent=1) + "\n")
     print(f"\nbest: {clip(rec.best.spec.name)}")
+    print(f"rule: {rec.best.rule} ({RULE_SYMBOLS})")
     print(snippet(rec.best.spec).rstrip())
     return 0
 

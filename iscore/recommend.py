@@ -99,10 +99,17 @@ class Targets:
             missed.append(f"drops {stats['seq_masked_fraction']:.1%} of sequences")
         lo, hi = self.lr_scale
         if not lo <= stats["lr_scale"] <= hi:
-            missed.append(f"LR scale {stats['lr_scale']:.3g} outside [{lo:g}, {hi:g}]")
+            missed.append(f"LR scale {stats['lr_scale']:.4g} outside [{lo:g}, {hi:g}]")
         if stats["ess"] < self.min_ess:
             missed.append(f"ESS {stats['ess']:.1%} below {self.min_ess:.0%}")
         return missed
+
+
+RULE_SYMBOLS = (
+    "rho = e^d per token, k3 = rho - 1 - d, S = the sum of d over a sequence's loss tokens, "
+    "G = S / their number"
+)
+"""The symbols of `Candidate.rule` (d = train - rollout log-prob of a loss token)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,8 @@ class Candidate:
             (`broken_gradient_kept`, `healthy_token_dropped`, `healthy_seq_dropped`).
         missed: the targets it misses, in words.
         reason: one line: what it is, where its thresholds come from, what it does.
+        rule: the setting's rule as the framework computes it (`Canonical.describe`), in the
+            symbols of `RULE_SYMBOLS`.
     """
 
     spec: Spec
@@ -123,6 +132,7 @@ class Candidate:
     stats: dict[str, float]
     missed: tuple[str, ...]
     reason: str
+    rule: str
 
     @property
     def passes(self) -> bool:
@@ -136,6 +146,7 @@ class Candidate:
             "passes": self.passes,
             "missed": list(self.missed),
             "reason": self.reason,
+            "rule": self.rule,
             **self.stats,
         }
 
@@ -522,11 +533,13 @@ def _recommend(
     candidates = []
     for kind, spec in expressed:
         stats = _measure(batch, spec, normal)
+        canonical = fw.to_canonical(spec)
         # Reweighting by the ratio is what removes the mismatch's bias; a mask alone does not.
-        stats["reweights"] = float(bool(fw.to_canonical(spec).weights))
+        stats["reweights"] = float(bool(canonical.weights))
+        stats["components"] = float(len(canonical.components))  # the simpler, the fewer
         missed = tuple(_violations(targets, normal, stats))
         reason = _reason(f"{kind.description}, {thresholds.describe(kind.key)}", stats, missed)
-        candidates.append(Candidate(spec, kind.key, stats, missed, reason))
+        candidates.append(Candidate(spec, kind.key, stats, missed, reason, canonical.describe()))
         if progress is not None:
             progress(len(candidates), len(expressed))
     ranked = tuple(sorted(candidates, key=_preference))
@@ -620,8 +633,8 @@ def _preference(c: Candidate) -> tuple[Any, ...]:
     """The order among candidates (docs/recommend.md): meeting the targets, then reweighting
     (which corrects the mismatch's bias; a mask alone does not), then the least healthy data
     dropped (to 0.1%), then the LR scale nearest 1 (in whole percents: 0.997 and 0.995 tie),
-    then the highest ESS. The steps keep a 0.00x difference in LR scale from outranking
-    dropped data or a lower ESS."""
+    then the highest ESS, then the fewer components (weights and masks). The steps keep a
+    0.00x difference in LR scale from outranking dropped data or a lower ESS."""
     s = c.stats
     return (
         len(c.missed),
@@ -629,6 +642,7 @@ def _preference(c: Candidate) -> tuple[Any, ...]:
         round(s["healthy_token_dropped"], 3),
         math.floor(100 * abs(math.log(max(s["lr_scale"], 1e-12)))),  # whole percents
         -round(s["ess"], 3),
+        s["components"],
     )
 
 
@@ -655,13 +669,18 @@ def _pick(ranked: tuple[Candidate, ...]) -> str:
         )
     elif a[3] != b[3]:
         why = (
-            f"its LR scale is nearer 1 ({best.stats['lr_scale']:.3g} against "
-            f"{second.stats['lr_scale']:.3g})"
+            f"its LR scale is nearer 1 ({best.stats['lr_scale']:.4g} against "
+            f"{second.stats['lr_scale']:.4g})"
         )
     elif a[4] != b[4]:
         why = f"its ESS is higher ({best.stats['ess']:.1%} against {second.stats['ess']:.1%})"
+    elif a[5] != b[5]:
+        why = (
+            f"they tie on every term, and it is simpler: {best.stats['components']:.0f} weight "
+            f"or mask against {second.stats['components']:.0f}"
+        )
     else:
-        why = "they tie on every term, and the simpler setting comes first"
+        why = "they tie on every term, and it comes first in the candidates' order"
     return head + why
 
 
@@ -696,8 +715,9 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
         by_step = [float(normal.k3[(steps == s) & has].mean()) for s in np.unique(steps)]
         if by_step[0] > 0 and by_step[-1] > 2.0 * by_step[0]:
             found.append(
-                f"drift: the mean k3 grows from {by_step[0]:.3g} to {by_step[-1]:.3g} over "
-                "the steps: re-run this on the latest steps (--steps) before trusting a bound"
+                f"drift: the sequences' mean k3 grows {by_step[-1] / by_step[0]:.1f}x over the "
+                f"steps ({by_step[0]:.3g} to {by_step[-1]:.3g}, averaged per sequence): re-run "
+                "this on the latest steps (--steps) before trusting a bound"
             )
     if not found:
         found.append("numerical noise only: nothing stands out, so no sequence should be dropped")
@@ -743,7 +763,7 @@ def _elsewhere(batch: TokenBatch, fw: Framework, normal: _Normal, targets: Targe
 
 def _reason(description: str, stats: dict[str, float], missed: tuple[str, ...]) -> str:
     effect = (
-        f"LR scale {stats['lr_scale']:.3g}, ESS {stats['ess']:.0%}, "
+        f"LR scale {stats['lr_scale']:.4g}, ESS {stats['ess']:.1%}, "
         f"{stats['token_masked_fraction']:.2%} of tokens and {stats['seq_masked_fraction']:.1%} "
         "of sequences dropped"
     )

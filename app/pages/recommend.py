@@ -9,7 +9,7 @@ import streamlit as st
 
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.recommend import Targets
+from iscore.recommend import RULE_SYMBOLS, Targets
 
 ws = common.require_workspace()
 steps = common.selected_steps()
@@ -98,7 +98,7 @@ st.dataframe(
             "meets", width="small", help="Whether the setting meets the targets"
         ),
         "setting": st.column_config.TextColumn(width="large"),
-        "LR scale": st.column_config.NumberColumn(format="%.3g", help=LR_SCALE_HELP),
+        "LR scale": st.column_config.NumberColumn(format="%.4g", help=LR_SCALE_HELP),
         "ESS": st.column_config.NumberColumn("ESS (% of tokens)", format="%.1f"),
         "tokens dropped (%)": percent,
         "sequences dropped (%)": percent,
@@ -124,13 +124,14 @@ index = st.selectbox(
 )
 chosen = rec.candidates[index]
 cols = st.columns(4)
-cols[0].metric("LR scale", f"{chosen.stats['lr_scale']:.3g}", help=LR_SCALE_HELP, border=True)
+cols[0].metric("LR scale", f"{chosen.stats['lr_scale']:.4g}", help=LR_SCALE_HELP, border=True)
 cols[1].metric("ESS", f"{chosen.stats['ess']:.1%}", border=True)
 cols[2].metric("Tokens dropped", f"{chosen.stats['token_masked_fraction']:.2%}", border=True)
 cols[3].metric("Sequences dropped", f"{chosen.stats['seq_masked_fraction']:.2%}", border=True)
 # A semantics bug (a global offset) is not the correction's to fix: no green light then.
 clean = rec.thresholds.get("global_offset") is None
 (st.success if chosen.passes and clean else st.warning)(common.escape(chosen.reason))
+st.markdown(f"**Rule:** `{chosen.rule}`", help=RULE_SYMBOLS)
 spec = common.recommended(rec, index)
 try:
     out = common.export(ws, spec, spec.framework, steps)

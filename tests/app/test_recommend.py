@@ -36,6 +36,8 @@ def test_ranks_the_frameworks_candidates(loaded: AppTest, fp8) -> None:
     assert at.selectbox(key="rec_pick_verl").value == 0
     assert "rollout_correction" in at.code[0].value
     assert "effective learning rate" in next(m for m in at.metric if m.label == "LR scale").help
+    rule = next(m for m in at.markdown if m.value.startswith("**Rule:**"))
+    assert rule.value == f"**Rule:** `{rec.best.rule}`" and "rho = e^d" in rule.help
 
 
 def test_a_semantics_bug_gets_no_green_light(at: AppTest) -> None:

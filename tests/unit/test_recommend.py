@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from iscore import TokenBatch, load
 from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.recommend import Targets, _segment_medians, recommend
+from iscore.recommend import Targets, _preference, _segment_medians, recommend
 from iscore.recommend import broken_sequences as recommend_broken
 from iscore.replay import parse_config
 from iscore.simulate import SimConfig, broken_sequences, write_simulated
@@ -232,6 +233,28 @@ def test_the_json_carries_replayable_configs(benign):
     for candidate in doc["candidates"]:
         assert parse_config(candidate["config"]).name == candidate["name"]
     assert doc["runner_up"] is not None and doc["pick"]
+
+
+def test_each_candidate_states_its_rule(benign):
+    rec = recommend(benign, "verl")
+    rules = {c.kind: c.rule for c in rec.candidates}
+    cap, (lo, hi) = rec.thresholds["token_cap"], rec.thresholds["token_band"]
+    assert rules["token_tis"] == f"token TIS: w = min(rho, {cap:g})"
+    assert rules["token_mask"] == f"token mask: drop tokens unless {lo:g} <= rho <= {hi:g}"
+    assert rec.to_dict()["best"]["rule"] == rec.best.rule
+
+
+def test_ties_go_to_the_simpler_setting(benign):
+    """Candidates that tie on every measured term are ordered by their number of weights and
+    masks: a geometric mask that drops nothing more does not outrank plain token TIS."""
+    ties = 0
+    for framework in FRAMEWORKS:
+        ranked = recommend(benign, framework).candidates
+        for a, b in itertools.pairwise(ranked):
+            if _preference(a)[:5] == _preference(b)[:5]:
+                ties += 1
+                assert a.stats["components"] <= b.stats["components"], (framework, a.kind)
+    assert ties  # benign noise: masks drop nothing, so settings tie
 
 
 @pytest.mark.parametrize(

@@ -705,9 +705,10 @@ def _flags(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) ->
             flags.append(
                 {
                     "code": "drift",
-                    "message": f"k3 grows {growth:.1f}x from step {steps[0]['step']} to step "
-                    f"{steps[-1]['step']}: mismatch that drifts during training points to a "
-                    "divergence between the engines (weight sync, resume, growing off-policyness).",
+                    "message": f"k3 (the token mean) grows {growth:.1f}x from step "
+                    f"{steps[0]['step']} to step {steps[-1]['step']}: mismatch that drifts "
+                    "during training points to a divergence between the engines (weight sync, "
+                    "resume, growing off-policyness).",
                 }
             )
     return flags

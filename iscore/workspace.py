@@ -98,7 +98,7 @@ def summarize(batch: TokenBatch, bins: int = 40) -> dict[str, Any]:
         "loss_tokens": int(batch.loss_mask.sum()),
         "length": {
             "min": int(lengths.min()),
-            **{f"p{q}": int(np.quantile(lengths, q / 100)) for q in (10, 50, 90, 99)},
+            **{f"p{q}": round(float(np.quantile(lengths, q / 100))) for q in (10, 50, 90, 99)},
             "max": int(lengths.max()),
         },
         "length_hist": {"edges": edges.tolist(), "counts": counts.tolist()},

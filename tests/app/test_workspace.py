@@ -19,6 +19,7 @@ from iscore.analyze import analyze, presets
 from iscore.dump import Dump, DumpProblems, StepRange
 from iscore.errors import ConfigError, DumpError
 from iscore.impact import quick_stats
+from iscore.recommend import recommend
 from iscore.tune import (
     FAMILIES,
     Tuner,
@@ -36,6 +37,7 @@ from iscore.workspace import (
     open_uploads,
     select_steps,
     sequence_tokens,
+    summarize,
 )
 from tests.app.conftest import DATA
 
@@ -127,6 +129,15 @@ def _replays(spec, batch) -> bool:
     except ConfigError:
         return False
     return True
+
+
+def test_the_data_page_and_recommend_give_one_p90_length() -> None:
+    """The length quantiles are rounded as the recommendation's text rounds them (drift's p90
+    is 2165.6: 2,166 on both pages, not 2,165 on one)."""
+    batch = iscore.load(DATA / "drift.parquet")
+    p90 = summarize(batch)["length"]["p90"]
+    regime = next(r for r in recommend(batch, "verl").regimes if "your p90 length" in r)
+    assert f"at {p90:,} tokens (your p90 length)" in regime
 
 
 def test_sequence_tokens_by_step_and_id() -> None:

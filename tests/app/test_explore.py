@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow.compute as pc
 from streamlit.testing.v1 import AppTest
 
+from iscore import load
+from iscore.analyze import analyze
 from iscore.dump import Dump
 from iscore.sequences import sequence_table
 from tests.app.conftest import DATA, no_exception, open_path, plain
@@ -31,13 +33,18 @@ def test_without_a_dump_it_points_to_the_data_page(at: AppTest) -> None:
 
 
 def test_default_query_lists_the_worst_sequences(loaded: AppTest) -> None:
+    """Worst as Mismatch has it: the largest summed k3, in the same order."""
     at = _explore(loaded)
     shown = at.dataframe[0].value
     table = _table()
-    order = np.argsort(-table["k3"].to_numpy(), kind="stable")
+    k3_sum = table["k3"].to_numpy() * table["loss_tokens"].to_numpy()
+    order = np.argsort(-k3_sum, kind="stable")
     assert shown["seq_id"].tolist() == table["seq_id"].to_numpy()[order].tolist()
-    np.testing.assert_allclose(shown["k3"], table["k3"].to_numpy()[order], rtol=1e-12)
+    np.testing.assert_allclose(shown["k3_sum"], k3_sum[order], rtol=1e-12)
     assert any("48 rows" in c.value for c in at.caption)
+    worst = analyze(load(DATA / "fp8.parquet"), []).mismatch["worst_sequences"]
+    assert shown["seq_id"].tolist()[: len(worst)] == [w["seq_id"] for w in worst]
+    np.testing.assert_allclose(shown["k3_sum"][: len(worst)], [w["k3_sum"] for w in worst])
 
 
 def test_examples_fill_the_box_and_errors_are_one_line(loaded: AppTest) -> None:

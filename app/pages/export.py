@@ -47,9 +47,14 @@ else:
                 + common.escape(" ".join(out.notes) or "The settings replay differently.")
             )
         elif to != spec.framework:
-            st.success("An exact translation: it replays identically on any dump.")
+            # What is exact is the weights and masks; a note is about what surrounds them
+            # (the loss aggregation, the numerical path), so it reads as a "but", not a clash.
+            st.success(
+                "An exact translation: the weights and masks replay identically"
+                + (" (see the note below)." if out.notes else ".")
+            )
         if out.exact and out.notes:
-            st.info(common.escape(" ".join(out.notes)))
+            st.info("**Note.** " + common.escape(" ".join(out.notes)), icon=":material/info:")
         if out.difference is not None:
             st.dataframe(out.difference, width="content")
         flags = out.snippet.lstrip().startswith("--")

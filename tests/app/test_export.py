@@ -53,6 +53,17 @@ def test_as_another_framework(loaded: AppTest) -> None:
     assert at.code[0].language == "bash"  # OpenRLHF is configured by its launch flags
 
 
+def test_an_exact_translation_with_another_step_size_reads_as_one_message(loaded) -> None:
+    """The weights are exact; slime's aggregation is a note about the loss around them, which
+    the green box points to instead of contradicting it."""
+    at = _with_settings(loaded, "verl:decoupled_token_is")
+    at.selectbox(key="export_to_verl:decoupled_token_is").set_value("slime").run()
+    no_exception(at)
+    assert at.success[0].value.endswith("replay identically (see the note below).")
+    note = at.info[0].value
+    assert note.startswith("**Note.**") and "different step size" in note
+
+
 def test_an_inexact_translation_says_what_is_lost(loaded: AppTest) -> None:
     at = _with_settings(loaded, "verl:decoupled_geo_rs")
     at.selectbox(key="export_to_verl:decoupled_geo_rs").set_value("fireworks").run()

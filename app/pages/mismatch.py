@@ -55,6 +55,7 @@ st.dataframe(
         ]
     ),
     column_config={
+        "statistic": st.column_config.TextColumn(width="medium"),  # token_mult_prob_error
         "value": st.column_config.NumberColumn(format="%.4g"),
         "definition": st.column_config.TextColumn(width="large"),
         "logged as": st.column_config.TextColumn(width="large"),

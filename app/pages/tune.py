@@ -115,6 +115,12 @@ def _sliders() -> None:
         help="Tokens whose weight the cap lowered (capping methods)",
         border=True,
     )
+    if aggregation.shrinks and result.token_masked_fraction > 0:
+        st.caption(
+            f"{framework} divides by the tokens it keeps, so dropping "
+            f"{result.token_masked_fraction:.2%} of them does not shrink the step (LR scale "
+            f"{result.lr_scale:.4g}): the step is as large, taken on less data."
+        )
     shown = [
         field
         for field, _, _ in figures.READOUTS

@@ -73,6 +73,24 @@ def test_sequence_families_and_use_this_setting(loaded: AppTest) -> None:
     assert len(at.dataframe[0].value) == len(at.session_state.settings)
 
 
+def test_a_mask_that_keeps_the_step_size_says_why(loaded: AppTest) -> None:
+    """verl's rejection leaves its token count: dropping tokens keeps LR scale ~1, and the
+    page says so beside the read-outs."""
+    at = _tune(loaded)
+    at.selectbox(key="_w_tune_family").set_value("token_tis").run()  # drops no token
+    assert not any("divides by the tokens it keeps" in c.value for c in at.caption)
+    at.selectbox(key="_w_tune_family").set_value("geometric_mask").run()
+    lower = at.select_slider[0]
+    lower.set_value(float(lower.options[len(lower.options) // 2])).run()
+    no_exception(at)
+    dropped = metric(at, "Tokens with weight 0")
+    assert dropped != "0.00%"
+    assert any(
+        f"divides by the tokens it keeps, so dropping {dropped} of them" in c.value
+        for c in at.caption
+    )
+
+
 def test_slider_values_survive_a_page_switch(loaded: AppTest) -> None:
     at = _tune(loaded)
     chosen = float(at.select_slider[0].options[5])

@@ -9,11 +9,13 @@ whatever the size of the dump.
 What every figure keeps to, so that it reads at a glance in a light or a dark page:
 
 - setting i is drawn in `color(i)`, `dash(i)` and `symbol(i)` on every figure, earlier settings
-  wider than later ones (`style`), so that settings that coincide stay visible;
+  wider than later ones (`style`), so that settings that coincide stay visible; no two of the
+  first 60 settings share both color and dash;
 - backgrounds are transparent and grid and reference lines a grey with alpha: the app's theme
   (`st.plotly_chart(..., theme="streamlit")`) or the report's white page gives the fonts;
 - legends sit outside the plot area (right of it), never over an axis title;
-- log axes label whole decades, few enough not to crowd, in exponent form (`10⁻³`);
+- log axes label whole decades, few enough not to crowd, in exponent form (`10⁻³`), and
+  1-2-5 times them (or finer) where that leaves fewer than 3 labels;
 - every hover names its quantities with their units ("sequence length (loss tokens)");
 - histograms are re-binned per figure from the analysis' fine ones (`rebin`), so that the
   central 98% of the data spans 40 to 80 bins wherever it lies.
@@ -49,7 +51,7 @@ PALETTE = (
 mid luminance, so that it reads on a white and on a near-black background."""
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
-"""One dash pattern per setting, by index (after six, they repeat with another marker)."""
+"""One dash pattern per setting, by index (`dash`)."""
 
 SYMBOLS = (
     "circle",
@@ -89,14 +91,22 @@ def color(i: int) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
+def _cycle(i: int) -> int:
+    """The i-th setting's index into the dashes and markers: i, shifted by one more each time
+    the colors start over, so that settings PALETTE apart differ in dash and marker (without
+    the shift, the 6 dashes and 10 colors would repeat together every 30 settings and the
+    markers with the colors). Settings 0 to 9 keep their own index."""
+    return i + i // len(PALETTE)
+
+
 def dash(i: int) -> str:
-    """The dash pattern of the i-th setting."""
-    return DASHES[i % len(DASHES)]
+    """The dash pattern of the i-th setting: (color, dash) is unique for the first 60."""
+    return DASHES[_cycle(i) % len(DASHES)]
 
 
 def symbol(i: int) -> str:
-    """The marker of the i-th setting."""
-    return SYMBOLS[i % len(SYMBOLS)]
+    """The marker of the i-th setting: (color, marker) is unique for the first 100."""
+    return SYMBOLS[_cycle(i) % len(SYMBOLS)]
 
 
 def style(i: int, n: int) -> dict[str, Any]:
@@ -120,7 +130,14 @@ def style(i: int, n: int) -> dict[str, Any]:
 
 
 def setting_name(setting: dict[str, Any]) -> str:
-    """How a setting is named in legends: `name (framework)`."""
+    """How a setting is named in legends: `name (framework)`, or just `name` where the two
+    are the same (a framework's default setting is named after it: not "trl (trl)").
+
+    >>> [setting_name({"name": name, "framework": "trl"}) for name in ("mine", "trl")]
+    ['mine (trl)', 'trl']
+    """
+    if setting["name"] == setting["framework"]:
+        return setting["name"]
     return f"{setting['name']} ({setting['framework']})"
 
 
@@ -129,7 +146,8 @@ def setting_name(setting: dict[str, Any]) -> str:
 
 def _axis(title: str, *, log: bool = False, span: tuple[float, float] | None = None) -> dict:
     """An axis with a neutral grid; a log axis labels whole decades in exponent form, at most
-    about six of them (`span`: the lowest and highest value shown, when known)."""
+    about six of them, and at least 3 labels whatever its `span` (the lowest and highest value
+    shown, when known: `_log_ticks`)."""
     axis: dict[str, Any] = {
         "title": {"text": title},
         "zeroline": False,
@@ -142,19 +160,59 @@ def _axis(title: str, *, log: bool = False, span: tuple[float, float] | None = N
     }
     if not log:
         return axis | {"type": "linear", "nticks": 8}
-    axis |= {"type": "log", "exponentformat": "power"}
-    decades = math.log10(span[1] / span[0]) if span and span[0] > 0 and span[1] > 0 else None
-    if decades is None or decades >= 1.5:
-        # dtick on a log axis is in decades: one label per 1, 2, 3... decades, none between.
-        axis |= {"minorloglabels": "none"}
-        if decades is not None:
-            axis |= {"dtick": max(1, math.ceil(decades / 6)), "tick0": 0}
-    elif decades >= 0.5:
-        # Labels at 1, 2 and 5 times the decades, written out (0.5, not "5" or "5x10^-1").
-        axis |= {"dtick": "D2", "minorloglabels": "complete", "exponentformat": "none"}
-    else:
-        axis |= {"minorloglabels": "complete", "exponentformat": "none", "nticks": 6}
-    return axis
+    axis |= {"type": "log", "exponentformat": "power", "minorloglabels": "none"}
+    if not span or span[0] <= 0 or span[1] <= span[0]:
+        return axis
+    return axis | _log_ticks(math.log10(span[0]), math.log10(span[1]))
+
+
+def _log_ticks(low: float, high: float) -> dict[str, Any]:
+    """The ticks of a log axis over 10^low to 10^high: the coarsest of whole decades (one per
+    1, 2, 3... decades, at most about six), 1-2-5 times the decades, or round steps of the
+    value itself, with at least 3 inside the span (whole decades alone leave a single label on
+    a span of 1.5 decades, 1-2-5 on 0.6). Below whole decades, the labels are listed and
+    written out (0.5, not "5" or "5x10^-1", and as large as 1: plotly's own draw 2 and 5
+    smaller).
+
+    >>> _log_ticks(-6.0, 0.5)["dtick"], _log_ticks(-1.0, 0.5)["ticktext"]
+    (2, ['0.1', '0.2', '0.5', '1', '2'])
+    >>> _log_ticks(-0.1, 0.1)["ticktext"]
+    ['0.8', '0.9', '1', '1.1', '1.2']
+    """
+    every = max(1, math.ceil((high - low) / 6))
+    # dtick on a log axis is in decades: one label per `every` decades, none between.
+    if len(_ladder(low, high, (1,), every)) >= 3:
+        return {"dtick": every, "tick0": 0}
+    values = _ladder(low, high, (1, 2, 5))
+    if len(values) < 3:  # under 0.7 decades: 3 to 7 round steps of the value
+        third = (10.0**high - 10.0**low) / 3
+        power = 10.0 ** math.floor(math.log10(third))
+        step = max(m * power for m in (1, 2, 5) if m * power <= third)
+        first, last = math.ceil(10.0**low / step - 1e-9), math.floor(10.0**high / step + 1e-9)
+        values = [j * step for j in range(first, last + 1)]
+    return {"tickmode": "array", "tickvals": values, "ticktext": [_written(v) for v in values]}
+
+
+def _ladder(low: float, high: float, mantissas: Sequence[int], every: int = 1) -> list[float]:
+    """The values m x 10^k (m in `mantissas`, k a multiple of `every`) in 10^low to 10^high."""
+    return [
+        m * 10.0**k
+        for k in range(math.floor(low), math.ceil(high) + 1)
+        if k % every == 0
+        for m in mantissas
+        if low - 1e-9 <= k + math.log10(m) <= high + 1e-9
+    ]
+
+
+def _written(v: float) -> str:
+    """A tick label: the value written out (0.002, 10,000), or a power of ten beyond 10^-4
+    and 10^5 (5x10^-5, in superscript)."""
+    if 1e-4 * (1 - 1e-9) <= v < 1e5:
+        return f"{v:,.6g}"
+    k = math.floor(math.log10(v) + 1e-9)
+    power = f"10<sup>{k}</sup>".replace("-", "\u2212")
+    mantissa = f"{v / 10.0**k:.3g}"
+    return power if mantissa == "1" else f"{mantissa}\u00d7{power}"
 
 
 def _legend() -> dict[str, Any]:
@@ -349,18 +407,23 @@ def weight_histogram(analysis: Analysis, kind: str = "weight") -> Figure:
                 "%{customdata[2]:.3%} of loss tokens<extra></extra>",
             }
         )
+    shown = None
+    if math.isfinite(low):
+        # At least a fifth of a decade either side: a single bin (every weight 1) stays a bar.
+        pad = max(0.1, (math.log10(high / low)) * 0.03)
+        shown = [math.log10(min(low, 1.0)) - pad, math.log10(high) + pad]
     layout = _layout(
         f"Distribution of the {what}",
         what,
         "share of loss tokens per decade",
         xlog=True,
         ylog=True,
-        xspan=(low, high) if math.isfinite(low) else None,
+        # The ticks span the range shown, not only the bins: a single bin has a fifth of a
+        # decade's worth of ticks around it, not six crowded onto it.
+        xspan=(10.0 ** shown[0], 10.0 ** shown[1]) if shown else None,
     )
-    if math.isfinite(low):
-        # At least a fifth of a decade either side: a single bin (every weight 1) stays a bar.
-        pad = max(0.1, (math.log10(high / low)) * 0.03)
-        layout["xaxis"]["range"] = [math.log10(min(low, 1.0)) - pad, math.log10(high) + pad]
+    if shown:
+        layout["xaxis"]["range"] = shown
     layout["shapes"] = [_vline(1.0, "1")]
     layout["showlegend"] = True  # even for one setting: its name, color and zero share
     return {"data": data, "layout": layout}
@@ -654,6 +717,12 @@ def lr_scale_by_step(analysis: Analysis) -> Figure:
         ylog=True,
         yspan=(min([*scales, 1.0]), max([*scales, 1.0])) if scales else None,
     )
+    steps = sorted({r["step"] for s in analysis.settings for r in s["by_step"]})
+    if steps:
+        # Whole steps only, at most about 8: with 2 steps, auto ticks fall at halves and
+        # print as "-1, -1, 0, 1, 1".
+        every = max(1, math.ceil((steps[-1] - steps[0]) / 7))
+        layout["xaxis"] |= {"tickmode": "linear", "tick0": steps[0], "dtick": every}
     layout["xaxis"]["tickformat"] = "d"
     layout["shapes"] = [_hline(1.0, "uncorrected")]
     layout["showlegend"] = True
@@ -1092,7 +1161,11 @@ def tune_figure(
     """The read-outs `fields` across one threshold's slider values `xs`, placed as the slider
     places them (evenly, one step apart: each step moves the share of the data beyond the
     bound by a constant factor), with the chosen value and `marks` (label, value), e.g. the
-    framework's default and the recommended setting, drawn as vertical lines."""
+    framework's default and the recommended setting, drawn as vertical lines.
+
+    Ticks are every so many steps (`_even_steps`), labelled with the values there. The lines'
+    labels sit at the top of the plot area, a row each (two lines may be a step apart), in
+    room kept above the read-outs: at the bottom they ran into the tick labels."""
     xs = list(xs)
     steps = list(range(len(xs)))
     labels = [f"{x:.6g}" for x in xs]
@@ -1111,24 +1184,72 @@ def tune_figure(
         if field in fields
     ]
     layout = _layout(f"Read-outs across {bound}", bound, "fraction / scale", height=300)
-    every = max(1, len(xs) // 6)
+    ticks = _even_steps(len(xs))
     layout["xaxis"].update(
-        tickmode="array", tickvals=steps[::every], ticktext=labels[::every], range=[0, len(xs) - 1]
+        tickmode="array",
+        tickvals=ticks,
+        ticktext=[labels[i] for i in ticks],
+        range=[0, len(xs) - 1],
     )
-    layout["yaxis"]["rangemode"] = "tozero"
 
     def at(x: float) -> int:
         return min(steps, key=lambda i: abs(math.log(xs[i]) - math.log(x)))
 
+    lines = [
+        (label, at(x), {"dash": "dash", "color": NEUTRAL, "width": 1}) for label, x in marks
+    ] + [(f"{value:.6g}", at(value), {"color": NEUTRAL, "width": 2})]
+    # Line k ends LABEL_ROW * (k + 1) below the top, its label just above its end: a row each,
+    # in a band at the top that the y-range keeps free of read-outs.
+    top = max([1.0, *(y for trace in data for y in trace["y"] if y is not None)])
+    layout["yaxis"]["range"] = [0.0, top / (1 - LABEL_ROW * (len(lines) + 0.5))]
+    positions = [x for _, x, _ in lines]
     layout["shapes"] = [
-        {
-            **_vline(at(x), label),
-            "line": {"dash": "dash", "color": NEUTRAL, "width": 1},
-            "label": {"text": label, "textposition": "start", "font": {"size": 10}},
+        _vline(x)
+        | {
+            "y1": 1 - LABEL_ROW * (row + 1),
+            "line": line,
+            "label": {
+                "text": label,
+                "textposition": "end",
+                "textangle": 0,
+                "xanchor": "right" if _left_of(x, positions, len(xs)) else "left",
+                "yanchor": "bottom",
+                "font": {"size": 10},
+            },
         }
-        for label, x in marks
-    ] + [
-        {**_vline(at(value), f"{value:.6g}"), "line": {"color": NEUTRAL, "width": 2}},
-        {**_hline(1.0), "line": {"dash": "dot", "color": NEUTRAL, "width": 1}},
-    ]
+        for row, (label, x, line) in enumerate(lines)
+    ] + [{**_hline(1.0), "line": {"dash": "dot", "color": NEUTRAL, "width": 1}}]
     return {"data": data, "layout": layout}
+
+
+LABEL_ROW = 0.075
+"""The height of a row of `tune_figure`'s line labels (font size 10), as a share of the plot
+area's height: 14 px of the 190 px or so of a 300 px figure."""
+
+
+def _left_of(x: int, positions: Sequence[int], n: int) -> bool:
+    """Whether the label of `tune_figure`'s line at step x goes left of it: away from the
+    nearest other line within a quarter of the n steps (so that it crosses none), unless
+    that runs it off the plot; otherwise right, but in the last third (not into the legend)."""
+    others = [p for p in positions if p != x]
+    near = min(others, key=lambda p: abs(p - x), default=None)
+    if near is not None and abs(near - x) < n / 4 and n / 6 < x < n * 5 / 6:
+        return near > x
+    return x > (n - 1) * 2 / 3
+
+
+def _even_steps(n: int, most: int = 5) -> list[int]:
+    """Tick positions among n slider steps 0..n-1: every k-th, k the smallest with at most
+    `most` gaps, or up to twice that where it also puts a tick on the last step; a tick falls
+    only on a step, where the value is known, so the spacing is regular and the ends labelled
+    where n allows.
+
+    >>> _even_steps(41), _even_steps(43), _even_steps(42)
+    ([0, 8, 16, 24, 32, 40], [0, 14, 28, 42], [0, 9, 18, 27, 36])
+    """
+    last = n - 1
+    if last < 1:
+        return [0] * n
+    every = math.ceil(last / most)
+    every = next((k for k in range(every, 2 * every + 1) if last % k == 0), every)
+    return list(range(0, last + 1, every))

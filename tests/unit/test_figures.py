@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import re
 
 import numpy as np
@@ -73,6 +74,57 @@ def test_tune_figure_draws_the_asked_read_outs_and_marks_the_value() -> None:
         (0, "verl default"),
     ]
     assert shapes[2]["x0"] == 1 and shapes[2]["label"]["text"] == "2"
+
+
+def _tune(n: int, value: int, marks: dict[str, int]) -> dict:
+    """A tune figure over n slider values (1.1^i), all read-outs at 1, the value and the
+    marks at the given steps."""
+    xs = [1.1**i for i in range(n)]
+    results = [TuneResult(0.1, 0.2, 1.0, 0.9, 0.05, 0.0)] * n
+    fields = [field for field, _, _ in figures.READOUTS]
+    at = [(label, xs[i]) for label, i in marks.items()]
+    return figures.tune_figure("upper", xs, results, xs[value], fields, at)
+
+
+@pytest.mark.parametrize("n", range(2, 80))
+def test_tune_figure_ticks_are_even_and_few(n) -> None:
+    """Ticks one slider step apart times a constant, at most 6 (they crowded a half-width
+    column at 7), from the first step to the last where a spacing allows (41 steps ended at
+    step 36 of 40)."""
+    axis = _tune(n, 0, {})["layout"]["xaxis"]
+    ticks = axis["tickvals"]
+    assert ticks[0] == 0 and len(set(np.diff(ticks))) <= 1, ticks
+    assert 2 <= len(ticks) <= 6, ticks
+    assert n - 1 - ticks[-1] < (ticks[1] if len(ticks) > 1 else n), ticks
+    if any((n - 1) % gaps == 0 for gaps in (4, 5)):
+        assert ticks[-1] == n - 1, ticks
+    assert axis["ticktext"] == [f"{1.1**i:.6g}" for i in ticks]
+
+
+def test_tune_figure_labels_its_lines_at_the_top_clear_of_the_ticks_and_each_other() -> None:
+    """The audit's case: the chosen value and the framework's default at one step, the
+    recommended one 3 steps right of them. The labels were at the lines' bottom ends, over
+    the tick labels."""
+    fig = _tune(41, 12, {"verl default": 12, "recommended": 15})
+    layout = fig["layout"]
+    lines = {s["label"]["text"]: s for s in layout["shapes"] if s.get("label")}
+    assert set(lines) == {f"{1.1**12:.6g}", "verl default", "recommended"}
+    for line in lines.values():  # upright, just above the line's top end
+        label = line["label"]
+        assert (label["textposition"], label["textangle"], label["yanchor"]) == ("end", 0, "bottom")
+        assert line["yref"] == "paper" and line["y0"] == 0 and line["y1"] < 1
+    # A row each, all of them above the read-outs (at 1 or below), with room for the text.
+    ends = sorted(line["y1"] for line in lines.values())
+    low, high = layout["yaxis"]["range"]
+    assert low == 0 and 1.0 / high <= ends[0] - figures.LABEL_ROW / 2 + 1e-9
+    assert all(b - a == pytest.approx(figures.LABEL_ROW) for a, b in itertools.pairwise(ends))
+    assert ends[-1] + figures.LABEL_ROW <= 1
+    # Away from each other: the recommended one right of its line, the other two left.
+    assert lines["recommended"]["label"]["xanchor"] == "left"
+    assert lines["verl default"]["label"]["xanchor"] == "right"
+    # Alone, a line's label goes right of it, but left of it in the last third.
+    assert _tune(41, 5, {})["layout"]["shapes"][0]["label"]["xanchor"] == "left"
+    assert _tune(41, 35, {})["layout"]["shapes"][0]["label"]["xanchor"] == "right"
 
 
 # ------------------------------------------------------------------ figures of an analysis
@@ -346,3 +398,79 @@ def test_every_grid_of_panels_lies_within_the_figure(six, n) -> None:
         if key.startswith(("xaxis", "yaxis")):
             low, high = axis["domain"]
             assert 0.0 <= low < high <= 1.0, (n, key, axis["domain"])
+
+
+def _labelled(axis: dict, low: float, high: float) -> list[float]:
+    """The values plotly.js labels on a log axis over 10^low to 10^high: its listed ticks, or
+    one every `dtick` decades from tick0 = 0 (none known otherwise: plotly's own choice, or
+    1-2-5 times the decades, whose 2 and 5 it draws smaller)."""
+    if axis.get("tickmode") == "array":
+        values = axis["tickvals"]
+    elif isinstance(axis.get("dtick"), int) and axis.get("tick0") == 0:
+        ks = range(math.floor(low) - 1, math.ceil(high) + 2)
+        values = [10.0**k for k in ks if k % axis["dtick"] == 0]
+    else:
+        return []
+    return [v for v in values if 10**low * (1 - 1e-9) <= v <= 10**high * (1 + 1e-9)]
+
+
+@pytest.mark.parametrize("decades", [0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.2, 1.5,
+                                     1.6, 1.9, 2.2, 2.6, 3.1, 4.5, 7.0, 13.0])  # fmt: skip
+def test_log_axes_label_at_least_3_values_whatever_the_span(decades) -> None:
+    """A span of 1.5 decades showed one label (whole decades only), 0.6 decades one or two
+    (1-2-5 only); none crowds past 10 labels."""
+    for low in np.arange(-7.0, 3.0, 0.07):
+        high = low + decades
+        axis = figures._axis("w", log=True, span=(10**low, 10**high))
+        shown = _labelled(axis, low, high)
+        assert 3 <= len(shown) <= 10, (low, decades, axis.get("dtick"), shown)
+
+
+def test_per_sequence_weights_within_a_decade_get_3_labels(four) -> None:
+    """Compare's per-sequence weight chart with weights from 0.25 to 2: its y-axis, whole
+    decades across 1.5 decades, showed a single label (1)."""
+    narrow = [
+        {**s, "by_length": [r | {"seq_weight_p10": 0.25, "seq_weight_median": 1.0,
+                                 "seq_weight_p90": 2.0} for r in s["by_length"]]}
+        for s in four.settings
+    ]  # fmt: skip
+    fig = figures.collapse_by_length(dataclasses.replace(four, settings=narrow))
+    axis = fig["layout"]["yaxis"]
+    low, high = axis["range"]
+    assert high - low == pytest.approx(1.5, abs=0.01)
+    assert len(_labelled(axis, low, high)) >= 3, axis
+
+
+@pytest.mark.parametrize("n", [10, 17, 31, 40, 60])
+def test_no_two_settings_look_alike_up_to_60(n) -> None:
+    """Color and dash, and color and marker, differ between any two of n settings; with 6
+    dashes and 10 colors, settings 30 apart looked the same, and 10 apart had one marker."""
+    looks = [figures.style(i, n) for i in range(n)]
+    assert len({(s["line"]["color"], s["line"]["dash"]) for s in looks}) == n
+    assert len({(s["marker"]["color"], s["marker"]["symbol"]) for s in looks}) == n
+    # The first ten look as they always did.
+    for i in range(min(n, 10)):
+        assert figures.color(i) == figures.PALETTE[i]
+        assert figures.dash(i) == figures.DASHES[i % len(figures.DASHES)]
+        assert figures.symbol(i) == figures.SYMBOLS[i]
+
+
+def test_a_setting_named_after_its_framework_is_named_once(four) -> None:
+    """A framework's default setting is named after it: "trl", not "trl (trl)"."""
+    assert figures.setting_name({"name": "trl", "framework": "trl"}) == "trl"
+    assert figures.setting_name({"name": "mine", "framework": "trl"}) == "mine (trl)"
+    renamed = [{**s, "name": s["framework"]} for s in four.settings[:1]] + four.settings[1:]
+    analysis = dataclasses.replace(four, settings=renamed)
+    names = [t["name"] for t in figures.mask_rates(analysis)["data"]]
+    assert names[0] == four.settings[0]["framework"]
+    assert names[1] == f"{four.settings[1]['name']} ({four.settings[1]['framework']})"
+
+
+@pytest.mark.parametrize("steps", [2, 3, 20])
+def test_step_axes_tick_whole_steps_only(steps) -> None:
+    """With 2 steps, auto ticks fell at halves and read "-1, -1, 0, 1, 1"."""
+    analysis = analyze(_batch(steps=steps), ["verl:decoupled_token_is"])
+    axis = figures.lr_scale_by_step(analysis)["layout"]["xaxis"]
+    assert axis["tickmode"] == "linear" and axis["tick0"] == 0
+    assert isinstance(axis["dtick"], int) and axis["dtick"] >= 1
+    assert (steps - 1) / axis["dtick"] <= 8  # not crowded

@@ -34,7 +34,7 @@ from iscore.dump import DumpProblems, StepRange
 from iscore.errors import IscoreError
 from iscore.export import convert as convert_setting
 from iscore.export import to_file_text
-from iscore.figures import color
+from iscore.figures import color, setting_name
 from iscore.importers import PICKLED, SUFFIXES
 from iscore.preview import Preview, preview_parquet
 from iscore.recommend import Recommendation, Targets
@@ -593,14 +593,14 @@ def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
     good (green), fair (amber) or bad (red) for training, against the session's targets."""
     rows = [
         {
-            "setting": f"{s['name']} ({s['framework']})",
+            "setting": setting_name(s),
             "loss aggregation": s["aggregation"],
             **{header: s.get(key) for key, header, _ in SUMMARY_COLUMNS},
         }
         for s in analysis.settings
     ]
     frame = pd.DataFrame(rows)
-    names = {f"{s['name']} ({s['framework']})": i for i, s in enumerate(analysis.settings)}
+    names = {setting_name(s): i for i, s in enumerate(analysis.settings)}
     targets = st.session_state.targets
     style = frame.style.format({header: fmt for _, header, fmt in SUMMARY_COLUMNS}, na_rep="-").map(
         lambda v: f"color: {color(names[v])}; font-weight: 600", subset=["setting"]

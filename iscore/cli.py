@@ -246,6 +246,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from iscore.analyze import analyze, resolve
+    from iscore.figures import setting_name
     from iscore.report import write_html
     from iscore.sequences import SequenceTable, read_schema, write_rows
 
@@ -277,7 +278,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         print(f"  ! {flag['code']}: {flag['message']}")
     for s in result.settings:
         print(
-            f"  {clip(s['name'])} ({s['framework']}): LR scale {s.get('lr_scale', nan):.3g}, "
+            f"  {clip(setting_name(s))}: LR scale {s.get('lr_scale', nan):.4g}, "
             f"mean w {s.get('weight_mean', nan):.3g}, ESS {s.get('ess', nan):.1%}, "
             f"tokens masked {s.get('token_masked_fraction', nan):.2%}, sequences masked "
             f"{s.get('seq_masked_fraction', nan):.2%}"

@@ -20,7 +20,7 @@ from typing import Any
 from iscore.analyze import Analysis
 from iscore.errors import IscoreError
 from iscore.export import to_file_text
-from iscore.figures import all_figures, color
+from iscore.figures import all_figures, color, setting_name
 from iscore.output import output_path
 from iscore.recommend import Targets
 from iscore.replay import parse_config
@@ -180,7 +180,7 @@ def _summary_table(doc: dict[str, Any], targets: Targets) -> str:
             grade = targets.grade(key, value)
             mark = f" class='{grade}'" if grade else ""
             cells.append(f"<td{mark}>{_fmt(value, pattern)}</td>")
-        name = html.escape(f"{s['name']} ({s['framework']})")
+        name = html.escape(setting_name(s))
         upstream = html.escape(s.get("upstream", ""))
         rows.append(
             f"<tr><td><span class='dot' style='background:{color(i)}'></span>{name}"
@@ -208,7 +208,7 @@ def _configs(doc: dict[str, Any]) -> str:
         return ""
     blocks = "".join(
         f"<details><summary><span class='dot' style='background:{color(i)}'></span>"
-        f"{html.escape(s['name'])} ({html.escape(s['framework'])})</summary>"
+        f"{html.escape(setting_name(s))}</summary>"
         f"<pre>{html.escape(to_file_text(parse_config(s['config'])))}</pre></details>"
         for i, s in enumerate(doc["settings"])
     )

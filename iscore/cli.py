@@ -24,7 +24,7 @@ from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_PATH_TOKENS, MAX_U
 from iscore.errors import ConfigError, IscoreError, clip, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS
-from iscore.output import output_path
+from iscore.output import check_output, output_path
 from iscore.serving import LOOPBACK_HOSTS
 
 if TYPE_CHECKING:
@@ -160,11 +160,15 @@ def _distinct_outputs(args: argparse.Namespace, *flags: str) -> None:
         seen[key] = flag
 
 
-def _open_dump(args: argparse.Namespace, *, extras: bool = False) -> Dump:
+def _open_dump(
+    args: argparse.Namespace, *, extras: bool = False, outputs: tuple[str, ...] = ()
+) -> Dump:
+    """The dump the arguments name, opened; each output option of `outputs` is checked
+    before any work (a missing folder, a directory, a file of the dump itself)."""
     from iscore.columns import parse_mapping
     from iscore.dump import Dump
 
-    return Dump(
+    dump = Dump(
         args.dump,
         columns=parse_mapping(args.column),
         steps=args.steps,
@@ -174,6 +178,25 @@ def _open_dump(args: argparse.Namespace, *, extras: bool = False) -> Dump:
         where=args.where,
         extras=extras,
     )
+    inputs = [f.path for f in dump.files]
+    for flag in outputs:
+        path = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if path is not None:
+            check_output(path, inputs=inputs)
+    return dump
+
+
+def _dropped(dump: Dump) -> None:
+    """Say on stderr what --drop-invalid dropped: the results leave those sequences out."""
+    dropped = dump.dropped
+    if dropped.sequences:
+        reasons = ", ".join(f"{k}: {v:,} values" for k, v in dropped.reasons.items())
+        sequences = "sequence" if dropped.sequences == 1 else "sequences"
+        print(
+            f"note: --drop-invalid left out {dropped.sequences:,} {sequences} "
+            f"({dropped.tokens:,} tokens) with invalid log-probs ({reasons})",
+            file=sys.stderr,
+        )
 
 
 def _progress(dump: Dump, desc: str, args: argparse.Namespace) -> tqdm:
@@ -190,17 +213,19 @@ def _progress(dump: Dump, desc: str, args: argparse.Namespace) -> tqdm:
     )
 
 
-def _load(args: argparse.Namespace) -> TokenBatch:
+def _load(args: argparse.Namespace, outputs: tuple[str, ...] = ()) -> TokenBatch:
     """The whole dump the arguments name, with a progress bar while it is read."""
-    dump = _open_dump(args)
+    dump = _open_dump(args, outputs=outputs)
     with _progress(dump, "load", args) as bar:
-        return dump.load(progress=bar.update)
+        batch = dump.load(progress=bar.update)
+    _dropped(dump)
+    return batch
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from iscore.validate import validate
 
-    dump = _open_dump(args)
+    dump = _open_dump(args, outputs=("--json",))
     with _progress(dump, "validate", args) as bar:
         report = validate(dump, max_tokens=args.chunk_tokens, progress=bar.update)
     if args.json:
@@ -217,8 +242,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from iscore.replay import replay
 
     spec = resolve(args.config)
-    dump = _open_dump(args)
-    tokens = kept = 0
+    dump = _open_dump(args, outputs=("--out",))
+    tokens = kept = zero = 0
     with (
         output_path(args.out, suffixes=(".parquet",)) as tmp,
         _progress(dump, "replay", args) as bar,
@@ -233,14 +258,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             writer.write_table(table)
             tokens += batch.num_tokens
             kept += int(result.keep.sum())
+            zero += int((result.keep & (result.weight == 0)).sum())
             bar.update(batch.num_tokens)
         if writer is None:
             raise IscoreError(f"{dump.files[0].path}: {dump.why_empty()}; nothing written")
         writer.close()
     print(
         f"{args.out}: {tokens:,} tokens replayed with {spec.name} ({spec.framework}); "
-        f"{kept:,} kept in the loss"
+        f"{kept:,} kept in the loss, {zero:,} of them with weight 0"
     )
+    _dropped(dump)
     return 0
 
 
@@ -252,7 +279,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     _distinct_outputs(args, "--json", "--html", "--sequences")
     specs = [resolve(s) for s in args.settings]
-    dump = _open_dump(args, extras=args.sequences is not None)
+    dump = _open_dump(
+        args, extras=args.sequences is not None, outputs=("--json", "--html", "--sequences")
+    )
     table = None if args.sequences is None else SequenceTable(read_schema(dump), specs)
     with _progress(dump, "analyze", args) as bar:
         result = analyze(
@@ -285,6 +314,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         )
     for path in written:
         print(f"wrote {path}")
+    _dropped(dump)
     return 0
 
 
@@ -296,7 +326,7 @@ def _cmd_sequences(args: argparse.Namespace) -> int:
     from iscore.sql import QueryError, one_line, open_query, referenced
 
     specs = [resolve(s) for s in args.settings]
-    dump = _open_dump(args, extras=True)
+    dump = _open_dump(args, extras=True, outputs=("--out",))
     if args.sql is not None:  # a bad query fails here, before the dump is read
         referenced(args.sql, set(TABLES))
     with _progress(dump, "sequences", args) as bar:
@@ -313,6 +343,7 @@ def _cmd_sequences(args: argparse.Namespace) -> int:
     if args.out:
         what = "sequences" if args.sql is None else "rows"
         print(f"{args.out}: {count:,} {what}", file=sys.stderr)
+    _dropped(dump)
     return 0
 
 
@@ -338,7 +369,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         for field in fields(Targets):
             message = message.replace(f"`{field.name}`", "--" + field.name.replace("_", "-"))
         raise ConfigError(message) from None
-    batch = _load(args)
+    batch = _load(args, outputs=("--json",))
     with tqdm(desc="recommend", unit="setting", disable=args.quiet or None, leave=False) as bar:
 
         def replayed(done: int, total: int) -> None:
@@ -390,38 +421,36 @@ def _cmd_export(args: argparse.Namespace) -> int:
                 raise IscoreError(
                     f"{option.option_strings[0]} is an option of --dump; give --dump DUMP with it"
                 )
+    if args.out:  # not onto the config or the dump being read
+        check_output(args.out, inputs=[args.config])
     spec = resolve(args.config)
-    batch = _load(args) if args.dump else None
+    batch = _load(args, outputs=("--out",)) if args.dump else None
     result = convert(spec, args.to, generation=args.generation, batch=batch)
-    text = to_file_text(result.spec) if args.out else snippet(result.spec)
-    if args.generation and args.out is None:
-        text = result.text  # the older generation's own keys
-    if args.out:
-        with output_path(args.out) as tmp:
-            Path(tmp).write_text(text)
-        print(f"wrote {args.out} ({args.to}); `iscore replay --config {args.out}` reads it")
-    else:
-        print(text.rstrip())
     target = (
         f"{args.to} in its {args.generation} config keys"
         if args.generation
         else f"{args.to} (as of {frameworks.get(args.to).upstream})"
     )
-    print(
+    lines = [
         f"# {'exact' if result.exact else 'not exact'}: {spec.name} ({spec.framework}) -> {target}",
-        file=sys.stderr,
-    )
-    for note in result.notes:
-        print(f"# note: {note}", file=sys.stderr)
-    if result.difference:
-        for side in ("source", "target"):
-            stats = result.difference[side]
-            print(
-                f"# {side}: mean w {stats['weight_mean']:.4g}, tokens masked "
-                f"{stats['token_masked_fraction']:.2%}, sequences masked "
-                f"{stats['seq_masked_fraction']:.2%}, LR scale {stats['lr_scale']:.4g}",
-                file=sys.stderr,
-            )
+        *(f"# note: {note}" for note in result.notes),
+    ]
+    for side in ("source", "target") if result.difference else ():
+        stats = result.difference[side]
+        lines.append(
+            f"# {side}: mean w {stats['weight_mean']:.4g}, tokens masked "
+            f"{stats['token_masked_fraction']:.2%}, sequences masked "
+            f"{stats['seq_masked_fraction']:.2%}, LR scale {stats['lr_scale']:.4g}"
+        )
+    if args.out:
+        # The file keeps what the translation lost: its reader may never see this terminal.
+        text = "\n".join(lines) + "\n" + to_file_text(result.spec)
+        with output_path(args.out) as tmp:
+            Path(tmp).write_text(text)
+        print(f"wrote {args.out} ({args.to}); `iscore replay --config {args.out}` reads it")
+    else:
+        print((result.text if args.generation else snippet(result.spec)).rstrip())
+    print("\n".join(lines), file=sys.stderr)
     return 0
 
 
@@ -727,7 +756,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--framework",
         required=True,
         choices=FRAMEWORKS,
-        help="the framework whose settings are ranked (its candidates: `iscore presets`)",
+        help="the framework whose settings are ranked (candidates of each kind it can express: "
+        "docs/recommend.md)",
     )
     p.add_argument(
         "--max-token-drop",

@@ -18,7 +18,7 @@ import secrets
 import signal
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -48,23 +48,10 @@ def output_path(path: str | Path, suffixes: tuple[str, ...] = ()) -> Iterator[st
     """
     target = Path(path)
     real = Path(os.path.realpath(target))
-    try:
-        st = os.stat(real)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise IscoreError(f"{path}: cannot write here: {e.strerror}") from None
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise IscoreError(f"{path}: is a directory; expected a file name to write")
+    st = check_output(path, suffixes)
     if (st is not None and not stat.S_ISREG(st.st_mode)) or str(real).startswith(_SPECIAL_ROOTS):
         yield str(target)
         return
-    if suffixes and not target.name.lower().endswith(suffixes):
-        raise IscoreError(
-            f"{path}: expected a {' or '.join(suffixes)} file name, but got {quote(target.suffix)}"
-        )
-    if not real.parent.is_dir():
-        raise IscoreError(f"{path}: no such directory {real.parent}; create it first")
     tmp, fd = _create_beside(real)
     try:
         os.close(fd)
@@ -77,6 +64,48 @@ def output_path(path: str | Path, suffixes: tuple[str, ...] = ()) -> Iterator[st
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def check_output(
+    path: str | Path, suffixes: tuple[str, ...] = (), inputs: Sequence[str | Path] = ()
+) -> os.stat_result | None:
+    """Refuse, before any work, an output `output_path` would refuse, or one that is one of
+    the `inputs` (the files being read: writing there would destroy them). Returns the
+    path's stat, None when it does not exist yet.
+
+    Raises:
+        IscoreError: as `output_path`, or `path` names one of `inputs`.
+    """
+    target = Path(path)
+    real = Path(os.path.realpath(target))
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise IscoreError(f"{path}: cannot write here: {e.strerror}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IscoreError(f"{path}: is a directory; expected a file name to write")
+    if st is not None and any(_same(st, source) for source in inputs):
+        raise IscoreError(f"{path}: is an input being read; write the output to another file")
+    if (st is not None and not stat.S_ISREG(st.st_mode)) or str(real).startswith(_SPECIAL_ROOTS):
+        return st
+    if suffixes and not target.name.lower().endswith(suffixes):
+        raise IscoreError(
+            f"{path}: expected a {' or '.join(suffixes)} file name, but got {quote(target.suffix)}"
+        )
+    if not real.parent.is_dir():
+        raise IscoreError(f"{path}: no such directory {real.parent}; create it first")
+    return st
+
+
+def _same(st: os.stat_result, source: str | Path) -> bool:
+    """Whether `source` is the file `st` describes (hard and symbolic links included)."""
+    try:
+        other = os.stat(source)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
 
 
 def _create_beside(real: Path) -> tuple[str, int]:

@@ -8,9 +8,11 @@ import sys
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from iscore.cli import main
+from iscore.replay import parse_config
 from tests.conftest import make_sequences, write
 
 
@@ -369,7 +371,7 @@ def test_bad_outputs_and_misplaced_options_are_refused(
 
 def test_convert_names_its_own_format_flag(dump, tmp_path, capsys):
     assert main(["convert", str(dump), "--out", str(tmp_path / "r.parquet")]) == 2
-    assert capsys.readouterr().err.rstrip().endswith("name the format with fmt= (--from)")
+    assert capsys.readouterr().err.rstrip().endswith("name the format (--from; fmt= in Python)")
     assert main(["validate", str(tmp_path / "nothing*.jsonl"), "-q"]) == 2
     assert "(--from)" not in capsys.readouterr().err
 
@@ -503,3 +505,101 @@ def test_a_deferred_module_runs_on_first_use_and_a_failed_load_is_retried(tmp_pa
         iscore_probe_bad.anything  # noqa: B018
     assert "iscore_probe_bad" not in sys.modules
     monkeypatch.delitem(sys.modules, "iscore_probe_ok")
+
+
+@pytest.mark.parametrize(
+    ("command", "extra"),
+    [
+        ("replay", ["--config", "verl:disabled", "--out", "{dump}"]),
+        ("sequences", ["--out", "{link}"]),
+        ("analyze", ["--sequences", "{dump}"]),
+        ("analyze", ["--json", "{dump}"]),
+        ("validate", ["--json", "{dump}"]),
+        ("recommend", ["--framework", "verl", "--json", "{dump}"]),
+        ("export", ["--config", "verl:disabled", "--to", "slime", "--out", "{dump}"]),
+    ],
+)
+def test_no_output_is_written_onto_the_dump_it_reads(command, extra, dump, tmp_path, capsys):
+    """Writing the output onto the input (itself, or through a link) destroyed the dump."""
+    (tmp_path / "link.parquet").symlink_to(dump)
+    before = dump.read_bytes()
+    names = {"dump": str(dump), "link": str(tmp_path / "link.parquet")}
+    argv = [a.format(**names) for a in extra]
+    if command == "export":
+        argv += ["--dump", str(dump)]
+    else:
+        argv.insert(0, str(dump))
+    assert main([command, *argv, "-q"]) == 2
+    said = capsys.readouterr()
+    assert "is an input being read; write the output to another file" in said.err
+    assert dump.read_bytes() == before
+
+
+def test_export_out_is_not_written_onto_its_config(tmp_path, capsys):
+    config = tmp_path / "mine.yaml"
+    config.write_text("framework: trl\nvllm_importance_sampling_correction: true\n")
+    before = config.read_text()
+    argv = ["export", "--config", str(config), "--to", "verl", "--out", str(config)]
+    assert main(argv) == 2
+    assert "is an input being read" in capsys.readouterr().err
+    assert config.read_text() == before
+
+
+def test_an_output_in_a_missing_folder_is_refused_before_the_work(dump, capsys):
+    argv = ["recommend", str(dump), "-q", "--framework", "verl", "--json", "/nonexistent/r.json"]
+    assert main(argv) == 2
+    said = capsys.readouterr()
+    assert said.out == ""  # refused before recommending, not after printing it all
+    assert "no such directory /nonexistent; create it first" in said.err
+
+
+@pytest.mark.parametrize("command", ["analyze", "replay", "recommend", "sequences"])
+def test_drop_invalid_says_what_it_left_out(command, tmp_path, capsys):
+    table = pa.table(
+        {
+            "seq_id": [1, 1, 2, 2, 2],
+            "rollout_logprob": np.float32([-1, -2, -1, -1, -1]),
+            "train_logprob": np.float32([-1, -2, 0.5, -1, -1]),  # 0.5: not a log-prob
+        }
+    )
+    path = write(table, tmp_path / "pos.parquet")
+    extra = {
+        "analyze": ["--json", str(tmp_path / "a.json")],
+        "replay": ["--config", "verl:disabled", "--out", str(tmp_path / "w.parquet")],
+        "recommend": ["--framework", "verl"],
+        "sequences": ["--out", str(tmp_path / "s.parquet")],
+    }[command]
+    assert main([command, str(path), "-q", "--drop-invalid", *extra]) == 0
+    err = capsys.readouterr().err
+    note = "note: --drop-invalid left out 1 sequence (3 tokens) with invalid log-probs"
+    assert note in err and "train_logprob: 1 values" in err
+    if command == "analyze":
+        dropped = json.loads((tmp_path / "a.json").read_text())["source"]["dropped"]
+        assert dropped == {"sequences": 1, "tokens": 3, "invalid_values": {"train_logprob": 1}}
+
+
+def test_replay_counts_the_kept_tokens_with_weight_zero(dump, tmp_path, capsys):
+    out = tmp_path / "w.parquet"
+    argv = ["replay", str(dump), "-q", "--config", "verl:decoupled_token_icepop", "--out", str(out)]
+    assert main(argv) == 0
+    rows = pq.read_table(out).to_pydict()
+    zero = sum(k and w == 0 for k, w in zip(rows["keep"], rows["weight"], strict=True))
+    kept = sum(rows["keep"])
+    assert f"{kept:,} kept in the loss, {zero:,} of them with weight 0" in capsys.readouterr().out
+
+
+def test_export_out_keeps_what_the_translation_lost(tmp_path, capsys):
+    out = tmp_path / "skyrl.yaml"
+    argv = ["export", "--config", "verl:decoupled_k3_rs", "--to", "skyrl", "--out", str(out)]
+    assert main(argv) == 0
+    text = out.read_text()
+    assert text.startswith("# not exact: decoupled_k3_rs (verl) -> skyrl")
+    assert "# note: Left out: the KL-estimator mask" in text
+    assert parse_config(out).framework == "skyrl"  # the comments do not stop it replaying
+
+
+def test_python_m_iscore_is_the_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "iscore", "--version"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and done.stdout.startswith("iscore ")

@@ -122,7 +122,8 @@ def replay(batch: TokenBatch, config: Spec | Mapping[str, Any] | str | Path) -> 
 
     Args:
         batch: the packed dump (any device).
-        config: a spec, a framework config mapping, or the path of a YAML config.
+        config: a spec, a framework config mapping, a preset name (`verl:decoupled_geo_rs`)
+            or the path of a YAML config: what `iscore.analyze.resolve` takes.
 
     Raises:
         ConfigError: the config is invalid, or the setting cannot replay this dump (e.g. it
@@ -132,12 +133,13 @@ def replay(batch: TokenBatch, config: Spec | Mapping[str, Any] | str | Path) -> 
     >>> r = replay(iscore.load("data/fp8.parquet"), {"framework": "fireworks", "tis": {"cap": 2}})
     >>> float(r.weight.max()) <= 2.0, r.keep.shape == r.weight.shape
     (True, True)
-    >>> from iscore.analyze import resolve
-    >>> replay(iscore.load("data/fp8.parquet"), resolve("verl:bypass_ppo_clip"))
+    >>> replay(iscore.load("data/fp8.parquet"), "verl:bypass_ppo_clip")
     Traceback (most recent call last):
     iscore.errors.ConfigError: verl:bypass_ppo_clip: `algorithm.rollout_correction.bypass_mode...
     """
-    spec = config if hasattr(config, "replay") else parse_config(config)
+    from iscore.analyze import resolve  # analyze replays through this module
+
+    spec = resolve(config)
     try:
         return spec.replay(batch)
     except ConfigError as e:

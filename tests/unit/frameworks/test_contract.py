@@ -16,11 +16,13 @@ import torch
 import yaml
 
 from iscore import frameworks
+from iscore.errors import ConfigError
 from iscore.export import to_file_text
 from iscore.frameworks.base import Aggregation
 from iscore.mismatch import METRIC_NAMES
-from iscore.replay import parse_config
+from iscore.replay import parse_config, replay
 from iscore.tune import FAMILIES, family_setting
+from tests.unit.frameworks.conftest import random_batch_of
 
 REGISTERED = frameworks.every()
 PRESETS = [(fw, name, spec) for fw in REGISTERED for name, spec in fw.presets().items()]
@@ -94,3 +96,18 @@ def test_replays_are_well_formed(case, random_batch, edges) -> None:
         assert bool(torch.isfinite(result.weight).all())
         assert not bool((result.keep & ~batch.loss_mask).any()), "keep within the loss mask"
         assert not bool(result.weight[~result.keep].any()), "dropped tokens carry weight 0"
+
+
+@pytest.mark.parametrize("case", PRESETS, ids=_id)
+def test_the_api_replays_a_preset_by_name(case) -> None:
+    """`iscore.replay(batch, "framework:preset")`, as the CLI and `analyze` take it."""
+    fw, name, spec = case
+    batch = random_batch_of(0)
+    try:
+        expected = spec.replay(batch)
+    except ConfigError:  # a setting this batch cannot replay (it needs policy log-probs)
+        with pytest.raises(ConfigError, match=f"^{fw.name}:{name}: "):
+            replay(batch, f"{fw.name}:{name}")
+        return
+    got = replay(batch, f"{fw.name}:{name}")
+    assert torch.equal(got.weight, expected.weight) and torch.equal(got.keep, expected.keep)

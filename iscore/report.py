@@ -188,11 +188,17 @@ def _summary_table(doc: dict[str, Any], targets: Targets) -> str:
             f"<td>{html.escape(s['aggregation'])}</td>{''.join(cells)}</tr>"
         )
     lo, hi = targets.lr_scale
+    stricter = (
+        f" (stricter than the {targets.min_ess:.0%} a recommendation must reach)"
+        if targets.min_ess < 0.8
+        else ""
+    )
     return (
         "<h2>Settings</h2><table><tr><th>setting</th><th>loss aggregation</th>"
         f"{head}</tr>{''.join(rows)}</table><p class='note'>Green: good for training, amber: "
-        f"fair, red: bad, against the targets of <code>iscore recommend</code>: LR scale in "
-        f"[{lo:g}, {hi:g}], ESS at least {max(targets.min_ess, 0.8):.0%}, mean weight in "
+        f"fair, red: bad, from the targets of <code>iscore recommend</code>: LR scale in "
+        f"[{lo:g}, {hi:g}], ESS at least {max(targets.min_ess, 0.8):.0%}{stricter}, mean "
+        "weight in "
         f"[0.9, 1.1], at most {100 * targets.max_token_drop:.3g}% of tokens and "
         f"{100 * targets.max_seq_drop:.3g}% of sequences masked and 1% truncated (amber: "
         "within half to twice the LR bounds, ESS from 30%, mean weight in [0.5, 2], up to 5x "

@@ -220,7 +220,7 @@ def _choose(
     if not claimed:
         raise DumpError(
             f"{source}: no file looks like a dump iscore can import (expected {expected}); "
-            f"name the format with fmt= ({flag})"
+            f"name the format ({flag}; fmt= in Python)"
         )
     if explicit:
         known = {id(f) for found in claimed.values() for f in found}
@@ -238,7 +238,7 @@ def _choose(
     )
     raise DumpError(
         f"{source}: the files look like more than one format: {candidates}; "
-        f"name the format with fmt= ({flag}) or point at one format's files"
+        f"name the format ({flag}; fmt= in Python) or point at one format's files"
     )
 
 

@@ -861,7 +861,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=_cmd_bench)
 
-    p = sub.add_parser("presets", help="list the named settings of every framework")
+    p = sub.add_parser(
+        "presets",
+        help="list the named settings of every framework",
+        description="List each framework's named settings (FRAMEWORK:NAME), which --preset, "
+        "--config and the app take; `iscore export --config FRAMEWORK:NAME --to F` prints one "
+        "as a config.",
+    )
     p.add_argument("--framework", choices=FRAMEWORKS, help="only this framework's presets")
     p.set_defaults(func=_cmd_presets)
 

@@ -252,8 +252,17 @@ def resolve_columns(
             f"{path}: columns {', '.join(map(repr, candidates))} could each be {canonical}; "
             f"say which with --column {canonical}=NAME"
         )
+    taken = {source: name for name, source in mapping.items() if source is not None}
     for canonical in REQUIRED:
         if canonical not in found and not (sequence_layout and canonical == "seq_id"):
+            claimed = [a for a in ALIASES[canonical] if a in present and a in taken]
+            if claimed:  # its column is there, but the mapping gave it to another column
+                alias = claimed[0]
+                raise DumpError(
+                    f"{path}: missing required column {canonical}: the file's {quote(alias)} "
+                    f"is mapped to {taken[alias]} (--column {taken[alias]}={alias}); "
+                    f"map {canonical} to another column with --column {canonical}=NAME"
+                )
             raise DumpError(
                 f"{path}: missing required column {canonical}; tried "
                 f"{', '.join(ALIASES[canonical])} (columns: {', '.join(names)}). "

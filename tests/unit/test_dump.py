@@ -297,6 +297,14 @@ class TestBadInput:
         assert "miss.parquet" in msg and "missing required column train_logprob" in msg
         assert "prev_logprobs" in msg and "old_log_probs" in msg and "--column" in msg
 
+    def test_a_column_mapped_away_is_named(self, tmp_path, sequences):
+        """Mapping the rollout column to train_logprob leaves rollout_logprob without one:
+        the message says where its column went, not that the file lacks it."""
+        path = write(sequences.token_table(), tmp_path / "d.parquet")
+        msg = problems_of(path, columns={"train_logprob": "rollout_logprob"})
+        assert "missing required column rollout_logprob: the file's 'rollout_logprob' is " in msg
+        assert "mapped to train_logprob (--column train_logprob=rollout_logprob)" in msg
+
     def test_ambiguous_aliases(self, tmp_path, sequences):
         table = sequences.token_table({"train_logprob": "old_log_probs"})
         table = table.append_column("prev_logprobs", table["old_log_probs"])

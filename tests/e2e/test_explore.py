@@ -57,7 +57,7 @@ def test_query_open_a_sequence_and_slice(page: Page, app_url: str, screens: Path
     # The row-selection column is the grid's first, left of the data; row 1 is under the header.
     page.mouse.click(box["x"] + 15, box["y"] + 35 + 17)
     _idle(page)
-    heading = page.get_by_role("heading", name="Sequence 28 of step 0")
+    heading = page.get_by_role("heading", name="Sequence 26 of step 0")  # largest summed k3
     expect(heading).to_be_visible(timeout=30_000)
     # One figure: the log-probs, d, and the weight curve of each of the session's settings (the
     # framework's default and the recommended one), each a legend entry.

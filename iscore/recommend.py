@@ -3,8 +3,8 @@
 First, what numerical noise looks like in this dump, robustly (medians and MADs), and what
 stands out of it: broken sequences (a stale replica: every token off), a global offset,
 long-sequence collapse, drift over steps. Thresholds are then placed where the data stops
-looking like noise: on benign data sequence bounds lie outside the data (no sequence is
-dropped) and token bounds at its extreme 0.1% tails; with broken sequences just inside them.
+looking like noise: token bounds at the healthy tokens' extreme 0.1% tails, sequence bounds
+just outside the healthy sequences (none is dropped), or just inside the nearest broken one.
 Candidates are framework-neutral kinds (token TIS, IcePop, token and geometric masks, k3 masks,
 sequence-level weights) kept where the framework expresses them; each is replayed exactly as
 the framework would (`iscore.impact.quick_stats`), held to the targets (and, with broken
@@ -106,10 +106,10 @@ class Targets:
 
 
 RULE_SYMBOLS = (
-    "rho = e^d per token, k3 = rho - 1 - d, S = the sum of d over a sequence's loss tokens, "
-    "G = S / their number"
+    "d = train - rollout log-prob, rho = e^d per token, k3 = rho - 1 - d, S = the sum of d "
+    "over a sequence's loss tokens, G = S / their number"
 )
-"""The symbols of `Candidate.rule` (d = train - rollout log-prob of a loss token)."""
+"""The symbols of `Candidate.rule`, as the CLI prints them after it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +231,11 @@ class _Normal:
 
     @property
     def offset(self) -> bool:
-        """Whether the token log-ratios are centred away from 0: a semantics bug."""
-        return abs(self.d_center) > max(0.25 * self.d_spread, 1e-3)
+        """Whether the token log-ratios are centred away from 0: a semantics bug. By more than
+        a quarter of the noise's spread, and by `Z_OFFSET` standard errors of the median (1.25
+        spread / sqrt(tokens)), so that a tiny dump's noise is not called a bug."""
+        stderr = 1.2533 * self.d_spread / math.sqrt(max(self.d.size, 1))
+        return abs(self.d_center) > max(0.25 * self.d_spread, Z_OFFSET * stderr, 1e-3)
 
     @classmethod
     def of(cls, batch: TokenBatch) -> _Normal:
@@ -270,8 +273,11 @@ class _Normal:
 Z_BROKEN = 8.0
 """Standard errors from the noise's centre beyond which a sequence is called broken."""
 
-_MARGIN = 1.05  # bounds placed this much beyond the noise they must keep
-_INSIDE = 0.9  # and this far inside the nearest broken value they must drop
+Z_OFFSET = 5.0
+"""Standard errors from 0 beyond which the tokens' median log-ratio is called a global offset."""
+
+_MARGIN = 1.05  # sequence bounds placed this much beyond the healthy sequences
+_INSIDE = 0.9  # or this far inside the nearest broken sequence, if that is closer
 CAP_QUANTILE = 0.999
 """A token TIS cap truncates the healthy tokens' ratios above this quantile: the extreme
 0.1% tail, whose weights would otherwise dominate the gradient's variance (a cap beyond every
@@ -322,11 +328,11 @@ def _median_mad(x: np.ndarray) -> tuple[float, float]:
 class _Thresholds:
     """Thresholds placed where the data stops looking like numerical noise.
 
-    Without broken sequences a sequence mask's bound sits just outside what the data holds (no
-    sequence is dropped), a token band's at the healthy tokens' `CAP_QUANTILE` on each side
-    (it masks only the noise's extreme tails) and a token cap at the upper one (it truncates
-    only the top tail). With broken sequences a bound sits just inside the nearest broken
-    value, so masks drop them and keep what looks like noise.
+    A token band sits at the healthy tokens' `CAP_QUANTILE` on each side (it masks only the
+    noise's extreme tails) and a token cap at the upper one (it truncates only the top tail),
+    broken sequences or not. A sequence mask's bound sits just outside every healthy sequence
+    (none is dropped), or just inside the nearest broken one where that is closer (the mask
+    drops them); broken sequences are a sequence-level signature, removed at that level.
     """
 
     token_cap: float
@@ -357,29 +363,29 @@ class _Thresholds:
         has = normal.T > 0
         healthy = has & ~normal.broken
         g_dev = normal.G - normal.g_center
-        # Every healthy sequence is kept and only the healthy tokens' extreme tails are masked
-        # (`CAP_QUANTILE` on each side: a band beyond every token masks nothing, and where a
-        # few tokens are far off, fp8 outliers or routing flips, it lands in the millions and
-        # lets them weigh that much); with broken sequences, their typical (median) token and
-        # their nearest sequence are dropped.
+        # Token bounds at the healthy tokens' `CAP_QUANTILE` tails (a band beyond every token
+        # masks nothing, and where a few tokens are far off, fp8 outliers or routing flips, it
+        # lands in the millions and lets them weigh that much). Broken sequences do not move
+        # them: a stale replica's likely tokens have d near 0 (both log-probs near 0), so a
+        # token bound reaching them would cut the healthy noise; the sequence bounds drop them.
         low_q = high_q = 0.0
         if healthy_tokens.size:
             quantiles = np.quantile(healthy_tokens, [1.0 - CAP_QUANTILE, CAP_QUANTILE])
             low_q, high_q = (float(q) for q in quantiles)
         below, above = max(-low_q, 1e-3), max(high_q, 1e-3)  # the band's reach in d
+        # Sequence bounds keep every healthy sequence, pulled in to just inside the nearest
+        # broken one where it lies closer.
         g_half = max(_MARGIN * float(np.abs(g_dev[healthy]).max(initial=0.0)), 1e-4)
         k3_cap = max(_MARGIN * float(normal.k3[healthy].max(initial=0.0)), 1e-6)
         if normal.broken.any():
-            broken_d = np.abs(normal.d[normal.token_broken] - normal.d_center)
-            inside = _INSIDE * float(np.median(broken_d))
-            below, above = min(below, inside), min(above, inside)
             g_half = min(g_half, _INSIDE * float(np.abs(g_dev[normal.broken]).min()))
             k3_cap = min(k3_cap, _INSIDE * float(normal.k3[normal.broken].min()))
-        low, high = normal.d_center - below, normal.d_center + above
-        cap = min(normal.d_center + high_q, high)
         return cls(
-            token_cap=max(_round_up(math.exp(cap)), 1.001),
-            band=(_round_down(math.exp(low)), _round_up(math.exp(high))),
+            token_cap=max(_round_up(math.exp(normal.d_center + high_q)), 1.001),
+            band=(
+                _round_down(math.exp(normal.d_center - below)),
+                _round_up(math.exp(normal.d_center + above)),
+            ),
             geo=(
                 _round_down(math.exp(normal.g_center - g_half), 5),
                 _round_up(math.exp(normal.g_center + g_half), 5),
@@ -554,7 +560,7 @@ def _recommend(
         "broken_sequences": int(normal.broken.sum()),
         "global_offset": normal.d_center if normal.offset else None,
     }
-    warnings = _warnings(batch, fw)
+    warnings = _warnings(batch, fw, normal)
     if normal.offset:
         warnings.insert(
             0,
@@ -632,15 +638,17 @@ def _violations(targets: Targets, normal: _Normal, stats: dict[str, float]) -> l
 def _preference(c: Candidate) -> tuple[Any, ...]:
     """The order among candidates (docs/recommend.md): meeting the targets, then reweighting
     (which corrects the mismatch's bias; a mask alone does not), then the least healthy data
-    dropped (to 0.1%), then the LR scale nearest 1 (in whole percents: 0.997 and 0.995 tie),
-    then the highest ESS, then the fewer components (weights and masks). The steps keep a
-    0.00x difference in LR scale from outranking dropped data or a lower ESS."""
+    dropped (to 0.1%), then the LR scale's distance from 1 in buckets of whole percents of
+    |ln LR scale| (0.997 and 0.995 tie in bucket 0; 0.991 and 0.989 fall either side of 1%
+    and do not), then the highest ESS, then the fewer components (weights and masks). The
+    buckets keep most 0.00x differences in LR scale from outranking a higher ESS; a fixed key
+    keeps the order transitive, at the price of those edges."""
     s = c.stats
     return (
         len(c.missed),
         -s["reweights"],
         round(s["healthy_token_dropped"], 3),
-        math.floor(100 * abs(math.log(max(s["lr_scale"], 1e-12)))),  # whole percents
+        math.floor(100 * abs(math.log(max(s["lr_scale"], 1e-12)))),  # |ln| in whole percents
         -round(s["ess"], 3),
         s["components"],
     )
@@ -699,17 +707,14 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
             f"{normal.d_spread:.3g}): a semantics bug (processed vs raw log-probs, temperature) "
             "that no IS correction removes; the bands are centred on it"
         )
+    long = _long_weight(normal)
+    if long is not None and not 0.5 <= long[2] <= 2.0:
+        found.append(
+            f"long-sequence collapse: at {long[0]:,.0f} tokens (your p90 length) "
+            f"e^(mean d x length) is {long[2]:.2g}: product weights would scale the LR there, "
+            "geometric or token-level settings do not"
+        )
     has = normal.T > 0
-    if has.any():
-        long_t = float(np.quantile(normal.T[has], 0.9))
-        median_seq = math.exp(float(np.mean(normal.d[~normal.token_broken])) * long_t)
-        if median_seq < 0.5 or median_seq > 2.0:
-            found.append(
-                f"long-sequence collapse: at {long_t:,.0f} tokens (your p90 length) a typical e^S "
-                f"is "
-                f"{median_seq:.2g}: product weights would scale the LR there, geometric or "
-                "token-level settings do not"
-            )
     steps = batch.step.cpu().numpy()
     if np.unique(steps).size > 2:
         by_step = [float(normal.k3[(steps == s) & has].mean()) for s in np.unique(steps)]
@@ -736,6 +741,20 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
                 "settings act on those tokens alone, where a sequence mask drops whole sequences"
             )
     return found
+
+
+def _long_weight(normal: _Normal) -> tuple[float, float, float] | None:
+    """(the p90 length L, the healthy tokens' mean d, e^(mean d x L)): the e^S product weights
+    give a sequence of length L whose tokens are independent. A model: steadier than the median
+    e^S of the few sequences that long, which spread over orders of magnitude (None without
+    healthy tokens)."""
+    has = normal.T > 0
+    d = normal.d[~normal.token_broken] if normal.token_broken.any() else normal.d  # no copy
+    if not has.any() or not d.size:
+        return None
+    long_t = float(np.quantile(normal.T[has], 0.9))
+    mu = float(np.mean(d))
+    return long_t, mu, math.exp(min(mu * long_t, 700.0))
 
 
 def _elsewhere(batch: TokenBatch, fw: Framework, normal: _Normal, targets: Targets) -> str:
@@ -772,23 +791,17 @@ def _reason(description: str, stats: dict[str, float], missed: tuple[str, ...]) 
     return f"{description}: meets the targets; {effect}"
 
 
-def _warnings(batch: TokenBatch, framework: Framework) -> list[str]:
+def _warnings(batch: TokenBatch, framework: Framework, normal: _Normal) -> list[str]:
     """The traps that bite this data: sequence-weight collapse, and the framework's own."""
     warnings = []
-    m = batch.loss_mask
-    T = ops.segment_count(batch, m)
-    has = T > 0
-    if has.any():
-        mu = float(ops.log_ratio(batch)[m].mean())
-        long_t = float(T[has].double().quantile(0.9))
-        median_weight = math.exp(mu * long_t)
-        if median_weight < 0.5:
-            warnings.append(
-                f"Product (sequence-level) weights collapse at your lengths: at {long_t:,.0f} "
-                f"tokens (your p90 length) the median e^S is {median_weight:.2g} (mean d "
-                f"{mu:.2g} per token), so sequence IS cuts the effective LR there; prefer "
-                "token-level or geometric-mean weights."
-            )
+    long = _long_weight(normal)
+    if long is not None and long[2] < 0.5:
+        warnings.append(
+            f"Product (sequence-level) weights collapse at your lengths: at {long[0]:,.0f} "
+            f"tokens (your p90 length) e^(mean d x length) is {long[2]:.2g} (mean d "
+            f"{long[1]:.2g} per token), so sequence IS cuts the effective LR there; prefer "
+            "token-level or geometric-mean weights."
+        )
     for trap in framework.traps:
         warning = trap.warning(batch, lambda spec: quick_stats(batch, spec))
         if warning is not None:

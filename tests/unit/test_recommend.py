@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from iscore import TokenBatch, load
+from iscore import TokenBatch, load, ops
 from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.recommend import Targets, _preference, _segment_medians, recommend
+from iscore.recommend import (
+    RULE_SYMBOLS,
+    Targets,
+    _preference,
+    _segment_medians,
+    recommend,
+)
 from iscore.recommend import broken_sequences as recommend_broken
 from iscore.replay import parse_config
 from iscore.simulate import SimConfig, broken_sequences, write_simulated
 from tests.unit.frameworks.conftest import edge_batch
 
 PRODUCT_KINDS = {"seq_tis", "seq_mask"}  # product (sequence-sum) weights or masks
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +199,81 @@ def test_a_context_dependent_offset_is_not_taken_for_broken_sequences(tmp_path_f
     found (`test_broken_sequences_are_masked_where_the_framework_can`)."""
     batch = _simulated(tmp_path_factory, "offset_bug", seed, sequences=256)
     assert not recommend_broken(batch).any()
+
+
+@pytest.fixture(scope="module")
+def broken_tenth(tmp_path_factory):
+    """A benign dump with 10% of its sequences from a stale replica."""
+    return _simulated(tmp_path_factory, "dense_bf16", 3, sequences=64, broken_share=0.1)
+
+
+def test_broken_sequences_leave_the_token_bounds_outside_the_noise(broken_tenth):
+    """A stale replica's likely tokens have d near 0 (both log-probs near 0), so a token bound
+    reaching them would cut the healthy noise (a cap of 1.01 truncated 8% of the tokens). Token
+    bounds stay at the healthy tokens' 0.1st and 99.9th percentiles; the geometric mask drops
+    the broken sequences."""
+    rec = recommend(broken_tenth, "verl")
+    broken = recommend_broken(broken_tenth)
+    assert broken.any()
+    lengths = broken_tenth.lengths.numpy()
+    healthy = broken_tenth.loss_mask.numpy() & ~np.repeat(broken, lengths)
+    d = (broken_tenth.train - broken_tenth.rollout).double().numpy()
+    center = float(np.median(d[broken_tenth.loss_mask.numpy()]))
+    low, high = np.exp(center + np.quantile(d[healthy] - center, [0.001, 0.999]))
+    band, cap = rec.thresholds["token_band"], rec.thresholds["token_cap"]
+    assert band[0] <= low and high <= band[1] and high <= cap <= high * 1.01
+    assert rec.best.kind == "geo_mask_token_tis", rec.best.reason
+    assert rec.best.stats["broken_gradient_kept"] == 0.0
+    assert rec.best.stats["truncated_high_fraction"] <= 0.0011  # the healthy top 0.1% alone
+
+
+@pytest.mark.parametrize("seed", [11, 32])
+def test_noise_on_a_tiny_dump_is_no_global_offset(tmp_path_factory, seed):
+    """30 fp8 tokens: their median d lies a quarter of their spread from 0 by chance (1 to 3
+    standard errors of the median), which is no evidence of a semantics bug."""
+    batch = _simulated(tmp_path_factory, "fp8", seed, sequences=1, median_len=30, max_len=30)
+    rec = recommend(batch, "verl")
+    assert rec.thresholds["global_offset"] is None
+    assert not any(r.startswith("global offset") for r in rec.regimes)
+
+
+def test_the_bundled_offset_bug_is_still_a_global_offset():
+    rec = recommend(load(DATA / "offset_bug.parquet"), "verl")
+    assert rec.thresholds["global_offset"] < 0
+    assert rec.warnings[0].startswith("Fix the semantics bug first")
+
+
+def test_the_collapse_is_stated_as_the_model_it_is(broken_tenth):
+    """The long-sequence line and warning give e^(mean d x p90 length), named as such (it is
+    not the median e^S measured on the longest sequences: 1.1e-05 against 1.9e-06 on
+    long_collapse), from the healthy tokens in both."""
+    batch = load(DATA / "long_collapse.parquet")
+    rec = recommend(batch, "verl")
+    d = (batch.train - batch.rollout).double()[batch.loss_mask].numpy()
+    p90 = np.quantile(ops.segment_count(batch, batch.loss_mask).numpy(), 0.9)
+    model = f"e^(mean d x length) is {np.exp(d.mean() * p90):.2g}"
+    assert any(r.startswith("long-sequence collapse") and model in r for r in rec.regimes)
+    assert any(w.startswith("Product (sequence-level)") and model in w for w in rec.warnings)
+    broken = recommend(broken_tenth, "verl")
+    line = next(r for r in broken.regimes if r.startswith("long-sequence collapse"))
+    value = line.split("e^(mean d x length) is ")[1].split(":")[0]
+    assert any(f"is {value} " in w for w in broken.warnings)
+
+
+def test_lr_scales_rank_in_whole_percents_of_their_log(benign):
+    """The LR-scale step buckets |ln LR scale| in whole percents: 0.997 and 0.995 tie (and
+    1/0.995 with 0.995), while 0.991 and 0.989 fall either side of 1% and do not."""
+    best = recommend(benign, "verl").best
+
+    def bucket(lr_scale: float) -> int:
+        return _preference(dataclasses.replace(best, stats=best.stats | {"lr_scale": lr_scale}))[3]
+
+    assert bucket(0.997) == bucket(0.995) == bucket(1 / 0.995) == 0
+    assert bucket(0.991) == 0 and bucket(0.989) == 1
+
+
+def test_the_rule_symbols_define_d():
+    assert RULE_SYMBOLS.startswith("d = train - rollout log-prob, ")
 
 
 def recommend_broken_gradient(batch: TokenBatch, spec, broken: np.ndarray) -> float:

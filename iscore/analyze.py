@@ -232,18 +232,11 @@ def analyze(
             f"{where}: no token is in the loss (loss_mask false everywhere, or no tokens); "
             "nothing to analyze"
         )
-    dropped = None if dump is None else dump.dropped
     result = Analysis(
         source={
             "files": files,
             "where": where,
-            "dropped": None
-            if dropped is None
-            else {
-                "sequences": dropped.sequences,
-                "tokens": dropped.tokens,
-                "invalid_values": dict(dropped.reasons),
-            },
+            "dropped": None if dump is None else dump.dropped.to_dict(),
             "steps": [row["step"] for row in summary["by_step"]],
             "sequences": summary.get("sequences", 0),
             "loss_tokens": summary.get("tokens", 0),

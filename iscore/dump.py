@@ -23,7 +23,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -296,6 +296,14 @@ class DropReport:
     sequences: int = 0
     tokens: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the analysis document's `source.dropped` has it."""
+        return {
+            "sequences": self.sequences,
+            "tokens": self.tokens,
+            "invalid_values": dict(self.reasons),
+        }
 
 
 def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:

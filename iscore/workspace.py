@@ -33,6 +33,7 @@ from iscore.analyze import Analysis, analyze
 from iscore.batch import TokenBatch
 from iscore.budget import check_paths, check_upload
 from iscore.dump import (
+    DropReport,
     Dump,
     StepRange,
     is_framework_dump,
@@ -173,7 +174,7 @@ class Source:
         files: the files read (paths, or upload names).
         layout: "token" or "sequence".
         columns: canonical column -> the file's column it was read from.
-        dropped_sequences: sequences dropped as invalid (`drop_invalid`).
+        dropped: what `drop_invalid` left out.
         provenance: for a dump imported from a framework's own files, one line per file
             saying which framework, source files and steps (empty otherwise).
         preview: the first file's columns and first rows (for an imported dump, of the table
@@ -184,7 +185,7 @@ class Source:
     files: tuple[str, ...]
     layout: str
     columns: tuple[tuple[str, str], ...]
-    dropped_sequences: int = 0
+    dropped: DropReport = field(default_factory=DropReport)
     provenance: tuple[str, ...] = ()
     preview: Preview | None = None
 
@@ -259,9 +260,7 @@ class Workspace:
             if p.get("framework")
         )
         preview = preview_table(files[0], dump.head(ROWS))
-        source = Source(
-            name, files, dump.layout, columns, dump.dropped.sequences, provenance, preview
-        )
+        source = Source(name, files, dump.layout, columns, dump.dropped, provenance, preview)
         return cls(batch, source, dump)
 
     def selection(self, steps: Selection | StepRange | None) -> Selection:
@@ -325,6 +324,7 @@ class Workspace:
             result = analyze(self.batch(steps), [])
             result.source["files"] = list(self.source.files)
             result.source["where"] = steps.where
+            result.source["dropped"] = self.source.dropped.to_dict()
             return result
 
         return self._mismatch.get(steps, compute)

@@ -244,7 +244,10 @@ with right:
         )
     for line in source.provenance:
         st.info(common.escape(line))
-    if source.dropped_sequences:
-        st.warning(f"{source.dropped_sequences:,} sequences dropped as invalid.")
+    if source.dropped.sequences:
+        st.warning(
+            f"{source.dropped.sequences:,} sequences ({source.dropped.tokens:,} tokens) dropped "
+            "as invalid."
+        )
     with st.expander("Files"):
         st.text("\n".join(source.files))

@@ -75,7 +75,8 @@ def test_invalid_values_list_every_problem_and_can_be_dropped(at: AppTest) -> No
     at.toggle[0].set_value(True).run()
     no_exception(at)
     assert metric(at, "Sequences") == "46"
-    assert "2 sequences dropped" in plain(at.warning[0].value)
+    tokens = len(rollout[3]) + len(rollout[7])
+    assert f"2 sequences ({tokens:,} tokens) dropped as invalid" in plain(at.warning[0].value)
 
 
 def test_server_path_and_glob(at: AppTest) -> None:

@@ -140,6 +140,26 @@ def test_the_data_page_and_recommend_give_one_p90_length() -> None:
     assert f"at {p90:,} tokens (your p90 length)" in regime
 
 
+def test_the_analysis_json_says_what_drop_invalid_left_out() -> None:
+    table = pq.read_table(DATA / "fp8.parquet")
+    rollout = table["rollout_logprob"].to_pylist()
+    rollout[3][0] = 0.5  # not a log-prob
+    bad = table.set_column(
+        table.schema.get_field_index("rollout_logprob"),
+        "rollout_logprob",
+        pa.array(rollout, pa.list_(pa.float32())),
+    )
+    sink = io.BytesIO()
+    pq.write_table(bad, sink)
+    ws = open_uploads([("bad.parquet", sink.getvalue())], drop_invalid=True)
+    dropped = ws.analysis([]).to_dict()["source"]["dropped"]
+    assert dropped == {
+        "sequences": 1,
+        "tokens": len(rollout[3]),
+        "invalid_values": {"rollout_logprob": 1},
+    }
+
+
 def test_sequence_tokens_by_step_and_id() -> None:
     batch = iscore.load(DATA / "dense_bf16.parquet")
     i = 7

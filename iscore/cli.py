@@ -504,21 +504,25 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise IscoreError("simulate needs an output path: iscore simulate OUT.parquet")
-    overrides = {
-        name: getattr(args, name)
-        for name in (
-            "sequences",
-            "steps",
-            "seed",
-            "min_len",
-            "max_len",
-            "median_len",
-            "broken_share",
-            "policy_sigma",
-        )
-        if getattr(args, name) is not None
-    }
-    config = SimConfig(regime=args.regime, **overrides)
+    names = (
+        "sequences",
+        "steps",
+        "seed",
+        "min_len",
+        "max_len",
+        "median_len",
+        "broken_share",
+        "policy_sigma",
+    )
+    overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    try:
+        config = SimConfig(regime=args.regime, **overrides)
+    except ConfigError as e:  # name the flags, not SimConfig's fields
+        message = str(e)
+        for name in ("regime", *names):
+            flag = "--" + name.replace("_", "-")
+            message = message.replace(f"argument `{name}`", flag).replace(f"{name}=", f"{flag} ")
+        raise ConfigError(message) from None
     truth = write_simulated(args.out, config, layout=args.layout)
     print(f"{args.out}: {truth.tokens:,} tokens in {truth.sequences:,} sequences ({args.regime})")
     return 0

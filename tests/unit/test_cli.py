@@ -603,3 +603,16 @@ def test_python_m_iscore_is_the_command() -> None:
         [sys.executable, "-m", "iscore", "--version"], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0 and done.stdout.startswith("iscore ")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--sequences", "0"], "Expected --sequences to be an int >= 1, but got 0"),
+        (["--median-len", "0"], "Expected --median-len to be an int >= --min-len 16"),
+    ],
+)
+def test_simulate_errors_name_its_flags(flags, expected, tmp_path, capsys):
+    assert main(["simulate", str(tmp_path / "s.parquet"), *flags]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "s.parquet").exists()

@@ -85,10 +85,12 @@ st.caption(
     "self-contained HTML report (opens with no network) or the versioned JSON document."
 )
 cols = st.columns(2)
-# Computed when a button is clicked, not when the page opens.
+# Computed when a button is clicked, not when the page opens: outside the script run, where
+# session state cannot be read, so what the callables need is taken now.
+targets = st.session_state.targets
 cols[0].download_button(
     "HTML report",
-    lambda: render_html(ws.analysis(specs, steps), st.session_state.targets),
+    lambda: render_html(ws.analysis(specs, steps), targets),
     file_name="iscore-report.html",
     mime="text/html",
     icon=":material/description:",

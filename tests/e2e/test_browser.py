@@ -136,6 +136,21 @@ def test_recommend_then_export(page: Page, app_url: str, screens: Path) -> None:
     _shoot(page, screens, "tune-moved")
 
 
+def test_export_downloads_the_report_and_the_json(page: Page, app_url: str) -> None:
+    """The downloads are computed when clicked, outside the script run (the HTML report read
+    session state there, failed, and nothing arrived)."""
+    _upload(page, app_url)
+    _go(page, "Export")
+    for label, check in (
+        ("HTML report", lambda text: text.startswith("<!doctype html>") and "Settings" in text),
+        ("Analysis JSON", lambda text: '"schema": "iscore.analysis"' in text),
+    ):
+        with page.expect_download(timeout=60_000) as info:
+            page.get_by_role("button", name=label).click()
+        text = Path(info.value.path()).read_text()
+        assert check(text), label
+
+
 def test_malformed_upload_shows_the_problem(page: Page, app_url: str, screens: Path) -> None:
     page.goto(app_url)
     _idle(page)

@@ -565,19 +565,33 @@ def recommended(rec: Recommendation, index: int = 0) -> Spec:
 
 
 def seed_settings(ws: Workspace, steps: StepRange | None) -> None:
-    """Once per dump, an empty Compare list starts with the user's framework's default and the
+    """Once per dump, the Compare list starts with the user's framework's default and the
     recommended setting, so that every page has something to show on first open; a list the
-    user emptied stays empty."""
+    user emptied stays empty until another dump is opened.
+
+    A new dump drops the previous one's recommended settings (their thresholds were placed on
+    that dump, and this dump's may take their names) and its unchanged seeds; the settings the
+    user added otherwise stay."""
     state = st.session_state
-    if state.settings or state.get("_seeded") == state.loaded:
+    if state.get("_seeded") == state.loaded:
         return
     # The ranking is the step a rerun can cut short (the user switching page while it runs):
     # nothing changes before it is done, so that the next run seeds again, not half.
     best = recommended(recommendation(ws, steps))
-    state.settings.append(framework_default())
-    use_setting(best)
+    stale = [
+        s
+        for s in state.settings
+        if s.name.startswith("recommended_") or s in state.get("_seeded_list", ())
+    ]
+    for spec in stale:
+        state.settings.remove(spec)
+        state.custom.pop(label(spec), None)
+    default = framework_default()
+    if default not in state.settings:
+        state.settings.append(default)
+    name = use_setting(best)
     state._seeded = state.loaded
-    state._seeded_list = list(state.settings)
+    state._seeded_list = [default, state.custom[name]]
 
 
 _GRADES = {

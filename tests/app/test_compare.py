@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from streamlit.testing.v1 import AppTest
 
+from iscore import load
 from iscore.figures import color
-from tests.app.conftest import no_exception, plain
+from iscore.recommend import recommend
+from tests.app.conftest import DATA, no_exception, open_path, plain
 
 
 def _compare(at: AppTest, *settings: str) -> AppTest:
@@ -68,3 +71,21 @@ def test_a_setting_the_dump_cannot_replay_is_removed_with_a_reason(loaded: AppTe
     no_exception(at)
     assert "policy_logprob" in plain(at.warning[0].value)
     assert at.multiselect[0].value == ["verl:decoupled_geo_rs"]
+
+
+def test_a_new_dump_brings_its_own_recommended_setting(loaded: AppTest) -> None:
+    """The recommended setting's thresholds are placed on the dump: opening another dump
+    replaces it (it kept the first dump's cap under the same name); the user's own stay."""
+    at = _compare(loaded, "verl:decoupled_token_is", "verl:recommended_token_tis", "verl:disabled")
+    at.switch_page("pages/data.py").run()
+    open_path(at, DATA / "offset_bug.parquet")
+    no_exception(at)
+    at.switch_page("pages/compare.py").run()
+    no_exception(at)
+    settings = {f"{s.framework}:{s.name}": s for s in at.session_state.settings}
+    best = recommend(load(DATA / "offset_bug.parquet"), "verl").best
+    assert settings[f"verl:recommended_{best.kind}"] == replace(
+        best.spec, name=f"recommended_{best.kind}"
+    )
+    assert "verl:disabled" in settings  # the user's own
+    assert not any(name.endswith("_2") for name in settings)  # no renamed duplicate

@@ -27,6 +27,7 @@ What every figure keeps to, so that it reads at a glance in a light or a dark pa
 
 from __future__ import annotations
 
+import html
 import itertools
 import math
 from collections.abc import Sequence
@@ -141,6 +142,22 @@ def setting_name(setting: dict[str, Any]) -> str:
     return f"{setting['name']} ({setting['framework']})"
 
 
+def text(value: object) -> str:
+    """`value` as plain text for a plotly text field (title, legend, label, hover): plotly
+    renders a subset of HTML there (<b>, <a href>, <span style>), so a setting's name or a
+    sequence id from an upload or a config must arrive with <, > and & as entities.
+
+    >>> text("<b>x</b> & y")
+    '&lt;b&gt;x&lt;/b&gt; &amp; y'
+    """
+    return html.escape(str(value), quote=False)
+
+
+def _label(setting: dict[str, Any]) -> str:
+    """`setting_name`, as plotly text."""
+    return text(setting_name(setting))
+
+
 # ------------------------------------------------------------------ layout helpers
 
 
@@ -239,7 +256,7 @@ def _layout(
     height: int = 400,
 ) -> dict[str, Any]:
     return {
-        "title": {"text": title, "x": 0.01, "xanchor": "left"},
+        "title": {"text": text(title), "x": 0.01, "xanchor": "left"},
         "xaxis": _axis(x, log=xlog, span=xspan),
         "yaxis": _axis(y, log=ylog, span=yspan),
         "height": height,
@@ -385,7 +402,7 @@ def weight_histogram(analysis: Analysis, kind: str = "weight") -> Figure:
         if not hist["counts"]:  # every weight 0 (or out of range): in the legend all the same
             data.append(
                 {"type": "scatter", "mode": "lines", "x": [], "y": [], "legendgroup": str(i),
-                 "line": style(i, n)["line"], "name": f"{setting_name(s)}{zero_share}"}
+                 "line": style(i, n)["line"], "name": f"{_label(s)}{zero_share}"}
             )  # fmt: skip
             continue
         edges, counts = rebin(hist["edges"], hist["counts"])
@@ -399,7 +416,7 @@ def weight_histogram(analysis: Analysis, kind: str = "weight") -> Figure:
                 "x": x,
                 "y": y,
                 "line": {**style(i, n)["line"], "shape": "hv"},
-                "name": f"{setting_name(s)}{zero_share}",
+                "name": f"{_label(s)}{zero_share}",
                 "legendgroup": str(i),
                 "customdata": _bin_data(edges, shares),
                 "hovertemplate": f"<b>%{{fullData.name}}</b><br>{symbol_} from "
@@ -471,7 +488,7 @@ def collapse_by_length(analysis: Analysis) -> Figure:
                 "x": x,
                 "y": [r["seq_weight_median"] for r in rows_],
                 **style(i, 1 if panels else n),
-                "name": setting_name(s),
+                "name": _label(s),
                 "legendgroup": str(i),
                 "customdata": [
                     [r["bucket"], r["sequences"], r["seq_weight_p10"], r["seq_weight_p90"]]
@@ -542,7 +559,7 @@ def collapse_by_length(analysis: Analysis) -> Figure:
                     "y": [10 ** y_range[0]] * len(at),
                     "marker": style(i, 1 if panels else n)["marker"] | {"opacity": 0.6},
                     "cliponaxis": False,
-                    "name": setting_name(s),
+                    "name": _label(s),
                     "legendgroup": str(i),
                     "showlegend": False,
                     "hovertemplate": "<b>%{fullData.name}</b><br>sequence length ≈ %{x:,.0f} "
@@ -555,7 +572,7 @@ def collapse_by_length(analysis: Analysis) -> Figure:
         layout["shapes"] = [_hline(1.0, "1")]
         layout["showlegend"] = True
         return {"data": data, "layout": layout}
-    _grid(layout, n, rows, columns, [setting_name(s) for s in settings])
+    _grid(layout, n, rows, columns, [_label(s) for s in settings])
     layout["title"]["subtitle"] = {
         "text": "one panel per setting; wide grey: the median e^S expected of independent tokens"
     }
@@ -638,7 +655,7 @@ def mask_rate_by_length(analysis: Analysis) -> Figure:
             "x": [r["length_median"] for r in s["by_length"]],
             "y": [r["token_masked_fraction"] for r in s["by_length"]],
             "customdata": [[r["bucket"], r["sequences"]] for r in s["by_length"]],
-            "name": setting_name(s),
+            "name": _label(s),
             "hovertemplate": "<b>%{fullData.name}</b><br>"
             "sequence length ≈ %{x:,.0f} loss tokens (%{customdata[0]}, "
             "%{customdata[1]:,} sequences)<br>"
@@ -674,7 +691,7 @@ def mask_rates(analysis: Analysis) -> Figure:
     data = [
         {
             "type": "bar",
-            "name": setting_name(s),
+            "name": _label(s),
             "x": [label for _, label in MASK_RATES],
             "y": [s[key] for key, _ in MASK_RATES],
             "marker": {"color": color(i), "line": {"width": 0}},
@@ -703,7 +720,7 @@ def lr_scale_by_step(analysis: Analysis) -> Figure:
             **style(i, n),
             "x": [r["step"] for r in s["by_step"]],
             "y": [r.get("lr_scale") for r in s["by_step"]],
-            "name": f"{setting_name(s)}: {s['aggregation']}",
+            "name": f"{_label(s)}: {s['aggregation']}",
             "hovertemplate": "<b>%{fullData.name}</b><br>training step %{x}<br>"
             "LR scale %{y:.4g} (corrected / uncorrected gradient)<extra></extra>",
         }
@@ -1127,7 +1144,7 @@ def sequence_figure(
             nats("d = train - rollout", tokens["d"], "y2", color=ACCENT, width=1.2),
             *(
                 line(
-                    name,
+                    text(name),
                     w,
                     "y3",
                     "weight under %{fullData.name} %{y:.4g}",
@@ -1196,7 +1213,7 @@ def tune_figure(
         return min(steps, key=lambda i: abs(math.log(xs[i]) - math.log(x)))
 
     lines = [
-        (label, at(x), {"dash": "dash", "color": NEUTRAL, "width": 1}) for label, x in marks
+        (text(label), at(x), {"dash": "dash", "color": NEUTRAL, "width": 1}) for label, x in marks
     ] + [(f"{value:.6g}", at(value), {"color": NEUTRAL, "width": 2})]
     # Line k ends LABEL_ROW * (k + 1) below the top, its label just above its end: a row each,
     # in a band at the top that the y-range keeps free of read-outs.

@@ -474,3 +474,18 @@ def test_step_axes_tick_whole_steps_only(steps) -> None:
     assert axis["tickmode"] == "linear" and axis["tick0"] == 0
     assert isinstance(axis["dtick"], int) and axis["dtick"] >= 1
     assert (steps - 1) / axis["dtick"] <= 8  # not crowded
+
+
+def test_names_from_a_config_or_a_dump_are_plain_text(four) -> None:
+    """Plotly renders a subset of HTML in titles, legends and labels: a setting named
+    `<b>x</b>` or a sequence id `<a href=...>` must show as written, not as markup."""
+    hostile = "<a href='http://e.com'>x</a> & <b>y</b>"
+    settings = [{**s, "name": hostile} for s in four.settings]
+    analysis = dataclasses.replace(four, settings=settings)
+    spec = json.dumps(figures.all_figures(analysis))
+    assert "<a href" not in spec and "<b>y" not in spec
+    assert "&lt;a href='http://e.com'&gt;x&lt;/a&gt; &amp; &lt;b&gt;y&lt;/b&gt;" in spec
+    tokens = {"pos": [0, 1], "rollout": [-1.0, -1.0], "train": [-1.0, -1.1], "d": [0.0, -0.1]}
+    fig = figures.sequence_figure(tokens, f"Sequence {hostile}", {hostile: [1.0, 1.0]})
+    assert "<a href" not in json.dumps(fig)
+    assert "<a href" not in json.dumps(_tune(5, 1, {hostile: 3}))

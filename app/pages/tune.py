@@ -74,7 +74,10 @@ st.caption(
 def _sliders() -> None:
     """The sliders, read-outs and curves: moving a slider reruns only this part."""
     values = []
-    for col, bound, default in zip(st.columns(len(f.bounds)), f.bounds, f.defaults, strict=True):
+    # A method opens on the recommended setting of it where there is one: the usual defaults
+    # can drop most of a dump (a geometric band of [0.999, 1.001] kept 0.4% of fp8's tokens).
+    start = dict(marks).get("recommended", f.defaults)
+    for col, bound, default in zip(st.columns(len(f.bounds)), f.bounds, start, strict=True):
         key = f"tune_{family}_{bound}"
         if state.get(key, default) not in grids[bound]:  # a new dump or step selection
             state[key] = tune.nearest(grids[bound], state.get(key, default))
@@ -115,7 +118,9 @@ def _sliders() -> None:
         help="Tokens whose weight the cap lowered (capping methods)",
         border=True,
     )
-    if aggregation.shrinks and result.token_masked_fraction > 0:
+    if result.token_masked_fraction >= 1.0:
+        st.warning("Every loss token is dropped: no gradient is left.", icon=":material/block:")
+    elif aggregation.shrinks and result.token_masked_fraction > 0:
         st.caption(
             f"{framework} divides by the tokens it keeps, so dropping "
             f"{result.token_masked_fraction:.2%} of them does not shrink the step (LR scale "

@@ -126,3 +126,24 @@ def test_tune_reads_what_compare_shows(loaded: AppTest, framework: str) -> None:
     assert quick_stats(iscore.load(DATA / "fp8.parquet"), spec)["lr_scale"] == pytest.approx(
         float(tuned["LR scale"]), rel=1e-3
     )
+
+
+def test_a_method_opens_on_its_recommended_setting(loaded: AppTest) -> None:
+    """The geometric mask opened at [0.999, 1.001], which drops 99.6% of fp8's tokens, while
+    the recommended band drops none; with nothing kept, the page says there is no gradient."""
+    at = _tune(loaded)
+    at.selectbox(key="_w_tune_family").set_value("geometric_mask").run()
+    no_exception(at)
+    rec = recommend(iscore.load(DATA / "fp8.parquet"), "verl")
+    geo = next(c for c in rec.candidates if c.kind == "geo_mask")
+    lower, upper = family_of(geo.spec)[1]
+    sliders = at.select_slider
+    assert sliders[0].value <= lower * 1.001 and sliders[1].value >= upper / 1.001
+    assert metric(at, "Tokens with weight 0") == "0.00%"
+    assert not at.warning
+    at.selectbox(key="_w_tune_family").set_value("k3_mask").run()
+    at.select_slider[0].set_value(float(at.select_slider[0].options[0])).run()  # below all
+    no_exception(at)
+    assert metric(at, "Tokens with weight 0") == "100.00%"
+    assert "no gradient is left" in at.warning[0].value
+    assert not any("divides by the tokens it keeps" in c.value for c in at.caption)

@@ -105,6 +105,14 @@ for spec in specs:
         common.say("warning", f"Removed {common.label(spec)}: {e}")
         st.rerun()
 analysis = ws.analysis(specs, steps)
+_SEMANTICS = ("ratio_mean_bias", "logprob_dependent_offset", "constant_offset")
+bugs = [f["code"] for f in analysis.mismatch["flags"] if f["code"] in _SEMANTICS]
+if bugs:  # the colours grade the corrections, not the data
+    st.warning(
+        f"Mismatch finds a semantics bug ({', '.join(bugs)}): no setting here corrects it, "
+        "however green its row. Fix it first (see Mismatch).",
+        icon=":material/bug_report:",
+    )
 
 # Headers that fit a narrow column (st.dataframe cuts, never wraps, them); the full one on hover.
 _SHORT = {

@@ -9,7 +9,7 @@ import json
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import DATA, no_exception, open_path, plain
+from tests.app.conftest import DATA, new_app, no_exception, open_path, plain
 
 
 def _figures(at: AppTest) -> list[dict]:
@@ -55,3 +55,24 @@ def test_bug_flags_are_warnings(at: AppTest) -> None:
     open_path(at, DATA / "offset_bug.parquet").switch_page("pages/mismatch.py").run()
     no_exception(at)
     assert any("ratio_mean_bias" in plain(w.value) for w in at.warning)
+
+
+def test_a_heavy_tail_is_named_beside_no_bug(loaded: AppTest) -> None:
+    """fp8's max |d| is 15 nats: 'the mismatch looks like numerical noise' alone read as all
+    clear beside token_mult_prob_error 79.8."""
+    fp8 = loaded.switch_page("pages/mismatch.py").run()
+    no_exception(fp8)
+    assert fp8.success[0].value.startswith("No signature of a semantics bug")
+    assert any(i.value.startswith("Heavy tail: the largest |d| is 15.1 nats") for i in fp8.info)
+    dense = open_path(new_app(), DATA / "dense_bf16.parquet")
+    dense.switch_page("pages/mismatch.py").run()
+    assert not any("Heavy tail" in i.value for i in dense.info)  # max |d| 0.79
+
+
+def test_compare_repeats_a_semantics_bug(loaded: AppTest) -> None:
+    """Compare graded every setting green on offset_bug with no word of the bug."""
+    bug = open_path(new_app(), DATA / "offset_bug.parquet").switch_page("pages/compare.py").run()
+    no_exception(bug)
+    assert "Mismatch finds a semantics bug (ratio_mean_bias" in plain(bug.warning[0].value)
+    clean = loaded.switch_page("pages/compare.py").run()
+    assert not any("semantics bug" in plain(w.value) for w in clean.warning)

@@ -119,12 +119,10 @@ def test_tune_figure_labels_its_lines_at_the_top_clear_of_the_ticks_and_each_oth
     assert low == 0 and 1.0 / high <= ends[0] - figures.LABEL_ROW / 2 + 1e-9
     assert all(b - a == pytest.approx(figures.LABEL_ROW) for a, b in itertools.pairwise(ends))
     assert ends[-1] + figures.LABEL_ROW <= 1
-    # Away from each other: the recommended one right of its line, the other two left.
-    assert lines["recommended"]["label"]["xanchor"] == "left"
-    assert lines["verl default"]["label"]["xanchor"] == "right"
-    # Alone, a line's label goes right of it, but left of it in the last third.
-    assert _tune(41, 5, {})["layout"]["shapes"][0]["label"]["xanchor"] == "left"
-    assert _tune(41, 35, {})["layout"]["shapes"][0]["label"]["xanchor"] == "right"
+    # Toward the middle, never off the plot's edge: in the left half, right of the line.
+    assert {line["label"]["xanchor"] for line in lines.values()} == {"left"}
+    assert _tune(41, 1, {})["layout"]["shapes"][0]["label"]["xanchor"] == "left"
+    assert _tune(41, 25, {})["layout"]["shapes"][0]["label"]["xanchor"] == "right"
 
 
 # ------------------------------------------------------------------ figures of an analysis

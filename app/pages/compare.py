@@ -141,7 +141,9 @@ st.caption(
     "Setting names in their plot colours. Green: good for training; amber: fair; red: bad "
     "(LR scale, drop rates and ESS against the targets set on the Recommend page). LR scale: "
     "the corrected gradient's size relative to the uncorrected one under the framework's loss "
-    "aggregation. Click a column header to sort."
+    "aggregation; where the framework divides by the tokens it keeps, a mask that drops most "
+    "of them still reads about 1 (a step as large, on less data: read it with the masked "
+    "share). Click a column header to sort."
 )
 for figure in figures.setting_figures(analysis).values():
     common.plot(figure)

@@ -77,7 +77,8 @@ right.button(
 if state.get("slice") is not None:
     sequences = ws.summary(selection)["sequences"]
     st.info(
-        f"Every page looks only at the {sequences:,} sequences where `{state.slice}`.",
+        f"Every page looks only at the {sequences:,} sequence{'s' * (sequences != 1)} where "
+        f"`{state.slice}`.",
         icon=":material/filter_alt:",
     )
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from iscore import frameworks
 from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS
-from iscore.errors import ConfigError, IscoreError, clip, quote
+from iscore.errors import ConfigError, IscoreError, clip, counted, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS
 from iscore.output import check_output, output_path
@@ -190,11 +190,10 @@ def _dropped(dump: Dump) -> None:
     """Say on stderr what --drop-invalid dropped: the results leave those sequences out."""
     dropped = dump.dropped
     if dropped.sequences:
-        reasons = ", ".join(f"{k}: {v:,} values" for k, v in dropped.reasons.items())
-        sequences = "sequence" if dropped.sequences == 1 else "sequences"
+        reasons = ", ".join(f"{k}: {counted(v, 'value')}" for k, v in dropped.reasons.items())
         print(
-            f"note: --drop-invalid left out {dropped.sequences:,} {sequences} "
-            f"({dropped.tokens:,} tokens) with invalid log-probs ({reasons})",
+            f"note: --drop-invalid left out {counted(dropped.sequences, 'sequence')} "
+            f"({counted(dropped.tokens, 'token')}) with invalid log-probs ({reasons})",
             file=sys.stderr,
         )
 

@@ -41,7 +41,7 @@ from iscore.columns import (
     dump_schema,
     resolve_columns,
 )
-from iscore.errors import DumpError, quote
+from iscore.errors import DumpError, counted, quote
 from iscore.paths import list_files
 from iscore.writer import PROVENANCE_KEY
 
@@ -723,7 +723,10 @@ class Dump:
         """Why reading yielded no sequence, for messages: all were dropped as invalid, or
         none is in the selection."""
         if self.dropped.sequences:
-            return f"all {self.dropped.sequences:,} sequences were dropped as invalid"
+            n = self.dropped.sequences
+            if n == 1:
+                return "its only sequence was dropped as invalid"
+            return f"all {n:,} sequences were dropped as invalid"
         return f"no sequences in the {self.describe_selection()}"
 
     def describe_selection(self) -> str:
@@ -888,7 +891,7 @@ def _check(chunk: _Chunk, columns: ColumnMap) -> list[Problem]:
                     Problem(
                         chunk.file,
                         _label(columns, name),
-                        f"{_INVALID}: {count:,} {what} values",
+                        f"{_INVALID}: {counted(count, f'{what} value')}",
                         tuple(dict.fromkeys(rows)),
                         count,
                     )

@@ -23,6 +23,15 @@ QUOTE_LIMIT = 200
 """The most characters of a user's value an error message quotes."""
 
 
+def counted(n: int, noun: str, nouns: str | None = None) -> str:
+    """`n` and its noun, singular for 1, e.g. "1 value", "2,048 values".
+
+    >>> counted(1, "value"), counted(2048, "value"), counted(3, "NaN value", "NaN values")
+    ('1 value', '2,048 values', '3 NaN values')
+    """
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
     """`repr(value)` cut to `limit` characters, for error messages.
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from iscore.dump import DEFAULT_CHUNK_TOKENS, DropReport, Dump, Problem
-from iscore.errors import clip
+from iscore.errors import clip, counted
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
@@ -112,10 +112,11 @@ class Report:
                     f"steps {origin.get('steps', [])}"
                 )
         if self.dropped.sequences:
-            reasons = ", ".join(f"{k}: {v:,} values" for k, v in self.dropped.reasons.items())
+            dropped = self.dropped
+            reasons = ", ".join(f"{k}: {counted(v, 'value')}" for k, v in dropped.reasons.items())
             lines.append(
-                f"  dropped     {self.dropped.sequences:,} sequences "
-                f"({self.dropped.tokens:,} tokens) with invalid log-probs ({reasons})"
+                f"  dropped     {counted(dropped.sequences, 'sequence')} "
+                f"({counted(dropped.tokens, 'token')}) with invalid log-probs ({reasons})"
             )
         return "\n".join(lines)
 

@@ -46,7 +46,7 @@ def test_validate_lists_problems_and_fails(tmp_path, capsys):
     assert main(["validate", str(path), "-q"]) == 1
     out = capsys.readouterr().out
     assert "bad.parquet: 2 problems" in out
-    assert "column rollout_logprob: invalid log-prob: 1 NaN or null values at row 1" in out
+    assert "column rollout_logprob: invalid log-prob: 1 NaN or null value at row 1" in out
     assert "column train_logprob: invalid log-prob: 1 positive" in out
     assert main(["validate", str(path), "-q", "--drop-invalid"]) == 0
     assert "dropped     2 sequences (3 tokens)" in capsys.readouterr().out
@@ -171,7 +171,7 @@ def test_replay_writes_nothing_on_failure(tmp_path, capsys):
     out.parent.mkdir()
     argv = ["replay", str(path), "--config", str(config), "--out", str(out), "-q"]
     assert main([*argv, "--chunk-tokens", "3"]) == 1
-    assert "NaN or null values at row 11" in capsys.readouterr().err
+    assert "1 NaN or null value at row 11" in capsys.readouterr().err
     assert list(out.parent.iterdir()) == []  # no partial or temporary file left behind
     config.write_text("framework: verl\nalgorithm: {rollout_correction: {rollout_is: tokn}}\n")
     assert main(argv) == 2
@@ -273,7 +273,7 @@ def test_a_dump_with_every_sequence_dropped_says_so(command, tmp_path, capsys):
     }.get(command, [])
     assert main([command, str(path), "-q", "--drop-invalid", *extra]) in (1, 2)
     said = capsys.readouterr()
-    assert f"{path}: all 1 sequences were dropped as invalid" in said.out + said.err
+    assert f"{path}: its only sequence was dropped as invalid" in said.out + said.err
     assert not (tmp_path / "w.parquet").exists()
 
 
@@ -572,7 +572,7 @@ def test_drop_invalid_says_what_it_left_out(command, tmp_path, capsys):
     assert main([command, str(path), "-q", "--drop-invalid", *extra]) == 0
     err = capsys.readouterr().err
     note = "note: --drop-invalid left out 1 sequence (3 tokens) with invalid log-probs"
-    assert note in err and "train_logprob: 1 values" in err
+    assert note in err and "train_logprob: 1 value)" in err
     if command == "analyze":
         dropped = json.loads((tmp_path / "a.json").read_text())["source"]["dropped"]
         assert dropped == {"sequences": 1, "tokens": 3, "invalid_values": {"train_logprob": 1}}

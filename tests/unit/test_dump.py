@@ -358,7 +358,7 @@ class TestBadInput:
             }
         )
         msg = problems_of(write(table, tmp_path / "null.parquet"))
-        assert "column rollout_logprob: invalid log-prob: 1 NaN or null values at row 1" in msg
+        assert "column rollout_logprob: invalid log-prob: 1 NaN or null value at row 1" in msg
 
     @pytest.mark.parametrize("layout", ["token", "sequence"])
     def test_duplicate_seq_id_pos(self, tmp_path, sequences, layout):

@@ -132,16 +132,15 @@ def _sliders() -> None:
         if (field != "seq_masked_fraction" or result.seq_masked_fraction is not None)
         and (field != "truncated_fraction" or f.truncates)
     ]
-    for col, (i, bound) in zip(st.columns(len(f.bounds)), enumerate(f.bounds), strict=True):
-        with col:
-            curve = ws.cached(
-                ("tune-sweep", family, framework, i, tuple(values), ws.selection(steps)),
-                lambda i=i, bound=bound: tune.sweep(
-                    tuner, family, values, i, grids[bound], framework
-                ),
-            )
-            at = [(label, v[i]) for label, v in marks]
-            common.plot(figures.tune_figure(bound, grids[bound], curve, values[i], shown, at))
+    # One curve per row: side by side, two bounds left each plot too narrow for its legend
+    # and its lines' labels.
+    for i, bound in enumerate(f.bounds):
+        curve = ws.cached(
+            ("tune-sweep", family, framework, i, tuple(values), ws.selection(steps)),
+            lambda i=i, bound=bound: tune.sweep(tuner, family, values, i, grids[bound], framework),
+        )
+        at = [(label, v[i]) for label, v in marks]
+        common.plot(figures.tune_figure(bound, grids[bound], curve, values[i], shown, at))
 
 
 _sliders()

@@ -28,18 +28,19 @@ import pandas as pd
 import streamlit as st
 
 from iscore import frameworks
-from iscore.analyze import Analysis, presets
+from iscore.analysis import Analysis
 from iscore.budget import CACHE_MB, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS, WorkspaceCache
+from iscore.conversion import convert as convert_setting
+from iscore.conversion import to_file_text
 from iscore.dump import DumpProblems, StepRange
 from iscore.errors import IscoreError
-from iscore.export import convert as convert_setting
-from iscore.export import to_file_text
 from iscore.figures import color, setting_name
 from iscore.importers import PICKLED, SUFFIXES
 from iscore.preview import Preview, preview_parquet
-from iscore.recommend import Recommendation, Targets
+from iscore.recommendation import Recommendation, Targets
 from iscore.report import SUMMARY_COLUMNS
 from iscore.serving import DataRoots, dump_folder
+from iscore.settings import presets
 from iscore.spec import Spec
 from iscore.tune import FAMILIES, family_of
 from iscore.workspace import Selection, Workspace, digest, fingerprint, open_path, open_uploads
@@ -475,7 +476,7 @@ def show_error(error: Exception) -> None:
 
 
 def label(spec: Spec) -> str:
-    """`framework:name`, the form of `iscore.analyze.presets()` keys."""
+    """`framework:name`, the form of `iscore.analysis.presets()` keys."""
     return f"{spec.framework}:{spec.name}"
 
 
@@ -646,7 +647,7 @@ class Exported:
 
 
 def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -> Exported:
-    """`spec` as a setting of `framework` (`iscore.export.convert`), measured on the selected
+    """`spec` as a setting of `framework` (`iscore.conversion.convert`), measured on the selected
     steps when the framework differs; memoized with the workspace."""
 
     def convert() -> Exported:

@@ -17,7 +17,7 @@ import numpy as np
 
 from iscore import TokenBatch, load, ops, recommend
 from iscore.frameworks import NAMES
-from iscore.recommend import Recommendation, broken_sequences
+from iscore.recommendation import Recommendation, broken_sequences
 from iscore.simulate import SimConfig, write_simulated
 
 W, H, PAD = 640, 360, 56

@@ -16,8 +16,6 @@ trainer:
 `iscore.frameworks` is the registry of frameworks.
 """
 
-import sys
-import types
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -33,22 +31,22 @@ _EXPORTS = {
     "Replay": "iscore.spec",
     "StepRange": "iscore.dump",
     "TokenBatch": "iscore.batch",
-    "analyze": "iscore.analyze",
-    "export": "iscore.export:convert",
+    "analyze": "iscore.analysis",
+    "export": "iscore.conversion:convert",
     "load": "iscore.dump",
-    "parse_config": "iscore.replay",
-    "recommend": "iscore.recommend",
-    "replay": "iscore.replay",
+    "parse_config": "iscore.settings",
+    "recommend": "iscore.recommendation",
+    "replay": "iscore.settings",
 }
 
 if TYPE_CHECKING:
-    from iscore.analyze import analyze
+    from iscore.analysis import analyze
     from iscore.batch import TokenBatch
+    from iscore.conversion import convert as export
     from iscore.dump import Dump, Problem, StepRange, load
     from iscore.errors import ConfigError, DumpError, IscoreError
-    from iscore.export import convert as export
-    from iscore.recommend import recommend
-    from iscore.replay import parse_config, replay
+    from iscore.recommendation import recommend
+    from iscore.settings import parse_config, replay
     from iscore.spec import Replay
     from iscore.writer import DumpWriter
 
@@ -65,20 +63,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
-
-
-class _Package(types.ModuleType):
-    """The import system binds each submodule on its package (`iscore.replay` the module);
-    the public function of the same name (`replay`, `analyze`, `recommend`, `export`) keeps
-    the name, as it did when it was imported eagerly."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

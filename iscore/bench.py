@@ -4,7 +4,7 @@
 
 - `read`: pyarrow reading the columns iscore needs (the floor any tool pays);
 - `load`: `iscore.load` of the whole dump;
-- `analyze, streamed`: `iscore.analyze` of the dump from disk with the settings (read,
+- `analyze, streamed`: `iscore.analysis` of the dump from disk with the settings (read,
   replay, every statistic), the headline number;
 - `analyze, resident` and `replay only, resident`: the same on chunks already in memory;
 - `marginal`: what the second half of the dump's steps adds to `analyze` against what it adds
@@ -56,7 +56,7 @@ import torch
 
 import iscore
 from iscore import ops
-from iscore.analyze import Setting, analyze, resolve
+from iscore.analysis import analyze
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump, StepRange
 from iscore.errors import ConfigError, quote
@@ -64,7 +64,8 @@ from iscore.histogram import BINS_PER_DECADE, LOG10_RANGE
 from iscore.impact import TRUNCATION_TOLERANCE, aggregation_of
 from iscore.mismatch import TOP_K
 from iscore.output import output_path
-from iscore.recommend import Targets
+from iscore.recommendation import Targets
+from iscore.settings import Setting, resolve
 from iscore.simulate import SimConfig, write_simulated
 from iscore.tune import Tuner, query
 from iscore.workspace import Workspace
@@ -576,7 +577,7 @@ def _app(path: Path, budget: int, specs: list[Any], repeats: int) -> dict[str, A
 _MARGINAL_SCRIPT = """
 import sys, time
 import pyarrow.parquet as pq
-from iscore.analyze import analyze
+from iscore.analysis import analyze
 from iscore.dump import Dump, StepRange
 mode, path, chunk, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 columns, settings = sys.argv[5].split(","), sys.argv[6:]
@@ -654,7 +655,7 @@ def _startup(repeats: int) -> dict[str, float]:
         "help_s": run("-m", "iscore.cli", "--help"),
         "presets_s": run("-m", "iscore.cli", "presets"),
         "validate_s": validate_s,
-        "import_engine_s": run("-c", "import iscore.analyze"),
+        "import_engine_s": run("-c", "import iscore.analysis"),
         "python_s": run("-c", "pass"),
     }
 
@@ -662,7 +663,7 @@ def _startup(repeats: int) -> dict[str, float]:
 _MEMORY_SCRIPT = """
 import json, resource, sys, time
 import iscore
-from iscore.analyze import analyze
+from iscore.analysis import analyze
 from iscore.dump import Dump, StepRange
 mode, path, chunk, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 settings = sys.argv[5:]

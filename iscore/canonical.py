@@ -4,7 +4,7 @@ A `Canonical` setting is a tuple of `Component`s (weights, masks, batch normaliz
 of docs/corrections.md, with the numerical details that decide whether two frameworks compute the
 same thing (the +-20 exponent clamp, float32 comparisons, NeMo-RL's overflow to 0). Each framework
 module maps its specs onto it (`to_canonical`) and back (`from_canonical`), using the builders
-and note helpers here; `iscore.export` converts between frameworks through it.
+and note helpers here; `iscore.conversion` converts between frameworks through it.
 
 >>> c = Canonical((weight_component("token", upper=2.0),))
 >>> c.describe()

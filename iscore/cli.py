@@ -222,7 +222,7 @@ def _load(args: argparse.Namespace, outputs: tuple[str, ...] = ()) -> TokenBatch
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from iscore.validate import validate
+    from iscore.validation import validate
 
     dump = _open_dump(args, outputs=("--json",))
     with _progress(dump, "validate", args) as bar:
@@ -237,8 +237,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    from iscore.analyze import resolve
-    from iscore.replay import replay
+    from iscore.settings import replay, resolve
 
     spec = resolve(args.config)
     dump = _open_dump(args, outputs=("--out",))
@@ -271,10 +270,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from iscore.analyze import analyze, resolve
+    from iscore.analysis import analyze
     from iscore.figures import setting_name
     from iscore.report import write_html
     from iscore.sequences import SequenceTable, read_schema, write_rows
+    from iscore.settings import resolve
 
     _distinct_outputs(args, "--json", "--html", "--sequences")
     specs = [resolve(s) for s in args.settings]
@@ -320,8 +320,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 def _cmd_sequences(args: argparse.Namespace) -> int:
     import duckdb
 
-    from iscore.analyze import resolve
     from iscore.sequences import TABLES, catalog, sequence_table, write_rows
+    from iscore.settings import resolve
     from iscore.sql import QueryError, one_line, open_query, referenced
 
     specs = [resolve(s) for s in args.settings]
@@ -351,8 +351,8 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from iscore.export import snippet
-    from iscore.recommend import RULE_SYMBOLS, Targets, recommend
+    from iscore.conversion import snippet
+    from iscore.recommendation import RULE_SYMBOLS, Targets, recommend
 
     lo, _, hi = args.lr_scale.partition(":")
     try:
@@ -411,8 +411,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from iscore.analyze import resolve
-    from iscore.export import convert, snippet, to_file_text
+    from iscore.conversion import convert, snippet, to_file_text
+    from iscore.settings import resolve
 
     if args.dump is None:
         for option in args.dump_options:
@@ -486,7 +486,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    from iscore.analyze import presets
+    from iscore.settings import presets
 
     for key, spec in presets().items():
         if args.framework in (None, spec.framework):

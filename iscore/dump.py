@@ -43,13 +43,13 @@ from iscore.columns import (
 )
 from iscore.errors import DumpError, counted, quote
 from iscore.paths import list_files
+from iscore.where import Judge, Where
 from iscore.writer import PROVENANCE_KEY
 
 if TYPE_CHECKING:
     import torch
 
     from iscore.batch import TokenBatch
-    from iscore.sequences import Judge
 
 
 _READ_TOKENS = 262_144
@@ -607,8 +607,6 @@ class Dump:
         """The sequence table's columns that come from the dump (`iscore.sequences`)."""
         self.where = None
         if where is not None:
-            from iscore.sequences import Where  # which imports this module
-
             self.where = Where.compile(where, self.sequence_schema)
         """The `where` predicate, checked against `sequence_schema`."""
         carried = {e.name for e in self._extras}

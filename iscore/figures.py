@@ -33,7 +33,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from iscore.analyze import Analysis
+from iscore.analysis import Analysis
 from iscore.tune import TuneResult
 
 PALETTE = (

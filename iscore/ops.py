@@ -6,7 +6,7 @@ to the other. Sequence reductions accumulate in float64 whatever the input dtype
 
 On CPU the sequence reductions run as numpy `ufunc.reduceat` over `cu_seqlens` (one
 contiguous pass, 10-20x faster than a scatter) and `broadcast` as `np.repeat`; on other
-devices they stay torch scatters. Inside `shared(batch)` (what `iscore.analyze` opens for each
+devices they stay torch scatters. Inside `shared(batch)` (what `iscore.analysis` opens for each
 chunk) the log-ratio, its exponentials and its sequence sums are computed once and handed to
 every setting that asks for them, instead of once per setting.
 

@@ -17,13 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from iscore.analyze import Analysis
+from iscore.analysis import Analysis
+from iscore.conversion import to_file_text
 from iscore.errors import IscoreError
-from iscore.export import to_file_text
 from iscore.figures import all_figures, color, setting_name
 from iscore.output import output_path
-from iscore.recommend import Targets
-from iscore.replay import parse_config
+from iscore.recommendation import Targets
+from iscore.settings import parse_config
 
 SUMMARY_COLUMNS = (
     ("weight_mean", "mean w (token)", "{:.4g}"),

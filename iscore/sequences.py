@@ -1,5 +1,5 @@
 """The sequence table: one row per sequence of a dump, its own columns and its mismatch, and
-for each setting what that setting does to it; `--where` predicates are judged on it.
+for each setting what that setting does to it.
 
 Columns (docs/sql.md#the-sequences-table): `step`, `seq_id`, the dump's other per-sequence
 columns (`group_id`, `reward`; `advantage` and `entropy` as means over the sequence's tokens;
@@ -14,9 +14,8 @@ in sequence layout any other scalar column), then
   `NAME_kept`, the share of its loss tokens with weight > 0; `NAME_share`, its share of its
   step's gradient under the framework's loss aggregation (the step's shares sum to 1).
 
-These are the columns `--where` can use, except the per-setting ones (a predicate selects the
-data every setting then sees). `Where` judges a batch's sequences chunk by chunk, so a filtered
-stream never holds more than a chunk; `SequenceTable` accumulates the whole table.
+These are the columns `--where` can use (`iscore.where`), except the per-setting ones (a
+predicate selects the data every setting then sees); `SequenceTable` accumulates the whole table.
 
 >>> import iscore                                         # doctest: +SKIP
 >>> dump = iscore.Dump("data/fp8.parquet", where="length > 1000")  # doctest: +SKIP
@@ -41,159 +40,18 @@ import torch
 
 from iscore import ops
 from iscore.batch import TokenBatch
-from iscore.columns import COMPUTED, MISMATCH, dump_schema
+from iscore.columns import dump_schema
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import IscoreError, quote
 from iscore.impact import aggregation_of
 from iscore.output import output_path
-from iscore.replay import replay
+from iscore.settings import replay
 from iscore.spec import Replay, Spec
-from iscore.sql import Evaluator, Predicate, QueryError, Source, referenced
+from iscore.sql import QueryError, Source, referenced
+from iscore.where import sequence_rows
 
 SETTING_STATISTICS = ("weight", "kept", "share")
 """Per-setting columns, as suffixes of the setting's name."""
-
-
-class _Statistics:
-    """The per-sequence sums of one batch, each computed on first use (inside `ops.shared`,
-    d and its sums are shared with the diagnostics)."""
-
-    def __init__(self, batch: TokenBatch):
-        self.batch = batch
-        self.mask = batch.loss_mask
-        self._cache: dict[str, Any] = {}
-
-    def _get(self, name: str, compute: Callable[[], Any]) -> Any:
-        if name not in self._cache:
-            self._cache[name] = compute()
-        return self._cache[name]
-
-    def loss_tokens(self) -> np.ndarray:
-        """int64 [B] loss tokens of each sequence."""
-        return self._get(
-            "T", lambda: ops.segment_count(self.batch, self.mask).cpu().numpy().astype(np.int64)
-        )
-
-    def _sum(self, name: str, values: Callable[[], torch.Tensor]) -> np.ndarray:
-        return self._get(
-            name, lambda: ops.segment_sum(values(), self.batch, self.mask).cpu().numpy()
-        )
-
-    def _abs(self) -> torch.Tensor:
-        return self._get("abs", lambda: torch.abs(ops.log_ratio(self.batch)))
-
-    def column(self, name: str) -> np.ndarray:
-        """float64 [B] `name` of `MISMATCH` (NaN where a sequence has no loss token)."""
-        T = self.loss_tokens().astype(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            if name == "d_sum":
-                values = self._sum("S", lambda: ops.log_ratio(self.batch)).copy()
-            elif name in ("d_mean", "k1", "geo_ratio"):
-                mean = self._sum("S", lambda: ops.log_ratio(self.batch)) / T
-                values = {"d_mean": mean, "k1": -mean, "geo_ratio": np.exp(mean)}[name]
-            elif name == "abs_diff_mean":
-                values = self._sum("A", self._abs) / T
-            elif name == "abs_diff_max":
-                values = ops.segment_max(self._abs(), self.batch, self.mask).cpu().numpy()
-            else:  # k3
-                values = self._sum("K", lambda: ops.k3(ops.log_ratio(self.batch))) / T
-        values[T == 0] = np.nan
-        return values
-
-
-def sequence_rows(
-    batch: TokenBatch, schema: pa.Schema, columns: Collection[str] | None = None
-) -> pa.Table:
-    """The dump columns of the sequence table for each sequence of `batch` [B rows].
-
-    Args:
-        batch: whole sequences, with their `extra` columns as the table needs them.
-        schema: the table's dump columns (`dump_schema`).
-        columns: only these (in schema order); None for all.
-
-    >>> b = TokenBatch(rollout=torch.tensor([-1.0, -2.0, -0.5]),
-    ...                train=torch.tensor([-1.5, -2.0, -0.5]), cu_seqlens=torch.tensor([0, 2, 3]))
-    >>> schema = dump_schema(pa.int64(), pa.schema([]))
-    >>> sequence_rows(b, schema, ["length", "d_sum", "abs_diff_max"]).to_pydict()
-    {'length': [2, 1], 'abs_diff_max': [0.5, 0.0], 'd_sum': [-0.5, 0.0]}
-    """
-    stats = _Statistics(batch)
-    wanted = schema.names if columns is None else [n for n in schema.names if n in columns]
-    arrays = []
-    for name in wanted:
-        kind = schema.field(name).type
-        if name == "step":
-            arrays.append(pa.array(batch.step.cpu().numpy().astype(np.int64)))
-        elif name == "seq_id":
-            arrays.append(batch.seq_id.cast(kind))
-        elif name == "length":
-            arrays.append(pa.array(batch.lengths.cpu().numpy().astype(np.int64)))
-        elif name == "loss_tokens":
-            arrays.append(pa.array(stats.loss_tokens()))
-        elif name in MISMATCH:
-            arrays.append(pa.array(stats.column(name), mask=stats.loss_tokens() == 0))
-        else:
-            arrays.append(batch.extra[name].combine_chunks())
-    return pa.table(arrays, schema=pa.schema([schema.field(n) for n in wanted]))
-
-
-@dataclass(frozen=True, slots=True)
-class Where:
-    """A `--where` predicate checked against a dump's sequence columns, judging batches.
-
-    Attributes:
-        predicate: the checked SQL expression.
-        extras: the dump's own columns it reads beyond step and seq_id (to be carried
-            through reading).
-    """
-
-    predicate: Predicate
-    extras: frozenset[str]
-
-    @classmethod
-    def compile(cls, text: str, schema: pa.Schema) -> Where:
-        """Check `text` against the dump columns `schema` (`dump_schema`).
-
-        Raises:
-            QueryError: not one boolean expression over those columns, naming the problem.
-        """
-        hint = "; per-setting columns are not available to --where"
-        predicate = Predicate.compile(text, schema, hint=hint)
-        own = set(schema.names) - {"step", "seq_id", *COMPUTED}
-        return cls(predicate, frozenset(predicate.columns & own))
-
-    @property
-    def text(self) -> str:
-        return self.predicate.text
-
-    def judge(self) -> Judge:
-        """A judge of many batches in one thread (it holds one DuckDB connection): close it
-        when done, or use it as a context manager."""
-        return Judge(self.predicate.evaluator())
-
-
-@dataclass(slots=True)
-class Judge:
-    """Applies a `Where` to batches: see `Where.judge`."""
-
-    evaluator: Evaluator
-
-    def __enter__(self) -> Judge:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.evaluator.close()
-
-    def keep(self, batch: TokenBatch) -> np.ndarray:
-        """bool [B]: whether the predicate holds for each sequence of `batch` (only the
-        columns it reads are computed)."""
-        predicate = self.evaluator.predicate
-        return self.evaluator.mask(sequence_rows(batch, predicate.schema, predicate.columns))
-
-    def select(self, batch: TokenBatch) -> TokenBatch:
-        """The sequences of `batch` where the predicate holds."""
-        keep = self.keep(batch)
-        return batch if keep.all() else batch.select(torch.from_numpy(keep))
 
 
 def setting_columns(specs: Sequence[Spec], taken: Collection[str] = ()) -> list[str]:
@@ -205,7 +63,7 @@ def setting_columns(specs: Sequence[Spec], taken: Collection[str] = ()) -> list[
         IscoreError: two settings with the same framework and name, or a column that the
             dump already has.
 
-    >>> from iscore.analyze import presets
+    >>> from iscore.analysis import presets
     >>> setting_columns([presets()["verl:decoupled_geo_rs"]])
     ['decoupled_geo_rs']
     """

@@ -5,7 +5,7 @@ cached.
 Headless (no streamlit): the app caches `Workspace` objects and calls their methods; every
 number it shows comes from here or from the modules these call.
 
->>> from iscore.analyze import presets
+>>> from iscore.analysis import presets
 >>> ws = open_path("data/dense_bf16.parquet")
 >>> round(ws.analysis([presets()["verl:decoupled_geo_rs"]]).settings[0]["lr_scale"], 3)
 1.0
@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import torch
 
 from iscore import importers, ops
-from iscore.analyze import Analysis, analyze
+from iscore.analysis import Analysis, analyze
 from iscore.batch import TokenBatch
 from iscore.budget import check_paths, check_upload
 from iscore.dump import (
@@ -43,11 +43,12 @@ from iscore.errors import DumpError, quote
 from iscore.impact import SettingStats
 from iscore.paths import list_files
 from iscore.preview import ROWS, Preview, preview_table
-from iscore.recommend import Recommendation, Targets, recommend
-from iscore.sequences import Where, batch_schema, catalog, sequence_table
+from iscore.recommendation import Recommendation, Targets, recommend
+from iscore.sequences import batch_schema, catalog, sequence_table
 from iscore.spec import Spec
 from iscore.sql import ROW_LIMIT, TIMEOUT_S, Result, query
 from iscore.tune import Tuner, grid
+from iscore.where import Where
 from iscore.writer import PROVENANCE_KEY
 
 T = TypeVar("T")

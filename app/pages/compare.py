@@ -8,8 +8,8 @@ import streamlit as st
 from iscore import figures
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.replay import load_config_text, parse_config
 from iscore.report import SUMMARY_COLUMNS
+from iscore.settings import load_config_text, parse_config
 from iscore.tune import FAMILIES, family_spec, frameworks_for
 
 ws = common.require_workspace()

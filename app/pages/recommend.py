@@ -9,7 +9,7 @@ import streamlit as st
 
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.recommend import RULE_SYMBOLS, Targets
+from iscore.recommendation import RULE_SYMBOLS, Targets
 
 ws = common.require_workspace()
 steps = common.selected_steps()

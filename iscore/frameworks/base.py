@@ -109,7 +109,7 @@ class Framework:
             when the correction is enabled (the app's starting point).
         to_canonical: a spec -> the framework-neutral setting.
         from_canonical: a neutral setting and a name -> candidate specs, each with notes on
-            what it could not express (`iscore.export.convert` picks the closest).
+            what it could not express (`iscore.conversion.convert` picks the closest).
         render: the body of `spec.to_config()` (without `framework:`/`name:`) and a format
             ("yaml", "flags" or None for the usual one) -> the text to paste.
         aggregation: a spec -> the loss aggregation it trains with.

@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from iscore import load
 from iscore.figures import color
-from iscore.recommend import recommend
+from iscore.recommendation import recommend
 from tests.app.conftest import DATA, no_exception, open_path, plain
 
 

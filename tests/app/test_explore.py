@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 from streamlit.testing.v1 import AppTest
 
 from iscore import load
-from iscore.analyze import analyze
+from iscore.analysis import analyze
 from iscore.dump import Dump
 from iscore.sequences import sequence_table
 from tests.app.conftest import DATA, no_exception, open_path, plain

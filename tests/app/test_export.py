@@ -6,8 +6,8 @@ import yaml
 from streamlit.testing.v1 import AppTest
 
 import iscore
-from iscore.recommend import recommend
-from iscore.replay import parse_config
+from iscore.recommendation import recommend
+from iscore.settings import parse_config
 from tests.app.conftest import DATA, no_exception
 
 

@@ -8,7 +8,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import iscore
-from iscore.recommend import Targets, recommend
+from iscore.recommendation import Targets, recommend
 from iscore.tune import family_of
 from iscore.workspace import Workspace
 from tests.app.conftest import DATA, no_exception, open_path, plain

@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 import iscore
 from iscore import frameworks
 from iscore.impact import quick_stats
-from iscore.recommend import recommend
+from iscore.recommendation import recommend
 from iscore.tune import FAMILIES, family_of, family_spec
 from tests.app.conftest import DATA, metric, no_exception, plain
 

@@ -15,11 +15,12 @@ import torch
 
 import iscore
 import iscore.dump
-from iscore.analyze import analyze, presets
+from iscore.analysis import analyze
 from iscore.dump import Dump, DumpProblems, StepRange
 from iscore.errors import ConfigError, DumpError
 from iscore.impact import quick_stats
-from iscore.recommend import recommend
+from iscore.recommendation import recommend
+from iscore.settings import presets
 from iscore.tune import (
     FAMILIES,
     Tuner,

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iscore.replay import MAX_CONFIG_BYTES
+from iscore.settings import MAX_CONFIG_BYTES
 
 Writer = Callable[[Path], Path]
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from iscore import bench
-from iscore.analyze import resolve
 from iscore.bench import format_table, run_bench, write_json
 from iscore.errors import ConfigError
+from iscore.settings import resolve
 from iscore.simulate import SimConfig, write_simulated
 
 ROWS = {

@@ -110,7 +110,7 @@ MEMORY_SCRIPT = textwrap.dedent(
     """
     import gc, json, sys
     from pathlib import Path
-    from iscore.analyze import presets
+    from iscore.settings import presets
     from iscore.budget import WorkspaceCache
     from iscore.workspace import open_path, open_uploads
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from iscore.cli import main
-from iscore.replay import parse_config
+from iscore.settings import parse_config
 from tests.conftest import make_sequences, write
 
 
@@ -139,7 +139,7 @@ def test_replay_writes_one_row_per_token(dump, tmp_path, capsys):
     import pyarrow.parquet as pq
 
     from iscore import load
-    from iscore.replay import replay
+    from iscore.settings import replay
 
     config = tmp_path / "geo.yaml"
     config.write_text(VERL_GEO)
@@ -240,7 +240,7 @@ def test_pickles_are_refused_without_the_flag(tmp_path, capsys):
 
 def test_export_prints_snippet_and_writes_a_replayable_file(tmp_path, capsys, dump):
     from iscore import load
-    from iscore.replay import parse_config, replay
+    from iscore.settings import parse_config, replay
 
     assert main(["export", "--config", "verl:decoupled_token_icepop", "--to", "nemo_rl"]) == 0
     captured = capsys.readouterr()
@@ -315,7 +315,7 @@ def test_replay_takes_a_preset_name(dump, tmp_path, capsys):
     import pyarrow.parquet as pq
 
     from iscore import load
-    from iscore.analyze import resolve
+    from iscore.settings import resolve
 
     out = tmp_path / "w.parquet"
     argv = ["replay", str(dump), "--config", "verl:decoupled_geo_rs", "--out", str(out), "-q"]

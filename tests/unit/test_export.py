@@ -15,14 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from iscore import frameworks
-from iscore.analyze import presets
 from iscore.batch import TokenBatch
 from iscore.canonical import Canonical
+from iscore.conversion import canonical, convert, shortest, shown_config, snippet, to_file_text
 from iscore.errors import ConfigError
-from iscore.export import canonical, convert, shortest, shown_config, snippet, to_file_text
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
-from iscore.replay import parse_config
+from iscore.settings import parse_config, presets
 from tests.conftest import ACCELERATORS
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 

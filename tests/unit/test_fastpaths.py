@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from iscore import ops
-from iscore.analyze import analyze
+from iscore.analysis import analyze
 from iscore.batch import TokenBatch
 from iscore.dump import Dump, DumpProblems
 from iscore.histogram import (

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from iscore import figures
-from iscore.analyze import Analysis, analyze
+from iscore.analysis import Analysis, analyze
 from iscore.histogram import BINS_PER_DECADE
 from iscore.mismatch import MismatchStats
 from iscore.tune import TuneResult

@@ -36,8 +36,8 @@ import iscore.paths
 from iscore.cli import main
 from iscore.dump import Dump, DumpError, DumpProblems
 from iscore.errors import ConfigError
-from iscore.replay import parse_config
-from iscore.validate import validate
+from iscore.settings import parse_config
+from iscore.validation import validate
 from iscore.writer import canonical_table
 from tests.unit import hostile
 
@@ -125,7 +125,7 @@ def test_null_inside_loss_mask_list_is_not_false(tmp_path, capsys):
 
 
 def test_no_loss_token_is_a_clear_error_for_streams_and_batches(tmp_path, good_dump):
-    from iscore.analyze import analyze
+    from iscore.analysis import analyze
 
     with pytest.raises(DumpProblems, match="no token is in the loss"):
         list(Dump(hostile.dumps()["no_loss_token"](tmp_path)).batches())
@@ -473,7 +473,7 @@ def test_fuzzed_dump_is_validated_as_it_is_loaded(table):
 _LIMITED = """
 import resource, sys
 from iscore.errors import ConfigError
-from iscore.replay import parse_config
+from iscore.settings import parse_config
 # The limit counts from what the imports (torch) already mapped: 300 MB more, no further.
 with open("/proc/self/status") as f:
     size = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))

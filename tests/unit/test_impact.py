@@ -14,13 +14,13 @@ import torch
 import yaml
 
 from iscore import Dump, load
-from iscore.analyze import SCHEMA_VERSION, analyze, presets, resolve
+from iscore.analysis import SCHEMA_VERSION, analyze
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Aggregation
 from iscore.impact import SettingStats, _per_sequence, aggregation_of
-from iscore.recommend import Targets
-from iscore.replay import parse_config
+from iscore.recommendation import Targets
 from iscore.report import SUMMARY_COLUMNS, render_html
+from iscore.settings import parse_config, presets, resolve
 from iscore.simulate import SimConfig, write_simulated
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 from tests.unit.test_mismatch import assert_same

@@ -13,15 +13,15 @@ import pytest
 from iscore import TokenBatch, load, ops
 from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.recommend import (
+from iscore.recommendation import (
     RULE_SYMBOLS,
     Targets,
     _preference,
     _segment_medians,
     recommend,
 )
-from iscore.recommend import broken_sequences as recommend_broken
-from iscore.replay import parse_config
+from iscore.recommendation import broken_sequences as recommend_broken
+from iscore.settings import parse_config
 from iscore.simulate import SimConfig, broken_sequences, write_simulated
 from tests.unit.frameworks.conftest import edge_batch
 
@@ -399,5 +399,5 @@ def test_segment_medians_match_a_median_per_segment(seed, monkeypatch) -> None:
     pairs = zip(starts, counts, strict=True)
     expected = [np.median(values[a : a + n]) if n else 0.0 for a, n in pairs]
     np.testing.assert_array_equal(_segment_medians(values, counts), expected)
-    monkeypatch.setattr(sys.modules["iscore.recommend"], "_MEDIAN_CELLS", 4096)
+    monkeypatch.setattr(sys.modules["iscore.recommendation"], "_MEDIAN_CELLS", 4096)
     np.testing.assert_array_equal(_segment_medians(values, counts), expected)

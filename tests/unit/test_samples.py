@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from iscore import load
-from iscore.analyze import presets
 from iscore.cli import main
 from iscore.errors import ConfigError
+from iscore.settings import presets
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 COMMANDS = [

@@ -18,23 +18,24 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from iscore.analyze import analyze, presets
+from iscore.analysis import analyze
 from iscore.batch import TokenBatch
 from iscore.cli import main
+from iscore.conversion import to_file_text
 from iscore.dump import Dump, DumpProblems
-from iscore.export import to_file_text
 from iscore.impact import aggregation_of
 from iscore.sequences import (
     SequenceTable,
     batch_schema,
     catalog,
     read_schema,
-    sequence_rows,
     sequence_table,
     setting_columns,
 )
+from iscore.settings import presets
 from iscore.simulate import SimConfig, write_simulated
 from iscore.sql import QueryError, query
+from iscore.where import sequence_rows
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 from tests.unit.test_mismatch import assert_same
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from iscore.analyze import resolve
 from iscore.impact import SettingStats
+from iscore.settings import resolve
 from iscore.tune import Tuner
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 

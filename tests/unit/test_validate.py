@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from iscore.dump import Dump, StepRange
-from iscore.validate import validate
+from iscore.validation import validate
 from tests.conftest import Sequences, make_sequences, write
 
 

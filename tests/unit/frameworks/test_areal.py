@@ -12,7 +12,7 @@ import torch
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import areal
-from iscore.replay import parse_config, replay
+from iscore.settings import parse_config, replay
 from tests.unit.frameworks.conftest import make_batch, sequences
 
 

@@ -16,11 +16,11 @@ import torch
 import yaml
 
 from iscore import frameworks
+from iscore.conversion import to_file_text
 from iscore.errors import ConfigError
-from iscore.export import to_file_text
 from iscore.frameworks.base import Aggregation
 from iscore.mismatch import METRIC_NAMES
-from iscore.replay import parse_config, replay
+from iscore.settings import parse_config, replay
 from iscore.tune import FAMILIES, family_setting
 from tests.unit.frameworks.conftest import random_batch_of
 

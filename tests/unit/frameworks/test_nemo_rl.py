@@ -13,7 +13,7 @@ import torch
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import nemo_rl
-from iscore.replay import replay
+from iscore.settings import replay
 from tests.unit.frameworks.conftest import edge_batch, sequences
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)

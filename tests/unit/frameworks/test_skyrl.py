@@ -12,7 +12,7 @@ import torch
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import skyrl
-from iscore.replay import replay
+from iscore.settings import replay
 from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
 
 BOUND = 20.0

@@ -13,7 +13,7 @@ import yaml
 from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import slime
-from iscore.replay import parse_config, replay
+from iscore.settings import parse_config, replay
 from tests.unit.frameworks.conftest import make_batch, sequences
 
 ICEPOP = "slime.backends.megatron_utils.loss.icepop_function"

@@ -26,7 +26,8 @@ import yaml
 
 from iscore import frameworks
 from iscore.batch import TokenBatch
-from iscore.errors import ConfigError, clip
+from iscore.errors import ConfigError, clip, quote
+from iscore.frameworks._config import nearest
 from iscore.output import output_path
 from iscore.spec import Replay, Spec
 
@@ -117,13 +118,55 @@ def parse_config(config: Mapping[str, Any] | str | Path) -> Spec:
         raise ConfigError(f"{source}: {e}") from e
 
 
+Setting = Spec | Mapping[str, Any] | str | Path
+"""A setting: a spec, a framework config mapping, a YAML config path, or a preset name."""
+
+
+def presets() -> dict[str, Spec]:
+    """Every framework's named settings, as `framework:name`."""
+    return {
+        f"{framework.name}:{name}": spec
+        for framework in frameworks.every()
+        for name, spec in framework.presets().items()
+    }
+
+
+def resolve(setting: Setting) -> Spec:
+    """A spec from any form of setting.
+
+    Strings name a preset (`verl:decoupled_geo_rs`, or just `decoupled_geo_rs` when only one
+    framework has it) or a YAML config file.
+    """
+    if hasattr(setting, "replay"):
+        return setting  # type: ignore[return-value]
+    if isinstance(setting, Mapping):
+        return parse_config(setting)
+    text = str(setting)
+    known = presets()
+    if text in known:
+        return known[text]
+    matches = [key for key in known if key.split(":", 1)[1] == text]
+    if len(matches) == 1:
+        return known[matches[0]]
+    if len(matches) > 1:
+        raise ConfigError(f"preset {quote(text)} is ambiguous: say which of {', '.join(matches)}")
+    if Path(text).is_file():
+        return parse_config(text)
+    framework, colon, _ = text.partition(":")
+    own = sorted(k for k in known if colon and k.startswith(f"{framework}:"))
+    listed = f"{framework}'s presets: {', '.join(own)}" if own else "see `iscore presets`"
+    raise ConfigError(
+        f"{quote(text)} is neither a config file nor a preset{nearest(text, known)}; {listed}"
+    )
+
+
 def replay(batch: TokenBatch, config: Spec | Mapping[str, Any] | str | Path) -> Replay:
     """Replay one correction setting over `batch`.
 
     Args:
         batch: the packed dump (any device).
         config: a spec, a framework config mapping, a preset name (`verl:decoupled_geo_rs`)
-            or the path of a YAML config: what `iscore.analyze.resolve` takes.
+            or the path of a YAML config: what `iscore.analysis.resolve` takes.
 
     Raises:
         ConfigError: the config is invalid, or the setting cannot replay this dump (e.g. it
@@ -137,8 +180,6 @@ def replay(batch: TokenBatch, config: Spec | Mapping[str, Any] | str | Path) -> 
     Traceback (most recent call last):
     iscore.errors.ConfigError: verl:bypass_ppo_clip: `algorithm.rollout_correction.bypass_mode...
     """
-    from iscore.analyze import resolve  # analyze replays through this module
-
     spec = resolve(config)
     try:
         return spec.replay(batch)

@@ -18,7 +18,7 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -27,60 +27,17 @@ from typing import Any
 import pandas as pd
 import torch
 
-from iscore import frameworks, ops
+from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
-from iscore.errors import ConfigError, DumpError, quote
-from iscore.frameworks._config import nearest
+from iscore.errors import DumpError
 from iscore.impact import SettingStats
 from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import output_path
-from iscore.replay import parse_config, replay
 from iscore.sequences import SequenceTable
-from iscore.spec import Spec
+from iscore.settings import Setting, replay, resolve
 
 SCHEMA_VERSION = 1
-
-Setting = Spec | Mapping[str, Any] | str | Path
-"""A setting: a spec, a framework config mapping, a YAML config path, or a preset name."""
-
-
-def presets() -> dict[str, Spec]:
-    """Every framework's named settings, as `framework:name`."""
-    return {
-        f"{framework.name}:{name}": spec
-        for framework in frameworks.every()
-        for name, spec in framework.presets().items()
-    }
-
-
-def resolve(setting: Setting) -> Spec:
-    """A spec from any form of setting.
-
-    Strings name a preset (`verl:decoupled_geo_rs`, or just `decoupled_geo_rs` when only one
-    framework has it) or a YAML config file.
-    """
-    if hasattr(setting, "replay"):
-        return setting  # type: ignore[return-value]
-    if isinstance(setting, Mapping):
-        return parse_config(setting)
-    text = str(setting)
-    known = presets()
-    if text in known:
-        return known[text]
-    matches = [key for key in known if key.split(":", 1)[1] == text]
-    if len(matches) == 1:
-        return known[matches[0]]
-    if len(matches) > 1:
-        raise ConfigError(f"preset {quote(text)} is ambiguous: say which of {', '.join(matches)}")
-    if Path(text).is_file():
-        return parse_config(text)
-    framework, colon, _ = text.partition(":")
-    own = sorted(k for k in known if colon and k.startswith(f"{framework}:"))
-    listed = f"{framework}'s presets: {', '.join(own)}" if own else "see `iscore presets`"
-    raise ConfigError(
-        f"{quote(text)} is neither a config file nor a preset{nearest(text, known)}; {listed}"
-    )
 
 
 @dataclass(slots=True)

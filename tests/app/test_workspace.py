@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import iscore
-import iscore.dump
+import iscore.dump.facade
+import iscore.dump.readers
 from iscore.analysis import analyze
 from iscore.dump import Dump, DumpProblems, StepRange
 from iscore.errors import ConfigError, DumpError
@@ -255,8 +256,8 @@ def test_open_path_names_the_dump() -> None:
 
 
 def test_opening_reports_the_share_read(monkeypatch) -> None:
-    monkeypatch.setattr(iscore.dump, "_READ_TOKENS", 4096)  # chunks of about 10k tokens
-    monkeypatch.setattr(iscore.dump, "DEFAULT_CHUNK_TOKENS", 10_000)
+    monkeypatch.setattr(iscore.dump.readers, "READ_TOKENS", 4096)  # chunks of about 10k tokens
+    monkeypatch.setattr(iscore.dump.facade, "DEFAULT_CHUNK_TOKENS", 10_000)
     for opened in (
         lambda progress: open_path(str(DATA / "fp8.parquet"), progress=progress),
         lambda progress: open_uploads([("fp8.parquet", _bytes("fp8.parquet"))], progress=progress),

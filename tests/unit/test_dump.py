@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import iscore.dump
+import iscore.dump.facade
+import iscore.dump.readers
 from iscore import Dump, DumpError, StepRange, TokenBatch, load
 from iscore.dump import DumpProblems
 from tests.conftest import DEVICES, Sequences, make_sequences, write
@@ -170,7 +171,7 @@ class TestStreaming:
     def test_chunks_hold_whole_sequences_and_equal_whole_load(
         self, tmp_path, monkeypatch, layout, max_tokens
     ):
-        monkeypatch.setattr(iscore.dump, "_READ_TOKENS", 4)  # sequences straddle reads
+        monkeypatch.setattr(iscore.dump.readers, "READ_TOKENS", 4)  # sequences straddle reads
         s = make_sequences([5, 1, 40, 7, 3, 12, 2, 9], steps=[0, 0, 0, 1, 1, 1, 2, 2])
         table = getattr(s, f"{layout}_table")()
         path = write(table, tmp_path / "d.parquet", row_group_size=3 if layout == "token" else 2)
@@ -188,8 +189,8 @@ class TestStreaming:
     @pytest.mark.parametrize("layout", ["token", "sequence"])
     def test_load_joins_chunks_into_the_whole_dump(self, tmp_path, monkeypatch, layout):
         # Reads of 4 tokens, chunks of about 6: every sequence of two files is in some chunk.
-        monkeypatch.setattr(iscore.dump, "_READ_TOKENS", 4)
-        monkeypatch.setattr(iscore.dump, "DEFAULT_CHUNK_TOKENS", 6)
+        monkeypatch.setattr(iscore.dump.readers, "READ_TOKENS", 4)
+        monkeypatch.setattr(iscore.dump.facade, "DEFAULT_CHUNK_TOKENS", 6)
         a = make_sequences([5, 1, 40, 7], steps=[0, 0, 1, 1], ids=["a", "b", "c", "d"])
         b = make_sequences([3, 12, 2], steps=[2, 2, 3], seed=1, ids=["e", "f", "g"])
         paths, given = [], []
@@ -221,8 +222,8 @@ class TestStreaming:
         assert batch.extra["reward"].to_pylist() == [0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0]
 
     def test_load_lists_the_problems_of_every_chunk(self, tmp_path, monkeypatch):
-        monkeypatch.setattr(iscore.dump, "_READ_TOKENS", 4)
-        monkeypatch.setattr(iscore.dump, "DEFAULT_CHUNK_TOKENS", 6)
+        monkeypatch.setattr(iscore.dump.readers, "READ_TOKENS", 4)
+        monkeypatch.setattr(iscore.dump.facade, "DEFAULT_CHUNK_TOKENS", 6)
         s = make_sequences([5, 1, 40, 7, 3, 12])
         table = s.token_table()
         train = table["train_logprob"].to_numpy().copy()
@@ -234,7 +235,7 @@ class TestStreaming:
     @pytest.mark.parametrize("max_tokens", [1, 10, 30])
     @pytest.mark.parametrize("layout", ["token", "sequence"])
     def test_whole_steps_are_never_split(self, tmp_path, monkeypatch, layout, max_tokens):
-        monkeypatch.setattr(iscore.dump, "_READ_TOKENS", 4)
+        monkeypatch.setattr(iscore.dump.readers, "READ_TOKENS", 4)
         s = make_sequences([5, 1, 40, 7, 3, 12, 2, 9, 4], steps=[0, 0, 0, 1, 1, 1, 2, 2, 5])
         path = write(getattr(s, f"{layout}_table")(), tmp_path / "d.parquet", row_group_size=2)
         chunks = list(Dump(path).batches(max_tokens=max_tokens, whole_steps=True))
@@ -519,5 +520,5 @@ def test_the_last_run_start_equals_the_last_of_all_run_starts(keys):
         step = np.repeat(np.arange(len(lengths)) // 2, lengths)
         seq = np.repeat(np.arange(len(lengths)), lengths)
         table = pa.table({"step": step, "seq_id": seq})
-        want = int(iscore.dump._run_starts(table, keys)[-1])
-        assert iscore.dump._last_run_start(table, keys) == want
+        want = int(iscore.dump.readers._run_starts(table, keys)[-1])
+        assert iscore.dump.readers._last_run_start(table, keys) == want

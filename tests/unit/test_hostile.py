@@ -34,8 +34,8 @@ from hypothesis import strategies as st
 import iscore.dump
 import iscore.paths
 from iscore.cli import main
-from iscore.dump import Dump, DumpError, DumpProblems
-from iscore.errors import ConfigError
+from iscore.dump import Dump, DumpProblems
+from iscore.errors import ConfigError, DumpError
 from iscore.settings import parse_config
 from iscore.validation import validate
 from iscore.writer import canonical_table

@@ -1,0 +1,24 @@
+"""Read canonical logprob dumps (Parquet) into `TokenBatch`es, whole or streamed: `Dump` and
+`load` (`facade`), over the files (`files`), their columns (`schema`), the row-group readers
+(`readers`) and the Arrow-to-torch conversion (`tensors`); `values` holds the types they
+share."""
+
+from iscore.budget import DEFAULT_CHUNK_TOKENS
+from iscore.dump.facade import Dump, load
+from iscore.dump.files import Source, is_framework_dump, resolve_files
+from iscore.dump.values import DropReport, DumpFile, DumpProblems, Extra, Problem, StepRange
+
+__all__ = [
+    "DEFAULT_CHUNK_TOKENS",
+    "DropReport",
+    "Dump",
+    "DumpFile",
+    "DumpProblems",
+    "Extra",
+    "Problem",
+    "Source",
+    "StepRange",
+    "is_framework_dump",
+    "load",
+    "resolve_files",
+]

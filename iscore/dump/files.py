@@ -1,0 +1,143 @@
+"""Where a dump's files are and what each holds: paths, directories and globs expanded, one
+Parquet file opened and told apart from an empty, truncated or foreign one, a framework's own
+dump converted in memory."""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from iscore.columns import resolve_columns
+from iscore.dump.schema import check_types, extras_of, is_list, scalar_type
+from iscore.dump.values import DumpFile, Layout
+from iscore.errors import DumpError
+from iscore.paths import list_files
+
+
+def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
+    """Expand a file, a directory (every `*.parquet` below it) or a glob into sorted paths.
+
+    A path that exists is read as itself, even when its name looks like a glob
+    (`run[1].parquet`). See `list_files` for the limits of walks and globs.
+
+    Raises:
+        DumpError: nothing matches, or a walk or glob went past its budget.
+    """
+    if isinstance(source, str | Path):
+        sources: Sequence[str | Path] = [source]
+    else:
+        sources = source
+    files: list[str] = []
+    for item in sources:
+        found = sorted(list_files(item, (".parquet",)))
+        if not found:
+            is_dir = Path(item).is_dir()
+            what = (
+                "directory holds no *.parquet files" if is_dir else "the pattern matches no files"
+            )
+            raise DumpError(f"{item}: {what}")
+        files.extend(found)
+    return files
+
+
+Source = str | bytes
+"""Where a file's bytes are: a path on disk, or the bytes themselves (an upload, an import)."""
+
+
+def open_file(
+    path: str, mapping: Mapping[str, str], data: bytes | None = None
+) -> tuple[pq.ParquetFile, DumpFile]:
+    """Open one file, telling an empty, truncated or non-Parquet file apart.
+
+    Args:
+        path: the file's path, or for `data` the name that stands for it in messages.
+        mapping: explicit canonical -> source column names.
+        data: the file's bytes when it is held in memory.
+    """
+    if data is None:
+        size = Path(path).stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(max(size - 4, 0))
+            tail = f.read(4)
+    else:
+        size, head, tail = len(data), data[:4], data[-4:]
+    if size == 0:
+        raise DumpError(f"{path}: empty file (0 bytes)")
+    if head != b"PAR1":
+        hint = {
+            b"{": " (looks like JSON Lines)",
+            b"\x80": " (looks like a pickle)",
+        }.get(
+            head[:1],
+            " (looks like a zip archive, e.g. torch.save)" if head[:2] == b"PK" else "",
+        )
+        raise DumpError(f"{path}: not a Parquet file{hint}; expected the magic bytes PAR1")
+    if tail != b"PAR1" or size < 12:
+        raise DumpError(
+            f"{path}: truncated Parquet file ({size:,} bytes, no footer); "
+            "was the write interrupted?"
+        )
+    try:
+        parquet = pq.ParquetFile(path if data is None else pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as e:
+        raise DumpError(f"{path}: unreadable Parquet footer: {e}") from e
+    if parquet.metadata.num_rows == 0:
+        raise DumpError(f"{path}: empty file (a Parquet schema but no rows)")
+    schema = parquet.schema_arrow
+    columns = resolve_columns(schema.names, mapping, path, sequence_layout=True)
+    rollout_type = schema.field(columns.source["rollout_logprob"]).type
+    layout: Layout = "sequence" if is_list(rollout_type) else "token"
+    if layout == "token" and "seq_id" not in columns:
+        resolve_columns(schema.names, mapping, path)  # raises: seq_id is required here
+    check_types(path, schema, columns, layout)
+    meta = parquet.metadata
+    tokens = meta.num_rows
+    if layout == "sequence":
+        # The leaf column's value counts are the token counts.
+        tokens = sum(
+            leaf(meta.row_group(g), columns.source["rollout_logprob"]).num_values
+            for g in range(meta.num_row_groups)
+        )
+    seq_id_type = pa.int64()
+    if "seq_id" in columns:
+        seq_id_type = scalar_type(schema.field(columns.source["seq_id"]).type)
+    extras = extras_of(schema, columns, layout)
+    info = DumpFile(path, layout, columns, meta.num_rows, tokens, extras, seq_id_type)
+    return parquet, info
+
+
+def is_framework_dump(item: str | Path) -> bool:
+    """Whether `item` is a framework's own dump (JSONL, .pt, .pkl) rather than Parquet."""
+    path = Path(item)
+    if path.is_dir():
+        return not any(list_files(path, (".parquet",)))
+    if glob.has_magic(str(item)) and not path.exists():
+        return False
+    return path.suffix in (".jsonl", ".pt", ".pkl")
+
+
+def import_framework_dump(
+    item: str | Path, fmt: str | None, allow_pickle: bool
+) -> tuple[str, bytes]:
+    """A framework dump converted in memory to canonical Parquet bytes, named for messages."""
+    from iscore import importers  # torch.load and JSON parsing, only when needed
+
+    fmt = fmt or importers.detect(item)
+    table = importers.read(item, fmt, allow_pickle=allow_pickle)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return f"{item} ({fmt})", sink.getvalue().to_pybytes()
+
+
+def leaf(row_group: pq.RowGroupMetaData, source: str) -> pq.ColumnChunkMetaData:
+    """The column chunk of a (list) column's leaf values."""
+    for i in range(row_group.num_columns):
+        column = row_group.column(i)
+        if column.path_in_schema.split(".")[0] == source:
+            return column
+    raise KeyError(source)

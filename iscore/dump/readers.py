@@ -1,0 +1,611 @@
+"""Reading one Parquet file row group by row group into chunks of whole sequences (token
+and sequence layout), and the value checks every chunk passes: invalid log-probs, masks that
+are not 0/1, nulls, duplicate or interleaved sequences, positions out of order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from iscore.columns import LOGPROB_COLUMNS, PER_SEQUENCE, PER_TOKEN, ColumnMap
+from iscore.dump.files import leaf
+from iscore.dump.schema import column_label, is_list
+from iscore.dump.values import DumpFile, DumpProblems, Extra, Problem, StepRange
+from iscore.errors import counted, quote
+
+READ_TOKENS = 262_144
+"""Tokens per Parquet read (rows in token layout); chunks are assembled from these."""
+
+
+_SHOW_ROWS = 5
+"""How many offending rows a problem names."""
+
+
+_INT64_MAX = 2**63 - 1
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Whole sequences of one file, as flat arrays, before conversion to tensors."""
+
+    file: str
+    per_token: dict[str, pa.Array]
+    seq_id: pa.Array
+    step: np.ndarray
+    lengths: np.ndarray
+    rows: np.ndarray  # file row of each token (in sequence layout: of its sequence)
+    extra: pa.Table | None = None  # the carried `Extra` columns, one row per sequence
+
+    def sequences(self, start: int, stop: int) -> Chunk:
+        """Sequences start..stop-1 of this chunk."""
+        offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+        a, b = int(offsets[start]), int(offsets[stop])
+        return Chunk(
+            self.file,
+            {k: v.slice(a, b - a) for k, v in self.per_token.items()},
+            self.seq_id.slice(start, stop - start),
+            self.step[start:stop],
+            self.lengths[start:stop],
+            self.rows[a:b],
+            None if self.extra is None else self.extra.slice(start, stop - start),
+        )
+
+    def subset(self, keep: np.ndarray) -> Chunk:
+        """The sequences where `keep` (bool [B]) is true."""
+        keep_token = np.repeat(keep, self.lengths)
+        return Chunk(
+            self.file,
+            {k: v.filter(pa.array(keep_token)) for k, v in self.per_token.items()},
+            self.seq_id.filter(pa.array(keep)),
+            self.step[keep],
+            self.lengths[keep],
+            self.rows[keep_token],
+            None if self.extra is None else self.extra.filter(pa.array(keep)),
+        )
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """`step` and `lengths` [B], the `rollout` and `train` log-probs [N] as the engine
+        holds them (float32) and `loss_mask` [N] when the dump has one, as numpy arrays."""
+        t = self.per_token
+        out = {
+            "step": self.step,
+            "lengths": self.lengths,
+            "rollout": plain(t["rollout_logprob"], pa.float32()).to_numpy(),
+            "train": plain(t["train_logprob"], pa.float32()).to_numpy(),
+        }
+        if "loss_mask" in t:
+            out["loss_mask"] = bools(t["loss_mask"])
+        return out
+
+
+INVALID = "invalid log-prob"
+
+
+def invalid_values(values: pa.Array) -> np.ndarray:
+    """NaN, +-inf, > 0 or null entries of a float array, as the engine will hold them."""
+    x = _as_float32(values)
+    bad = ~np.isfinite(x) | (x > 0)
+    return bad
+
+
+def _as_float32(values: pa.Array) -> np.ndarray:
+    """The values as float32, the engine's dtype, nulls as NaN.
+
+    Checked after this cast, not before: a float64 -1e300 is finite but becomes -inf in the
+    engine, and must be reported as what the engine would see.
+    """
+    x = values.to_numpy(zero_copy_only=False)
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32, copy=False)
+
+
+def check_values(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
+    """Value problems of a chunk: invalid log-probs and loss masks other than 0/1."""
+    problems = []
+    token_rows = chunk.rows
+    for name in LOGPROB_COLUMNS:
+        if name not in chunk.per_token:
+            continue
+        x = _as_float32(chunk.per_token[name])
+        infinite = np.isinf(x)
+        kinds = [
+            ("NaN or null", np.isnan(x)),
+            ("infinite (or beyond float32's range, +-3.4e38)", infinite),
+            ("positive (a log-prob must be <= 0)", (x > 0) & ~infinite),
+        ]
+        for what, mask in kinds:
+            if mask.any():
+                rows, count = _first_rows(mask, token_rows)
+                problems.append(
+                    Problem(
+                        chunk.file,
+                        column_label(columns, name),
+                        f"{INVALID}: {counted(count, f'{what} value')}",
+                        tuple(dict.fromkeys(rows)),
+                        count,
+                    )
+                )
+    mask = chunk.per_token.get("loss_mask")
+    if mask is not None and not pa.types.is_boolean(mask.type):
+        m = mask.to_numpy(zero_copy_only=False)
+        bad = (m != 0) & (m != 1)
+        if bad.any():
+            rows, count = _first_rows(bad, token_rows)
+            problems.append(
+                Problem(
+                    chunk.file,
+                    column_label(columns, "loss_mask"),
+                    f"expected 0 or 1, found other values ({count:,} tokens)",
+                    tuple(dict.fromkeys(rows)),
+                    count,
+                )
+            )
+    return problems
+
+
+def _first_rows(mask: np.ndarray, rows: np.ndarray) -> tuple[tuple[int, ...], int]:
+    hits = np.flatnonzero(mask)
+    return tuple(int(r) for r in rows[hits[:_SHOW_ROWS]]), int(hits.size)
+
+
+class _Reader:
+    """Reads one file row group by row group and assembles chunks of whole sequences."""
+
+    def __init__(
+        self,
+        info: DumpFile,
+        parquet: pq.ParquetFile,
+        steps: StepRange,
+        seen: dict,
+        whole_steps: bool = False,
+        extras: tuple[Extra, ...] = (),
+    ):
+        self.info = info
+        self.parquet = parquet
+        self.steps = steps
+        self.seen = seen
+        self._here: set[tuple[int, object]] = set()
+        self.whole_steps = whole_steps
+        self.extras = extras
+        # What a chunk boundary must not split: a sequence, or a whole training step.
+        self.unit = ("step",) if whole_steps else ("step", "seq_id")
+        self.source = {
+            k: v for k, v in info.columns.source.items() if k in PER_TOKEN + PER_SEQUENCE
+        }
+        self.source.update({e.name: e.source for e in extras})
+
+    def _row_groups(self) -> list[int]:
+        """Row groups that can hold selected steps, judged by their statistics."""
+        groups = list(range(self.parquet.num_row_groups))
+        if (self.steps.lo is None and self.steps.hi is None) or "step" not in self.source:
+            return groups
+        index = self.parquet.schema_arrow.get_field_index(self.source["step"])
+        keep = []
+        for g in groups:
+            stats = self.parquet.metadata.row_group(g).column(index).statistics
+            if (
+                stats is None
+                or not stats.has_min_max
+                or self.steps.row_group_may_match(stats.min, stats.max)
+            ):
+                keep.append(g)
+        return keep
+
+    def _read_rows(self, group: int) -> int:
+        """Rows per read so that a read holds about `READ_TOKENS` tokens."""
+        if self.info.layout == "token":
+            return READ_TOKENS
+        meta = self.parquet.metadata.row_group(group)
+        tokens = leaf(meta, self.source["rollout_logprob"]).num_values
+        mean_length = max(tokens / max(meta.num_rows, 1), 1.0)
+        return max(1, int(READ_TOKENS / mean_length))
+
+    def _record_batches(self) -> Iterator[tuple[int, pa.Table]]:
+        """(file row of the first row, canonical-named table) per read, step-filtered later."""
+        groups = self._row_groups()
+        starts = np.concatenate(
+            [
+                [0],
+                np.cumsum(
+                    [
+                        self.parquet.metadata.row_group(g).num_rows
+                        for g in range(self.parquet.num_row_groups)
+                    ]
+                ),
+            ]
+        )
+        names = list(self.source)
+        for g in groups:
+            row = int(starts[g])
+            try:
+                for rb in self.parquet.iter_batches(
+                    batch_size=self._read_rows(g),
+                    row_groups=[g],
+                    columns=list(self.source.values()),
+                    use_threads=True,
+                ):
+                    table = pa.Table.from_batches([rb]).rename_columns(names)
+                    yield row, _decode_dictionaries(table)
+                    row += rb.num_rows
+            except (pa.ArrowException, OSError) as e:
+                raise DumpProblems(
+                    [Problem(self.info.path, None, f"corrupt data in row group {g}: {e}")]
+                ) from e
+
+    def _filter_steps(self, table: pa.Table, rows: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        if self.steps.lo is None and self.steps.hi is None:
+            return table, rows
+        if "step" not in table.column_names:
+            keep = (self.steps.lo is None or self.steps.lo <= 0) and (
+                self.steps.hi is None or self.steps.hi >= 0
+            )
+            return (table, rows) if keep else (table.slice(0, 0), rows[:0])
+        mask = self.steps.mask(table["step"].combine_chunks())
+        return table.filter(mask), rows[mask.to_numpy(zero_copy_only=False)]
+
+    def _read_problems(self, table: pa.Table, rows: np.ndarray) -> list[Problem]:
+        """Nulls (inside lists too) and steps or positions int64 cannot hold, as read."""
+        problems = []
+        carried = {e.name for e in self.extras}  # nulls there are values (no reward yet)
+        for name in table.column_names:
+            if name in carried:
+                continue
+            column = table[name].combine_chunks()
+            label = column_label(self.info.columns, name)
+            # Null log-probs of token layout are reported with the invalid values (as NaN),
+            # so that --drop-invalid can drop their sequences; so are those inside lists.
+            if column.null_count and not (name in LOGPROB_COLUMNS and self.info.layout == "token"):
+                problems.append(self._problem(label, "null values", column.is_null(), rows))
+            values = pc.list_flatten(column) if is_list(column.type) else column
+            if values is not column and values.null_count and name not in LOGPROB_COLUMNS:
+                what = "null values inside its lists"
+                problems.append(self._problem(label, what, values.is_null(), rows, column))
+            if name in ("step", "pos") and values.type == pa.uint64():
+                above = pc.greater(values, pa.scalar(_INT64_MAX, pa.uint64()))
+                if pc.any(above).as_py():
+                    what = f"values above {_INT64_MAX:,} (2^63 - 1), which int64 cannot hold"
+                    lists = column if values is not column else None
+                    problems.append(self._problem(label, what, above, rows, lists))
+        return problems
+
+    def _problem(
+        self,
+        label: str,
+        what: str,
+        bad: pa.Array,
+        rows: np.ndarray,
+        lists: pa.Array | None = None,
+    ) -> Problem:
+        """A problem at the rows where `bad` is true; with `lists`, `bad` is over their
+        flattened values and each value is mapped back to the row of its list."""
+        if lists is not None:
+            lengths = pc.list_value_length(lists).fill_null(0)
+            rows = np.repeat(rows, lengths.to_numpy(zero_copy_only=False))
+        r, count = _first_rows(bad.fill_null(False).to_numpy(zero_copy_only=False), rows)
+        return Problem(self.info.path, label, f"{count:,} {what}", tuple(dict.fromkeys(r)), count)
+
+    def _extra(
+        self,
+        values: dict[str, pa.Array],
+        lengths: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+    ) -> pa.Table | None:
+        """The carried extra columns, one row per sequence, from their `values` as read: per
+        token (token layout, with each sequence's `lengths` and the tokens' file `rows`) or
+        per sequence, scalars or lists (sequence layout)."""
+        if not self.extras:
+            return None
+        columns = []
+        for extra in self.extras:
+            column = values[extra.name]
+            if extra.reduce == "value":
+                columns.append(column.cast(extra.type))
+                continue
+            if lengths is None:  # a list per sequence
+                counts = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
+                flat = pc.list_flatten(column)
+            else:
+                counts, flat = lengths, column
+            if extra.reduce == "mean":
+                columns.append(_means(flat, counts))
+            else:
+                columns.append(self._first(extra, flat, counts, rows))
+        return pa.table(columns, names=[e.name for e in self.extras])
+
+    def _first(
+        self, extra: Extra, values: pa.Array, lengths: np.ndarray, rows: np.ndarray
+    ) -> pa.Array:
+        """Each sequence's value of a per-sequence column repeated on its rows."""
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        first = values.take(pa.array(starts))
+        again = first.take(pa.array(np.repeat(np.arange(lengths.size), lengths)))
+        same = pc.fill_null(pc.equal(values, again), False)
+        same = pc.or_(same, pc.and_(values.is_null(), again.is_null()))
+        differ = ~same.to_numpy(zero_copy_only=False)
+        if differ.any():
+            r, count = _first_rows(differ, rows)
+            message = (
+                f"{count:,} values differ from the first of their sequence; {extra.name} holds "
+                "one value per sequence, repeated on each of its rows in token layout"
+            )
+            label = column_label(self.info.columns, extra.name)
+            raise DumpProblems([Problem(self.info.path, label, message, r, count)])
+        return first.cast(extra.type)
+
+    def _mark_seen(self, step: np.ndarray, seq_id: pa.Array, first_rows: np.ndarray) -> None:
+        """Remember each sequence's file; a sequence met twice is an error naming both."""
+        ids = seq_id.to_pylist()
+        keys = list(zip(step.tolist(), ids, strict=True))
+        if len(set(keys)) == len(keys) and self.seen.keys().isdisjoint(keys):
+            # All new (the common case): no error to look for, one key at a time.
+            self.seen.update(dict.fromkeys(keys, self.info.path))
+            self._here.update(keys)
+            return
+        for s, i, r in zip(step.tolist(), ids, first_rows.tolist(), strict=True):
+            key = (s, i)
+            first = self.seen.setdefault(key, self.info.path)
+            if first is not self.info.path or key in self._here:
+                where = "" if first is self.info.path else f" (it is also in {first})"
+                message = (
+                    f"sequence seq_id={quote(i)} step={s} appears twice or its rows are not "
+                    f"contiguous{where}; a dump holds each sequence once, its rows together"
+                )
+                label = column_label(self.info.columns, "seq_id")
+                raise DumpProblems([Problem(self.info.path, label, message, (r,), 1)])
+            self._here.add(key)
+
+
+class _TokenReader(_Reader):
+    """Token layout: one row per token; a sequence is a run of rows with one (step, seq_id)."""
+
+    def chunks(self, max_tokens: int | None) -> Iterator[Chunk]:
+        pending: list[pa.Table] = []
+        pending_rows: list[np.ndarray] = []
+        count = 0
+        for row, table in self._record_batches():
+            rows = np.arange(row, row + table.num_rows)
+            table, rows = self._filter_steps(table, rows)
+            if not table.num_rows:
+                continue
+            problems = self._read_problems(table, rows)
+            if problems:
+                raise DumpProblems(problems)
+            pending.append(table)
+            pending_rows.append(rows)
+            count += table.num_rows
+            if max_tokens is not None and count >= max_tokens:
+                table = pa.concat_tables(pending)
+                rows = np.concatenate(pending_rows)
+                # Hold back the last sequence (or step): its rows may go on in the next
+                # read. One longer than max_tokens keeps accumulating until it ends.
+                cut = _last_run_start(table, self.unit)
+                if cut == 0:
+                    pending, pending_rows = [table], [rows]
+                    continue
+                yield self._chunk(table.slice(0, cut), rows[:cut])
+                pending, pending_rows = [table.slice(cut)], [rows[cut:]]
+                count = table.num_rows - cut
+        if count:
+            yield self._chunk(pa.concat_tables(pending), np.concatenate(pending_rows))
+
+    def _chunk(self, table: pa.Table, rows: np.ndarray) -> Chunk:
+        table = table.combine_chunks()
+        starts = _run_starts(table)
+        lengths = np.diff(np.append(starts, table.num_rows))
+        step = (
+            table["step"].to_numpy()[starts]
+            if "step" in table.column_names
+            else np.zeros(starts.size, dtype=np.int64)
+        ).astype(np.int64)
+        seq_id = table["seq_id"].chunk(0).take(pa.array(starts))
+        self._mark_seen(step, seq_id, rows[starts])
+        extra = self._extra({e.name: table[e.name].chunk(0) for e in self.extras}, lengths, rows)
+        per_token = {n: table[n].chunk(0) for n in PER_TOKEN if n in table.column_names}
+        if "pos" in per_token:
+            per_token, rows = _order_by_pos(self.info, per_token, lengths, rows)
+        return Chunk(self.info.path, per_token, seq_id, step, lengths, rows, extra)
+
+
+def _decode_dictionaries(table: pa.Table) -> pa.Table:
+    """Plain arrays for dictionary-encoded columns (ids written by pandas categoricals)."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            table = table.set_column(i, f.name, table[i].cast(f.type.value_type))
+    return table
+
+
+def _run_starts(table: pa.Table, keys: tuple[str, ...] = ("step", "seq_id")) -> np.ndarray:
+    """Row indices where a new run of `keys` values begins; always includes 0."""
+    change = np.zeros(table.num_rows, dtype=bool)
+    change[0] = True
+    for name in keys:
+        if name in table.column_names:
+            col = table[name].combine_chunks()
+            change[1:] |= pc.not_equal(col.slice(1), col.slice(0, len(col) - 1)).to_numpy(
+                zero_copy_only=False
+            )
+    return np.flatnonzero(change)
+
+
+def _last_run_start(table: pa.Table, keys: tuple[str, ...]) -> int:
+    """`_run_starts(table, keys)[-1]`, looking only as far back from the end as the last run
+    goes (a sequence, or a step: not the whole table)."""
+    size = 4096
+    while True:
+        lo = max(0, table.num_rows - size)
+        starts = _run_starts(table.slice(lo), keys)
+        if starts.size > 1 or lo == 0:  # past its first row, a slice's starts are real
+            return lo + int(starts[-1])
+        size *= 4
+
+
+def _order_by_pos(
+    info: DumpFile,
+    per_token: dict[str, pa.Array],
+    lengths: np.ndarray,
+    rows: np.ndarray,
+) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """Sort tokens by `pos` within each sequence (stable) and reject duplicate positions.
+
+    `pos` is dropped when it is just 0..T-1 in every sequence (the common case), so the
+    batch carries no redundant int64 per token.
+    """
+    pos = per_token["pos"].to_numpy(zero_copy_only=False)
+    step = np.diff(pos)  # in pos's own dtype: no int64 copy of a sorted column
+    first = np.cumsum(lengths)[:-1] - 1  # index into `step` of each sequence boundary
+    step[first[first < step.size]] = 1
+    if (step <= 0).any():
+        seq = np.repeat(np.arange(lengths.size), lengths)
+        order = np.lexsort((pos, seq))
+        index = pa.array(order)
+        per_token = {k: v.take(index) for k, v in per_token.items()}
+        pos, rows = pos[order], rows[order]
+        step = np.diff(pos)
+        step[first[first < step.size]] = 1
+    if (step == 0).any():
+        dup = np.concatenate([[False], step == 0])
+        r, count = _first_rows(dup, rows)
+        message = f"duplicate (seq_id, pos): {count:,} tokens repeat a position of their sequence"
+        raise DumpProblems(
+            [
+                Problem(
+                    info.path,
+                    column_label(info.columns, "pos"),
+                    message,
+                    tuple(dict.fromkeys(r)),
+                    count,
+                )
+            ]
+        )
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    if (step == 1).all() and (pos[starts[lengths > 0]] == 0).all():
+        del per_token["pos"]
+    return per_token, rows
+
+
+class _SequenceReader(_Reader):
+    """Sequence layout: one row per sequence, per-token values in equal-length lists."""
+
+    def chunks(self, max_tokens: int | None) -> Iterator[Chunk]:
+        pending: list[Chunk] = []
+        count = 0
+        for row, table in self._record_batches():
+            rows = np.arange(row, row + table.num_rows)
+            table, rows = self._filter_steps(table, rows)
+            if not table.num_rows:
+                continue
+            pending.append(self._chunk(table, rows))
+            count += int(pending[-1].lengths.sum())
+            if max_tokens is not None and count >= max_tokens:
+                chunk = _concat_chunks(pending)
+                cut = chunk.lengths.size
+                if self.whole_steps:
+                    # Hold back the last step: its sequences may go on in the next read.
+                    cut = int(np.flatnonzero(np.diff(chunk.step, prepend=chunk.step[0] - 1))[-1])
+                    if cut == 0:
+                        pending = [chunk]
+                        continue
+                yield chunk.sequences(0, cut)
+                pending = [chunk.sequences(cut, chunk.lengths.size)]
+                count = int(pending[0].lengths.sum())
+        pending = [c for c in pending if c.lengths.size]
+        if pending:
+            yield _concat_chunks(pending)
+
+    def _chunk(self, table: pa.Table, rows: np.ndarray) -> Chunk:
+        problems = self._read_problems(table, rows)
+        if problems:
+            raise DumpProblems(problems)
+        lists = {n: table[n].combine_chunks() for n in PER_TOKEN if n in table.column_names}
+        lengths = pc.list_value_length(lists["rollout_logprob"]).to_numpy(zero_copy_only=False)
+        for name, values in lists.items():
+            other = pc.list_value_length(values).to_numpy(zero_copy_only=False)
+            differ = other != lengths
+            if name != "rollout_logprob" and differ.any():
+                r, count = _first_rows(differ, rows)
+                example = f"{int(other[differ][0])} vs {int(lengths[differ][0])}"
+                message = f"list lengths differ from rollout_logprob's (e.g. {example})"
+                raise DumpProblems(
+                    [
+                        Problem(
+                            self.info.path, column_label(self.info.columns, name), message, r, count
+                        )
+                    ]
+                )
+        per_token = {n: pc.list_flatten(v) for n, v in lists.items()}
+        seq_id = (
+            table["seq_id"].combine_chunks()
+            if "seq_id" in table.column_names
+            else pa.array(rows.astype(np.int64))
+        )
+        step = (
+            table["step"].to_numpy()
+            if "step" in table.column_names
+            else np.zeros(table.num_rows, dtype=np.int64)
+        ).astype(np.int64)
+        self._mark_seen(step, seq_id, rows)
+        lengths = lengths.astype(np.int64)
+        token_rows = np.repeat(rows, lengths)
+        extra = self._extra({e.name: table[e.name].combine_chunks() for e in self.extras})
+        if "pos" in per_token:
+            per_token, token_rows = _order_by_pos(self.info, per_token, lengths, token_rows)
+        return Chunk(self.info.path, per_token, seq_id, step, lengths, token_rows, extra)
+
+
+def open_reader(
+    info: DumpFile,
+    parquet: pq.ParquetFile,
+    steps: StepRange,
+    seen: dict,
+    whole_steps: bool = False,
+    extras: tuple[Extra, ...] = (),
+) -> _Reader:
+    reader = _TokenReader if info.layout == "token" else _SequenceReader
+    return reader(info, parquet, steps, seen, whole_steps, extras)
+
+
+def _means(values: pa.Array, counts: np.ndarray) -> pa.Array:
+    """float64 mean of each run of `counts` values (null for an empty run, or one holding a
+    null or NaN)."""
+    x = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
+    sums = np.zeros(counts.size)
+    nonempty = counts > 0
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    if x.size:
+        sums[nonempty] = np.add.reduceat(x, starts[nonempty])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = sums / counts
+    return pa.array(means, mask=~nonempty | np.isnan(means))
+
+
+def _concat_chunks(chunks: list[Chunk]) -> Chunk:
+    if len(chunks) == 1:
+        return chunks[0]
+    return Chunk(
+        chunks[0].file,
+        {k: pa.concat_arrays([c.per_token[k] for c in chunks]) for k in chunks[0].per_token},
+        pa.concat_arrays([c.seq_id for c in chunks]),
+        np.concatenate([c.step for c in chunks]),
+        np.concatenate([c.lengths for c in chunks]),
+        np.concatenate([c.rows for c in chunks]),
+        None if chunks[0].extra is None else pa.concat_tables([c.extra for c in chunks]),
+    )
+
+
+def plain(values: pa.Array, dtype: pa.DataType) -> pa.Array:
+    """`values` as `dtype` (cast only when needed), nulls as 0."""
+    if values.type != dtype:
+        values = pc.cast(values, dtype)
+    if values.null_count:
+        values = pc.fill_null(values, 0)
+    return values
+
+
+def bools(values: pa.Array) -> np.ndarray:
+    """A boolean column as numpy (nulls as false)."""
+    return values.to_numpy(zero_copy_only=False).astype(bool)

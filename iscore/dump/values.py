@@ -1,0 +1,150 @@
+"""The values a dump is described in: its files, their extra columns, the steps selected,
+what was dropped, and the problems found, each naming the file, column and rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from iscore.columns import ColumnMap
+from iscore.errors import DumpError, quote
+
+Layout = Literal["token", "sequence"]
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a dump.
+
+    Attributes:
+        file: the file it is in.
+        column: the canonical column it concerns (with its source name), if any.
+        message: what is wrong and what was expected.
+        rows: the first offending rows, 0-based row numbers within the file.
+        count: how many rows (or tokens, where the message says so) are affected.
+    """
+
+    file: str
+    column: str | None
+    message: str
+    rows: tuple[int, ...] = ()
+    count: int = 0
+
+    def __str__(self) -> str:
+        where = self.file if self.column is None else f"{self.file}, column {self.column}"
+        text = f"{where}: {self.message}"
+        if self.rows:
+            shown = ", ".join(str(r) for r in self.rows)
+            more = (
+                f" (first {len(self.rows)} of {self.count:,})"
+                if self.count > len(self.rows)
+                else ""
+            )
+            text += f" at row{'s' if len(self.rows) > 1 else ''} {shown}{more}"
+        return text
+
+
+class DumpProblems(DumpError):
+    """A dump has problems; `problems` lists every one found."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems = tuple(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+@dataclass(frozen=True, slots=True)
+class StepRange:
+    """Inclusive range of training steps to read; None leaves that side open.
+
+    >>> StepRange.parse("3:7"), StepRange.parse("5"), StepRange.parse(":2")
+    (StepRange(lo=3, hi=7), StepRange(lo=5, hi=5), StepRange(lo=None, hi=2))
+    """
+
+    lo: int | None = None
+    hi: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.lo is not None and self.hi is not None and self.lo > self.hi:
+            raise DumpError(f"Expected a step range with lo <= hi, but got {self.lo}:{self.hi}")
+
+    @classmethod
+    def parse(cls, text: str) -> StepRange:
+        """Parse `N`, `LO:HI`, `LO:` or `:HI`."""
+        lo, sep, hi = text.partition(":")
+        try:
+            if not sep:
+                return cls(int(lo), int(lo))
+            return cls(int(lo) if lo.strip() else None, int(hi) if hi.strip() else None)
+        except ValueError:
+            raise DumpError(
+                f"Expected a step range like 5, 3:7, 3: or :7, but got {quote(text)}"
+            ) from None
+
+    def row_group_may_match(self, lo: int, hi: int) -> bool:
+        """Whether a row group whose steps span [lo, hi] can hold a selected step."""
+        return (self.lo is None or hi >= self.lo) and (self.hi is None or lo <= self.hi)
+
+    def mask(self, step: pa.Array) -> pa.Array:
+        """Boolean mask of the selected rows."""
+        keep = pa.array(np.ones(len(step), dtype=bool))
+        if self.lo is not None:
+            keep = pc.and_(keep, pc.greater_equal(step, self.lo))
+        if self.hi is not None:
+            keep = pc.and_(keep, pc.less_equal(step, self.hi))
+        return keep
+
+
+@dataclass(frozen=True, slots=True)
+class Extra:
+    """A per-sequence column of the dump that the engine does not read (reward, group_id,
+    ...), carried with its sequences into `TokenBatch.extra` when asked for.
+
+    Attributes:
+        name: its name in the sequence table: the canonical name, else the file's (prefixed
+            `dump_` where that is a computed column's name).
+        source: the file's column.
+        reduce: "value" (one per row of a sequence-layout file), "first" (the value of a
+            sequence's rows in token layout, which must all hold the same) or "mean" (over
+            the sequence's tokens, or its list).
+        type: its type in the table.
+    """
+
+    name: str
+    source: str
+    reduce: Literal["value", "first", "mean"]
+    type: pa.DataType
+
+
+@dataclass(frozen=True, slots=True)
+class DumpFile:
+    """One Parquet file of a dump, opened and its columns resolved."""
+
+    path: str
+    layout: Layout
+    columns: ColumnMap
+    num_rows: int
+    num_tokens: int
+    extras: tuple[Extra, ...]
+    seq_id_type: pa.DataType
+
+
+@dataclass(slots=True)
+class DropReport:
+    """Sequences dropped by `drop_invalid`, accumulated while reading."""
+
+    sequences: int = 0
+    tokens: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the analysis document's `source.dropped` has it."""
+        return {
+            "sequences": self.sequences,
+            "tokens": self.tokens,
+            "invalid_values": dict(self.reasons),
+        }

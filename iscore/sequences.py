@@ -63,7 +63,7 @@ def setting_columns(specs: Sequence[Spec], taken: Collection[str] = ()) -> list[
         IscoreError: two settings with the same framework and name, or a column that the
             dump already has.
 
-    >>> from iscore.analysis import presets
+    >>> from iscore.settings import presets
     >>> setting_columns([presets()["verl:decoupled_geo_rs"]])
     ['decoupled_geo_rs']
     """

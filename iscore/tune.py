@@ -406,7 +406,7 @@ def _round(value: float, bound: str, digits: int = 3) -> float:
 def family_of(spec: Spec) -> tuple[str, tuple[float, ...]] | None:
     """The family and bound values `spec` is a setting of (what Tune can move), or None.
 
-    >>> from iscore.analysis import presets
+    >>> from iscore.settings import presets
     >>> family_of(presets()["verl:decoupled_token_is"])
     ('token_tis', (2.0,))
     """

@@ -5,7 +5,7 @@ cached.
 Headless (no streamlit): the app caches `Workspace` objects and calls their methods; every
 number it shows comes from here or from the modules these call.
 
->>> from iscore.analysis import presets
+>>> from iscore.settings import presets
 >>> ws = open_path("data/dense_bf16.parquet")
 >>> round(ws.analysis([presets()["verl:decoupled_geo_rs"]]).settings[0]["lr_scale"], 3)
 1.0

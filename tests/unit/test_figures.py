@@ -14,6 +14,7 @@ import torch
 
 from iscore import figures
 from iscore.analysis import Analysis, analyze
+from iscore.figures import axes, binning
 from iscore.histogram import BINS_PER_DECADE
 from iscore.mismatch import MismatchStats
 from iscore.tune import TuneResult
@@ -350,8 +351,8 @@ def test_rebin_puts_the_central_98_percent_in_40_to_80_bins() -> None:
         edges, grouped = figures.rebin(fine, counts.tolist())
         assert sum(grouped) == counts.sum()
         assert 1.0 in edges  # anchored at 1
-        lo, hi = figures._central(grouped, 0.98)
-        fine_lo, fine_hi = figures._central(counts.tolist(), 0.98)
+        lo, hi = binning.central_bins(grouped, 0.98)
+        fine_lo, fine_hi = binning.central_bins(counts.tolist(), 0.98)
         if fine_hi - fine_lo + 1 >= 40:
             assert 40 <= hi - lo + 1 <= 80, spread
         else:  # the data is narrower than 40 fine bins: kept at full resolution
@@ -364,10 +365,10 @@ def test_weight_histograms_choose_their_bins_from_the_data(four) -> None:
             if not trace["x"]:
                 continue
             shares = [c[2] for c in trace["customdata"][:-1]]
-            lo, hi = figures._central(shares, 0.98)
+            lo, hi = binning.central_bins(shares, 0.98)
             i = _setting_of(trace, four)
             fine = four.settings[i][f"{'weight' if key == 'weights' else 'raw'}_hist"]
-            fine_lo, fine_hi = figures._central(fine["counts"], 0.98)
+            fine_lo, fine_hi = binning.central_bins(fine["counts"], 0.98)
             assert hi - lo + 1 <= 80, (key, trace["name"])
             assert hi - lo + 1 >= min(40, fine_hi - fine_lo + 1), (key, trace["name"])
             # A density: the shares over the bins' widths in decades.
@@ -419,7 +420,7 @@ def test_log_axes_label_at_least_3_values_whatever_the_span(decades) -> None:
     (1-2-5 only); none crowds past 10 labels."""
     for low in np.arange(-7.0, 3.0, 0.07):
         high = low + decades
-        axis = figures._axis("w", log=True, span=(10**low, 10**high))
+        axis = axes.axis_layout("w", log=True, span=(10**low, 10**high))
         shown = _labelled(axis, low, high)
         assert 3 <= len(shown) <= 10, (low, decades, axis.get("dtick"), shown)
 

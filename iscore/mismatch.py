@@ -21,7 +21,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -651,8 +651,45 @@ def _worst_sequences(s: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     ]
 
 
+FlagKind = Literal["semantics_bug", "drift", "heavy_tail"]
+"""What a flag says about the mismatch: a bug in what one side computes (`semantics_bug`: no
+IS correction removes it), a mismatch that changes over training (`drift`), or a few far-off
+tokens among noise (`heavy_tail`: what token caps and bands are for)."""
+
+FLAG_KINDS: dict[str, str] = {
+    "semantics_bug": "Looks like a bug, not noise",
+    "drift": "The mismatch changes over training",
+    "heavy_tail": "A heavy tail",
+}
+"""Each flag kind's heading, in the order every surface shows them."""
+
+NO_SEMANTICS_BUG = (
+    "No signature of a semantics bug (an offset, a biased ratio, a one-sided temperature)."
+)
+"""What every surface says where no flag is of kind `semantics_bug`."""
+
+_FLAG_KIND: dict[str, FlagKind] = {
+    "ratio_mean_bias": "semantics_bug",
+    "logprob_dependent_offset": "semantics_bug",
+    "constant_offset": "semantics_bug",
+    "drift": "drift",
+    "heavy_tail": "heavy_tail",
+}
+"""The kind of each flag code: decided here, read by the app's pages and the report."""
+
+
+def flags_of(mismatch: dict[str, Any], kind: FlagKind) -> list[dict[str, str]]:
+    """The flags of `kind` among an analysis' mismatch `flags`."""
+    return [f for f in mismatch.get("flags", []) if f["kind"] == kind]
+
+
+def _flag(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "kind": _FLAG_KIND[code], "message": message}
+
+
 def _flags(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) -> list[dict]:
-    """Signatures of semantics bugs, as opposed to numerical noise."""
+    """Signatures of semantics bugs, as opposed to numerical noise; drift over the steps; a
+    heavy tail of far-off tokens."""
     flags = []
     if not result.get("tokens"):
         return flags
@@ -660,13 +697,13 @@ def _flags(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) ->
     z = (ratio - 1.0) / se if se > 0 else 0.0
     if abs(z) > 6.0 and abs(ratio - 1.0) > 0.005:
         flags.append(
-            {
-                "code": "ratio_mean_bias",
-                "message": f"<exp(d)> = {ratio:.4f} (z = {z:+.0f}): it must be 1 when tokens are "
+            _flag(
+                "ratio_mean_bias",
+                f"<exp(d)> = {ratio:.4f} (z = {z:+.0f}): it must be 1 when tokens are "
                 "sampled from the rollout engine and both sides score the same distribution. "
                 "Typical causes: processed (top-p/top-k/temperature) log-probs on one side and raw "
                 "on the other, a token shift, or stale weights.",
-            }
+            )
         )
     n, x, x2, y, y2, xy = regression
     cov = xy / n - (x / n) * (y / n)
@@ -675,13 +712,13 @@ def _flags(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) ->
     result["d_rollout_correlation"] = corr
     if abs(corr) > 0.3:
         flags.append(
-            {
-                "code": "logprob_dependent_offset",
-                "message": f"d is correlated with the rollout log-prob (r = {corr:+.2f}): "
+            _flag(
+                "logprob_dependent_offset",
+                f"d is correlated with the rollout log-prob (r = {corr:+.2f}): "
                 "numerical noise is symmetric at every probability. A temperature applied on "
                 "one side only (or different temperatures) makes d grow linearly with the "
                 "log-prob.",
-            }
+            )
         )
     negative, _, positive = signs.astype(float)
     one_sided = max(negative, positive) / max(negative + positive, 1.0)
@@ -689,12 +726,12 @@ def _flags(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) ->
     if one_sided > 0.8 and abs(result["d_mean"]) > 3.0 * math.sqrt(result["d_var"] / n):
         side = "below" if negative > positive else "above"
         flags.append(
-            {
-                "code": "constant_offset",
-                "message": f"{one_sided:.0%} of the tokens have d {side} 0 (mean d = "
+            _flag(
+                "constant_offset",
+                f"{one_sided:.0%} of the tokens have d {side} 0 (mean d = "
                 f"{result['d_mean']:+.4f}): a one-sided offset is a semantics bug (e.g. raw vs "
                 "processed log-probs, renormalization after top-p), not numerical noise.",
-            }
+            )
         )
     steps = result.get("by_step", [])
     result["k3_growth"] = None  # fewer than three steps, or no mismatch at the first
@@ -703,12 +740,23 @@ def _flags(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) ->
         result["k3_growth"] = growth
         if growth > 3.0:
             flags.append(
-                {
-                    "code": "drift",
-                    "message": f"k3 (the token mean) grows {growth:.1f}x from step "
+                _flag(
+                    "drift",
+                    f"k3 (the token mean) grows {growth:.1f}x from step "
                     f"{steps[0]['step']} to step {steps[-1]['step']}: mismatch that drifts "
                     "during training points to a divergence between the engines (weight sync, "
                     "resume, growing off-policyness).",
-                }
+                )
             )
+    largest, tail = result["abs_diff_max"], result["abs_diff_quantiles"].get("p99.9")
+    if largest > 2.0 and tail is not None:
+        # Noise or not, a few far-off tokens are what token caps and bands are for.
+        flags.append(
+            _flag(
+                "heavy_tail",
+                f"the largest |d| is {largest:.3g} nats (a ratio of e^{largest:.3g}), while "
+                f"99.9% of the tokens are within {tail:.3g}: a few far-off tokens (fp8 outliers, "
+                "routing flips) that a token cap or band acts on.",
+            )
+        )
     return flags

@@ -21,6 +21,7 @@ from iscore.analysis import Analysis
 from iscore.conversion import to_file_text
 from iscore.errors import IscoreError
 from iscore.figures import all_figures, color, setting_name
+from iscore.mismatch import FLAG_KINDS, NO_SEMANTICS_BUG, flags_of
 from iscore.output import output_path
 from iscore.recommendation import Targets
 from iscore.settings import parse_config
@@ -154,13 +155,20 @@ def _header(doc: dict[str, Any]) -> str:
 
 
 def _flags(doc: dict[str, Any]) -> str:
-    flags = doc["mismatch"]["flags"]
-    if not flags:
-        return "<p class='ok'>No signature of a semantics bug: the mismatch looks like noise.</p>"
-    items = "".join(
-        f"<li><b>{html.escape(f['code'])}</b>: {html.escape(f['message'])}</li>" for f in flags
-    )
-    return f"<div class='flags'><b>Looks like a bug, not noise:</b><ul>{items}</ul></div>"
+    mismatch = doc["mismatch"]
+    parts = []
+    if not flags_of(mismatch, "semantics_bug"):
+        parts.append(f"<p class='ok'>{html.escape(NO_SEMANTICS_BUG)}</p>")
+    for kind, title in FLAG_KINDS.items():
+        items = "".join(
+            f"<li><b>{html.escape(f['code'])}</b>: {html.escape(f['message'])}</li>"
+            for f in flags_of(mismatch, kind)
+        )
+        if items:
+            parts.append(
+                f"<div class='flags {kind}'><b>{html.escape(title)}:</b><ul>{items}</ul></div>"
+            )
+    return "".join(parts)
 
 
 def _fmt(value: Any, pattern: str) -> str:

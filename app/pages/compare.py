@@ -8,6 +8,7 @@ import streamlit as st
 from iscore import figures
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
+from iscore.mismatch import flags_of
 from iscore.report import SUMMARY_COLUMNS
 from iscore.settings import load_config_text, parse_config
 from iscore.tune import FAMILIES, family_spec, frameworks_for
@@ -105,13 +106,18 @@ for spec in specs:
         common.say("warning", f"Removed {common.label(spec)}: {e}")
         st.rerun()
 analysis = ws.analysis(specs, steps)
-_SEMANTICS = ("ratio_mean_bias", "logprob_dependent_offset", "constant_offset")
-bugs = [f["code"] for f in analysis.mismatch["flags"] if f["code"] in _SEMANTICS]
+bugs = [f["code"] for f in flags_of(analysis.mismatch, "semantics_bug")]
 if bugs:  # the colours grade the corrections, not the data
     st.warning(
         f"Mismatch finds a semantics bug ({', '.join(bugs)}): no setting here corrects it, "
         "however green its row. Fix it first (see Mismatch).",
         icon=":material/bug_report:",
+    )
+if flags_of(analysis.mismatch, "drift"):
+    st.info(
+        "The mismatch drifts over training (see Mismatch): these numbers pool every step, so "
+        "a setting that is green here may act differently on the last steps than on the first.",
+        icon=":material/trending_up:",
     )
 
 # Headers that fit a narrow column (st.dataframe cuts, never wraps, them); the full one on hover.

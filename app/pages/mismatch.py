@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from iscore import figures
-from iscore.mismatch import DEFINITIONS, METRIC_NAMES
+from iscore.mismatch import DEFINITIONS, METRIC_NAMES, NO_SEMANTICS_BUG, flags_of
 
 ws = common.require_workspace()
 analysis = common.compute(
@@ -21,21 +21,16 @@ st.caption(
     "d = train_logprob - rollout_logprob over loss tokens; k3 = e^d - 1 - d estimates "
     "KL(rollout ‖ train)."
 )
-for flag in m["flags"]:
-    st.warning(
-        f"**{flag['code']}**: {common.escape(flag['message'])}", icon=":material/bug_report:"
-    )
-if not m["flags"]:
-    st.success("No signature of a semantics bug (an offset, a biased ratio, a drift).")
-tail = m.get("abs_diff_quantiles", {}).get("p99.9")
-if m["abs_diff_max"] > 2.0 and tail is not None:
-    # Noise or not, a few far-off tokens are what token caps and bands are for.
-    st.info(
-        f"Heavy tail: the largest |d| is {m['abs_diff_max']:.3g} nats (a ratio of "
-        f"e^{m['abs_diff_max']:.3g}), while 99.9% of the tokens are within {tail:.3g}: a few "
-        "far-off tokens (fp8 outliers, routing flips) that a token cap or band acts on.",
-        icon=":material/warning:",
-    )
+_SHOW = {
+    "semantics_bug": (st.warning, ":material/bug_report:"),
+    "drift": (st.warning, ":material/trending_up:"),
+    "heavy_tail": (st.info, ":material/warning:"),
+}
+for kind, (show, icon) in _SHOW.items():
+    for flag in flags_of(m, kind):
+        show(f"**{flag['code']}**: {common.escape(flag['message'])}", icon=icon)
+if not flags_of(m, "semantics_bug"):
+    st.success(NO_SEMANTICS_BUG)
 
 cols = st.columns(4)
 cols[0].metric("mean |d|", f"{m['abs_diff_mean']:.3g}", border=True)

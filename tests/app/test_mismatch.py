@@ -63,10 +63,10 @@ def test_a_heavy_tail_is_named_beside_no_bug(loaded: AppTest) -> None:
     fp8 = loaded.switch_page("pages/mismatch.py").run()
     no_exception(fp8)
     assert fp8.success[0].value.startswith("No signature of a semantics bug")
-    assert any(i.value.startswith("Heavy tail: the largest |d| is 15.1 nats") for i in fp8.info)
+    assert any("heavy_tail**: the largest |d| is 15.1 nats" in plain(i.value) for i in fp8.info)
     dense = open_path(new_app(), DATA / "dense_bf16.parquet")
     dense.switch_page("pages/mismatch.py").run()
-    assert not any("Heavy tail" in i.value for i in dense.info)  # max |d| 0.79
+    assert not any("heavy_tail" in i.value for i in dense.info)  # max |d| 0.79
 
 
 def test_compare_repeats_a_semantics_bug(loaded: AppTest) -> None:
@@ -76,3 +76,18 @@ def test_compare_repeats_a_semantics_bug(loaded: AppTest) -> None:
     assert "Mismatch finds a semantics bug (ratio_mean_bias" in plain(bug.warning[0].value)
     clean = loaded.switch_page("pages/compare.py").run()
     assert not any("semantics bug" in plain(w.value) for w in clean.warning)
+
+
+def test_drift_is_its_own_kind_on_every_page() -> None:
+    """Mismatch and the report counted drift among semantics bugs while Compare left it out:
+    now each page reads the flag's kind, so drift is named as drift everywhere and as a bug
+    nowhere."""
+    at = open_path(new_app(), DATA / "drift.parquet")
+    mismatch = at.switch_page("pages/mismatch.py").run()
+    no_exception(mismatch)
+    assert mismatch.success[0].value.startswith("No signature of a semantics bug")
+    assert any("**drift**" in plain(w.value) for w in mismatch.warning)
+    compare = at.switch_page("pages/compare.py").run()
+    no_exception(compare)
+    assert not any("semantics bug" in plain(w.value) for w in compare.warning)
+    assert any("drifts over training" in i.value for i in compare.info)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from iscore import Dump, TokenBatch
-from iscore.mismatch import PROB_EDGES, MismatchStats
+from iscore.mismatch import PROB_EDGES, MismatchStats, flags_of
 from iscore.simulate import SimConfig, write_simulated
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
@@ -173,10 +173,35 @@ def test_bug_signatures_on_simulated_regimes(tmp_path, regime, expected):
     stats = MismatchStats()
     for chunk in Dump(path).batches():
         stats.update(chunk)
-    codes = {flag["code"] for flag in stats.compute()["flags"]}
+    flags = stats.compute()["flags"]
+    codes = {flag["code"] for flag in flags if flag["kind"] != "heavy_tail"}
     assert expected <= codes
     if not expected:
         assert codes == set()
+
+
+def test_each_flag_carries_its_kind_and_a_heavy_tail_is_one(tmp_path):
+    """The kind (semantics bug, drift, heavy tail) is decided with the flag, once: the pages
+    and the report read it (the Mismatch page held the heavy-tail rule, and Compare, Mismatch
+    and the report disagreed on whether drift is a semantics bug)."""
+    results = {}
+    for name in ("fp8", "dense_bf16", "drift", "offset_bug"):
+        stats = MismatchStats()
+        for chunk in Dump(f"data/{name}.parquet").batches():
+            stats.update(chunk)
+        results[name] = stats.compute()
+    kinds = {
+        name: {(f["code"], f["kind"]) for f in result["flags"]} for name, result in results.items()
+    }
+    assert kinds["fp8"] == {("heavy_tail", "heavy_tail")}  # max |d| 15.1, p99.9 3.85
+    assert kinds["dense_bf16"] == set()  # max |d| 0.79
+    assert ("drift", "drift") in kinds["drift"]
+    assert {("ratio_mean_bias", "semantics_bug"), ("constant_offset", "semantics_bug")} <= kinds[
+        "offset_bug"
+    ]
+    heavy = flags_of(results["fp8"], "heavy_tail")[0]["message"]
+    assert heavy.startswith("the largest |d| is 15.1 nats") and "within 3.85" in heavy
+    assert flags_of(results["drift"], "semantics_bug") == []
 
 
 @pytest.mark.parametrize("length", [256, 1024, 4096])

@@ -30,8 +30,8 @@ import streamlit as st
 from iscore import frameworks
 from iscore.analysis import Analysis
 from iscore.budget import CACHE_MB, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS, WorkspaceCache
+from iscore.conversion import Syntax, to_file_text
 from iscore.conversion import convert as convert_setting
-from iscore.conversion import to_file_text
 from iscore.dump import DumpProblems, StepRange
 from iscore.errors import IscoreError
 from iscore.figures import color, setting_name
@@ -627,12 +627,22 @@ def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
     return style
 
 
+LANGUAGE = {"yaml": "yaml", "flags": "bash"}
+"""The code block language of each snippet syntax."""
+
+EXTENSION = {"yaml": "yaml", "flags": "sh"}
+"""The file extension of each snippet syntax."""
+
+
 @dataclass(frozen=True, slots=True)
 class Exported:
     """A setting written for one framework.
 
     Attributes:
-        snippet: the text to paste into the framework's own config (YAML or flags).
+        snippet: the text to paste into the framework's own config.
+        syntax: the snippet's syntax (`iscore.conversion.Syntax`).
+        commented: the snippet under comment lines saying whether it is exact and what it
+            could not express (`iscore.conversion.Export.commented`), for downloads.
         config: the iscore config file (YAML with `framework:`), for `iscore replay --config`.
         exact: whether the framework's setting replays identically to the chosen one.
         notes: what differs, and numerical fine print.
@@ -640,6 +650,8 @@ class Exported:
     """
 
     snippet: str
+    syntax: Syntax
+    commented: str
     config: str
     exact: bool
     notes: tuple[str, ...]
@@ -663,6 +675,8 @@ def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -
             )
         return Exported(
             result.text,
+            result.syntax,
+            result.commented(),
             to_file_text(result.spec),
             result.exact,
             tuple(result.notes),

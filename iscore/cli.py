@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from iscore import frameworks
 from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS
 from iscore.errors import ConfigError, IscoreError, clip, counted, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
@@ -411,7 +410,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from iscore.conversion import convert, snippet, to_file_text
+    from iscore.conversion import convert, to_file_text
     from iscore.settings import resolve
 
     if args.dump is None:
@@ -425,31 +424,24 @@ def _cmd_export(args: argparse.Namespace) -> int:
     spec = resolve(args.config)
     batch = _load(args, outputs=("--out",)) if args.dump else None
     result = convert(spec, args.to, generation=args.generation, batch=batch)
-    target = (
-        f"{args.to} in its {args.generation} config keys"
-        if args.generation
-        else f"{args.to} (as of {frameworks.get(args.to).upstream})"
-    )
-    lines = [
-        f"# {'exact' if result.exact else 'not exact'}: {spec.name} ({spec.framework}) -> {target}",
-        *(f"# note: {note}" for note in result.notes),
-    ]
-    for side in ("source", "target") if result.difference else ():
-        stats = result.difference[side]
-        lines.append(
-            f"# {side}: mean w {stats['weight_mean']:.4g}, tokens masked "
-            f"{stats['token_masked_fraction']:.2%}, sequences masked "
-            f"{stats['seq_masked_fraction']:.2%}, LR scale {stats['lr_scale']:.4g}"
+    if args.exact and not result.exact:
+        # Nothing is written: the translation changes what the setting does.
+        print("\n".join(result.header()), file=sys.stderr)
+        print(
+            f"error: --exact: {args.to} cannot express {spec.name} ({spec.framework}) exactly; "
+            "the notes above say what differs",
+            file=sys.stderr,
         )
+        return 1
     if args.out:
         # The file keeps what the translation lost: its reader may never see this terminal.
-        text = "\n".join(lines) + "\n" + to_file_text(result.spec)
+        text = "\n".join(result.header()) + "\n" + to_file_text(result.spec)
         with output_path(args.out) as tmp:
             Path(tmp).write_text(text)
         print(f"wrote {args.out} ({args.to}); `iscore replay --config {args.out}` reads it")
+        print("\n".join(result.header()), file=sys.stderr)
     else:
-        print((result.text if args.generation else snippet(result.spec)).rstrip())
-    print("\n".join(lines), file=sys.stderr)
+        print(result.commented().rstrip())
     return 0
 
 
@@ -830,6 +822,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(gen0, gen1/v0.6.0, gen2/v0.6.1/v0.7.0, v0.7.1, ...)",
     )
     p.add_argument("--out", metavar="FILE", help="write an iscore config file instead")
+    p.add_argument(
+        "--exact",
+        action="store_true",
+        help="refuse (exit 1, nothing written) when the target cannot express the setting "
+        "exactly, instead of giving its closest setting with notes",
+    )
     p.add_argument(
         "--dump",
         nargs="+",

@@ -43,7 +43,7 @@ import torch
 from iscore import frameworks
 from iscore.batch import TokenBatch
 from iscore.canonical import Canonical, sentence
-from iscore.errors import ConfigError, quote
+from iscore.errors import ConfigError, clip, quote
 from iscore.frameworks._config import check_choice
 from iscore.frameworks.base import Framework
 from iscore.impact import aggregation_of, quick_stats
@@ -70,6 +70,11 @@ def canonical(spec: Spec) -> Canonical:
 _DIFFERENCE_KEYS = ("weight_mean", "token_masked_fraction", "seq_masked_fraction", "lr_scale")
 
 
+Syntax = Literal["yaml", "flags"]
+"""A snippet's syntax: the config's own YAML nesting, or command-line flags (launch flags,
+Hydra-style `key=value` overrides); `#` starts a comment in both."""
+
+
 @dataclass(frozen=True, slots=True)
 class Export:
     """A setting converted to (or written for) one framework.
@@ -78,19 +83,50 @@ class Export:
         spec: the target framework's setting (for an older verl generation, the current-
             generation setting that generation's config expresses).
         text: the snippet to paste into the target's config (`snippet`).
+        syntax: the syntax of `text`.
         exact: whether `spec` replays identically to the source (weight and keep).
         notes: one line each: what the target could not express and what was chosen
             instead, numerical fine print, and loss-aggregation differences.
         difference: with a batch, `{"source": {...}, "target": {...}, "identical": bool}`:
             weight_mean, token_masked_fraction, seq_masked_fraction and lr_scale of both
             (`iscore.impact.quick_stats`), and whether weights and masks agree exactly.
+        source: the setting converted.
+        target: what it was written for: the framework's name and upstream commit, or its
+            older config generation.
     """
 
     spec: Spec
     text: str
+    syntax: Syntax
     exact: bool
     notes: tuple[str, ...] = ()
     difference: dict[str, Any] | None = None
+    source: Spec | None = None
+    target: str = ""
+
+    def header(self) -> list[str]:
+        """What the snippet alone does not say, as comment lines (`# ...`): exact or not,
+        from what to what, each note, and with a batch both settings' numbers. They go above
+        the snippet (a comment inside a run of ` \\`-continued flags would end it)."""
+        # Names come from the user's config: a newline in one must not end the comment.
+        source = (
+            "" if self.source is None else f"{clip(self.source.name)} ({self.source.framework}) "
+        )
+        lines = [f"# {'exact' if self.exact else 'not exact'}: {source}-> {self.target}"]
+        lines += [f"# note: {clip(note, 4000)}" for note in self.notes]
+        for side in ("source", "target") if self.difference else ():
+            stats = self.difference[side]
+            lines.append(
+                f"# {side}: mean w {stats['weight_mean']:.4g}, tokens masked "
+                f"{stats['token_masked_fraction']:.2%}, sequences masked "
+                f"{stats['seq_masked_fraction']:.2%}, LR scale {stats['lr_scale']:.4g}"
+            )
+        return lines
+
+    def commented(self) -> str:
+        """The snippet under its `header`: what `iscore export` prints, so that a redirect to
+        a file keeps whether it is exact and what it could not express."""
+        return "\n".join([*self.header(), self.text.rstrip()]) + "\n"
 
 
 def convert(
@@ -165,7 +201,21 @@ def convert(
     exact = exact and generation_exact
     notes += _aggregation_notes(spec, target)
     notes = [sentence(note) for note in notes]
-    return Export(target, text or snippet(target), exact, tuple(notes), difference)
+    written = (
+        f"{to} in its {generation} config keys"
+        if generation is not None
+        else f"{to} (as of {target_framework.upstream})"
+    )
+    return Export(
+        target,
+        text or snippet(target),
+        target_framework.snippet_formats[0],
+        exact,
+        tuple(notes),
+        difference,
+        spec,
+        written,
+    )
 
 
 _ANCHOR_NOTES = {
@@ -255,7 +305,8 @@ def snippet(spec: Spec, fmt: Literal["yaml", "flags"] | None = None) -> str:
     --algo.advantage.is_correction_enable \\
     --algo.advantage.is_correction_type icepop \\
     --algo.advantage.is_correction_threshold 0.5 5.0
-    >>> print(snippet(verl.PRESETS["decoupled_geo_rs"]), end="")
+    >>> print(snippet(verl.PRESETS["decoupled_geo_rs"]), end="")  # doctest: +ELLIPSIS
+    # rollout_rs seq_mean_k1 keeps e^G in [0.999001, 1.001]: verl compares k1 = -log(ratio) ...
     algorithm:
       rollout_correction:
         rollout_rs: seq_mean_k1
@@ -269,7 +320,8 @@ def snippet(spec: Spec, fmt: Literal["yaml", "flags"] | None = None) -> str:
     text = _render(framework, config, fmt)
     if not text.strip():
         text = f"# nothing to set: {framework.title}'s default ({canonical(spec).describe()})"
-    return _commented(text, meanings)
+    above = "".join(f"# {line}\n" for line in framework.comments(spec))
+    return above + _commented(text, meanings)
 
 
 def shown_config(spec: Spec) -> dict[str, Any]:
@@ -440,9 +492,10 @@ def _meaning(value: float, shortened: bool = True) -> str | None:
     if abs(value) < 700:
         forms += [("ln {}", math.exp(value), 1), ("-ln {}", math.exp(-value), 1)]
     for form, x, _ in forms:
-        short = float(f"{x:.4g}")
-        if short != 0 and abs(short - x) <= 1e-9 * abs(x):
-            return form.format(f"{short:g}")
+        for digits in range(1, 7):  # the fewest digits that give it
+            short = float(f"{x:.{digits}g}")
+            if short != 0 and abs(short - x) <= 1e-9 * abs(x):
+                return form.format(f"{short:g}")
     return f"{value!r} to float32 precision" if shortened else None
 
 

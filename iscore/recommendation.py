@@ -119,16 +119,18 @@ class Candidate:
     Attributes:
         spec: the framework's setting.
         kind: the framework-neutral kind it is (`_KINDS`).
+        title: what it is and where its thresholds come from, e.g. "token TIS, cap 5.47".
         stats: `iscore.impact.quick_stats` of it, plus the objective's terms
             (`broken_gradient_kept`, `healthy_token_dropped`, `healthy_seq_dropped`).
         missed: the targets it misses, in words.
-        reason: one line: what it is, where its thresholds come from, what it does.
+        reason: one line: its `title`, whether it meets the targets, what it does.
         rule: the setting's rule as the framework computes it (`Canonical.describe`), in the
             symbols of `RULE_SYMBOLS`.
     """
 
     spec: Spec
     kind: str
+    title: str
     stats: dict[str, float]
     missed: tuple[str, ...]
     reason: str
@@ -142,6 +144,7 @@ class Candidate:
         return {
             "name": self.spec.name,
             "kind": self.kind,
+            "title": self.title,
             "config": self.spec.to_config(),
             "passes": self.passes,
             "missed": list(self.missed),
@@ -544,8 +547,11 @@ def _recommend(
         stats["reweights"] = float(bool(canonical.weights))
         stats["components"] = float(len(canonical.components))  # the simpler, the fewer
         missed = tuple(_violations(targets, normal, stats))
-        reason = _reason(f"{kind.description}, {thresholds.describe(kind.key)}", stats, missed)
-        candidates.append(Candidate(spec, kind.key, stats, missed, reason, canonical.describe()))
+        title = f"{kind.description}, {thresholds.describe(kind.key)}"
+        reason = _reason(title, stats, missed)
+        candidates.append(
+            Candidate(spec, kind.key, title, stats, missed, reason, canonical.describe())
+        )
         if progress is not None:
             progress(len(candidates), len(expressed))
     ranked = tuple(sorted(candidates, key=_preference))

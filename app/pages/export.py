@@ -57,16 +57,17 @@ else:
             st.info("**Note.** " + common.escape(" ".join(out.notes)), icon=":material/info:")
         if out.difference is not None:
             st.dataframe(out.difference, width="content")
-        flags = out.snippet.lstrip().startswith("--")
-        st.code(out.snippet, language="bash" if flags else "yaml")
+        st.code(out.snippet, language=common.LANGUAGE[out.syntax])
         cols = st.columns(2)
         cols[0].download_button(
             "Download the snippet",
-            out.snippet,
-            file_name=f"{spec.name}.{to}.{'sh' if flags else 'yaml'}",
+            out.commented,
+            file_name=f"{spec.name}.{to}.{common.EXTENSION[out.syntax]}",
             mime="text/plain",
             icon=":material/download:",
             on_click="ignore",
+            help="With what the snippet alone does not say (exact or not, the notes) as "
+            "comments above it",
         )
         if out.config != out.snippet:
             cols[1].download_button(

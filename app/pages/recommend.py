@@ -79,7 +79,7 @@ st.subheader("Ranked candidates")
 rows = [
     {
         "meets targets": c.passes,
-        "setting": c.reason.split(":")[0],
+        "setting": c.title,
         "misses": "; ".join(c.missed),  # beside the name: the table is wider than the page
         "LR scale": c.stats["lr_scale"],
         "ESS": c.stats["ess"] * 100,
@@ -119,7 +119,7 @@ st.caption(common.escape(f"Why the first: {rec.pick}"))
 index = st.selectbox(
     "Setting",
     range(len(rec.candidates)),
-    format_func=lambda i: f"#{i + 1}: {rec.candidates[i].reason.split(':')[0]}",
+    format_func=lambda i: f"#{i + 1}: {rec.candidates[i].title}",
     key=f"rec_pick_{rec.framework}",
 )
 chosen = rec.candidates[index]
@@ -138,7 +138,7 @@ try:
 except IscoreError as e:
     common.show_error(e)
 else:
-    st.code(out.snippet, language="bash" if out.snippet.lstrip().startswith("--") else "yaml")
+    st.code(out.snippet, language=common.LANGUAGE[out.syntax])
 
 
 def _use() -> None:

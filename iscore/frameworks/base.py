@@ -116,6 +116,9 @@ class Framework:
         families: the `iscore.tune.FAMILIES` it expresses exactly.
         metrics: per iscore mismatch statistic, the name(s) it logs it under.
         traps: its traps.
+        comments: a spec -> what a reader of its snippet would misread, one line each: every
+            snippet of the framework carries them as comments above its keys (verl's k1
+            bounds are the reciprocals of the ratios they keep).
         snippet_formats: the formats `render` accepts, the usual one first.
         snippet_keys: dotted config keys every snippet shows even at iscore's default: where
             iscore's default is not the framework's own (TRL's `use_vllm`).
@@ -137,6 +140,7 @@ class Framework:
     families: frozenset[str] = frozenset()
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     traps: tuple[Trap, ...] = ()
+    comments: Callable[[Any], tuple[str, ...]] = lambda spec: ()
     snippet_formats: tuple[str, ...] = ("yaml", "flags")
     snippet_keys: tuple[str, ...] = ()
     generations: tuple[str, ...] = ()

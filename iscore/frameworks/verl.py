@@ -266,6 +266,33 @@ class RSCriterion:
         return ops.band(stat, math.log(self.lower), math.log(self.upper))
 
 
+_K1_RATIO = {"token": "each token's ratio rho", "seq_sum": "e^S", "seq_mean": "e^G"}
+"""What each k1 aggregate bounds, in the symbols of `iscore.recommendation.RULE_SYMBOLS`."""
+
+
+def _comments(spec: VerlSpec) -> tuple[str, ...]:
+    """The sign trap, spelled out beside the numbers it concerns: a k1 threshold "L_U" keeps
+    the ratio in [1/U, 1/L], so a band of ratios is written as its reciprocals.
+
+    >>> rs = (RSCriterion("seq_mean_k1", upper=1 / 0.96947, lower=1 / 1.0307),)
+    >>> print(_comments(VerlSpec(rs=rs))[0])  # doctest: +NORMALIZE_WHITESPACE
+    rollout_rs seq_mean_k1 keeps e^G in [0.96947, 1.0307]: verl compares k1 = -log(ratio)
+    with log L and log U, so the threshold "L_U" is 1/1.0307_1/0.96947 (the reciprocals)
+    """
+    lines = []
+    for criterion in spec.rs:
+        kept = criterion.kept_ratio
+        if kept is None or criterion.aggregate == "seq_max":
+            continue
+        lo, hi = (float(f"{x:.6g}") for x in kept)
+        lines.append(
+            f"rollout_rs {criterion.option} keeps {_K1_RATIO[criterion.aggregate]} in "
+            f"[{lo:g}, {hi:g}]: verl compares k1 = -log(ratio) with log L and log U, so "
+            f'the threshold "L_U" is 1/{hi:g}_1/{lo:g} (the reciprocals)'
+        )
+    return tuple(lines)
+
+
 def _within(x: torch.Tensor, bound: float) -> bool:
     """Whether every value of x is in [-bound, bound] (False if any is NaN)."""
     if x.numel() == 0:
@@ -1134,6 +1161,7 @@ FRAMEWORK = Framework(
             "here already account for it.",
         ),
     ),
+    comments=_comments,
     generations=tuple(GENERATIONS),
     to_generation=to_generation,
 )

@@ -90,3 +90,13 @@ def test_reports_without_settings(loaded: AppTest) -> None:
     no_exception(at)
     assert "Compare list is empty" in at.info[0].value
     assert _downloads(at) == ["HTML report", "Analysis JSON"]
+
+
+def test_a_snippet_is_shown_in_the_syntax_the_core_wrote_it_in(loaded: AppTest) -> None:
+    """The page guessed the syntax from `startswith("--")`: OpenRLHF's launch flags with a
+    comment first (here: nothing to set) were shown as YAML."""
+    at = _with_settings(loaded, "verl:disabled")
+    at.selectbox(key="export_to_verl:disabled").set_value("openrlhf").run()
+    no_exception(at)
+    assert at.code[0].value.startswith("# nothing to set")
+    assert at.code[0].language == "bash"

@@ -245,7 +245,7 @@ def test_export_prints_snippet_and_writes_a_replayable_file(tmp_path, capsys, du
     assert main(["export", "--config", "verl:decoupled_token_icepop", "--to", "nemo_rl"]) == 0
     captured = capsys.readouterr()
     assert "truncated_importance_sampling_type: icepop" in captured.out
-    assert "# exact: decoupled_token_icepop (verl) -> nemo_rl" in captured.err
+    assert captured.out.startswith("# exact: decoupled_token_icepop (verl) -> nemo_rl")
     out = tmp_path / "nemo.yaml"
     argv = ["export", "--config", "verl:decoupled_token_icepop", "--to", "nemo_rl"]
     assert main([*argv, "--out", str(out), "--dump", str(dump)]) == 0
@@ -289,8 +289,43 @@ def test_a_warning_is_one_line(dump, tmp_path, capsys):
 def test_export_of_an_older_verl_generation_is_labelled_with_it(capsys):
     argv = ["export", "--config", "verl:decoupled_geo_rs", "--to", "verl", "--generation", "gen0"]
     assert main(argv) == 0
-    err = capsys.readouterr().err
-    assert "-> verl in its gen0 config keys" in err and "as of" not in err
+    out = capsys.readouterr().out
+    assert "-> verl in its gen0 config keys" in out and "as of" not in out
+
+
+def test_an_inexact_export_keeps_its_notes_on_stdout_and_exact_refuses_it(tmp_path, capsys):
+    """`export --to trl` of a setting TRL cannot express printed a config that turns the
+    correction off, with the notes on stderr only: a redirect lost them. They are comments
+    above the snippet now, and --exact refuses (exit 1, nothing written)."""
+    argv = ["export", "--config", "skyrl:skyrl_tldr_stack", "--to", "trl"]
+    assert main(argv) == 0
+    said = capsys.readouterr()
+    lines = said.out.splitlines()
+    assert lines[0] == (
+        "# not exact: skyrl_tldr_stack (skyrl) -> trl (as of huggingface/trl@f2cd5771 (2026-07-24))"
+    )
+    assert "# note: Left out: the geometric sequence mask" in said.out
+    assert lines[-1].startswith("vllm_importance_sampling_clip_max") and said.err == ""
+    out = tmp_path / "trl.yaml"
+    assert main([*argv, "--exact", "--out", str(out)]) == 1
+    said = capsys.readouterr()
+    assert said.out == "" and not out.exists() and not list(tmp_path.iterdir())
+    assert said.err.splitlines()[-1] == (
+        "error: --exact: trl cannot express skyrl_tldr_stack (skyrl) exactly; the notes above "
+        "say what differs"
+    )
+    assert (
+        main(["export", "--config", "verl:decoupled_token_icepop", "--to", "nemo_rl", "--exact"])
+        == 0
+    )
+
+
+def test_a_newline_in_a_setting_name_cannot_end_the_export_comment(tmp_path, capsys):
+    config = tmp_path / "evil.yaml"
+    config.write_text('framework: trl\nname: "x\\nvllm_importance_sampling_mode: token_mask"\n')
+    assert main(["export", "--config", str(config), "--to", "skyrl"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("# not exact: x\\nvllm_importance_sampling_mode: token_mask (trl)")
 
 
 def test_bench_prints_the_table_and_writes_json(tmp_path, capsys):
@@ -381,8 +416,8 @@ def test_export_reads_its_dump_with_the_dump_options(dump, capsys):
     measured = {}
     for extra in ([], ["--steps", "1", "-q"], ["--where", "step = 1", "-q"]):
         assert main([*argv, *extra]) == 0
-        err = capsys.readouterr().err
-        measured[" ".join(extra)] = [line for line in err.splitlines() if "mean w" in line]
+        out = capsys.readouterr().out
+        measured[" ".join(extra)] = [line for line in out.splitlines() if "mean w" in line]
     assert measured["--steps 1 -q"] == measured["--where step = 1 -q"] != measured[""]
 
 

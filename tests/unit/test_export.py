@@ -386,6 +386,9 @@ def test_verl_snippet_matches_rollout_correction_yaml():
     # Only what differs from verl's defaults (rollout_is_threshold 2.0, no normalization,
     # decoupled PPO-clip).
     assert snippet(spec) == (
+        "# rollout_rs seq_mean_k1 keeps e^G in [0.999001, 1.001]: verl compares k1 = "
+        '-log(ratio) with log L and log U, so the threshold "L_U" is 1/1.001_1/0.999001 (the '
+        "reciprocals)\n"
         "algorithm:\n"
         "  rollout_correction:\n"
         "    rollout_is: token\n"
@@ -395,6 +398,20 @@ def test_verl_snippet_matches_rollout_correction_yaml():
     assert set(spec.to_config()["algorithm"]["rollout_correction"]) == VERL_KEYS
 
 
+def test_verl_k1_bounds_say_they_are_reciprocals():
+    """A geometric band [0.96947, 1.0307] exported to verl read
+    '0.9702144173862424_1.0314914334636451' with no word of why (a comment said only
+    'to float32 precision', or nothing): the snippet now names the band kept and each
+    reciprocal, and `--exact`-free export keeps the notes in what it prints."""
+    geo = skyrl.SkyRLSpec(
+        sequence_mask_metric="geometric", geo_mask_low=0.96947, geo_mask_high=1.0307
+    )
+    text = snippet(convert(geo, "verl").spec)
+    assert "keeps e^G in [0.96947, 1.0307]" in text
+    assert "1/1.0307_1/0.96947 (the reciprocals)" in text
+    assert "0.9702144173862424 = 1/1.0307, 1.0314914334636451 = 1/0.96947" in text
+
+
 def test_verl_flags_are_hydra_overrides():
     spec = verl.VerlSpec(
         is_level="token",
@@ -402,7 +419,9 @@ def test_verl_flags_are_hydra_overrides():
         is_lower=0.5,
         rs=(verl.RSCriterion("token_k1", 1.6, 0.6), verl.RSCriterion("seq_max_k2", 2.5)),
     )
-    lines = snippet(spec, "flags").split(" \\\n")
+    comment, overrides = snippet(spec, "flags").split("\n", 1)
+    assert comment.startswith("# rollout_rs token_k1 keeps each token's ratio rho in [0.625, ")
+    lines = overrides.split(" \\\n")
     assert lines == [
         "algorithm.rollout_correction.rollout_is=token",
         "\"algorithm.rollout_correction.rollout_is_threshold='0.5_5.0'\"",

@@ -401,3 +401,13 @@ def test_segment_medians_match_a_median_per_segment(seed, monkeypatch) -> None:
     np.testing.assert_array_equal(_segment_medians(values, counts), expected)
     monkeypatch.setattr(sys.modules["iscore.recommendation"], "_MEDIAN_CELLS", 4096)
     np.testing.assert_array_equal(_segment_medians(values, counts), expected)
+
+
+def test_each_candidate_carries_its_title():
+    """Pages split the display sentence at ':' to recover a candidate's name; the title is
+    data now, in the JSON too."""
+    rec = recommend(load("data/fp8.parquet"), "verl")
+    for candidate in rec.candidates:
+        assert candidate.reason.startswith(candidate.title + ": ")
+        assert candidate.to_dict()["title"] == candidate.title
+    assert rec.best.title == "token TIS, cap 5.47"

@@ -83,6 +83,7 @@ def sequence_rows(
 
     >>> b = TokenBatch(rollout=torch.tensor([-1.0, -2.0, -0.5]),
     ...                train=torch.tensor([-1.5, -2.0, -0.5]), cu_seqlens=torch.tensor([0, 2, 3]))
+    >>> from iscore.columns import dump_schema
     >>> schema = dump_schema(pa.int64(), pa.schema([]))
     >>> sequence_rows(b, schema, ["length", "d_sum", "abs_diff_max"]).to_pydict()
     {'length': [2, 1], 'abs_diff_max': [0.5, 0.0], 'd_sum': [-0.5, 0.0]}

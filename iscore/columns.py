@@ -2,7 +2,7 @@
 
 A dump holds one row per token (token layout) or one row per sequence with equal-length
 list columns (sequence layout). Columns are found by their canonical name first, then by
-the names the RL frameworks use for the same quantity (see `ALIASES`); an explicit
+the names the RL frameworks use for the same quantity (see `aliases`); an explicit
 mapping overrides both.
 
 >>> resolve_columns(["seq_id", "rollout_log_probs", "old_log_probs"], {}, "a.parquet").source
@@ -14,10 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from difflib import get_close_matches
+from functools import cache
 
 import pyarrow as pa
 
-from iscore.errors import DumpError, quote
+from iscore import frameworks
+from iscore.errors import ConfigError, DumpError, quote
 
 REQUIRED = ("seq_id", "rollout_logprob", "train_logprob")
 """Columns every dump must have (in sequence layout `seq_id` defaults to the row number)."""
@@ -68,57 +70,65 @@ def dump_schema(seq_id: pa.DataType, extras: pa.Schema) -> pa.Schema:
 EXTRA = ("advantage", "token_id", "group_id", "reward", "entropy")
 """Optional columns recognized and reported; carried through by readers that need them."""
 
-# Names each framework writes for the same quantity (docs/corrections.md#frameworks).
-# Deliberately absent: AReaL's `old_logprobs`/`logprobs`, which hold the
-# *rollout* (behaviour) log-probs there but the trainer's elsewhere; a name that means
-# opposite things in two frameworks must be mapped explicitly.
-ALIASES: dict[str, tuple[str, ...]] = {
-    "seq_id": ("seq_id", "sequence_id", "sample_index", "export_sequence_idx", "uid"),
-    "step": ("step", "global_step", "rollout_id", "train_step"),
+COMMON_NAMES: dict[str, tuple[str, ...]] = {
+    "seq_id": ("seq_id", "sequence_id", "export_sequence_idx"),
+    "step": ("step", "global_step", "train_step"),
     "pos": ("pos", "position", "token_position"),
     "rollout_logprob": (
         "rollout_logprob",
         "rollout_logprobs",
-        "rollout_log_probs",
-        "generation_logprobs",
         "inference_logprobs",
-        "sampling_per_token_logps",
         "vllm_logprobs",
         "inf_logprobs",
     ),
-    "train_logprob": (
-        "train_logprob",
-        "train_logprobs",
-        "train_log_probs",
-        "prev_logprobs",
-        "old_log_probs",
-        "old_per_token_logps",
-        "trainer_logprobs",
-        "log_probs",
-        "action_log_probs",
-        "prox_logp",
-    ),
-    "policy_logprob": (
-        "policy_logprob",
-        "policy_logprobs",
-        "curr_logprobs",
-        "cur_log_probs",
-    ),
-    "loss_mask": (
-        "loss_mask",
-        "loss_masks",
-        "response_mask",
-        "token_loss_mask",
-        "completion_mask",
-    ),
+    "train_logprob": ("train_logprob", "train_logprobs", "train_log_probs", "trainer_logprobs"),
+    "policy_logprob": ("policy_logprob", "policy_logprobs", "cur_log_probs"),
+    "loss_mask": ("loss_mask",),
     "advantage": ("advantage", "advantages"),
     "token_id": ("token_id", "token_ids"),
-    "group_id": ("group_id", "group_index", "prompt_id"),
+    "group_id": ("group_id", "prompt_id"),
     "reward": ("reward", "rewards", "score"),
     "entropy": ("entropy", "entropies"),
 }
+"""Each canonical column's own name first, then the spellings that belong to no registered
+framework (plurals, prime-rl's and open-instruct's exports); every framework adds the names
+it writes (`Framework.columns`), so that adding one is editing its module alone."""
 
-CANONICAL = tuple(ALIASES)
+CANONICAL = tuple(COMMON_NAMES)
+
+
+@cache
+def aliases() -> dict[str, tuple[str, ...]]:
+    """The names a file's column is found by, for each canonical column: `COMMON_NAMES`, then
+    each framework's in registry order. A name means one column: declaring it for two is an
+    error, which is why AReaL's `old_logprobs`/`logprobs` (the rollout's log-probs there, the
+    trainer's elsewhere) are no alias at all and must be mapped explicitly.
+
+    >>> aliases()["train_logprob"][:5]
+    ('train_logprob', 'train_logprobs', 'train_log_probs', 'trainer_logprobs', 'old_log_probs')
+
+    Raises:
+        ConfigError: a framework declares names for a column that is not canonical, or a
+            name another column already has.
+    """
+    table = {name: list(names) for name, names in COMMON_NAMES.items()}
+    owner = {alias: name for name, names in COMMON_NAMES.items() for alias in names}
+    for framework in frameworks.every():
+        for canonical, names in framework.columns.items():
+            if canonical not in table:
+                raise ConfigError(
+                    f"{framework.name}: Expected `columns` keys among {', '.join(CANONICAL)}, "
+                    f"but got {quote(canonical)}"
+                )
+            for alias in names:
+                if owner.setdefault(alias, canonical) != canonical:
+                    raise ConfigError(
+                        f"{framework.name}: column name {quote(alias)} is declared for "
+                        f"{canonical} but is already an alias of {owner[alias]}"
+                    )
+                if alias not in table[canonical]:
+                    table[canonical].append(alias)
+    return {name: tuple(names) for name, names in table.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +169,7 @@ def parse_mapping(items: Sequence[str]) -> dict[str, str | None]:
                 f"Expected a column mapping CANONICAL=SOURCE (or CANONICAL= to leave an optional "
                 f"column out), but got {quote(item)}"
             )
-        if name not in ALIASES:
+        if name not in COMMON_NAMES:
             close = get_close_matches(name, CANONICAL, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise DumpError(
@@ -191,7 +201,7 @@ def match_columns(
     taken = {source for source in mapping.values() if source is not None}
     found: dict[str, str] = {}
     ambiguous: dict[str, tuple[str, ...]] = {}
-    for canonical, aliases in ALIASES.items():
+    for canonical, names in aliases().items():
         if canonical in mapping:
             if mapping[canonical] is not None:
                 found[canonical] = mapping[canonical]
@@ -199,7 +209,7 @@ def match_columns(
         if canonical in present and canonical not in taken:
             found[canonical] = canonical
             continue
-        candidates = tuple(alias for alias in aliases if alias in present and alias not in taken)
+        candidates = tuple(alias for alias in names if alias in present and alias not in taken)
         if len(candidates) > 1:
             ambiguous[canonical] = candidates
         elif candidates:
@@ -230,7 +240,7 @@ def resolve_columns(
     """
     present = set(names)
     for canonical, source in mapping.items():
-        if canonical not in ALIASES:
+        if canonical not in COMMON_NAMES:
             raise DumpError(
                 f"Unknown canonical column {quote(canonical)} in the column mapping; "
                 f"expected one of {', '.join(CANONICAL)}"
@@ -253,19 +263,28 @@ def resolve_columns(
             f"say which with --column {canonical}=NAME"
         )
     taken = {source: name for name, source in mapping.items() if source is not None}
+    unmapped, claimed = [], []
     for canonical in REQUIRED:
-        if canonical not in found and not (sequence_layout and canonical == "seq_id"):
-            claimed = [a for a in ALIASES[canonical] if a in present and a in taken]
-            if claimed:  # its column is there, but the mapping gave it to another column
-                alias = claimed[0]
-                raise DumpError(
-                    f"{path}: missing required column {canonical}: the file's {quote(alias)} "
-                    f"is mapped to {taken[alias]} (--column {taken[alias]}={alias}); "
-                    f"map {canonical} to another column with --column {canonical}=NAME"
-                )
-            raise DumpError(
-                f"{path}: missing required column {canonical}; tried "
-                f"{', '.join(ALIASES[canonical])} (columns: {', '.join(names)}). "
-                f"Map it with --column {canonical}=NAME"
+        if canonical in found or (sequence_layout and canonical == "seq_id"):
+            continue
+        mapped = [a for a in aliases()[canonical] if a in present and a in taken]
+        if mapped:  # its column is there, but the mapping gave it to another column
+            alias = mapped[0]
+            claimed.append(
+                f"missing required column {canonical}: the file's {quote(alias)} is mapped to "
+                f"{taken[alias]} (--column {taken[alias]}={alias}); map {canonical} to another "
+                f"column with --column {canonical}=NAME"
             )
+        else:
+            unmapped.append((canonical, f"{canonical} (tried {', '.join(aliases()[canonical])})"))
+    if unmapped:
+        tried = [text for _, text in unmapped]
+        if len(unmapped) == 1:
+            what, how = f"column {tried[0]}", f"it with --column {unmapped[0][0]}=NAME"
+        else:
+            what = f"columns {', '.join(tried[:-1])} and {tried[-1]}"
+            how = "each with --column CANONICAL=NAME"
+        raise DumpError(f"{path}: missing required {what} (columns: {', '.join(names)}). Map {how}")
+    if claimed:
+        raise DumpError(f"{path}: {'; '.join(claimed)}")
     return ColumnMap(found)

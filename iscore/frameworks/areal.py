@@ -738,6 +738,9 @@ FRAMEWORK = Framework(
     from_canonical=from_canonical,
     render=lambda body, fmt: render.yaml_text(body),
     families=frozenset({"token_tis"}),
+    # `prox_logp` only: AReaL's `old_logprobs`/`logprobs` hold the ROLLOUT's log-probs, the
+    # trainer's elsewhere, so they are no alias of either column (map them explicitly).
+    columns={"train_logprob": ("prox_logp",)},
     metrics={
         "k1": ("-behave_approx_kl",),
         "k3_reverse": ("rejection_sampling kl_k3 statistic",),

@@ -115,6 +115,8 @@ class Framework:
         aggregation: a spec -> the loss aggregation it trains with.
         families: the `iscore.tune.FAMILIES` it expresses exactly.
         metrics: per iscore mismatch statistic, the name(s) it logs it under.
+        columns: per canonical dump column, the names it writes for it (its batch's keys),
+            found in a dump file as aliases (`iscore.columns.aliases`).
         traps: its traps.
         comments: a spec -> what a reader of its snippet would misread, one line each: every
             snippet of the framework carries them as comments above its keys (verl's k1
@@ -139,6 +141,7 @@ class Framework:
     aggregation: Callable[[Any], Aggregation] = lambda spec: Aggregation()
     families: frozenset[str] = frozenset()
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     traps: tuple[Trap, ...] = ()
     comments: Callable[[Any], tuple[str, ...]] = lambda spec: ()
     snippet_formats: tuple[str, ...] = ("yaml", "flags")

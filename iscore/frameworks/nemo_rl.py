@@ -583,6 +583,12 @@ FRAMEWORK = Framework(
     # Not seq_tis: NeMo-RL's e^S overflows float32 to a weight of 0 above S = 88.7, where the
     # family caps it (and the setting also makes the PPO ratio GSPO's).
     families=frozenset({"token_tis", "icepop"}),
+    columns={  # train_data_step*.jsonl and the loss function's inputs
+        "rollout_logprob": ("generation_logprobs",),
+        "train_logprob": ("prev_logprobs",),
+        "policy_logprob": ("curr_logprobs",),
+        "loss_mask": ("token_loss_mask",),
+    },
     metrics={
         "k1": ("gen_kl_error (kl_type k1)",),
         "k2": ("gen_kl_error (kl_type k2)",),

@@ -465,6 +465,10 @@ FRAMEWORK = Framework(
     render=lambda body, fmt: render.flag_lines(body.get("args", "")),
     aggregation=_aggregation,
     families=frozenset({"token_tis", "icepop"}),
+    columns={  # Experience fields
+        "rollout_logprob": ("rollout_log_probs",),
+        "train_logprob": ("action_log_probs",),
+    },
     metrics={"k1": ("vllm_kl",)},
     traps=(
         Trap(

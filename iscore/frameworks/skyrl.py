@@ -834,6 +834,7 @@ FRAMEWORK = Framework(
     from_canonical=from_canonical,
     render=render.nested,
     families=frozenset({"token_tis", "seq_tis", "geometric_mask", "product_mask"}),
+    columns={"train_logprob": ("action_log_probs",)},  # TrainingInputBatch
     metrics={
         "abs_diff_mean": ("policy/rollout_train_logprobs_abs_diff_mean",),
         "abs_diff_max": ("policy/rollout_train_logprobs_abs_diff_max",),

@@ -966,6 +966,14 @@ FRAMEWORK = Framework(
     render=_render,
     aggregation=_aggregation,
     families=frozenset({"token_tis", "icepop", "seq_tis"}),
+    columns={  # the --save-debug-train-data sample dicts
+        "seq_id": ("sample_index",),
+        "step": ("rollout_id",),
+        "rollout_logprob": ("rollout_log_probs",),
+        "train_logprob": ("log_probs",),
+        "loss_mask": ("loss_masks",),
+        "group_id": ("group_index",),
+    },
     metrics={
         "k1": ("mis_kl (sequence-averaged)",),
         "k3": ("mis_k3_kl (sequence-averaged)",),

@@ -444,6 +444,11 @@ FRAMEWORK = Framework(
     render=_render,
     aggregation=_aggregation,
     families=frozenset({"token_tis", "icepop", "seq_tis"}),
+    columns={  # GRPOTrainer's generated batch
+        "rollout_logprob": ("sampling_per_token_logps",),
+        "train_logprob": ("old_per_token_logps",),
+        "loss_mask": ("completion_mask",),
+    },
     metrics={
         "abs_diff_mean": ("sampling/sampling_logp_difference/mean",),
         "abs_diff_max": ("sampling/sampling_logp_difference/max",),

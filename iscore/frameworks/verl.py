@@ -1142,6 +1142,12 @@ FRAMEWORK = Framework(
     families=frozenset(
         {"token_tis", "icepop", "seq_tis", "geometric_mask", "product_mask", "k3_mask"}
     ),
+    columns={  # DataProto keys (ray_trainer.py); uid names a prompt's group of responses
+        "rollout_logprob": ("rollout_log_probs",),
+        "train_logprob": ("old_log_probs",),
+        "loss_mask": ("response_mask",),
+        "group_id": ("uid",),
+    },
     metrics={
         "k1": ("rollout_corr/kl",),
         "k3": ("rollout_corr/k3_kl",),

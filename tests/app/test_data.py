@@ -304,7 +304,7 @@ def test_renamed_columns_are_mapped_after_the_load_fails(at: AppTest) -> None:
     expected = _mean_abs_d(open_path(at, DATA / "fp8.parquet"))
     at.file_uploader[0].upload("renamed.parquet", parquet_bytes(renamed)).run()
     no_exception(at)
-    assert "missing required column rollout_logprob" in plain(at.error[0].value)
+    assert "missing required columns rollout_logprob (tried " in plain(at.error[0].value)
     expander = next(e for e in at.expander if e.label == "Columns")
     preview = expander.dataframe[0].value
     assert list(preview.columns) == renamed.column_names and len(preview) == 5

@@ -298,6 +298,23 @@ class TestBadInput:
         assert "miss.parquet" in msg and "missing required column train_logprob" in msg
         assert "prev_logprobs" in msg and "old_log_probs" in msg and "--column" in msg
 
+    def test_every_missing_required_column_is_named(self, tmp_path, sequences):
+        """A file missing both log-prob columns named only the first."""
+        table = sequences.token_table().drop_columns(["train_logprob", "rollout_logprob"])
+        msg = problems_of(write(table, tmp_path / "two.parquet"))
+        assert "missing required columns rollout_logprob (tried rollout_logprob, " in msg
+        assert ") and train_logprob (tried train_logprob, " in msg
+        assert "Map each with --column CANONICAL=NAME" in msg
+
+    def test_verl_uid_is_a_group_not_a_sequence(self, tmp_path, sequences):
+        """verl's `uid` names the prompt a response answers (its group): read as seq_id, a
+        group's responses were one sequence appearing twice."""
+        table = sequences.sequence_table().drop_columns(["seq_id"])
+        table = table.append_column("uid", pa.array(["p0", "p0", "p1", "p1", "p2", "p2"]))
+        dump = iscore.dump.Dump(write(table, tmp_path / "verl.parquet"), extras=True)
+        assert dump.files[0].columns.source.get("group_id") == "uid"
+        assert dump.load().seq_id.to_pylist() == [0, 1, 2, 3, 4, 5]
+
     def test_a_column_mapped_away_is_named(self, tmp_path, sequences):
         """Mapping the rollout column to train_logprob leaves rollout_logprob without one:
         the message says where its column went, not that the file lacks it."""
@@ -310,7 +327,7 @@ class TestBadInput:
         table = sequences.token_table({"train_logprob": "old_log_probs"})
         table = table.append_column("prev_logprobs", table["old_log_probs"])
         msg = problems_of(write(table, tmp_path / "amb.parquet"))
-        assert "'prev_logprobs', 'old_log_probs' could each be train_logprob" in msg
+        assert "'old_log_probs', 'prev_logprobs' could each be train_logprob" in msg
 
     def test_unequal_list_lengths(self, tmp_path, sequences):
         table = sequences.sequence_table()

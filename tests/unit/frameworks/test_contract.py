@@ -9,6 +9,7 @@ Tune families it declares are the ones it expresses, and every replay is well fo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 import yaml
 
 from iscore import frameworks
+from iscore.columns import CANONICAL, COMMON_NAMES, aliases, match_columns
 from iscore.conversion import to_file_text
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Aggregation
@@ -30,6 +32,32 @@ PRESETS = [(fw, name, spec) for fw in REGISTERED for name, spec in fw.presets().
 
 def _id(case) -> str:
     return f"{case[0].name}:{case[1]}"
+
+
+@pytest.mark.parametrize("fw", REGISTERED, ids=lambda fw: fw.name)
+def test_its_column_names_are_found_as_aliases(fw) -> None:
+    """A framework's own column names live in its module (`Framework.columns`) and the dump
+    reader finds them through the registry: none is written twice, in `COMMON_NAMES` too."""
+    for canonical, names in fw.columns.items():
+        assert canonical in CANONICAL
+        for name in names:
+            assert name in aliases()[canonical]
+            assert name not in COMMON_NAMES[canonical], f"{name} is {fw.name}'s: declare it once"
+
+
+def test_a_new_framework_s_column_names_need_no_edit_elsewhere(monkeypatch) -> None:
+    newcomer = dataclasses.replace(REGISTERED[-1], columns={"train_logprob": ("fw_trainer_lp",)})
+    monkeypatch.setattr(frameworks, "every", lambda: (*REGISTERED, newcomer))
+    aliases.cache_clear()
+    try:
+        assert match_columns(["seq_id", "rollout_logprob", "fw_trainer_lp"])[0] == {
+            "seq_id": "seq_id",
+            "rollout_logprob": "rollout_logprob",
+            "train_logprob": "fw_trainer_lp",
+        }
+    finally:
+        monkeypatch.undo()
+        aliases.cache_clear()
 
 
 @pytest.mark.parametrize("fw", REGISTERED, ids=lambda fw: fw.name)

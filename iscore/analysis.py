@@ -163,7 +163,7 @@ def analyze(
         where = None if dump.where is None else dump.where.text
     # The accumulators' per-token temporaries are allocated once for the whole pass.
     heap = _HeapGuard()
-    with ops.workspace():
+    with ops.reused_buffers():
         for chunk in _prefetched(chunks):
             batch = chunk.to(device)
             # d, e^d and the sequence sums every setting needs are computed once per chunk.

@@ -246,7 +246,7 @@ def _per_sequence(x: torch.Tensor, batch: TokenBatch) -> tuple[torch.Tensor, np.
 
 
 def _sums(batch: TokenBatch, values: torch.Tensor) -> np.ndarray:
-    return ops.segment_sums_of(batch, {"x": values})["x"]
+    return ops.segment_sums_on_host(batch, {"x": values})["x"]
 
 
 def _counts(batch: TokenBatch, mask: torch.Tensor) -> np.ndarray:
@@ -283,7 +283,7 @@ def _truncated(
         p64, r64 = pre.double(), raw.double()
         high = active & (p64 < r64 * (1 - TRUNCATION_TOLERANCE))
         low = active & (p64 > r64 * (1 + TRUNCATION_TOLERANCE))
-        sums = ops.segment_sums_of(batch, {"high": high, "low": low})
+        sums = ops.segment_sums_on_host(batch, {"high": high, "low": low})
         return sums["high"], sums["low"]
     # With raw finite and >= 0, a token whose weight equals its raw ratio is neither: only
     # the (few) tokens where they differ need the float64 comparison.

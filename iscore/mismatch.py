@@ -186,11 +186,11 @@ class MismatchStats:
         if not every:
             for name in ("train", "rollout"):
                 token[name] = _where(m, token[name], 0.0, buf(name, torch.float32))
-        sums = ops.segment_sums_of(batch, token)
+        sums = ops.segment_sums_on_host(batch, token)
         sums["T"] = (
             batch.lengths.cpu().numpy().astype(np.float64)
             if every
-            else ops.segment_sums_of(batch, {"T": m})["T"]
+            else ops.segment_sums_on_host(batch, {"T": m})["T"]
         )
         max_abs[sums["T"] == 0] = -np.inf  # no loss token: as segment_max gives
         # chi = <e^(2 clamp(d, +-20))> (verl squares the clamped ratio): the same values as
@@ -200,7 +200,7 @@ class MismatchStats:
             sums["chi"] = sums["rho2"]
         else:  # e^(2 clamp(d, +-b)) = clamp(e^2d, e^-2b, e^2b)
             chi = torch.clamp(rho2, math.exp(-2 * bound), math.exp(2 * bound), out=mult)
-            sums["chi"] = ops.segment_sums_of(batch, {"chi": loss_only(chi)})["chi"]
+            sums["chi"] = ops.segment_sums_on_host(batch, {"chi": loss_only(chi)})["chi"]
         for name in _SEQ_FIELDS:
             if name == "length":
                 self.seq[name].append(batch.lengths.cpu().numpy().astype(np.float64))
@@ -421,7 +421,7 @@ def _where(
 def _seq_max(values: torch.Tensor, batch: TokenBatch) -> np.ndarray:
     """float64 [B] per-sequence max (-inf for empty sequences)."""
     if batch.device.type == "cpu":
-        return ops.segment_maxes(values.numpy(), batch)
+        return ops.host_segment_max(values.numpy(), batch)
     every = torch.ones_like(values, dtype=torch.bool)
     return ops.segment_max(values, batch, every).cpu().numpy()
 

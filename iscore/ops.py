@@ -89,8 +89,8 @@ def shared(batch: TokenBatch, cache: Shared | None = None) -> Iterator[None]:
     shared tensors over the loss mask are cached for `batch` and returned as the same tensor
     to every caller; an entry whose inputs or result were modified in place is recomputed.
     Results are identical to computing each one afresh. `cache`: a `Shared(batch)` the
-    caller keeps, so that this block starts with what earlier blocks computed (a workspace
-    keeps one per loaded batch: adding a setting then costs only that setting's replay).
+    caller keeps, so that this block starts with what earlier blocks computed (the app's
+    `Workspace` keeps one per loaded batch: adding a setting then costs only that setting's replay).
 
     >>> b = TokenBatch(rollout=torch.zeros(2), train=torch.ones(2), cu_seqlens=torch.tensor([0, 2]))
     >>> with shared(b):
@@ -112,30 +112,30 @@ def shared(batch: TokenBatch, cache: Shared | None = None) -> Iterator[None]:
         _SHARED.reset(token)
 
 
-_WORKSPACE: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
-    "iscore_ops_workspace", default=None
+_REUSED: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "iscore_ops_reused_buffers", default=None
 )
 
 
 @contextlib.contextmanager
-def workspace() -> Iterator[None]:
+def reused_buffers() -> Iterator[None]:
     """Within this block, `scratch` hands out the same buffers again instead of fresh ones.
 
     A fresh tensor of a few MB costs its page faults (~0.3 ms per MB) every time; the
     accumulators' per-token temporaries come from here, so a streamed pass allocates them
     once. Buffers are released when the block ends.
     """
-    token = _WORKSPACE.set({})
+    token = _REUSED.set({})
     try:
         yield
     finally:
-        _WORKSPACE.reset(token)
+        _REUSED.reset(token)
 
 
 def scratch(name: str, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """A [n] tensor of undefined values: the workspace's buffer `name` (grown as needed) inside
-    `workspace()`, else a fresh one. Callers own it until they ask for `name` again."""
-    buffers = _WORKSPACE.get()
+    """A [n] tensor of undefined values: the reused buffer `name` (grown as needed) inside
+    `reused_buffers()`, else a fresh one. Callers own it until they ask for `name` again."""
+    buffers = _REUSED.get()
     if buffers is None:
         return torch.empty(n, dtype=dtype, device=device)
     buf = buffers.get(name)
@@ -293,12 +293,12 @@ def _reduceat(
     return out
 
 
-def segment_sums(values: np.ndarray, batch: TokenBatch) -> np.ndarray:
+def host_segment_sum(values: np.ndarray, batch: TokenBatch) -> np.ndarray:
     """float64 [B] sums of host `values` [N] (any numeric dtype) over each sequence."""
     return _reduceat(np.add, values, batch, 0.0, np.float64)
 
 
-def segment_maxes(values: np.ndarray, batch: TokenBatch) -> np.ndarray:
+def host_segment_max(values: np.ndarray, batch: TokenBatch) -> np.ndarray:
     """float64 [B] maxima of host `values` [N] over each sequence (-inf for empty ones)."""
     return _reduceat(np.maximum, values, batch, -np.inf).astype(np.float64, copy=False)
 
@@ -340,10 +340,12 @@ def nonzero(mask: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(mask).squeeze(1)
 
 
-def segment_sums_of(batch: TokenBatch, tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+def segment_sums_on_host(
+    batch: TokenBatch, tensors: dict[str, torch.Tensor]
+) -> dict[str, np.ndarray]:
     """float64 [B] host arrays: each per-token tensor [N] (any dtype) summed per sequence."""
     if _on_host(batch, *tensors.values()):
-        return {name: segment_sums(_host(t), batch) for name, t in tensors.items()}
+        return {name: host_segment_sum(_host(t), batch) for name, t in tensors.items()}
     stacked = torch.stack([t.double() for t in tensors.values()], dim=1)
     sums = torch.zeros(stacked.shape[1], batch.num_sequences, dtype=torch.float64)
     sums = sums.to(stacked.device).T.index_add_(0, batch.seq_index, stacked).cpu().numpy()

@@ -118,7 +118,7 @@ class SequenceTable:
     def add(self, index: int, batch: TokenBatch, replay: Replay) -> None:
         """Add setting `index`'s replay of the chunk last `update`d."""
         w = replay.weight  # 0 outside the loss mask and wherever keep is false
-        sums = ops.segment_sums_of(batch, {"w": w, "nonzero": w > 0, "kept": replay.keep})
+        sums = ops.segment_sums_on_host(batch, {"w": w, "nonzero": w > 0, "kept": replay.keep})
         self.sums[index].append(sums)
 
     def compute(self) -> pa.Table:
@@ -198,7 +198,7 @@ def sequence_table(
         schema = read_schema(source)
         chunks = source.batches(max_tokens=max_tokens, whole_steps=True)
     table = SequenceTable(schema, specs)
-    with ops.workspace():
+    with ops.reused_buffers():
         for chunk in chunks:
             batch = chunk.to(device)
             with ops.shared(batch):

@@ -2,7 +2,7 @@
 
 Histograms bin in float32 and re-bin near edges in float64; sequence reductions run as numpy
 `reduceat` on CPU; `ops.shared` hands the same tensors to every setting of a chunk;
-`ops.workspace` reuses scratch buffers. Each is checked against the direct float64 / torch
+`ops.reused_buffers` reuses scratch buffers. Each is checked against the direct float64 / torch
 formulation it replaces, including empty sequences, masks and in-place modification.
 """
 
@@ -205,13 +205,13 @@ def test_shared_results_are_computed_once_and_recomputed_when_modified():
     assert ops.log_ratio(batch) is not ops.log_ratio(batch)
 
 
-def test_scratch_buffers_are_reused_only_inside_a_workspace():
+def test_scratch_buffers_are_reused_only_inside_reused_buffers():
     def scratch(name: str, n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         return ops.scratch(name, n, dtype, "cpu")
 
     first, second = scratch("x", 10), scratch("x", 10)  # outside: fresh tensors
     assert first.data_ptr() != second.data_ptr()
-    with ops.workspace():
+    with ops.reused_buffers():
         a = scratch("x", 100)
         b = scratch("x", 60)
         assert a.data_ptr() == b.data_ptr() and b.shape == (60,)

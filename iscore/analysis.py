@@ -29,13 +29,13 @@ import torch
 
 from iscore import ops
 from iscore.batch import TokenBatch
-from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
+from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, Dump, open_data
 from iscore.errors import DumpError
 from iscore.impact import SettingStats
 from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import output_path
 from iscore.sequences import SequenceTable
-from iscore.settings import Setting, replay, resolve
+from iscore.settings import Setting, replay, resolve_all
 
 SCHEMA_VERSION = 1
 
@@ -120,8 +120,8 @@ class Analysis:
 
 
 def analyze(
-    source: str | Path | Dump | TokenBatch | Sequence[TokenBatch],
-    settings: Sequence[Setting] = (),
+    source: Data | Sequence[TokenBatch],
+    settings: Setting | Sequence[Setting] = (),
     *,
     max_tokens: int = DEFAULT_CHUNK_TOKENS,
     device: str | torch.device | None = None,
@@ -133,7 +133,8 @@ def analyze(
     Args:
         source: a dump path (file, directory, glob), an opened `Dump`, a loaded batch, or
             a list of loaded batches (chunks of whole training steps, analyzed as one dump).
-        settings: specs, config mappings, YAML paths or preset names (see `resolve`).
+        settings: a setting or a list of them: specs, config mappings, YAML paths or preset
+            names (`iscore.settings.resolve_all`).
         max_tokens: tokens per streamed chunk; chunks always hold whole training steps, which
             batch-normalizing settings need.
         device: where to compute; default CUDA when available, else CPU.
@@ -144,23 +145,24 @@ def analyze(
     >>> a.settings[0]["name"], round(a.settings[0]["lr_scale"], 3)
     ('decoupled_geo_rs', 1.0)
     """
-    specs = [resolve(s) for s in settings]
+    specs = resolve_all(settings)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     mismatch = MismatchStats()
     stats = [SettingStats(spec) for spec in specs]
-    where = None
     dump = None
-    if isinstance(source, TokenBatch):
-        chunks: Any = [source]
-        files = []
-    elif isinstance(source, list | tuple):
-        chunks = list(source)
-        files = []
-    else:
-        dump = source if isinstance(source, Dump) else Dump(source)
+    if (
+        isinstance(source, list | tuple)
+        and source
+        and all(isinstance(chunk, TokenBatch) for chunk in source)
+    ):
+        chunks: Any = list(source)
+    elif isinstance(opened := open_data(source), Dump):
+        dump = opened
         chunks = dump.batches(max_tokens=max_tokens, whole_steps=True)
-        files = [f.path for f in dump.files]
-        where = None if dump.where is None else dump.where.text
+    else:
+        chunks = [opened]
+    files = [] if dump is None else [f.path for f in dump.files]
+    where = None if dump is None or dump.where is None else dump.where.text
     # The accumulators' per-token temporaries are allocated once for the whole pass.
     heap = _HeapGuard()
     with ops.reused_buffers():

@@ -43,11 +43,13 @@ import torch
 from iscore import frameworks
 from iscore.batch import TokenBatch
 from iscore.canonical import Canonical, sentence
+from iscore.dump import Data, load_data
 from iscore.errors import ConfigError, clip, quote
 from iscore.frameworks._config import check_choice
 from iscore.frameworks.base import Framework
 from iscore.impact import aggregation_of, quick_stats
 from iscore.render import yaml_text
+from iscore.settings import Setting, resolve
 from iscore.spec import Spec
 
 
@@ -130,22 +132,24 @@ class Export:
 
 
 def convert(
-    spec: Spec,
+    setting: Setting,
     to: str,
     *,
     generation: str | None = None,
-    batch: TokenBatch | None = None,
+    batch: Data | None = None,
 ) -> Export:
     """The closest setting of framework `to` to `spec`, with its snippet and what differs.
 
     Args:
-        spec: the source setting (any framework's spec).
+        setting: the source setting: any framework's spec, config mapping, config path or
+            preset name (`iscore.settings.resolve`).
         to: the target framework, one of `iscore.frameworks.NAMES`.
         generation: an older config generation to write, for a framework that has them
             (`Framework.generations`; verl: "gen0", "gen1", "gen2", "gen3", or a version such
             as "v0.6.0"); None is current.
         batch: a dump to measure both settings on (`Export.difference`) and to verify
-            settings that are the same rule computed along different numerical paths.
+            settings that are the same rule computed along different numerical paths: a
+            loaded batch, an opened `Dump` or its path (read whole).
 
     >>> from iscore.frameworks import nemo_rl
     >>> out = convert(nemo_rl.PRESETS["nemo_icepop"], "verl")
@@ -156,8 +160,10 @@ def convert(
         ConfigError: an unknown `to` or `generation`, or `generation` for a framework that has
             no older generations.
     """
+    spec = resolve(setting)
     check_choice("to", to, frameworks.NAMES)
     target_framework = frameworks.get(to)
+    batch = None if batch is None else load_data(batch)
     if generation is not None and target_framework.to_generation is None:
         with_generations = [fw.name for fw in frameworks.every() if fw.generations]
         raise ConfigError(

@@ -27,6 +27,7 @@ import numpy as np
 from iscore import frameworks, ops
 from iscore.batch import TokenBatch
 from iscore.canonical import Canonical, Component, mask_component, weight_component
+from iscore.dump import Data, load_data
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Framework
 from iscore.impact import quick_stats
@@ -500,15 +501,15 @@ _KINDS = (
 
 
 def recommend(
-    batch: TokenBatch,
+    data: Data,
     framework: str,
     targets: Targets | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Recommendation:
-    """Rank the framework's candidate settings on `batch` against `targets` (docs/recommend.md).
+    """Rank the framework's candidate settings on a dump against `targets` (docs/recommend.md).
 
     Args:
-        batch: the loaded dump.
+        data: the dump: a loaded batch, an opened `Dump` or its path (read whole).
         framework: one of `iscore.frameworks.NAMES`.
         targets: what a good setting does; defaults to `Targets()`.
         progress: called after each candidate is replayed with (candidates replayed,
@@ -521,6 +522,7 @@ def recommend(
     """
     fw = frameworks.get(framework)
     targets = targets or Targets()
+    batch = load_data(data)
     with ops.shared(batch):  # d, e^d and the sequence sums, computed once for every candidate
         return _recommend(batch, fw, targets, progress)
 

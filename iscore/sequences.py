@@ -41,11 +41,11 @@ import torch
 from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.columns import dump_schema
-from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
+from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, Dump, open_data
 from iscore.errors import IscoreError, quote
 from iscore.impact import aggregation_of
 from iscore.output import output_path
-from iscore.settings import replay
+from iscore.settings import Setting, replay, resolve_all
 from iscore.spec import Replay, Spec
 from iscore.sql import QueryError, Source, referenced
 from iscore.where import sequence_rows
@@ -169,8 +169,8 @@ def _setting_statistics(
 
 
 def sequence_table(
-    source: Dump | TokenBatch,
-    specs: Sequence[Spec] = (),
+    source: Data,
+    settings: Setting | Sequence[Setting] = (),
     *,
     max_tokens: int = DEFAULT_CHUNK_TOKENS,
     device: str | torch.device | None = None,
@@ -180,8 +180,9 @@ def sequence_table(
 
     Args:
         source: an opened `Dump` (its `where` and steps apply; open it with `extras=True`
-            for all its per-sequence columns), or a batch with its `extra` columns.
-        specs: the settings whose columns the table gets.
+            for all its per-sequence columns), a path (opened with `extras=True`), or a batch
+            with its `extra` columns.
+        settings: the settings whose columns the table gets (`iscore.settings.resolve_all`).
         max_tokens: tokens per streamed chunk.
         device: where to replay; default CUDA when available, else CPU.
         progress: called with the number of tokens of each chunk done.
@@ -190,13 +191,16 @@ def sequence_table(
     >>> table.num_rows, table["reward"].unique().to_pylist()
     (25, [1.0])
     """
+    specs = resolve_all(settings)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if isinstance(source, TokenBatch):
-        schema = batch_schema(source)
-        chunks: Any = [source]
+    # A dump opened here carries every per-sequence column; an open one, what it was given.
+    opened = source if isinstance(source, Dump | TokenBatch) else open_data(source, extras=True)
+    if isinstance(opened, TokenBatch):
+        schema = batch_schema(opened)
+        chunks: Any = [opened]
     else:
-        schema = read_schema(source)
-        chunks = source.batches(max_tokens=max_tokens, whole_steps=True)
+        schema = read_schema(opened)
+        chunks = opened.batches(max_tokens=max_tokens, whole_steps=True)
     table = SequenceTable(schema, specs)
     with ops.reused_buffers():
         for chunk in chunks:

@@ -17,7 +17,8 @@ can also be built directly from Python (typed fields, no string mini-languages).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import yaml
 
 from iscore import frameworks
 from iscore.batch import TokenBatch
+from iscore.dump import Data, load_data
 from iscore.errors import ConfigError, clip, quote
 from iscore.frameworks._config import nearest
 from iscore.output import output_path
@@ -141,7 +143,12 @@ def resolve(setting: Setting) -> Spec:
         return setting  # type: ignore[return-value]
     if isinstance(setting, Mapping):
         return parse_config(setting)
-    text = str(setting)
+    if not isinstance(setting, str | os.PathLike):
+        raise ConfigError(
+            "Expected a setting: a preset name, a config file's path, a config mapping or a "
+            f"spec, but got {type(setting).__name__}"
+        )
+    text = os.fspath(setting)
     known = presets()
     if text in known:
         return known[text]
@@ -160,7 +167,24 @@ def resolve(setting: Setting) -> Spec:
     )
 
 
-def replay(batch: TokenBatch, config: Spec | Mapping[str, Any] | str | Path) -> Replay:
+def resolve_all(settings: Setting | Sequence[Setting]) -> list[Spec]:
+    """Specs from one setting or a list of them: a string, a path, a mapping or a spec is one
+    setting (never a list of characters or keys).
+
+    >>> [s.name for s in resolve_all("verl:decoupled_geo_rs")]
+    ['decoupled_geo_rs']
+    >>> [s.name for s in resolve_all(["trl:trl_default", {"framework": "fireworks"}])]
+    ['trl_default', 'fireworks']
+
+    Raises:
+        ConfigError: as `resolve`, for the first setting that fails.
+    """
+    if isinstance(settings, Sequence) and not isinstance(settings, str):
+        return [resolve(s) for s in settings]
+    return [resolve(settings)]
+
+
+def replay(data: Data, config: Setting) -> Replay:
     """Replay one correction setting over `batch`.
 
     Args:
@@ -181,6 +205,7 @@ def replay(batch: TokenBatch, config: Spec | Mapping[str, Any] | str | Path) -> 
     iscore.errors.ConfigError: verl:bypass_ppo_clip: `algorithm.rollout_correction.bypass_mode...
     """
     spec = resolve(config)
+    batch = load_data(data)
     try:
         return spec.replay(batch)
     except ConfigError as e:

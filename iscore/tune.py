@@ -34,8 +34,8 @@ from typing import Literal
 import numpy as np
 
 from iscore import frameworks, ops
-from iscore.batch import TokenBatch
 from iscore.canonical import Canonical, mask_component, weight_component
+from iscore.dump import Data, load_data
 from iscore.errors import ConfigError
 from iscore.frameworks._config import check_choice
 from iscore.frameworks.base import Aggregation
@@ -107,10 +107,12 @@ class Tuner:
     """Sorted statistics of one batch, queried per threshold in O(log N).
 
     Args:
-        batch: the loaded dump (any device; the sorted arrays live on the host).
+        data: the dump: a loaded batch (any device; the sorted arrays live on the host), an
+            opened `Dump` or its path (read whole).
     """
 
-    def __init__(self, batch: TokenBatch):
+    def __init__(self, data: Data):
+        batch = load_data(data)
         m = batch.loss_mask
         d = ops.log_ratio(batch)
         # The ratios are their own weights: sorting them (no argsort, no gathers) is enough.

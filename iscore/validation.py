@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from iscore.dump import DEFAULT_CHUNK_TOKENS, DropReport, Dump, Problem
-from iscore.errors import clip, counted
+from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, DropReport, Dump, Problem, open_data
+from iscore.errors import DumpError, clip, counted
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
@@ -122,7 +122,7 @@ class Report:
 
 
 def validate(
-    dump: Dump,
+    data: Data,
     *,
     max_tokens: int = DEFAULT_CHUNK_TOKENS,
     progress: Callable[[int], None] | None = None,
@@ -130,10 +130,20 @@ def validate(
     """Read all of `dump` in chunks of `max_tokens`, collecting problems and a summary.
 
     Args:
-        dump: the opened dump.
+        data: the dump's files: a path, a directory or a glob (or a list of them), or an
+            opened `Dump`; a loaded batch has no files left to check.
         max_tokens: tokens per chunk; memory stays bounded by it.
         progress: called with the number of tokens of each chunk read.
+
+    Raises:
+        DumpError: `data` is a loaded batch, or is no form of data (`open_data`).
     """
+    dump = open_data(data)
+    if not isinstance(dump, Dump):
+        raise DumpError(
+            "Expected data to be a dump's files (a path, a directory, a glob or a Dump) to "
+            "validate, but got a loaded TokenBatch: its values were checked when it was read"
+        )
     columns: dict[str, list[str]] = {}
     for f in dump.files:
         for name, source in f.columns.source.items():

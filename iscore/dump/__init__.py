@@ -4,12 +4,13 @@
 share."""
 
 from iscore.budget import DEFAULT_CHUNK_TOKENS
-from iscore.dump.facade import Dump, load
+from iscore.dump.facade import Data, Dump, load, load_data, open_data
 from iscore.dump.files import Source, is_framework_dump, resolve_files
 from iscore.dump.values import DropReport, DumpFile, DumpProblems, Extra, Problem, StepRange
 
 __all__ = [
     "DEFAULT_CHUNK_TOKENS",
+    "Data",
     "DropReport",
     "Dump",
     "DumpFile",
@@ -20,5 +21,7 @@ __all__ = [
     "StepRange",
     "is_framework_dump",
     "load",
+    "load_data",
+    "open_data",
     "resolve_files",
 ]

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -405,20 +406,81 @@ class Dump:
 
 
 def load(
-    source: str | Path | Sequence[str | Path],
+    source: Data,
     *,
     columns: Mapping[str, str] | None = None,
     steps: StepRange | None = None,
     drop_invalid: bool = False,
     device: str | torch.device = "cpu",
 ) -> TokenBatch:
-    """Read a whole dump into one `TokenBatch`; see `Dump` for the arguments.
+    """Read a whole dump into one `TokenBatch`; see `Dump` for the arguments (they apply to
+    a dump opened from its path: a `Dump` was opened with its own).
 
     >>> batch = load("data/dense_bf16.parquet")
     >>> batch.num_sequences, batch.num_tokens
     (112, 106256)
     """
-    return Dump(source, columns=columns, steps=steps, drop_invalid=drop_invalid).load(device)
+    options = {"columns": columns, "steps": steps, "drop_invalid": drop_invalid}
+    return load_data(open_data(source, **options)).to(device)
+
+
+Data: TypeAlias = "str | Path | Sequence[str | Path] | Dump | TokenBatch"
+"""What every public function takes for data: a path, a directory or a glob (or a list of
+them), an opened `Dump`, or a loaded `TokenBatch`."""
+
+
+def open_data(data: Data, **options: Any) -> Dump | TokenBatch:
+    """`data` as a `Dump` to stream, or the `TokenBatch` it already is: the one place that
+    tells the forms of data apart, so that the same bad input gets the same error from every
+    function and command.
+
+    Args:
+        data: a path, a directory or a glob (or a list of them), a `Dump` or a `TokenBatch`.
+        options: `Dump`'s keyword arguments, for a dump opened from its path; those that
+            differ from their defaults are refused for a `Dump` or a batch, already opened.
+
+    >>> open_data(3)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    iscore.errors.DumpError: Expected data to be a path, ... or a TokenBatch, but got int
+
+    Raises:
+        DumpError: `data` is none of those forms, or the dump cannot be opened.
+    """
+    from iscore.batch import TokenBatch  # torch, only when data is given
+
+    if isinstance(data, Dump | TokenBatch):
+        given = sorted(k for k, v in options.items() if v not in (None, False))
+        if given:
+            raise DumpError(
+                f"{', '.join(given)} apply to a dump opened from its path; this "
+                f"{type(data).__name__} is open already (open it with Dump(path, ...))"
+            )
+        return data
+    paths = [data] if isinstance(data, str | os.PathLike) else data
+    if (
+        not isinstance(paths, list | tuple)
+        or not paths
+        or not all(isinstance(p, str | os.PathLike) for p in paths)
+    ):
+        raise DumpError(
+            "Expected data to be a path, a directory or a glob (or a list of them), a Dump or "
+            f"a TokenBatch, but got {_kind(data)}"
+        )
+    return Dump([os.fspath(p) for p in paths], **options)
+
+
+def load_data(data: Data) -> TokenBatch:
+    """`data` loaded whole: a batch as it is, a dump read into one (see `open_data`)."""
+    opened = open_data(data)
+    return opened.load() if isinstance(opened, Dump) else opened
+
+
+def _kind(value: object) -> str:
+    """What a value is, for messages: its type, and for a list the types inside it."""
+    if isinstance(value, list | tuple):
+        inside = sorted({type(v).__name__ for v in value})
+        return f"a {type(value).__name__} of {', '.join(inside)}" if inside else "an empty list"
+    return type(value).__name__
 
 
 def _union_extras(files: Sequence[DumpFile]) -> tuple[Extra, ...]:

@@ -20,9 +20,8 @@ RUN if [ "$TORCH" = "cpu" ]; then \
 COPY pyproject.toml README.md ./
 COPY iscore ./iscore
 COPY app ./app
-COPY .streamlit ./.streamlit
 COPY data ./data
-# Editable: `iscore app` runs app/main.py from this checkout, with its .streamlit/config.toml.
+# Editable: `iscore app` runs app/serve.py from this checkout, with its app/.streamlit/config.toml.
 RUN pip install --no-cache-dir -e . && useradd --create-home --uid 1000 iscore
 USER iscore
 

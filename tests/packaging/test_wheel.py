@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "iscore", "app", "data")
-"""What the build reads: copied out, so that setuptools' `build/` folder, whose stale files
-would end up in later wheels, never lands in the checkout."""
+from tests.packaging.conftest import ROOT, SOURCES
+
 START_SECONDS = 120
 """How long the app may take to answer its health endpoint (a cold start in a fresh venv)."""
 
@@ -96,6 +94,8 @@ def test_the_wheel_runs_with_no_checkout() -> None:
     with tempfile.TemporaryDirectory(prefix="iscore-wheel-") as tmp:
         tmp = Path(tmp)
         src, dist, venv, user = tmp / "src", tmp / "dist", tmp / "venv", tmp / "user"
+        # Built from a copy, so that setuptools' build/ folder, whose stale files would end up
+        # in later wheels, never lands in the checkout.
         src.mkdir()
         for name in SOURCES:
             if (ROOT / name).is_dir():

@@ -1,13 +1,23 @@
-# iscore's dashboard (and its CLI). CPU image by default; a GPU image with
+# iscore's dashboard (and its CLI), installed from its wheel. CPU image by default; a GPU image with
 #   docker build --build-arg BASE=pytorch/pytorch:2.7.0-cuda12.6-cudnn9-runtime --build-arg TORCH=skip .
 # Run (published on the host's loopback only; see docs/security.md before exposing it):
 #   docker run -p 127.0.0.1:8501:8501 iscore                                # open localhost:8501
 #   docker run -p 127.0.0.1:8501:8501 -v "$PWD/runs:/data:ro" iscore /data  # a dump preloaded
 #   docker run -p 127.0.0.1:8501:8501 iscore --allowed-host iscore.example.org  # behind a proxy
-#   docker run --entrypoint iscore iscore validate data/dense_bf16.parquet
+#   docker run -v "$PWD/runs:/data:ro" --entrypoint iscore iscore validate /data
 ARG BASE=python:3.12-slim
-FROM ${BASE}
 
+# The wheel (the engine, the app with its Streamlit config, the samples), built apart so that
+# the image holds what a user's `pip install` gets and no sources.
+FROM python:3.12-slim AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY iscore ./iscore
+COPY app ./app
+COPY data ./data
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+
+FROM ${BASE}
 ARG TORCH=cpu
 WORKDIR /app
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
@@ -17,13 +27,9 @@ RUN if [ "$TORCH" = "cpu" ]; then \
         pip install --no-cache-dir torch --index-url https://download.pytorch.org/whl/cpu; \
     fi
 
-COPY pyproject.toml README.md ./
-COPY iscore ./iscore
-COPY app ./app
-COPY .streamlit ./.streamlit
-COPY data ./data
-# Editable: `iscore app` runs app/main.py from this checkout, with its .streamlit/config.toml.
-RUN pip install --no-cache-dir -e . && useradd --create-home --uid 1000 iscore
+# Mounted from the first stage, not copied: the wheel file stays out of the image's layers.
+RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
+    pip install --no-cache-dir /dist/iscore-*.whl && useradd --create-home --uid 1000 iscore
 USER iscore
 
 EXPOSE 8501

@@ -48,6 +48,8 @@ from iscore.workspace import Selection, Workspace, digest, fingerprint, open_pat
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[1]
+"""The folder holding `app/` and `data/`: the checkout, or the installed package, where a wheel
+puts them in the same layout (pyproject.toml)."""
 SAMPLES = sorted((ROOT / "data").glob("*.parquet"))
 """The bundled sample dumps."""
 

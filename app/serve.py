@@ -5,7 +5,7 @@ of plain HTTP requests (the page, uploads, media, downloads), so a page on anoth
 DNS name is rebound to this machine could still fetch those. This serves `main.py` with
 Streamlit's own server (`st.App`) behind a middleware that refuses, on every request and
 WebSocket upgrade, a Host outside `server.allowedHosts`. An empty list means the loopback
-names, so that a server started without iscore's `.streamlit/config.toml` is safe too; `*`
+names, so that a server started without iscore's `app/.streamlit/config.toml` is safe too; `*`
 accepts any Host (for a proxy that checks it itself).
 """
 

@@ -537,10 +537,10 @@ APP_OPTIONS = {
 
 
 def _cmd_app(args: argparse.Namespace) -> int:
-    """Serve the dashboard: `streamlit run app/serve.py` in the checkout iscore is installed
-    from, so its `.streamlit/config.toml` applies (as do STREAMLIT_* variables and --server.*
-    flags). It listens on 127.0.0.1 unless given an address, and answers loopback names only
-    unless given allowed hosts."""
+    """Serve the dashboard: `streamlit run app/serve.py`, from the installed package (a wheel)
+    or the checkout (an editable install), so that `app/.streamlit/config.toml` applies (under
+    STREAMLIT_* variables and --server.* flags). It listens on 127.0.0.1 unless given an
+    address, and answers loopback names only unless given allowed hosts."""
     if {"-h", "--help"} & set(args.args):
         args.app_parser.print_help()
         print("\niscore's options:")
@@ -573,11 +573,15 @@ def _cmd_app(args: argparse.Namespace) -> int:
             f"Expected one dump (a file, a directory or a quoted glob), but got {len(paths)}: "
             + " ".join(paths)
         )
-    main = Path(__file__).resolve().parents[1] / "app" / "serve.py"
-    if not main.is_file():
+    # A wheel holds the app inside the package (pyproject.toml maps app/ to iscore/app/); an
+    # editable install runs it from the checkout, beside the package.
+    package = Path(__file__).resolve().parent
+    candidates = [package / "app" / "serve.py", package.parent / "app" / "serve.py"]
+    main = next((path for path in candidates if path.is_file()), None)
+    if main is None:
         raise IscoreError(
-            f"the dashboard is not installed: expected {main}; install iscore from a checkout "
-            "with `pip install -e .`"
+            f"the dashboard is not installed: expected {candidates[0]} (a wheel) or "
+            f"{candidates[1]} (a checkout); reinstall iscore"
         )
     if importlib.util.find_spec("streamlit") is None:
         raise IscoreError("the dashboard needs streamlit: pip install streamlit")
@@ -605,8 +609,8 @@ def _cmd_app(args: argparse.Namespace) -> int:
         for host in (*LOOPBACK_HOSTS, *own["--allowed-host"]):
             flags += ["--server.allowedHosts", host]
     # Streamlit replaces this process, so that signals (Ctrl-C, `docker stop`, kill) reach it
-    # directly and no server is left behind; from the checkout, where its config lives.
-    os.chdir(main.parents[1])
+    # directly and no server is left behind. It reads the config beside the script it runs,
+    # and stays in this directory, where relative paths typed on the Data page start.
     command = [sys.executable, "-m", "streamlit", "run", str(main), *flags]
     if script_args:
         command += ["--", *script_args]
@@ -906,7 +910,7 @@ def build_parser() -> argparse.ArgumentParser:
         "app",
         help="serve the dashboard in a browser",
         description="Serve the dashboard (Streamlit), opening on the Data page with DUMP loaded. "
-        "Streamlit's own configuration applies: the checkout's .streamlit/config.toml, "
+        "Streamlit's own configuration applies: iscore's settings (app/.streamlit/config.toml), "
         "STREAMLIT_* environment variables and --section.option flags passed here, e.g. "
         "`iscore app runs/ --server.port 8600`. It listens on 127.0.0.1 unless given "
         "--server.address; see docs/security.md before serving it to others.",

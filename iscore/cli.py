@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import types
@@ -23,7 +22,7 @@ from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_PATH_TOKENS, MAX_U
 from iscore.errors import ConfigError, IscoreError, clip, counted, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS
-from iscore.output import check_output, output_path
+from iscore.output import check_output, output_path, write_json
 from iscore.serving import LOOPBACK_HOSTS
 
 if TYPE_CHECKING:
@@ -227,8 +226,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     with _progress(dump, "validate", args) as bar:
         report = validate(dump, max_tokens=args.chunk_tokens, progress=bar.update)
     if args.json:
-        with output_path(args.json) as tmp:
-            Path(tmp).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        write_json(report.to_dict(), args.json, indent=2)
     print(report.render())
     return 0 if report.ok else 1
 
@@ -388,8 +386,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         print(f"  ! {warning}")
     print(f"  why: {clip(rec.pick, 1000)}")
     if args.json:
-        with output_path(args.json) as tmp:
-            Path(tmp).write_text(json.dumps(rec.to_dict(), indent=1) + "\n")
+        write_json(rec.to_dict(), args.json)
     print(f"\nbest: {clip(rec.best.spec.name)}")
     print(f"rule: {rec.best.rule} ({RULE_SYMBOLS})")
     print(snippet(rec.best.spec).rstrip())

@@ -13,6 +13,8 @@ written directly, never replaced; a directory is refused.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import secrets
 import signal
@@ -21,6 +23,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from iscore.errors import IscoreError, quote
 
@@ -142,3 +145,29 @@ def _sigterm_raises() -> Iterator[None]:
     finally:
         # None: a handler set outside Python, which cannot be put back; the default is.
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def json_ready(value: Any) -> Any:
+    """`value` as strict JSON types: NaN and infinities become None (JSON has no NaN: a
+    reader such as `jq` or JavaScript's `JSON.parse` refuses it), numpy scalars Python ones.
+
+    >>> json_ready({"a": float("nan"), "b": [1.5, float("inf")]})
+    {'a': None, 'b': [1.5, None]}
+    """
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    if isinstance(value, float) or hasattr(value, "dtype"):
+        number = value.item() if hasattr(value, "item") else value
+        if isinstance(number, float) and not math.isfinite(number):
+            return None
+        return number
+    return value
+
+
+def write_json(value: Any, path: str | Path, indent: int = 1) -> None:
+    """Write `value` (`json_ready`) as strict JSON to `path`, whole or not at all."""
+    text = json.dumps(json_ready(value), indent=indent, allow_nan=False) + "\n"
+    with output_path(path) as tmp:
+        Path(tmp).write_text(text)

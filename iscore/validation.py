@@ -20,8 +20,14 @@ import numpy as np
 
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, DropReport, Dump, Problem, open_data
 from iscore.errors import DumpError, clip, counted
+from iscore.output import json_ready
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
+
+_SUMMARY = (
+    "steps", "sequences", "tokens", "loss_tokens", "length", "abs_diff_mean", "abs_diff_max", "k3"
+)  # fmt: skip
+"""The `Report` fields that summarize a valid dump."""
 
 
 @dataclass(slots=True)
@@ -70,11 +76,16 @@ class Report:
         return not self.problems
 
     def to_dict(self) -> dict:
-        """The report as plain JSON-able types."""
+        """The report as strict JSON types: the summary (steps, counts, lengths, mismatch)
+        describes a valid dump, so it is null where the dump has problems (a chunk with
+        problems is not counted: 0 sequences would read as an empty dump), and a statistic
+        that is not a number is null, never NaN."""
         out = asdict(self)
         out["problems"] = [str(p) for p in self.problems]
         out["ok"] = self.ok
-        return out
+        for key in _SUMMARY if not self.ok else ():
+            out[key] = None
+        return json_ready(out)
 
     def render(self) -> str:
         """The report as lines of text for a terminal."""

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
+from iscore.cli import main
 from iscore.dump import Dump, StepRange
 from iscore.validation import validate
 from tests.conftest import Sequences, make_sequences, write
@@ -75,3 +78,33 @@ def test_where_and_steps_summarize_only_the_selected_sequences(tmp_path):
         assert report.steps == [1] and report.sequences == 2
         assert report.abs_diff_mean == pytest.approx(want["abs_diff_mean"], rel=1e-12)
         assert report.k3 == pytest.approx(want["k3"], rel=1e-12)
+
+
+def _strict(text: str) -> dict:
+    """JSON as a strict reader (jq, JSON.parse) reads it: NaN and Infinity are errors."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_json_of_an_invalid_dump_is_json_and_claims_no_counts(tmp_path, capsys):
+    """`validate --json` of an invalid dump wrote NaN (not JSON) and `sequences: 0`, which
+    reads as an empty dump: the summary is null where the dump has problems."""
+    table = pa.table(
+        {
+            "seq_id": [1, 1, 2],
+            "rollout_logprob": np.float32([-1, np.nan, -1]),
+            "train_logprob": np.float32([-1, -1, -1]),
+        }
+    )
+    path, out = write(table, tmp_path / "bad.parquet"), tmp_path / "report.json"
+    assert main(["validate", str(path), "-q", "--json", str(out)]) == 1
+    report = _strict(out.read_text())
+    assert report["ok"] is False and len(report["problems"]) == 1
+    assert report["sequences"] is None and report["tokens"] is None and report["k3"] is None
+    good = tmp_path / "good.json"
+    assert main(["validate", "data/fp8.parquet", "-q", "--json", str(good)]) == 0
+    assert _strict(good.read_text())["sequences"] == 48
+    capsys.readouterr()

@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from iscore.errors import DumpError, counted
 
-__all__ = ["StepFiles", "step_file", "write_atomic"]
+__all__ = ["StepFiles", "describe_runs", "step_file", "write_atomic"]
 
 _PART = "part"
 _END = "end"
@@ -89,6 +89,34 @@ def write_atomic(
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
+
+
+def describe_runs(provenance: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per framework for the files a training loop wrote (their provenance has a
+    `rank`), however many steps and ranks: a run folder holds one file per step and rank.
+
+    >>> files = [{"framework": "trl", "rank": r, "steps": [s]} for r in (0, 1) for s in (3, 4, 6)]
+    >>> describe_runs(files)
+    ['written by a trl training loop: 6 files from 2 ranks, steps 3..6 (3 of them)']
+    """
+    runs: dict[str, tuple[int, set[int], set[int]]] = {}
+    for record in provenance:
+        if "rank" not in record:
+            continue
+        files, ranks, steps = runs.get(str(record.get("framework")), (0, set(), set()))
+        ranks.add(record["rank"])
+        steps.update(record.get("steps", []))
+        runs[str(record.get("framework"))] = (files + 1, ranks, steps)
+    lines = []
+    for framework, (files, ranks, steps) in runs.items():
+        span = f"{min(steps)}..{max(steps)}" if steps else "none"
+        if steps and len(steps) != max(steps) - min(steps) + 1:
+            span += f" ({len(steps)} of them)"
+        lines.append(
+            f"written by a {framework} training loop: {counted(files, 'file')} from "
+            f"{counted(len(ranks), 'rank')}, steps {span}"
+        )
+    return lines
 
 
 class StepFiles:

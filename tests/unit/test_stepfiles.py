@@ -56,6 +56,9 @@ def test_several_processes_write_one_run(tmp_path, capsys) -> None:
     batch = iscore.load(run)
     assert batch.num_sequences == truth_rows
     assert main(["validate", run]) == 0
+    assert "written     by a trl training loop: 12 files from 4 ranks, steps 0..2" in (
+        capsys.readouterr().out
+    )
     assert main(["recommend", run, "--framework", "trl"]) == 0
     assert "vllm_importance_sampling" in capsys.readouterr().out
 

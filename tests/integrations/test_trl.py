@@ -10,8 +10,6 @@ log-probs as an engine does. num_iterations=2 makes TRL recompute old_per_token_
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 
@@ -82,10 +80,10 @@ def _rollout(prompts, trainer):
     return out
 
 
-def test_the_grpo_trainer_dumps_every_step(tmp_path) -> None:
+def test_the_grpo_trainer_dumps_every_step(tmp_path, monkeypatch) -> None:
     trl = framework("trl", INSTALL)
     datasets = framework("datasets", INSTALL)
-    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     writer = DumpWriter(tmp_path / "dump", framework="trl", rank=0)
     seen = []
 

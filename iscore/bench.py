@@ -1431,7 +1431,7 @@ def _writer_cost(tokens: int, steps: int) -> dict[str, Any]:
         "add_batch_s": add_s,
         "background_s": background_s,
         "rows": [
-            _row(f"writer: a step's loss over its tensors ({at})", step_s, written),
+            _row("writer: a step's loss over the same tensors", step_s, written),
             _row("writer: add_batch, time the step waits", add_s, written, "writer_vs_step"),
             _row("writer: background conversion and write", background_s, written),
         ],

@@ -12,7 +12,8 @@ The Python API in one screen:
 >>> print(iscore.export(best, "skyrl").text.splitlines()[0])
 trainer:
 
-`iscore.DumpWriter` writes the canonical Parquet dump from a training loop's padded tensors;
+`iscore.DumpWriter` writes the canonical Parquet dump from a training loop's own batch objects
+(`add_batch`) or padded tensors (`add`);
 `iscore.frameworks` is the registry of frameworks.
 """
 

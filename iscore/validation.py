@@ -21,6 +21,7 @@ import numpy as np
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, DropReport, Dump, Problem, open_data
 from iscore.errors import DumpError, clip, counted
 from iscore.output import json_ready
+from iscore.stepfiles import describe_runs
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
@@ -115,8 +116,12 @@ class Report:
             f"  mismatch    mean |d| {self.abs_diff_mean:.4g} · max |d| {self.abs_diff_max:.4g}"
             f" · k3 {self.k3:.3g}   (d = train - rollout, loss tokens)",
         ]
+        lines += [
+            f"  written     {line.removeprefix('written ')}"
+            for line in describe_runs(self.provenance)
+        ]
         for origin in self.provenance:
-            if origin.get("framework"):
+            if origin.get("framework") and "rank" not in origin:
                 sources = origin.get("source_files", [])
                 lines.append(
                     f"  imported    from {origin['framework']}: {len(sources)} file(s), "

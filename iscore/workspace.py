@@ -47,6 +47,7 @@ from iscore.recommendation import Recommendation, Targets, recommend
 from iscore.sequences import batch_schema, catalog, sequence_table
 from iscore.spec import Spec
 from iscore.sql import ROW_LIMIT, TIMEOUT_S, Result, query
+from iscore.stepfiles import describe_runs
 from iscore.tune import Tuner, grid
 from iscore.where import Where
 from iscore.writer import PROVENANCE_KEY
@@ -254,11 +255,14 @@ class Workspace:
         files = tuple(f.path for f in dump.files)
         name = Path(files[0]).name if len(files) == 1 else f"{len(files)} files"
         columns = tuple(dump.files[0].columns.source.items())
-        provenance = tuple(
-            f"imported from {p['framework']}: {', '.join(map(str, p.get('source_files', [])))} "
-            f"(steps {', '.join(map(str, p.get('steps', [])))})"
-            for p in dump.provenance
-            if p.get("framework")
+        provenance = (
+            *describe_runs(dump.provenance),
+            *(
+                f"imported from {p['framework']}: {', '.join(map(str, p.get('source_files', [])))} "
+                f"(steps {', '.join(map(str, p.get('steps', [])))})"
+                for p in dump.provenance
+                if p.get("framework") and "rank" not in p
+            ),
         )
         preview = preview_table(files[0], dump.head(ROWS))
         source = Source(name, files, dump.layout, columns, dump.dropped, provenance, preview)

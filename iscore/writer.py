@@ -1,10 +1,31 @@
 """Write canonical sequence-layout Parquet dumps, from a training loop or from an importer.
 
-verl, TRL, OpenRLHF and AReaL hold the rollout and trainer log-probs in memory and never
-write them. `DumpWriter` turns the tensors they already
-have into the dump iscore reads (README, "The dump"): one row per sequence, one Parquet row
-group per `add` call, written to disk before `add` returns. Calling it every step of a long
-run therefore holds one step's data in memory, never the run's.
+verl, TRL, SkyRL, OpenRLHF and AReaL hold the rollout and trainer log-probs in memory and
+never write both. `DumpWriter` turns what they hold into the dump iscore reads (README, "The
+dump"): one row per sequence. `add_batch(obj, step=N)` takes the framework's own batch object
+(verl's `DataProto`, TRL's loss inputs, ...), which the framework's module reads
+(`iscore.frameworks.<name>.read_batch`); `add` takes the tensors themselves.
+docs/integrations.md shows the line to add in each framework's loop.
+
+Two layouts:
+
+- `DumpWriter("run.parquet")`: one file, one row group per `add` call, written before the call
+  returns (scripts, importers, a single process).
+- `DumpWriter("run_dir", framework=F, rank=R)`: the training-loop layout. Each data-parallel rank
+  writes one file per step, `run_dir/step_000123/rank_0007.parquet` (`iscore.stepfiles`), in a
+  background thread: the call keeps references to the batch's tensors and returns; the thread
+  converts them and writes the file atomically (a temporary name, then a rename), so a crash
+  loses at most the step being written and never leaves a file a reader trusts. When too many
+  calls wait (`max_pending`), the step is dropped and counted (`dropped_steps`), never waited
+  for. The tensors must not be written into afterwards: each hook in docs/integrations.md is at
+  a point after which the framework replaces them rather than writing into them. iscore reads
+  the folder as one run (`iscore.load("run_dir")`, `iscore validate run_dir`).
+
+Sequence ids: the framework's own where it has them (OpenRLHF's `index`), else a counter
+running across calls; in the per-rank layout the counter starts at rank x 10^9
+(`RANK_STRIDE`), so ranks never collide. Opt-in sampling keeps dumping cheap: `every=N` writes
+the steps divisible by N and skips the others before reading anything; `max_sequences=M` keeps
+the first M sequences of each step (batches are ordered by prompt, so groups stay whole).
 
 Padded `[B, T]` tensors may be left-aligned (verl, TRL, OpenRLHF), right-aligned (SkyRL) or
 have holes (multi-turn tool output): `mask` alone says which positions are tokens, kept in
@@ -23,73 +44,19 @@ too, with or without a mask.
 >>> iscore.load(path).lengths.tolist()
 [2, 2]
 
-Where to call it, per framework (names as of the upstream commits of
-docs/corrections.md#frameworks). Create
-`writer = DumpWriter("run.parquet", framework=...)` once and call `writer.close()` at the end
-(or use it as a context manager). With several processes, give each its own file and pass
-`seq_ids` that are unique across them: a dump identifies a sequence by (step, seq_id).
-
-verl, `RayPPOTrainer.fit` in `verl/trainer/ppo/ray_trainer.py`, after `compute_advantage`
-and before `update_actor` (the batch then holds both log-probs; in bypass mode
-`old_log_probs` IS `rollout_log_probs` and the dump shows no mismatch)::
-
-    writer.add(
-        step=self.global_steps,
-        rollout_logprobs=batch.batch["rollout_log_probs"],  # [B, R] vLLM/SGLang
-        train_logprobs=batch.batch["old_log_probs"],  # [B, R] FSDP/Megatron recompute
-        mask=batch.batch["response_mask"],  # left-aligned, right-padded
-        advantages=batch.batch["advantages"],  # [B, R] per token
-        group_ids=list(batch.non_tensor_batch["uid"]),  # the prompt of each response
-    )
-
-TRL, `GRPOTrainer._generate_and_score_completions` in `trl/trainer/grpo_trainer.py`, just
-before `return output` (`old_per_token_logps` is None unless vLLM IS correction or gradient
-accumulation asked for it)::
-
-    writer.add(
-        step=self.state.global_step,
-        rollout_logprobs=sampling_per_token_logps,  # [B, C] vLLM
-        train_logprobs=old_per_token_logps,  # [B, C] trainer
-        mask=completion_mask,  # right-padded; zero rows for masked truncations
-        advantages=advantages,  # [B] per sequence
-    )
-
-OpenRLHF, `make_experience` in `openrlhf/trainer/ppo_utils/experience_maker.py`, before
-`return samples_list` (`rollout_log_probs` exists only with
-`--algo.advantage.is_correction_enable`); one row per sequence across all experiences::
-
-    rows = lambda name: [row for e in samples_list for row in getattr(e, name)]
-    writer.add(
-        step=step,  # your own step counter
-        rollout_logprobs=rows("rollout_log_probs"),  # [b, A] each
-        train_logprobs=rows("action_log_probs"),
-        mask=rows("action_mask"),
-    )
-
-AReaL, `areal/trainer/rl_trainer.py`, after the `prox_logp` recompute and before
-`compute_advantages` (which may overwrite `logprobs`). AReaL's `logprobs` are the ROLLOUT
-log-probs, aligned with the token they score; `prox_logp` and the loss are shifted by one,
-hence the rolls::
-
-    writer.add(
-        step=global_step,
-        rollout_logprobs=[torch.roll(t["logprobs"], -1, dims=-1)[0] for t in rollout_batch],
-        train_logprobs=[t["prox_logp"][0] for t in rollout_batch],
-        mask=[torch.roll(t["loss_mask"], -1, dims=-1)[0] for t in rollout_batch],
-    )
-
 Provenance (`{"framework", "source_files", "steps", ...}` as JSON) is stored under the
-Parquet footer key `iscore.provenance` when the writer closes, so it also shows in
-`pq.read_table(path).schema.metadata`. A process killed before `close` leaves a file without
-its footer, which no Parquet reader can open: close it (the context manager closes it even
-when the block raises).
+Parquet footer key `iscore.provenance` when a file closes, so it also shows in
+`pq.read_table(path).schema.metadata`. A process killed before `close` leaves a single-file
+dump without its footer, which no Parquet reader can open: close it (the context manager
+closes it even when the block raises).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields, replace
 from pathlib import Path
 from types import TracebackType
 
@@ -98,9 +65,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from iscore import frameworks
 from iscore.errors import DumpError, quote
+from iscore.frameworks.base import BatchFields
+from iscore.stepfiles import StepFiles
 
-__all__ = ["COLUMN_ORDER", "PROVENANCE_KEY", "DumpWriter", "canonical_table", "schema_mismatch"]
+__all__ = [
+    "COLUMN_ORDER",
+    "PROVENANCE_KEY",
+    "RANK_STRIDE",
+    "DumpWriter",
+    "canonical_table",
+    "schema_mismatch",
+]
+
+RANK_STRIDE = 10**9
+"""In the per-rank layout, the ids the writer counts start at rank x RANK_STRIDE."""
 
 PROVENANCE_KEY = b"iscore.provenance"
 """Parquet footer (and Arrow schema metadata) key of the provenance JSON."""
@@ -311,11 +291,22 @@ def _to_numpy(name: str, value: object) -> np.ndarray:
 
 _REAL = ("iuf", "real numbers")
 _INTEGER = ("iu", "integers")
+_MASK = ("biuf", "booleans or 0/1")
 
 
 def _check_kind(name: str, array: np.ndarray, kind: tuple[str, str]) -> None:
     if array.size and array.dtype.kind not in kind[0]:
         raise DumpError(f"Expected argument `{name}` to hold {kind[1]}, but got {array.dtype}")
+
+
+def _check_mask(name: str, array: np.ndarray) -> None:
+    if array.dtype.kind != "b":
+        _check_kind(name, array, _MASK)
+        odd = array[(array != 0) & (array != 1)]
+        if odd.size:
+            raise DumpError(
+                f"Expected argument `{name}` to hold booleans or 0/1, but found {odd[0]}"
+            )
 
 
 class _Layout:
@@ -391,13 +382,7 @@ class _Layout:
                 )
             return self.shape
         array = self.values("mask", mask)
-        if array.dtype.kind != "b":
-            _check_kind("mask", array, ("iuf", "booleans or 0/1"))
-            odd = array[(array != 0) & (array != 1)]
-            if odd.size:
-                raise DumpError(
-                    f"Expected argument `mask` to hold booleans or 0/1, but found {odd[0]}"
-                )
+        _check_mask("mask", array)
         self.selection = array != 0
         if not self.ragged:
             return self.selection.sum(axis=1, dtype=np.int64)
@@ -421,28 +406,69 @@ def _per_sequence(name: str, value: object, count: int) -> np.ndarray:
 
 
 class DumpWriter:
-    """Append training steps to a canonical Parquet dump, one row group per call.
+    """Write training steps to a canonical Parquet dump: one file, or one file per step and rank.
 
     Args:
-        path: the Parquet file to write (its folder is created; an existing file is replaced).
-        framework: recorded in the provenance, e.g. "verl".
+        path: the Parquet file to write (its folder is created; an existing file is replaced),
+            or with `rank`, the run's folder.
+        framework: the framework whose batch objects `add_batch` reads (e.g. "verl"); recorded
+            in the provenance.
+        rank: this process's data-parallel rank: writes `path/step_{N}/rank_{rank}.parquet` in
+            a background thread (module docstring). None: the single file `path`.
+        every: write the steps divisible by `every`; calls for other steps return at once.
+        max_sequences: write at most this many sequences per step (the first ones); None: all.
+        max_pending: with `rank`, how many calls may wait for the background thread before a
+            step is dropped rather than waited for.
         compression: Parquet codec.
 
     Attributes:
-        sequences: sequences written so far.
-        tokens: tokens written so far.
-        row_groups: row groups written so far.
+        sequences: sequences handed to the writer so far (in the per-rank layout, including
+            those of steps that end up dropped).
+        tokens: tokens written so far (single file).
+        row_groups: row groups written so far (single file).
+        dropped_steps: steps the per-rank layout dropped because the background thread was
+            behind.
 
     Nothing is written until the first `add`; closing a writer that was never given a row
     leaves no file.
+
+    Raises:
+        DumpError: `rank`, `every` or `max_sequences` is not a valid count, or `path` is a
+            folder without `rank`.
     """
 
     def __init__(
-        self, path: str | Path, framework: str | None = None, *, compression: str = "zstd"
+        self,
+        path: str | Path,
+        framework: str | None = None,
+        *,
+        rank: int | None = None,
+        every: int = 1,
+        max_sequences: int | None = None,
+        max_pending: int = 4,
+        compression: str = "zstd",
     ):
         self.path = Path(path)
         self.framework = framework
         self.compression = compression
+        for name, value, low in (
+            ("rank", rank, 0),
+            ("every", every, 1),
+            ("max_sequences", max_sequences, 1),
+            ("max_pending", max_pending, 1),
+        ):
+            if value is not None and (not isinstance(value, int | np.integer) or value < low):
+                raise DumpError(
+                    f"Expected argument `{name}` to be an integer >= {low}, but got {quote(value)}"
+                )
+        if rank is None and self.path.is_dir():
+            raise DumpError(
+                f"{self.path} is a folder: pass rank= to write one file per step and rank into "
+                "it, or name a .parquet file"
+            )
+        self.rank = None if rank is None else int(rank)
+        self.every = int(every)
+        self.max_sequences = max_sequences
         self.sequences = 0
         self.tokens = 0
         self.row_groups = 0
@@ -450,7 +476,61 @@ class DumpWriter:
         self._schema: pa.Schema | None = None
         self._steps: set[int] = set()
         self._next_id = 0
+        self._taken: tuple[int, int] = (-1, 0)  # (step, sequences kept of it)
         self._closed = False
+        self._files = (
+            None
+            if self.rank is None
+            else StepFiles(
+                self.path,
+                self.rank,
+                build=self._table,
+                footer=self._footer,
+                compression=compression,
+                max_pending=max_pending,
+            )
+        )
+
+    @property
+    def dropped_steps(self) -> int:
+        return 0 if self._files is None else self._files.dropped_steps
+
+    def add_batch(self, batch: object, *, step: int) -> None:
+        """Write the sequences of a framework's own batch object for `step`.
+
+        The framework's module says how to read it (`read_batch`, cited to the upstream lines
+        it relies on); docs/integrations.md shows where each framework's loop holds it.
+
+        Args:
+            batch: verl's `DataProto` after the old-log-prob recompute, TRL's GRPO loss inputs
+                (the dict `_generate_and_score_completions` returns), SkyRL's
+                `TrainingInputBatch`, an OpenRLHF `Experience` or list of them, AReaL's list of
+                trajectory dicts, NeMo-RL's `train_data`, slime's `rollout_data`.
+            step: the training step.
+
+        Raises:
+            DumpError: no `framework`, a framework without an adapter, or an object lacking
+                what a dump needs (both log-probs and the mask; the message says where the
+                framework computes them); those of `add`.
+
+        >>> import tempfile, torch, iscore
+        >>> path = tempfile.mkdtemp() + "/run.parquet"
+        >>> inputs = {  # TRL's loss inputs, as GRPOTrainer builds them
+        ...     "sampling_per_token_logps": torch.tensor([[-0.5, -1.0, 0.0]]),
+        ...     "old_per_token_logps": torch.tensor([[-0.4, -1.1, -2.0]]),
+        ...     "completion_mask": torch.tensor([[1, 1, 0]]),
+        ...     "advantages": torch.tensor([0.5]),
+        ... }
+        >>> with DumpWriter(path, framework="trl") as writer:
+        ...     writer.add_batch(inputs, step=7)
+        >>> iscore.load(path).train.tolist()
+        [-0.4000000059604645, -1.100000023841858]
+        """
+        self._check_open()
+        if not self._wanted(step):
+            return
+        for part in self._reader()(batch):
+            self._add(int(step), part)
 
     def add(
         self,
@@ -459,6 +539,7 @@ class DumpWriter:
         rollout_logprobs: object,
         train_logprobs: object,
         mask: object = None,
+        loss_mask: object = None,
         seq_ids: object = None,
         policy_logprobs: object = None,
         advantages: object = None,
@@ -467,7 +548,7 @@ class DumpWriter:
         rewards: object = None,
         group_ids: object = None,
     ) -> None:
-        """Write one batch of sequences (one step) as one row group.
+        """Write one batch of sequences of one step.
 
         Per-token arguments are padded [B, T] tensors/arrays (any alignment, holes allowed)
         or lists of B per-sequence 1-D arrays, all in the layout of `rollout_logprobs`.
@@ -478,6 +559,8 @@ class DumpWriter:
             train_logprobs: the trainer's recomputed log-probs (pi_old), per token.
             mask: which positions are tokens (bool or 0/1). Required when padded; for lists,
                 None keeps every value.
+            loss_mask: of those tokens, the ones the loss trains on: per token, or [B] per
+                sequence; None: all of them.
             seq_ids: [B] integer or string ids; by default a counter running across calls.
             policy_logprobs: current-policy log-probs, per token.
             advantages: [B] per sequence, or per token.
@@ -488,51 +571,141 @@ class DumpWriter:
 
         Raises:
             DumpError: an argument of the wrong shape or dtype (the message names it), an
-                optional argument given in one call but not in an earlier one (a file has
-                one schema), or a closed writer.
+                optional argument given in one call but not in an earlier one of the same
+                file (a file has one schema), or a closed writer. In the per-rank layout,
+                what only the values show (a mask of 2s, an id too large) is found by the
+                background thread: that step is not written, and `close` raises.
         """
+        self._check_open()
+        if not self._wanted(step):
+            return
+        fields = BatchFields(
+            rollout_logprobs,
+            train_logprobs,
+            mask=mask,
+            loss_mask=loss_mask,
+            policy_logprobs=policy_logprobs,
+            advantages=advantages,
+            token_ids=token_ids,
+            entropy=entropy,
+            rewards=rewards,
+            group_ids=group_ids,
+            seq_ids=seq_ids,
+        )
+        self._add(int(step), fields)
+
+    def _check_open(self) -> None:
         if self._closed:
             raise DumpError(f"{self.path}: the writer is closed")
+
+    def _wanted(self, step: object) -> bool:
         if isinstance(step, bool) or not isinstance(step, int | np.integer):
             raise DumpError(f"Expected argument `step` to be an integer, but got {quote(step)}")
-        layout = _Layout(rollout_logprobs)
-        lengths = layout.set_mask(mask)
+        return step % self.every == 0
+
+    def _reader(self) -> Callable[[object], Sequence[BatchFields]]:
+        if self.framework is None:
+            raise DumpError(
+                "Expected the writer's `framework` (DumpWriter(path, framework=...)) for "
+                "add_batch, which reads that framework's batch object"
+            )
+        reader = frameworks.get(self.framework).read_batch
+        if reader is None:
+            have = [fw.name for fw in frameworks.every() if fw.read_batch is not None]
+            raise DumpError(
+                f"iscore cannot read {self.framework}'s batch objects; add_batch reads those of "
+                f"{', '.join(have)} (use add() with the tensors otherwise)"
+            )
+        return reader
+
+    def _add(self, step: int, fields: BatchFields) -> None:
+        """Sample, number and hand over one block of sequences (`_table` converts it)."""
+        count = _count(fields.rollout_logprobs)
+        taken_step, taken = self._taken
+        if taken_step != step:
+            taken = 0
+        if self.max_sequences is not None:
+            if taken >= self.max_sequences:
+                return
+            if count > self.max_sequences - taken:
+                count = self.max_sequences - taken
+                fields = _head(fields, count)
+        self._taken = (step, taken + count)
+        ids = fields.seq_ids
+        if ids is None:
+            base = 0 if self.rank is None else self.rank * RANK_STRIDE
+            if self._next_id + count > RANK_STRIDE and self.rank is not None:
+                raise DumpError(f"rank {self.rank} wrote more than {RANK_STRIDE:,} sequences")
+            ids = np.arange(base + self._next_id, base + self._next_id + count, dtype=np.int64)
+            self._next_id += count
+        fields = replace(fields, seq_ids=ids)
+        if self._files is not None:
+            _precheck(fields)
+            self.sequences += count
+            self._files.add(step, (step, fields))
+            return
+        self.write_table(self._table((step, fields)), what="add() call")
+
+    def _table(self, job: tuple[int, BatchFields]) -> pa.Table:
+        """One block of sequences as a canonical table (checks every value)."""
+        step, f = job
+        layout = _Layout(f.rollout_logprobs)
+        lengths = layout.set_mask(f.mask)
         tokens: dict[str, np.ndarray] = {}
         given = {
-            "rollout_logprob": ("rollout_logprobs", rollout_logprobs, _REAL),
-            "train_logprob": ("train_logprobs", train_logprobs, _REAL),
-            "policy_logprob": ("policy_logprobs", policy_logprobs, _REAL),
-            "token_id": ("token_ids", token_ids, _INTEGER),
-            "entropy": ("entropy", entropy, _REAL),
+            "rollout_logprob": ("rollout_logprobs", f.rollout_logprobs, _REAL),
+            "train_logprob": ("train_logprobs", f.train_logprobs, _REAL),
+            "policy_logprob": ("policy_logprobs", f.policy_logprobs, _REAL),
+            "token_id": ("token_ids", f.token_ids, _INTEGER),
+            "entropy": ("entropy", f.entropy, _REAL),
         }
         sequences: dict[str, np.ndarray] = {}
-        if advantages is not None:
-            if _is_per_sequence(advantages):
-                sequences["advantage"] = _per_sequence("advantages", advantages, layout.count)
-                _check_kind("advantages", sequences["advantage"], _REAL)
+        for column, name, value in (
+            ("advantage", "advantages", f.advantages),
+            ("loss_mask", "loss_mask", f.loss_mask),
+        ):
+            if value is None:
+                continue
+            if not _is_per_sequence(name, value):
+                given[column] = (name, value, _MASK if column == "loss_mask" else _REAL)
+                continue
+            array = _per_sequence(name, value, layout.count)
+            if column == "loss_mask":
+                _check_mask(name, array)
+                tokens["loss_mask"] = np.repeat(array != 0, lengths)
             else:
-                given["advantage"] = ("advantages", advantages, _REAL)
+                _check_kind(name, array, _REAL)
+                sequences[column] = array
         for column, (name, value, kind) in given.items():
             if value is None:
                 continue
             array = layout.rollout if column == "rollout_logprob" else layout.values(name, value)
-            _check_kind(name, array, kind)
+            if kind is _MASK:
+                _check_mask(name, array)
+                array = array != 0
+            else:
+                _check_kind(name, array, kind)
             tokens[column] = layout.select(array)
-        if rewards is not None:
-            sequences["reward"] = _per_sequence("rewards", rewards, layout.count)
+        if f.rewards is not None:
+            sequences["reward"] = _per_sequence("rewards", f.rewards, layout.count)
             _check_kind("rewards", sequences["reward"], _REAL)
-        if group_ids is not None:
-            sequences["group_id"] = _ids_argument("group_ids", group_ids, layout.count)
-        if seq_ids is None:
-            ids = np.arange(self._next_id, self._next_id + layout.count, dtype=np.int64)
-        else:
-            ids = _ids_argument("seq_ids", seq_ids, layout.count)
-        table = canonical_table(
-            step=int(step), seq_id=ids, lengths=lengths, tokens=tokens, sequences=sequences
+        if f.group_ids is not None:
+            sequences["group_id"] = _ids_argument("group_ids", f.group_ids, layout.count)
+        ids = _ids_argument("seq_ids", f.seq_ids, layout.count)
+        if self._files is not None:  # the single file counts in write_table
+            self.tokens += int(lengths.sum())
+        return canonical_table(
+            step=step, seq_id=ids, lengths=lengths, tokens=tokens, sequences=sequences
         )
-        self.write_table(table, what="add() call")
-        if seq_ids is None:
-            self._next_id += layout.count
+
+    def _footer(self, steps: Sequence[int]) -> dict[str, str]:
+        record = {
+            "framework": self.framework,
+            "source_files": [],
+            "steps": sorted(steps),
+            "rank": self.rank,
+        }
+        return {PROVENANCE_KEY.decode(): json.dumps(record)}
 
     @property
     def steps(self) -> list[int]:
@@ -545,8 +718,9 @@ class DumpWriter:
         Raises:
             DumpError: the table's columns differ from the first table's.
         """
-        if self._closed:
-            raise DumpError(f"{self.path}: the writer is closed")
+        self._check_open()
+        if self._files is not None:
+            raise DumpError("write_table writes a single file; this writer has a rank")
         if table.num_rows == 0:
             return
         if self._schema is None:
@@ -574,13 +748,22 @@ class DumpWriter:
     def close(self, provenance: Mapping[str, object] | None = None) -> None:
         """Write the footer with the provenance and close the file; later calls do nothing.
 
+        In the per-rank layout: write the last step and wait for the background thread.
+
         Args:
             provenance: fields added to (or replacing) `framework`, `source_files` and
-                `steps` in the provenance JSON.
+                `steps` in the provenance JSON of the single file.
+
+        Raises:
+            DumpError: in the per-rank layout, steps whose values were invalid or whose file
+                could not be written (the others are written).
         """
         if self._closed:
             return
         self._closed = True
+        if self._files is not None:
+            self._files.close()
+            return
         if self._writer is None:
             return
         record = {"framework": self.framework, "source_files": [], "steps": self.steps}
@@ -600,11 +783,65 @@ class DumpWriter:
         self.close()
 
 
-def _is_per_sequence(value: object) -> bool:
-    """Whether `advantages` holds one value per sequence rather than one per token."""
+def _is_per_sequence(name: str, value: object) -> bool:
+    """Whether `value` holds one value per sequence rather than one per token."""
     if isinstance(value, list | tuple):
-        return all(np.ndim(_to_numpy("advantages", v)) == 0 for v in value)
-    return _to_numpy("advantages", value).ndim == 1
+        return all(_ndim(name, v) == 0 for v in value)
+    return _ndim(name, value) == 1
+
+
+def _ndim(name: str, value: object) -> int:
+    ndim = getattr(value, "ndim", None)  # a tensor's, read without copying it
+    return ndim if isinstance(ndim, int) else _to_numpy(name, value).ndim
+
+
+def _count(value: object) -> int:
+    """The number of sequences of a per-token argument, read without copying it."""
+    if isinstance(value, list | tuple):
+        return len(value)
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        shape = _to_numpy("rollout_logprobs", value).shape
+    if len(shape) != 2:
+        raise DumpError(
+            "Expected argument `rollout_logprobs` to be a padded [B, T] array or a list of "
+            f"per-sequence 1-D arrays, but got shape {list(shape)}"
+        )
+    return int(shape[0])
+
+
+def _head(batch: BatchFields, count: int) -> BatchFields:
+    """The first `count` sequences of every field (views of tensors and arrays)."""
+    return replace(
+        batch,
+        **{
+            f.name: value[:count]
+            for f in fields(batch)
+            if (value := getattr(batch, f.name)) is not None
+        },
+    )
+
+
+def _precheck(batch: BatchFields) -> None:
+    """What can be told from shapes alone, before the background thread reads the values."""
+    if batch.train_logprobs is None:
+        raise DumpError("Expected argument `train_logprobs`, but it is None")
+    ragged = isinstance(batch.rollout_logprobs, list | tuple)
+    if not ragged and batch.mask is None:
+        raise DumpError(
+            "Expected argument `mask` for padded [B, T] tensors: padding cannot be told from "
+            "values, so the mask must say which positions are tokens"
+        )
+    shape = getattr(batch.rollout_logprobs, "shape", None)
+    if ragged or shape is None:
+        return
+    for name in ("train_logprobs", "mask", "policy_logprobs", "token_ids", "entropy"):
+        found = getattr(getattr(batch, name), "shape", None)
+        if found is not None and tuple(found) != tuple(shape):
+            raise DumpError(
+                f"Expected argument `{name}` to have shape {list(shape)} like "
+                f"`rollout_logprobs`, but got {list(found)}"
+            )
 
 
 def _ids_argument(name: str, value: object, count: int) -> pa.Array:

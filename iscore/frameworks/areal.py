@@ -113,8 +113,9 @@ from iscore.canonical import (
 )
 from iscore.canonical import Level as CanonicalLevel
 from iscore.errors import ConfigError, quote
+from iscore.frameworks import _batch
 from iscore.frameworks._config import Section, check_choice, check_number, top_level
-from iscore.frameworks.base import Framework, Trap, Upstream
+from iscore.frameworks.base import BatchFields, Framework, Trap, Upstream
 from iscore.spec import Replay, per_token
 
 NAME = "areal"
@@ -722,6 +723,56 @@ def _areal_mask(
     )
 
 
+# ------------------------------------------------------------------ dump adapter
+
+
+def read_batch(rollout_batch: Any) -> list[BatchFields]:
+    """AReaL's `rollout_batch` (a list of trajectory dicts, or one dict) -> its dump fields.
+
+    Where (areal/trainer/rl_trainer.py at inclusionAI/AReaL@4aef98d8): `PPOTrainer.train`
+    gets the step's `rollout_batch` from `actor.prepare_batch` (l.573, `group_size` =
+    `gconfig.n_samples`, l.578, so each dict holds one prompt's samples) and stores the
+    trainer's recompute in each dict as `prox_logp` (l.652-654), when
+    `actor.should_compute_prox_logp()`; `compute_advantages` (l.665) works on concatenated
+    copies and leaves the dicts as they were.
+
+    Each dict holds [g, S] tensors over prompt + response (areal/workflow/rlvr.py l.165-178):
+    `input_ids`, `loss_mask` (1 on generated tokens), `logprobs` (the ROLLOUT engine's, 0 on
+    the prompt, at the position of the token they score) and `rewards` [g]; `prox_logp` [g, S]
+    scores the NEXT token at each position. AReaL aligns them by rolling the rollout side by -1
+    (areal/trainer/ppo/actor.py l.176, l.188); the views `[:, 1:]` here do the same without a
+    copy (the column a roll wraps around is a prompt position, never a token).
+    Group id: the dict's place in the list.
+    """
+    if not isinstance(rollout_batch, list | tuple):
+        rollout_batch = [rollout_batch]
+    what = "AReaL's trajectory dicts"
+    parts = []
+    for group, traj in enumerate(rollout_batch):
+        rollout = _batch.need(
+            traj, "logprobs", what, "AReaL's workflows return them (rlvr.py l.173)"
+        )
+        train = _batch.need(
+            traj,
+            "prox_logp",
+            what,
+            "AReaL recomputes them only when actor.should_compute_prox_logp() "
+            "(use_decoupled_loss or recompute_logprob); call add_batch after rl_trainer.py l.654",
+        )
+        tokens = _batch.field(traj, "input_ids")
+        parts.append(
+            BatchFields(
+                rollout[:, 1:],
+                train[:, :-1],
+                mask=_batch.need(traj, "loss_mask", what, "AReaL's workflows return it")[:, 1:],
+                token_ids=None if tokens is None else tokens[:, 1:],
+                rewards=_batch.field(traj, "rewards"),
+                group_ids=[group] * len(rollout),
+            )
+        )
+    return parts
+
+
 # ------------------------------------------------------------------ the framework
 
 FRAMEWORK = Framework(
@@ -753,4 +804,5 @@ FRAMEWORK = Framework(
         ),
     ),
     snippet_formats=("yaml",),
+    read_batch=read_batch,
 )

@@ -15,7 +15,7 @@ registry (`iscore.frameworks`) lists the modules, and everything else asks the r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -94,6 +94,43 @@ class Trap:
         return self.text if self.check is None else self.check(batch, measure)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchFields:
+    """What a framework's own batch object holds for a dump, in the arguments of
+    `iscore.writer.DumpWriter.add`: tensors, arrays or lists exactly as the framework keeps them
+    (never copied here), read by the writer later.
+
+    Per-token fields share one layout: padded [B, T] (any alignment; `mask` marks the tokens)
+    or B per-sequence 1-D arrays. A framework module's `read_batch` returns one `BatchFields`
+    per padded block of its object (OpenRLHF's experiences, AReaL's trajectory groups).
+
+    Attributes:
+        rollout_logprobs: the rollout engine's log-probs, per token.
+        train_logprobs: the trainer's recompute (pi_old), per token.
+        mask: which positions are tokens of the dump (bool or 0/1), or None for lists.
+        loss_mask: of those tokens, the ones the loss trains on; per token or per sequence.
+        policy_logprobs: the current policy's log-probs, where the framework holds them.
+        advantages: per token, or [B] per sequence.
+        token_ids: the sampled tokens, per token.
+        entropy: per token.
+        rewards: [B].
+        group_ids: [B] the prompt group of each sequence (integers or strings).
+        seq_ids: [B] the framework's own sequence ids, unique within a step.
+    """
+
+    rollout_logprobs: Any
+    train_logprobs: Any
+    mask: Any = None
+    loss_mask: Any = None
+    policy_logprobs: Any = None
+    advantages: Any = None
+    token_ids: Any = None
+    entropy: Any = None
+    rewards: Any = None
+    group_ids: Any = None
+    seq_ids: Any = None
+
+
 @dataclass(frozen=True, eq=False)
 class Framework:
     """Everything iscore knows about one RL framework, behind one interface.
@@ -126,6 +163,10 @@ class Framework:
             iscore's default is not the framework's own (TRL's `use_vllm`).
         generations: older config generations it can write (verl only).
         to_generation: (spec, generation) -> `GenerationConfig`, when `generations`.
+        read_batch: the framework's own batch object at the point where both log-probs exist
+            (verl's `DataProto`, TRL's loss inputs, ...) -> its `BatchFields`, one per padded
+            block; read duck-typed, so iscore never imports the framework. None where iscore
+            has no adapter. Raises `DumpError` naming what is missing and where it comes from.
     """
 
     name: str
@@ -148,6 +189,7 @@ class Framework:
     snippet_keys: tuple[str, ...] = ()
     generations: tuple[str, ...] = ()
     to_generation: Callable[[Any, str], Any] | None = None
+    read_batch: Callable[[Any], Sequence[BatchFields]] | None = None
 
     def closest(self, setting: Canonical, name: str) -> Candidate:
         """This framework's setting closest to `setting`, with notes on what differs: identical

@@ -95,8 +95,16 @@ from iscore.canonical import (
     weight_component,
 )
 from iscore.errors import ConfigError, quote
+from iscore.frameworks import _batch
 from iscore.frameworks._config import Section, as_float, check_choice, top_level
-from iscore.frameworks.base import Aggregation, Framework, Measure, Trap, Upstream
+from iscore.frameworks.base import (
+    Aggregation,
+    BatchFields,
+    Framework,
+    Measure,
+    Trap,
+    Upstream,
+)
 from iscore.spec import Replay, per_token
 
 NAME = "nemo_rl"
@@ -545,6 +553,45 @@ def _nemo_weight(w: Component, notes: list[str]) -> dict[str, Any]:
     return fields
 
 
+# ------------------------------------------------------------------ dump adapter
+
+
+def read_batch(train_data: Any) -> list[BatchFields]:
+    """NeMo-RL's GRPO `train_data` (a `BatchedDataDict`) -> its dump fields.
+
+    NeMo-RL already writes both log-probs every step (`train_data_step{N}.jsonl`, which
+    `iscore convert` reads); this writes the same values as Parquet directly. Where
+    (nemo_rl/algorithms/grpo.py at NVIDIA-NeMo/RL@7ea279ab, `grpo_train`): `train_data` is built
+    at l.3165-3173, gets `prev_logprobs` at l.3239 and `advantages` at l.3294-3322, and is
+    logged at l.3633-3655, where a call beside NeMo-RL's own `log_batched_dict_as_jsonl` sees
+    everything.
+
+    [B, S] tensors over prompt + response, the value at index i belonging to token i (0 on the
+    prompt): `generation_logprobs` (vLLM/SGLang), `prev_logprobs` (the recompute; zeros with
+    `force_on_policy_ratio`, l.3247), `token_mask` (the generated tokens), `input_ids`,
+    `advantages` (per token); `sample_mask` [B] (0 for a sequence left out of the loss),
+    written as the loss mask.
+    """
+    what = "NeMo-RL's train_data"
+    return [
+        BatchFields(
+            _batch.need(
+                train_data, "generation_logprobs", what, "NeMo-RL builds it at grpo.py l.3169"
+            ),
+            _batch.need(
+                train_data,
+                "prev_logprobs",
+                what,
+                "call add_batch after NeMo-RL's recompute (grpo.py l.3239)",
+            ),
+            mask=_batch.need(train_data, "token_mask", what, "NeMo-RL builds it at grpo.py l.3170"),
+            loss_mask=_batch.field(train_data, "sample_mask"),
+            advantages=_batch.field(train_data, "advantages"),
+            token_ids=_batch.field(train_data, "input_ids"),
+        )
+    ]
+
+
 # ------------------------------------------------------------------ the framework
 
 
@@ -605,4 +652,5 @@ FRAMEWORK = Framework(
             _overflow,
         ),
     ),
+    read_batch=read_batch,
 )

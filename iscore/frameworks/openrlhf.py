@@ -83,8 +83,9 @@ from iscore.canonical import (
     weight_component,
 )
 from iscore.errors import ConfigError, quote
+from iscore.frameworks import _batch
 from iscore.frameworks._config import flag_parser, nearest, top_level
-from iscore.frameworks.base import Aggregation, Framework, Trap, Upstream
+from iscore.frameworks.base import Aggregation, BatchFields, Framework, Trap, Upstream
 from iscore.spec import Replay
 
 NAME = "openrlhf"
@@ -442,6 +443,58 @@ def from_canonical(c: Canonical, name: str) -> list[Candidate]:
     return [(spec, tuple(notes))]
 
 
+# ------------------------------------------------------------------ dump adapter
+
+
+def read_batch(experiences: Any) -> list[BatchFields]:
+    """An OpenRLHF `Experience`, or the list `make_experience_batch` returns -> dump fields.
+
+    Where (openrlhf/trainer/ppo_trainer.py at OpenRLHF/OpenRLHF@3c3be623): `train_step` gets
+    the step's experiences at l.216, with both log-probs, rewards and advantages, before
+    `balance_experiences` reshuffles them across ranks (l.230-231); the driver holds them all.
+
+    Each `Experience` (openrlhf/trainer/ppo_utils/experience.py l.29-64) is a padded block:
+    `rollout_log_probs` (b, A), the vLLM log-probs, requested only with
+    `--algo.advantage.is_correction_enable` (samples_generator.py l.210); `action_log_probs`
+    (b, A), the actor's forward in `make_experience` before the update (experience_maker.py
+    l.222): pi_old, although experience.py's comment calls it the current policy;
+    `action_mask` (b, A); `advantages` (b, A); `rewards` (b,); `index`, each sample's place in
+    the step's rollout (experience_maker.py l.46), written as its sequence id; `sequences`
+    (b, T), whose last A columns are the tokens the action columns score (the actor keeps
+    `log_probs[:, -A:]` of the next-token log-probs, models/actor.py l.290-294).
+    """
+    if not isinstance(experiences, list | tuple):
+        experiences = [experiences]
+    what = "OpenRLHF's Experience"
+    parts = []
+    for experience in experiences:
+        mask = _batch.need(experience, "action_mask", what, "make_experience_batch fills it")
+        sequences = _batch.field(experience, "sequences")
+        parts.append(
+            BatchFields(
+                _batch.need(
+                    experience,
+                    "rollout_log_probs",
+                    what,
+                    "OpenRLHF asks vLLM for log-probs only with "
+                    "--algo.advantage.is_correction_enable (samples_generator.py l.210)",
+                ),
+                _batch.need(
+                    experience,
+                    "action_log_probs",
+                    what,
+                    "call add_batch on what make_experience_batch returns (ppo_trainer.py l.216)",
+                ),
+                mask=mask,
+                advantages=_batch.field(experience, "advantages"),
+                token_ids=None if sequences is None else sequences[:, -mask.shape[1] :],
+                rewards=_batch.field(experience, "rewards"),
+                seq_ids=_batch.field(experience, "index"),
+            )
+        )
+    return parts
+
+
 # ------------------------------------------------------------------ the framework
 
 
@@ -478,4 +531,5 @@ FRAMEWORK = Framework(
         ),
     ),
     snippet_formats=("flags",),
+    read_batch=read_batch,
 )

@@ -81,6 +81,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args
 
+import numpy as np
 import torch
 
 from iscore import ops, render
@@ -98,9 +99,10 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError, quote
+from iscore.errors import ConfigError, DumpError, quote
+from iscore.frameworks import _batch
 from iscore.frameworks._config import Section, as_float, check_choice, top_level
-from iscore.frameworks.base import Framework, Upstream
+from iscore.frameworks.base import BatchFields, Framework, Upstream
 from iscore.spec import Replay, per_token
 
 NAME = "skyrl"
@@ -820,6 +822,109 @@ def _skyrl_weight(w: Component, fields: dict[str, Any], notes: list[str]) -> lis
     return extra
 
 
+# ------------------------------------------------------------------ dump adapter
+
+
+def read_batch(batch: Any) -> list[BatchFields]:
+    """SkyRL's `TrainingInputBatch` -> its dump fields.
+
+    SkyRL hands it to every callback's `on_step_end(trainer, callback_input, control)` as
+    `callback_input.batch` (skyrl/train/trainer.py at NovaSky-AI/SkyRL@a9564572, l.456;
+    `RayPPOTrainer.add_callback`, l.170; `DumpCallback` below), and pickles the same object with
+    `trainer.dump_data_batch` (l.441-446). A dict of tensors plus `metadata`
+    (skyrl/backends/skyrl_train/training_batch.py, `TensorBatch`), built in
+    `convert_to_training_input` (trainer.py l.926-939):
+
+    - [B, R] response tensors, RIGHT-aligned (padding on the left): `rollout_logprobs` (None
+      without `generator.sampling_params.logprobs`), `action_log_probs` (the trainer's forward
+      before the update, l.1380), `response_mask` (the response tokens), `loss_mask` (0 on
+      tool output), `advantages` (per token, l.1194).
+    - `sequences` [B, S], prompt + response left-padded: a row's response ends it, so its
+      last R columns hold the tokens of the response tensors.
+    - `metadata["pad_size"]`: rows appended so that B divides by the data-parallel size
+      (l.977-978), copies of row 0 with a zero loss mask; left out here.
+      `metadata["policy_prompt_boundaries"]`: (start, end) rows of each prompt (l.954), the
+      groups. SkyRL drops the rewards before this point (l.436-438).
+    """
+    what = "SkyRL's TrainingInputBatch"
+    rollout = _batch.need(
+        batch,
+        "rollout_logprobs",
+        what,
+        "SkyRL keeps the rollout engine's log-probs with generator.sampling_params.logprobs",
+    )
+    train = _batch.need(
+        batch, "action_log_probs", what, "SkyRL computes them in fwd_logprobs_values_reward"
+    )
+    metadata = getattr(batch, "metadata", None) or {}
+    pad = metadata.get("pad_size") or 0
+    rows = len(rollout) - pad
+    if not isinstance(pad, int) or rows < 0:
+        raise DumpError(f"{what}: metadata pad_size {quote(pad)} is not a row count")
+    mask = _batch.field(batch, "response_mask")
+    loss_mask = _batch.field(batch, "loss_mask")
+    if mask is None:
+        mask, loss_mask = _batch.need(batch, "loss_mask", what, "SkyRL sets it in the batch"), None
+    sequences = _batch.field(batch, "sequences")
+    width = rollout.shape[1]
+
+    def head(value: Any) -> Any:
+        return None if value is None else value[:rows]
+
+    return [
+        BatchFields(
+            rollout[:rows],
+            train[:rows],
+            mask=mask[:rows],
+            loss_mask=head(loss_mask),
+            advantages=head(_batch.field(batch, "advantages")),
+            token_ids=None if sequences is None else sequences[:rows, sequences.shape[1] - width :],
+            group_ids=_prompt_groups(metadata.get("policy_prompt_boundaries"), rows),
+        )
+    ]
+
+
+def _prompt_groups(boundaries: Any, rows: int) -> np.ndarray | None:
+    """Each row's prompt from SkyRL's (start, end) prompt boundaries, if they cover every row."""
+    if not isinstance(boundaries, list | tuple):
+        return None
+    groups = np.full(rows, -1, dtype=np.int64)
+    for index, (start, end) in enumerate(boundaries):
+        groups[int(start) : int(end)] = index
+    return groups if (groups >= 0).all() else None
+
+
+class DumpCallback:
+    """A SkyRL training callback that writes each step's batch:
+    `trainer.add_callback(DumpCallback(writer))`.
+
+    SkyRL calls every event of a callback by name (`CallbackHandler._dispatch`,
+    skyrl/train/utils/callbacks.py); this one writes at `on_step_end` and closes the writer at
+    `on_train_end`, and ignores the others, so it needs no SkyRL import.
+
+    Args:
+        writer: an `iscore.writer.DumpWriter` with `framework="skyrl"`.
+    """
+
+    def __init__(self, writer: Any):
+        self.writer = writer
+
+    def on_step_end(self, trainer: Any, callback_input: Any, control: Any) -> None:
+        self.writer.add_batch(callback_input.batch, step=callback_input.global_step)
+
+    def on_train_end(self, trainer: Any, callback_input: Any, control: Any) -> None:
+        self.writer.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("on_"):
+            return _ignore
+        raise AttributeError(name)
+
+
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    """An event `DumpCallback` does not act on."""
+
+
 # ------------------------------------------------------------------ the framework
 
 FRAMEWORK = Framework(
@@ -840,4 +945,5 @@ FRAMEWORK = Framework(
         "abs_diff_max": ("policy/rollout_train_logprobs_abs_diff_max",),
         "ratio_mean": ("is_ratio_mean",),
     },
+    read_batch=read_batch,
 )

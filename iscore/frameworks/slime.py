@@ -129,7 +129,8 @@ from iscore.canonical import (
     weight_component,
 )
 from iscore.canonical import Level as CanonicalLevel
-from iscore.errors import ConfigError, quote
+from iscore.errors import ConfigError, DumpError, quote
+from iscore.frameworks import _batch
 from iscore.frameworks._config import (
     Section,
     check_bool,
@@ -140,7 +141,7 @@ from iscore.frameworks._config import (
     parse_flags,
     top_level,
 )
-from iscore.frameworks.base import Aggregation, Framework, Upstream
+from iscore.frameworks.base import Aggregation, BatchFields, Framework, Upstream
 from iscore.spec import Replay, per_token
 
 NAME = "slime"
@@ -936,6 +937,59 @@ def _slime_mis(c: Canonical, name: str) -> Candidate:
     return SlimeCorrection(mis=MisConfig(**mis), **fields), tuple(notes)
 
 
+# ------------------------------------------------------------------ dump adapter
+
+
+def read_batch(rollout_data: Any) -> list[BatchFields]:
+    """slime's per-rank `rollout_data` in the Megatron actor's `train_actor` -> dump fields.
+
+    slime calls the function named by `--rollout-data-postprocess-path` as
+    `fn(args, rollout_id, rollout_data)` after computing advantages and before training
+    (slime/backends/megatron_utils/actor.py at THUDM/slime@624b824a, l.196-199, l.505-506): the
+    hook for `add_batch(rollout_data, step=rollout_id)`. slime's own `--save-debug-train-data`
+    dump (which `iscore convert` reads) holds the same values.
+
+    Per-sample lists, this data-parallel rank's samples (slime/utils/data.py l.304-330):
+    `rollout_log_probs` and `log_probs` (the Megatron recompute, absent with
+    `--use-rollout-logprobs`), 1-D of the sample's response length; `loss_masks` (0 on tool
+    output), `advantages` (per token, loss.py l.880), `rewards`, `tokens` (prompt + response,
+    the response last) and `response_lengths` (loss.py l.729-738); `partition`, each sample's
+    place in the whole rollout, written as its sequence id (unique across ranks). With context
+    parallelism the per-token fields hold this rank's shard only (actor.py l.284-291): refused.
+    """
+    what = "slime's rollout_data"
+    rollout = _batch.need(
+        rollout_data, "rollout_log_probs", what, "slime's rollout engine returns them"
+    )
+    train = _batch.need(
+        rollout_data,
+        "log_probs",
+        what,
+        "slime recomputes them unless --use-rollout-logprobs (actor.py l.481-487)",
+    )
+    lengths = _batch.field(rollout_data, "response_lengths")
+    if lengths is not None and len(rollout) and len(rollout[0]) != int(lengths[0]):
+        raise DumpError(
+            f"{what} holds {len(rollout[0])} log-probs for a response of {int(lengths[0])} "
+            "tokens: context parallelism shards them; dump with --context-parallel-size 1 or "
+            "use --save-debug-train-data, which gathers them"
+        )
+    tokens = _batch.field(rollout_data, "tokens")
+    return [
+        BatchFields(
+            rollout,
+            train,
+            loss_mask=_batch.field(rollout_data, "loss_masks"),
+            advantages=_batch.field(rollout_data, "advantages"),
+            token_ids=None
+            if tokens is None or lengths is None
+            else [t[len(t) - int(n) :] for t, n in zip(tokens, lengths, strict=True)],
+            rewards=_batch.field(rollout_data, "rewards"),
+            seq_ids=_batch.field(rollout_data, "partition"),
+        )
+    ]
+
+
 # ------------------------------------------------------------------ the framework
 
 
@@ -988,4 +1042,5 @@ FRAMEWORK = Framework(
         "ratio_mean": ("tis (before clipping)",),
     },
     snippet_formats=("flags",),
+    read_batch=read_batch,
 )

@@ -88,8 +88,16 @@ from iscore.canonical import (
     weight_component,
 )
 from iscore.errors import ConfigError, quote
+from iscore.frameworks import _batch
 from iscore.frameworks._config import check_number, top_level
-from iscore.frameworks.base import Aggregation, Framework, Measure, Trap, Upstream
+from iscore.frameworks.base import (
+    Aggregation,
+    BatchFields,
+    Framework,
+    Measure,
+    Trap,
+    Upstream,
+)
 from iscore.spec import Replay
 
 NAME = "trl"
@@ -398,6 +406,54 @@ def from_canonical(c: Canonical, name: str) -> list[Candidate]:
     return [(spec, tuple(notes))]
 
 
+# ------------------------------------------------------------------ dump adapter
+
+
+def read_batch(inputs: Any) -> list[BatchFields]:
+    """TRL's GRPO loss inputs -> their dump fields.
+
+    The dict `GRPOTrainer._generate_and_score_completions` returns (trl/trainer/grpo_trainer.py
+    at huggingface/trl@f2cd5771, l.2260, built at l.2815-2853), one process's slice of the
+    generation batch, which `_compute_loss` later splits into micro-batches. All [B, C]
+    tensors are right-padded (l.2387-2413):
+
+    - `sampling_per_token_logps`: the rollout engine's log-probs (l.2398-2407), only when
+      generation returned them: vLLM, or a `rollout_func` whose output has `logprobs`
+      (l.2160-2167); transformers' generate returns none (l.1877).
+    - `old_per_token_logps`: the trainer's recompute, only when vLLM importance sampling is on
+      or generation and optimisation steps are misaligned (l.2561-2576); otherwise TRL's loss
+      uses the current policy's detached log-probs (l.3036-3037) and there is nothing to dump.
+    - `completion_mask` (the tokens; zero rows for truncated completions with
+      `mask_truncated_completions`, l.2417-2424), `tool_mask` (0 on tool output, which the
+      loss leaves out, l.2426; written as the loss mask), `completion_ids`, and `advantages`,
+      one per sequence (l.2738).
+    """
+    what = "TRL's loss inputs"
+    return [
+        BatchFields(
+            _batch.need(
+                inputs,
+                "sampling_per_token_logps",
+                what,
+                "TRL keeps the rollout engine's log-probs only from vLLM (use_vllm=True) or a "
+                "rollout_func that returns logprobs",
+            ),
+            _batch.need(
+                inputs,
+                "old_per_token_logps",
+                what,
+                "TRL recomputes them only with vllm_importance_sampling_correction (the "
+                "default with vLLM) or when gradient_accumulation_steps is not a multiple of "
+                "steps_per_generation x num_iterations (grpo_trainer.py l.2562)",
+            ),
+            mask=_batch.need(inputs, "completion_mask", what, "pass the dict GRPOTrainer built"),
+            loss_mask=_batch.field(inputs, "tool_mask"),
+            advantages=_batch.field(inputs, "advantages"),
+            token_ids=_batch.field(inputs, "completion_ids"),
+        )
+    ]
+
+
 # ------------------------------------------------------------------ the framework
 
 
@@ -461,4 +517,5 @@ FRAMEWORK = Framework(
             _default_mask,
         ),
     ),
+    read_batch=read_batch,
 )

@@ -95,9 +95,10 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError, quote
+from iscore.errors import ConfigError, DumpError, quote
+from iscore.frameworks import _batch
 from iscore.frameworks._config import as_float, check_number, top_level
-from iscore.frameworks.base import Aggregation, Framework, Trap, Upstream
+from iscore.frameworks.base import Aggregation, BatchFields, Framework, Trap, Upstream
 from iscore.spec import Replay, per_token
 
 NAME = "verl"
@@ -1117,6 +1118,64 @@ def _verl_criterion(m: Component, notes: list[str]) -> RSCriterion | None:
     return RSCriterion(f"{aggregate}_k1", upper=upper_k1, lower=lower_k1)
 
 
+# ------------------------------------------------------------------ dump adapter
+
+
+def read_batch(data: Any) -> list[BatchFields]:
+    """verl's `DataProto` in `RayPPOTrainer.fit`, once both log-probs exist -> its dump fields.
+
+    Where (verl/trainer/ppo/ray_trainer.py at verl-project/verl@1dda039b): after
+    `batch = batch.union(old_log_prob)` (l.1610), best just before the rollout-correction call
+    (l.1655-1658): `compute_rollout_correction_and_add_to_batch` multiplies the rejection mask
+    INTO `response_mask` (rollout_corr_helper.py l.1061), so a dump taken after it has lost the
+    tokens the correction rejected. `token_level_scores` is set at l.1633.
+
+    Read from `data.batch` (a TensorDict of [B, R] tensors, left-aligned, right-padded):
+    `rollout_log_probs` (the rollout engine's, agent_loop.py l.124; present with
+    `actor_rollout_ref.rollout.calculate_log_probs`), `old_log_probs` (the trainer's recompute,
+    ray_trainer.py l.1318), `response_mask` (l.1543-1544), `responses` (token ids, agent_loop.py
+    l.119), `advantages` when computed (l.1667), and `token_level_scores` summed per sequence
+    as the reward (verl's own `score`, l.527); from `data.non_tensor_batch`: `uid`, the prompt
+    group (l.1482). In bypass mode verl recomputes nothing and sets `old_log_probs` to
+    `rollout_log_probs` (rollout_corr_helper.py l.1138): refused, there is no mismatch to dump.
+    """
+    what = "verl's DataProto.batch tensors"
+    tensors = _batch.need(data, "batch", "verl's DataProto", "pass the DataProto itself")
+    rollout = _batch.need(
+        tensors,
+        "rollout_log_probs",
+        what,
+        "verl keeps the rollout engine's log-probs with "
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+    )
+    train = _batch.need(
+        tensors,
+        "old_log_probs",
+        what,
+        "call add_batch after the old-log-prob recompute (ray_trainer.py l.1610)",
+    )
+    if _batch.same_tensor(train, rollout):
+        raise DumpError(
+            "verl's old_log_probs are its rollout_log_probs (bypass_mode: verl recomputes no "
+            "trainer log-probs), so there is no mismatch to dump; dump with bypass_mode: false"
+        )
+    scores = _batch.field(tensors, "token_level_scores")
+    groups = _batch.field(_batch.field(data, "non_tensor_batch") or {}, "uid")
+    return [
+        BatchFields(
+            rollout,
+            train,
+            mask=_batch.need(
+                tensors, "response_mask", what, "verl sets it at ray_trainer.py l.1544"
+            ),
+            advantages=_batch.field(tensors, "advantages"),
+            token_ids=_batch.field(tensors, "responses"),
+            rewards=None if scores is None else scores.sum(-1),
+            group_ids=groups,
+        )
+    ]
+
+
 # ------------------------------------------------------------------ the framework
 
 
@@ -1170,4 +1229,5 @@ FRAMEWORK = Framework(
     comments=_comments,
     generations=tuple(GENERATIONS),
     to_generation=to_generation,
+    read_batch=read_batch,
 )

@@ -41,6 +41,9 @@ ROWS = {
     "start-up: iscore presets",
     "start-up: iscore validate (100 sequences)",
     "start-up: import the engine",
+    "writer: a step's loss over the same tensors",
+    "writer: add_batch, time the step waits",
+    "writer: background conversion and write",
 }
 GOALS = {
     "e2e_vs_read",
@@ -53,6 +56,7 @@ GOALS = {
     "app_add_setting_s",
     "app_tune_open_s",
     "app_slider_p50_s",
+    "writer_vs_step",
 }
 
 
@@ -107,6 +111,9 @@ def test_structure(result):
     assert startup["import_engine_s"] > startup["python_s"] > 0
     assert startup["presets_s"] > 0 and startup["validate_s"] > 0
     assert result["cuda"] == {"available": torch.cuda.is_available(), "skipped": "device='cpu'"}
+    writer = result["writer"]  # at the dump's 200k tokens, not 1M
+    assert 100_000 < writer["tokens"] < 300_000
+    assert 0 < writer["add_batch_s"] < writer["step_s"]
 
 
 @pytest.mark.slow

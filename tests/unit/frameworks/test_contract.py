@@ -19,15 +19,18 @@ import yaml
 from iscore import frameworks
 from iscore.columns import CANONICAL, COMMON_NAMES, aliases, match_columns
 from iscore.conversion import to_file_text
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, DumpError
 from iscore.frameworks.base import Aggregation
 from iscore.mismatch import METRIC_NAMES
 from iscore.settings import parse_config, replay
 from iscore.tune import FAMILIES, family_setting
+from iscore.writer import DumpWriter
+from tests.batches import LIKE, TRAIN_KEY, check_dump, expected, make_truth, without
 from tests.unit.frameworks.conftest import random_batch_of
 
 REGISTERED = frameworks.every()
 PRESETS = [(fw, name, spec) for fw in REGISTERED for name, spec in fw.presets().items()]
+ADAPTED = [fw for fw in REGISTERED if fw.read_batch is not None]
 
 
 def _id(case) -> str:
@@ -139,3 +142,24 @@ def test_the_api_replays_a_preset_by_name(case) -> None:
         return
     got = replay(batch, f"{fw.name}:{name}")
     assert torch.equal(got.weight, expected.weight) and torch.equal(got.keep, expected.keep)
+
+
+def test_every_dump_adapter_has_a_batch_to_test() -> None:
+    # tests/batches.py builds each adapted framework's object; tests/integrations the real one.
+    assert {fw.name for fw in ADAPTED} == set(LIKE) == set(TRAIN_KEY)
+
+
+@pytest.mark.parametrize("fw", ADAPTED, ids=lambda fw: fw.name)
+def test_dump_adapter_round_trips_every_value(fw, tmp_path) -> None:
+    truth = make_truth(seed=1)
+    path = tmp_path / "run.parquet"
+    with DumpWriter(path, framework=fw.name) as writer:
+        writer.add_batch(LIKE[fw.name](truth), step=3)
+    check_dump(path, expected(fw.name, truth), step=3)
+
+
+@pytest.mark.parametrize("fw", ADAPTED, ids=lambda fw: fw.name)
+def test_dump_adapter_names_what_is_missing(fw) -> None:
+    batch = without(LIKE[fw.name](make_truth()), TRAIN_KEY[fw.name])
+    with pytest.raises(DumpError, match=TRAIN_KEY[fw.name]):
+        fw.read_batch(batch)

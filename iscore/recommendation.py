@@ -620,6 +620,30 @@ def _terms(batch: TokenBatch, result: Replay, normal: _Normal) -> dict[str, floa
 MAX_BROKEN_KEPT = 0.10
 """With broken sequences found, a setting must remove at least 90% of their gradient."""
 
+BROKEN_KEPT = (
+    "the broken sequences' gradient a setting lets through: the mean weight of their loss "
+    "tokens, relative to no correction (100%); 0% removes it, over 100% amplifies it "
+    "(weights above 1 on their tokens)"
+)
+"""What `broken_gradient_kept` is, for every surface that shows it."""
+
+
+def broken_kept_words(kept: float) -> str:
+    """`broken_gradient_kept` in words, saying what a value over 100% means.
+
+    >>> print(broken_kept_words(0.03))
+    keeps 3% of the broken sequences' gradient
+    >>> print(broken_kept_words(2.0))
+    amplifies the broken sequences' gradient 2x (weights above 1 on their tokens)
+    """
+    if kept > 1.005:
+        return (
+            f"amplifies the broken sequences' gradient {kept:.3g}x (weights above 1 on "
+            "their tokens)"
+        )
+    return f"keeps {kept:.0%} of the broken sequences' gradient"
+
+
 MAX_HEALTHY_SEQ_DROP = 0.02
 """and drop at most 2% of the healthy sequences."""
 
@@ -635,9 +659,7 @@ def _violations(targets: Targets, normal: _Normal, stats: dict[str, float]) -> l
     }
     missed = targets.violations(healthy)
     if stats["broken_gradient_kept"] > MAX_BROKEN_KEPT:
-        missed.append(
-            f"keeps {stats['broken_gradient_kept']:.0%} of the broken sequences' gradient"
-        )
+        missed.append(broken_kept_words(stats["broken_gradient_kept"]))
     if stats["healthy_seq_dropped"] > MAX_HEALTHY_SEQ_DROP:
         missed.append(f"drops {stats['healthy_seq_dropped']:.1%} of the healthy sequences")
     return missed
@@ -779,8 +801,8 @@ def _elsewhere(batch: TokenBatch, fw: Framework, normal: _Normal, targets: Targe
             if not _violations(targets, normal, stats):
                 return (
                     f"{fw.name} cannot express a setting that removes the broken sequences "
-                    f"within the targets; {other.name}'s {kind.description} does (keeps "
-                    f"{stats['broken_gradient_kept']:.0%} of their gradient, drops "
+                    f"within the targets; {other.name}'s {kind.description} does (it "
+                    f"{broken_kept_words(stats['broken_gradient_kept'])}, drops "
                     f"{stats['healthy_seq_dropped']:.1%} of the healthy sequences)"
                 )
     return (

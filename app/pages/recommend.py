@@ -9,7 +9,7 @@ import streamlit as st
 
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.recommendation import RULE_SYMBOLS, Targets
+from iscore.recommendation import BROKEN_KEPT, RULE_SYMBOLS, Targets
 
 ws = common.require_workspace()
 steps = common.selected_steps()
@@ -103,8 +103,7 @@ st.dataframe(
         "tokens dropped (%)": percent,
         "sequences dropped (%)": percent,
         "broken gradient kept (%)": st.column_config.NumberColumn(
-            format="%.2f",
-            help="The share of the broken sequences' gradient the setting lets through",
+            format="%.2f", help=BROKEN_KEPT[0].upper() + BROKEN_KEPT[1:]
         ),
         "healthy tokens dropped (%)": st.column_config.NumberColumn(
             format="%.2f", help="Tokens of healthy sequences whose gradient the setting removes"

@@ -411,3 +411,15 @@ def test_each_candidate_carries_its_title():
         assert candidate.reason.startswith(candidate.title + ": ")
         assert candidate.to_dict()["title"] == candidate.title
     assert rec.best.title == "token TIS, cap 5.47"
+
+
+def test_broken_gradient_over_100_percent_says_it_amplifies(tmp_path):
+    """'keeps 107% of the broken sequences' gradient' read as a typo: a token TIS cap above 1
+    weighs a stale replica's tokens (ratios near e^1) up, so the words say it amplifies."""
+    path = tmp_path / "broken.parquet"
+    write_simulated(path, SimConfig(regime="dense_bf16", sequences=64, broken_share=0.1, seed=3))
+    rec = recommend(load(path), "trl")
+    tis = next(c for c in rec.candidates if c.kind == "token_tis")
+    assert tis.stats["broken_gradient_kept"] > 1.0
+    assert any(m.startswith("amplifies the broken sequences' gradient ") for m in tis.missed)
+    assert not any("keeps 1" in m for m in tis.missed)

@@ -1,22 +1,32 @@
-"""`iscore.bench` run tiny: its structure, its baselines' agreement with the engine, its JSON.
+"""`iscore bench` run tiny: its structure, its baselines' agreement with the engine, its JSON.
 
 No timing is asserted: the numbers depend on the machine.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from iscore import bench
-from iscore.bench import format_table, run_bench, write_json
+import iscore
+from iscore.bench import SETTINGS, format_table, run_bench, write_json
+from iscore.bench.baselines.comparison import (
+    KEY_STATISTICS,
+    MISMATCH_STATISTICS,
+    PANDAS_STATISTICS,
+    TOLERANCE,
+)
+from iscore.bench.processes import time_marginal
 from iscore.errors import ConfigError
-from iscore.settings import resolve
 from iscore.simulate import SimConfig, write_simulated
 
 ROWS = {
@@ -77,7 +87,7 @@ def result(tmp_path_factory) -> dict:
 @pytest.mark.slow
 def test_structure(result):
     assert result["schema"] == "iscore.bench"
-    assert result["settings"] == list(bench.SETTINGS)
+    assert result["settings"] == list(SETTINGS)
     assert {row["name"] for row in result["rows"]} == ROWS
     for row in result["rows"]:
         assert row["seconds"] > 0, row["name"]
@@ -94,12 +104,12 @@ def test_structure(result):
     # The baselines ran on whole steps of the dump, and every default setting has one.
     baselines = result["baselines"]
     assert 0 < baselines["tokens"] <= dump["tokens"]
-    assert baselines["settings"] == list(bench.SETTINGS) and not baselines["skipped_settings"]
+    assert baselines["settings"] == list(SETTINGS) and not baselines["skipped_settings"]
     assert baselines["padding_factor"] >= 1
     tune = result["tune"]
     assert tune["queries"] == 60 and tune["query_p50_s"] <= tune["query_p99_s"]
     app = result["app"]
-    assert app["settings_added"] == len(bench.SETTINGS) - 1 and app["slider_points"] > 10
+    assert app["settings_added"] == len(SETTINGS) - 1 and app["slider_points"] > 10
     assert app["add_setting_p50_s"] <= app["add_setting_max_s"]
     assert app["slider_p50_s"] <= app["slider_max_s"]
     assert result["marginal"]["ratio"] is None  # one step: no second half to time
@@ -114,14 +124,14 @@ def test_structure(result):
 def test_baselines_agree_with_the_engine(result, baseline):
     agreement = result["agreement"][baseline]
     checked = (
-        {"mismatch": bench.MISMATCH_STATISTICS, "settings": bench.KEY_STATISTICS}
+        {"mismatch": MISMATCH_STATISTICS, "settings": KEY_STATISTICS}
         if baseline == "padded"
-        else bench.PANDAS_STATISTICS
+        else PANDAS_STATISTICS
     )
-    expected = len(checked["mismatch"]) + len(checked["settings"]) * len(bench.SETTINGS)
+    expected = len(checked["mismatch"]) + len(checked["settings"]) * len(SETTINGS)
     assert agreement["statistics"] == expected
     assert agreement["agrees"], agreement
-    assert agreement["max_rel_diff"] <= agreement["tolerance"] == bench.TOLERANCE[baseline]
+    assert agreement["max_rel_diff"] <= agreement["tolerance"] == TOLERANCE[baseline]
 
 
 @pytest.mark.slow
@@ -168,7 +178,7 @@ def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, m
     assert again["dump"]["tokens"] == result["dump"]["tokens"]
     # Settings without a baseline implementation are replayed but left out of the baselines.
     assert again["baselines"]["skipped_settings"] == ["verl:decoupled_token_is"]
-    checked = bench.PANDAS_STATISTICS
+    checked = PANDAS_STATISTICS
     assert again["agreement"]["pandas"]["statistics"] == len(checked["mismatch"]) + len(
         checked["settings"]
     )
@@ -179,13 +189,13 @@ def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, m
     assert ": None" not in table
 
     made = []
-    real = bench.tempfile.mkdtemp
+    real = tempfile.mkdtemp
 
     def mkdtemp(suffix=None, prefix=None, dir=None):
         made.append(Path(real(suffix, prefix, tmp_path)))
         return str(made[-1])
 
-    monkeypatch.setattr(bench.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     temporary = run_bench(
         tokens=20_000,
         settings=["fireworks:fireworks_default"],
@@ -216,8 +226,7 @@ def test_marginal_times_the_second_half_of_the_steps(tmp_path):
     path = tmp_path / "two_steps.parquet"
     config = SimConfig("dense_bf16", sequences=16, steps=4, median_len=200, seed=1)
     write_simulated(path, config, layout="token")  # as the bench writes its dump
-    specs = [resolve("verl:decoupled_token_is")]
-    marginal = bench._marginal(path, specs, chunk_tokens=50_000, repeats=1)
+    marginal = time_marginal(path, ["verl:decoupled_token_is"], chunk_tokens=50_000, repeats=1)
     tokens = pq.read_table(path, columns=["step"])["step"].to_numpy()
     assert (marginal["steps"], marginal["half_steps"]) == (4, 2)
     assert marginal["half_tokens"] == int((tokens < 2).sum()) < marginal["tokens"] == tokens.size
@@ -228,3 +237,47 @@ def test_marginal_times_the_second_half_of_the_steps(tmp_path):
         assert marginal["ratio"] == pytest.approx(extra["analyze"] / extra["read"])
     else:  # a dump this small reads within noise of its half: no ratio rather than a wrong one
         assert marginal["ratio"] is None
+
+
+def test_only_the_cli_bench_command_imports_the_bench():
+    root = Path(iscore.__file__).parent
+    importers = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == "bench":
+            continue
+        tree = ast.parse(path.read_text())
+        for scope in ast.walk(tree):
+            for node in ast.iter_child_nodes(scope):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [f"{node.module}.{a.name}" for a in node.names]
+                    if isinstance(node, ast.ImportFrom) and node.module
+                    else []
+                )
+                if any(n == "iscore.bench" or n.startswith("iscore.bench.") for n in names):
+                    where = getattr(scope, "name", "<module>")
+                    importers.append(f"{path.relative_to(root)}:{where}")
+    assert importers == ["cli.py:_cmd_bench"]
+
+
+def test_importing_the_engine_leaves_the_bench_out():
+    root = Path(iscore.__file__).parent
+    modules = [
+        ".".join(("iscore", *path.relative_to(root).with_suffix("").parts)).removesuffix(
+            ".__init__"
+        )
+        for path in sorted(root.rglob("*.py"))
+        if path.relative_to(root).parts[0] != "bench" and path.name != "__main__.py"
+    ]
+    script = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('iscore.bench')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, *modules], capture_output=True, text=True, check=True
+    )
+    assert "iscore.analysis" in modules and "iscore.cli" in modules
+    assert done.stdout.strip() == "[]"

@@ -11,6 +11,7 @@ import math
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -18,15 +19,18 @@ import pytest
 import torch
 
 import iscore
+from iscore.analysis import analyze
 from iscore.bench import SETTINGS, format_table, run_bench, write_json
 from iscore.bench.baselines.comparison import (
     KEY_STATISTICS,
     MISMATCH_STATISTICS,
     PANDAS_STATISTICS,
     TOLERANCE,
+    check,
 )
 from iscore.bench.processes import time_marginal
 from iscore.errors import ConfigError
+from iscore.settings import resolve
 from iscore.simulate import SimConfig, write_simulated
 
 ROWS = {
@@ -132,6 +136,75 @@ def test_baselines_agree_with_the_engine(result, baseline):
     assert agreement["statistics"] == expected
     assert agreement["agrees"], agreement
     assert agreement["max_rel_diff"] <= agreement["tolerance"] == TOLERANCE[baseline]
+
+
+def _rs(spec, **bounds):
+    return replace(spec, rs=(replace(spec.rs[0], **bounds),))
+
+
+def _mis(spec, **bounds):
+    return replace(spec, mis=replace(spec.mis, **bounds))
+
+
+def _rejection(spec, **bounds):
+    return replace(spec, rejection_sampling=replace(spec.rejection_sampling, **bounds))
+
+
+# Each threshold of each default setting, moved alone to where it bites on the test dump: a
+# baseline that hard-codes the preset's value instead of reading the spec disagrees there.
+MOVED = {
+    "verl": [
+        lambda s: replace(s, is_upper=0.98),
+        lambda s: _rs(s, lower=0.995),
+        lambda s: _rs(s, upper=1.002),
+    ],
+    "skyrl": [
+        lambda s: replace(s, token_tis_ratio_clip_high=0.98),
+        lambda s: replace(s, geo_mask_low=0.999),
+        lambda s: replace(s, geo_mask_high=1.001),
+        lambda s: replace(s, outlier_token_is_threshold_low=0.5),
+        lambda s: replace(s, outlier_token_is_threshold_high=2.0),
+        lambda s: replace(s, token_mask_is_threshold_low=0.6),
+        lambda s: replace(s, token_mask_is_threshold_high=1.8),
+    ],
+    "nemo_rl": [
+        lambda s: replace(s, truncated_importance_sampling_ratio_min=0.7),
+        lambda s: replace(s, truncated_importance_sampling_ratio=2.0),
+    ],
+    "slime": [
+        lambda s: _mis(s, tis_upper_bound=1.5),
+        lambda s: _mis(s, rs_lower_bound=0.6),
+        lambda s: _mis(s, rs_upper_bound=1.8),
+        lambda s: _mis(s, rs_veto_threshold=0.5),
+    ],
+    "areal": [lambda s: _rejection(s, lower=0.99), lambda s: _rejection(s, upper=1.001)],
+    "openrlhf": [lambda s: replace(s, lower=0.7), lambda s: replace(s, upper=2.0)],
+    "trl": [lambda s: replace(s, clip_min=0.5), lambda s: replace(s, clip_max=1.5)],
+    "fireworks": [lambda s: replace(s, cap=0.95)],
+}
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    path = tmp_path_factory.mktemp("moved") / "dump.parquet"
+    write_simulated(path, SimConfig("moe_routing", sequences=32, steps=2, seed=0), layout="token")
+    return iscore.load(path)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_baselines_read_their_thresholds_from_the_spec(batch, setting):
+    default = resolve(setting)
+    moved = [move(default) for move in MOVED[default.framework]]
+    # Each move changes what the engine computes, by more than the baselines' tolerances.
+    before, *after = analyze([batch], [default, *moved]).settings
+    for i, stats in enumerate(after):
+        change = max(
+            abs(before[k] - stats[k]) / max(abs(before[k]), abs(stats[k]), 1e-12)
+            for k in KEY_STATISTICS
+        )
+        assert change > 2 * TOLERANCE["padded"], moved[i]
+    for name, agreement in check(batch, moved).items():
+        assert agreement["agrees"], (name, agreement)
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ checks the engine, and timing it shows what the same work costs in pandas.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -18,6 +18,16 @@ from iscore.batch import TokenBatch
 from iscore.histogram import BINS_PER_DECADE, LOG10_RANGE
 from iscore.impact import TRUNCATION_TOLERANCE, aggregation_of
 from iscore.mismatch import TOP_K
+
+if TYPE_CHECKING:
+    from iscore.frameworks.areal import ArealCorrection
+    from iscore.frameworks.fireworks import FireworksTIS
+    from iscore.frameworks.nemo_rl import NemoRLSpec
+    from iscore.frameworks.openrlhf import OpenRLHFCorrection
+    from iscore.frameworks.skyrl import SkyRLSpec
+    from iscore.frameworks.slime import SlimeCorrection
+    from iscore.frameworks.trl import TRLCorrection
+    from iscore.frameworks.verl import VerlSpec
 
 
 def frame(batch: TokenBatch) -> pd.DataFrame:
@@ -126,7 +136,7 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
     out = {"mismatch": mismatch, "settings": []}
     count = grouped["m"].transform("sum")
     for spec in specs:
-        weight, kept, raw, pre = WEIGHTS[f"{spec.framework}:{spec.name}"](df, d, m, grouped, count)
+        weight, kept, raw, pre = WEIGHTS[spec.framework](spec, df, d, m, count)
         w = weight.where(m, 0.0)
         kept = kept & m
         changed = kept & (pre > 0)
@@ -199,41 +209,51 @@ def _log_histogram(x: pd.Series) -> dict[str, Any]:
     }
 
 
-def verl(df, d, m, grouped, count):
+def verl(spec: VerlSpec, df, d, m, count):
+    """As `padded.verl`, in float64."""
+    (rs,) = spec.rs
     k1 = (-d.clip(-20, 20)).where(m, 0.0)
     mean = k1.groupby(df["seq"]).transform("sum") / count.clip(lower=1.0)
-    keep = (mean >= math.log(0.999)) & (mean <= math.log(1.001)) & m
+    keep = (mean >= math.log(rs.lower)) & (mean <= math.log(rs.upper)) & m
     raw = np.exp(d.clip(-20, 20))
-    weight = raw.clip(upper=2.0).where(keep, 0.0)
+    weight = raw.clip(upper=spec.is_upper).where(keep, 0.0)
     return weight, keep, raw, weight
 
 
-def skyrl(df, d, m, grouped, count):
+def skyrl(spec: SkyRLSpec, df, d, m, count):
+    """As `padded.skyrl`, in float64."""
     rho = np.exp(d.clip(-20, 20))
-    outlier = (((rho < 1e-4) | (rho > 100.0)) & m).groupby(df["seq"]).transform("any")
-    keep = m & ~outlier & (rho >= 0.5) & (rho <= 2.0)
+    low, high = spec.outlier_token_is_threshold_low, spec.outlier_token_is_threshold_high
+    outlier = (((rho < low) | (rho > high)) & m).groupby(df["seq"]).transform("any")
+    low, high = spec.token_mask_is_threshold_low, spec.token_mask_is_threshold_high
+    keep = m & ~outlier & (rho >= low) & (rho <= high)
     k = keep.astype(float)
     num = (d * k).groupby(df["seq"]).transform("sum")
     den = k.groupby(df["seq"]).transform("sum").clip(lower=1.0)
     geo = np.exp((num / den).clip(-20, 20))
-    keep = keep & (geo >= 0.99) & (geo <= 1.01)
-    weight = rho.clip(upper=2.0).where(keep, 0.0)
+    keep = keep & (geo >= spec.geo_mask_low) & (geo <= spec.geo_mask_high)
+    weight = rho.clip(upper=spec.token_tis_ratio_clip_high).where(keep, 0.0)
     return weight, keep, rho, weight
 
 
-def nemo(df, d, m, grouped, count):
+def nemo(spec: NemoRLSpec, df, d, m, count):
+    """As `padded.nemo`, in float64 (0 where the float32 ratio would overflow)."""
     rho = np.exp(d)
     rho = rho.where(np.isfinite(rho.astype(np.float32)), 0.0)
-    weight = rho.where((rho >= 0.5) & (rho <= 5.0), 0.0)
+    lower = spec.truncated_importance_sampling_ratio_min
+    upper = spec.truncated_importance_sampling_ratio
+    weight = rho.where((rho >= lower) & (rho <= upper), 0.0)
     return weight, m, rho, weight
 
 
-def slime(df, d, m, grouped, count):
+def slime(spec: SlimeCorrection, df, d, m, count):
+    """As `padded.slime`, in float64."""
+    mis = spec.mis
     ratio = np.exp(d.clip(-20, 20))
-    weight = ratio.clip(0.0, 2.0)
-    veto = math.log(np.float32(1e-4))
+    weight = ratio.clip(0.0, mis.tis_upper_bound)
+    veto = math.log(np.float32(mis.rs_veto_threshold))
     vetoed = ((d < veto) & m).groupby(df["seq"]).transform("any")
-    keep = m & (ratio >= 0.5) & (ratio <= 2.0) & ~vetoed
+    keep = m & (ratio >= mis.rs_lower) & (ratio <= mis.rs_upper) & ~vetoed
     wm = weight.where(m, 0.0)
     step_sum = wm.groupby(df["step"]).transform("sum")
     step_count = m.astype(float).groupby(df["step"]).transform("sum").clip(lower=1.0)
@@ -242,43 +262,51 @@ def slime(df, d, m, grouped, count):
     return (weight / mean).where(keep, 0.0), keep, ratio, weight
 
 
-def areal(df, d, m, grouped, count):
+def areal(spec: ArealCorrection, df, d, m, count):
+    """As `padded.areal`, in float64."""
+    rs = spec.rejection_sampling
+    lower = 0.0 if rs.lower is None else rs.lower
     d = d.where(np.isfinite(d), 0.0)
     mean = d.where(m, 0.0).groupby(df["seq"]).transform("sum") / count.clip(lower=1.0)
     ratio = np.exp(mean)
-    keep = m & (ratio <= 5.0)
+    keep = m & (ratio >= lower) & (ratio <= rs.upper)
     weight = ratio.where(keep, 0.0)
     return weight, keep, ratio, weight
 
 
-def openrlhf(df, d, m, grouped, count):
+def openrlhf(spec: OpenRLHFCorrection, df, d, m, count):
+    """As `padded.openrlhf`, in float64."""
     rho = np.exp(d)
-    weight = rho.where((rho >= 0.5) & (rho <= 5.0), 0.0)
+    weight = rho.where((rho >= spec.lower) & (rho <= spec.upper), 0.0)
     return weight, m, rho, weight
 
 
-def trl(df, d, m, grouped, count):
+def trl(spec: TRLCorrection, df, d, m, count):
+    """As `padded.trl`: the float64 sum, e^S rounded to float32 as TRL computes it."""
+    lower = 0.0 if spec.clip_min is None else spec.clip_min
+    upper = math.inf if spec.clip_max is None else spec.clip_max
     total = d.where(m, 0.0).groupby(df["seq"]).transform("sum")
     ratio = np.exp(total).astype(np.float32).astype(np.float64)
-    weight = ratio.where(ratio <= 3.0, 0.0)
+    weight = ratio.where((ratio >= lower) & (ratio <= upper), 0.0)
     return weight, m, ratio, weight
 
 
-def fireworks(df, d, m, grouped, count):
+def fireworks(spec: FireworksTIS, df, d, m, count):
+    """As `padded.fireworks`, in float64."""
     raw = np.exp(d.clip(-20, 20))
-    weight = raw.clip(0.0, 5.0)
+    weight = raw.clip(0.0, spec.cap)
     return weight, m, raw, weight
 
 
 WEIGHTS = {
-    "verl:decoupled_geo_rs_token_tis": verl,
-    "skyrl:skyrl_tldr_stack": skyrl,
-    "nemo_rl:nemo_icepop": nemo,
-    "slime:slime_mis_example": slime,
-    "areal:areal_sequence_geo_mask": areal,
-    "openrlhf:openrlhf_icepop": openrlhf,
-    "trl:trl_default": trl,
-    "fireworks:fireworks_default": fireworks,
+    "verl": verl,
+    "skyrl": skyrl,
+    "nemo_rl": nemo,
+    "slime": slime,
+    "areal": areal,
+    "openrlhf": openrlhf,
+    "trl": trl,
+    "fireworks": fireworks,
 }
-"""Each default setting's (weight, kept, raw ratio, weight before batch normalization) per
-token, from its formulas."""
+"""Each framework's (weight, kept, raw ratio, weight before batch normalization) per token,
+for the settings `implements` accepts."""

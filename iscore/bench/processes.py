@@ -50,9 +50,11 @@ def marginal(run: Run) -> Measured:
 def time_marginal(path: Path, names: list[str], chunk_tokens: int, repeats: int) -> dict[str, Any]:
     """Seconds to read and to analyze the first half of the steps and all of them, each the
     best of `repeats` fresh processes (timed after the imports); the marginal ratio is what
-    the second half adds to analyze over what it adds to the read. The read decodes those
-    steps' row groups: a `filters=` read also filters and copies every row, which varied from
-    0.3 to 0.8 s between runs at 19.5M tokens and made the ratio anything from 2.6x to 11x."""
+    the second half adds to analyze over what it adds to the read, None where either comes
+    out <= 0 (the second half timed no slower than the first: noise, not a cost). The read
+    decodes those steps' row groups: a `filters=` read also filters and copies every row,
+    which varied from 0.3 to 0.8 s between runs at 19.5M tokens and made the ratio anything
+    from 2.6x to 11x."""
     step = pq.read_table(path, columns=["step"])["step"].to_numpy()
     steps = int(step.max()) + 1  # the simulated dump's steps are 0, 1, ...
     half = steps // 2
@@ -73,7 +75,9 @@ def time_marginal(path: Path, names: list[str], chunk_tokens: int, repeats: int)
         "repeats": repeats,
         "read_s": {"half": seconds["read"][half], "all": seconds["read"][steps]},
         "analyze_s": {"half": seconds["analyze"][half], "all": seconds["analyze"][steps]},
-        "ratio": extra["analyze"] / extra["read"] if extra["read"] > 0 else None,
+        # A negative difference over a positive one would read as a cost below any goal, and
+        # two negative ones as a plausible ratio.
+        "ratio": extra["analyze"] / extra["read"] if min(extra.values()) > 0 else None,
     }
 
 

@@ -20,7 +20,7 @@ import torch
 
 import iscore
 from iscore.analysis import analyze
-from iscore.bench import SETTINGS, format_table, run_bench, write_json
+from iscore.bench import SETTINGS, format_table, goals, processes, run_bench, write_json
 from iscore.bench.baselines.comparison import (
     KEY_STATISTICS,
     MISMATCH_STATISTICS,
@@ -306,10 +306,62 @@ def test_marginal_times_the_second_half_of_the_steps(tmp_path):
     for timing in ("read_s", "analyze_s"):
         assert marginal[timing]["all"] > 0 and marginal[timing]["half"] > 0
     extra = {k: marginal[f"{k}_s"]["all"] - marginal[f"{k}_s"]["half"] for k in ("read", "analyze")}
-    if extra["read"] > 0:
+    if min(extra.values()) > 0:
         assert marginal["ratio"] == pytest.approx(extra["analyze"] / extra["read"])
-    else:  # a dump this small reads within noise of its half: no ratio rather than a wrong one
+    else:  # a dump this small times within noise of its half: no ratio rather than a wrong one
         assert marginal["ratio"] is None
+
+
+@pytest.mark.parametrize(
+    ("analyze_s", "read_s", "why"),
+    [
+        # As reported: "[met] ... -6.13x (analyze 0.93 -> 0.71 s, read 0.02 -> 0.06 s)".
+        ((0.93, 0.71), (0.02, 0.06), "analyzing all the steps took no longer than analyzing"),
+        # Two negative differences make a plausible ratio (0.5x), met on the old code.
+        ((0.93, 0.91), (0.06, 0.02), "0.91 s) and reading all the steps took no longer"),
+        ((0.93, 1.20), (0.06, 0.06), "reading all the steps took no longer than reading"),
+    ],
+)
+def test_a_marginal_cost_within_the_noise_is_inconclusive(
+    tmp_path, monkeypatch, analyze_s, read_s, why
+):
+    path = tmp_path / "four_steps.parquet"
+    config = SimConfig("dense_bf16", sequences=4, steps=4, median_len=50, seed=1)
+    write_simulated(path, config, layout="token")
+    seconds = {("analyze", 2): analyze_s[0], ("analyze", 4): analyze_s[1]}
+    seconds |= {("read", 2): read_s[0], ("read", 4): read_s[1]}
+    # argv: python -c SCRIPT MODE PATH CHUNK STEPS ...
+    monkeypatch.setattr(
+        processes, "_seconds_in_fresh_process", lambda argv: seconds[argv[3], int(argv[6])]
+    )
+    marginal = time_marginal(path, ["verl:decoupled_token_is"], chunk_tokens=50_000, repeats=1)
+    assert marginal["ratio"] is None
+    (goal,) = goals.marginal_vs_read({"marginal": marginal})
+    assert goal["met"] is None
+    assert goal["measured"].startswith("inconclusive: ") and why in goal["measured"]
+
+
+def test_a_speedup_over_a_baseline_that_disagrees_is_not_met():
+    rows = [{"goal": "padded_speedup", "speedup": 9.0}, {"goal": "pandas_speedup", "speedup": 20.0}]
+    worst = {"worst": "trl:trl_default.ess", "max_rel_diff": 0.3, "tolerance": 2e-3}
+    agreement = {"padded": {**worst, "agrees": False}, "pandas": {**worst, "agrees": True}}
+    padded, pandas = goals.speedups({"rows": rows, "agreement": agreement})
+    assert padded["met"] is None and "the padded baseline disagrees" in padded["measured"]
+    assert pandas["met"] is True and pandas["measured"] == "20.0x"
+
+
+@pytest.mark.parametrize(
+    ("steps", "part_steps", "largest_chunk", "met"),
+    [(1, 1, 4000, None), (8, 2, 4000, None), (8, 2, 1000, True)],
+)
+def test_peak_memory_is_inconclusive_where_the_stream_is_one_chunk(
+    steps, part_steps, largest_chunk, met
+):
+    memory = {"steps": steps, "part_steps": part_steps, "stream_mb": 400.0}
+    memory |= {"stream_part_mb": 390.0, "stream_largest_chunk_tokens": largest_chunk}
+    (goal,) = goals.bounded_memory({"memory": memory, "dump": {"tokens": 4000}})
+    assert goal["met"] is met
+    assert goal["measured"].startswith("inconclusive: ") == (met is None)
 
 
 def test_only_the_cli_bench_command_imports_the_bench():

@@ -443,7 +443,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from iscore.bench import format_table, format_where, run_bench, where_overhead, write_json
+    from iscore.bench import format_table, format_where, run_bench, where_overhead
 
     _distinct_outputs(args, "--dump", "--json")
     if args.where:

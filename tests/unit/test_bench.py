@@ -1,21 +1,36 @@
-"""`iscore.bench` run tiny: its structure, its baselines' agreement with the engine, its JSON.
+"""`iscore bench` run tiny: its structure, its baselines' agreement with the engine, its JSON.
 
 No timing is asserted: the numbers depend on the machine.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from iscore import bench
-from iscore.bench import format_table, run_bench, write_json
+import iscore
+from iscore.analysis import analyze
+from iscore.bench import SETTINGS, format_table, goals, processes, run_bench
+from iscore.bench.baselines.comparison import (
+    KEY_STATISTICS,
+    MISMATCH_STATISTICS,
+    PANDAS_STATISTICS,
+    TOLERANCE,
+    check,
+)
+from iscore.bench.processes import time_marginal
 from iscore.errors import ConfigError
+from iscore.output import write_json
 from iscore.settings import resolve
 from iscore.simulate import SimConfig, write_simulated
 
@@ -81,7 +96,7 @@ def result(tmp_path_factory) -> dict:
 @pytest.mark.slow
 def test_structure(result):
     assert result["schema"] == "iscore.bench"
-    assert result["settings"] == list(bench.SETTINGS)
+    assert result["settings"] == list(SETTINGS)
     assert {row["name"] for row in result["rows"]} == ROWS
     for row in result["rows"]:
         assert row["seconds"] > 0, row["name"]
@@ -98,12 +113,12 @@ def test_structure(result):
     # The baselines ran on whole steps of the dump, and every default setting has one.
     baselines = result["baselines"]
     assert 0 < baselines["tokens"] <= dump["tokens"]
-    assert baselines["settings"] == list(bench.SETTINGS) and not baselines["skipped_settings"]
+    assert baselines["settings"] == list(SETTINGS) and not baselines["skipped_settings"]
     assert baselines["padding_factor"] >= 1
     tune = result["tune"]
     assert tune["queries"] == 60 and tune["query_p50_s"] <= tune["query_p99_s"]
     app = result["app"]
-    assert app["settings_added"] == len(bench.SETTINGS) - 1 and app["slider_points"] > 10
+    assert app["settings_added"] == len(SETTINGS) - 1 and app["slider_points"] > 10
     assert app["add_setting_p50_s"] <= app["add_setting_max_s"]
     assert app["slider_p50_s"] <= app["slider_max_s"]
     assert result["marginal"]["ratio"] is None  # one step: no second half to time
@@ -121,14 +136,83 @@ def test_structure(result):
 def test_baselines_agree_with_the_engine(result, baseline):
     agreement = result["agreement"][baseline]
     checked = (
-        {"mismatch": bench.MISMATCH_STATISTICS, "settings": bench.KEY_STATISTICS}
+        {"mismatch": MISMATCH_STATISTICS, "settings": KEY_STATISTICS}
         if baseline == "padded"
-        else bench.PANDAS_STATISTICS
+        else PANDAS_STATISTICS
     )
-    expected = len(checked["mismatch"]) + len(checked["settings"]) * len(bench.SETTINGS)
+    expected = len(checked["mismatch"]) + len(checked["settings"]) * len(SETTINGS)
     assert agreement["statistics"] == expected
     assert agreement["agrees"], agreement
-    assert agreement["max_rel_diff"] <= agreement["tolerance"] == bench.TOLERANCE[baseline]
+    assert agreement["max_rel_diff"] <= agreement["tolerance"] == TOLERANCE[baseline]
+
+
+def _rs(spec, **bounds):
+    return replace(spec, rs=(replace(spec.rs[0], **bounds),))
+
+
+def _mis(spec, **bounds):
+    return replace(spec, mis=replace(spec.mis, **bounds))
+
+
+def _rejection(spec, **bounds):
+    return replace(spec, rejection_sampling=replace(spec.rejection_sampling, **bounds))
+
+
+# Each threshold of each default setting, moved alone to where it bites on the test dump: a
+# baseline that hard-codes the preset's value instead of reading the spec disagrees there.
+MOVED = {
+    "verl": [
+        lambda s: replace(s, is_upper=0.98),
+        lambda s: _rs(s, lower=0.995),
+        lambda s: _rs(s, upper=1.002),
+    ],
+    "skyrl": [
+        lambda s: replace(s, token_tis_ratio_clip_high=0.98),
+        lambda s: replace(s, geo_mask_low=0.999),
+        lambda s: replace(s, geo_mask_high=1.001),
+        lambda s: replace(s, outlier_token_is_threshold_low=0.5),
+        lambda s: replace(s, outlier_token_is_threshold_high=2.0),
+        lambda s: replace(s, token_mask_is_threshold_low=0.6),
+        lambda s: replace(s, token_mask_is_threshold_high=1.8),
+    ],
+    "nemo_rl": [
+        lambda s: replace(s, truncated_importance_sampling_ratio_min=0.7),
+        lambda s: replace(s, truncated_importance_sampling_ratio=2.0),
+    ],
+    "slime": [
+        lambda s: _mis(s, tis_upper_bound=1.5),
+        lambda s: _mis(s, rs_lower_bound=0.6),
+        lambda s: _mis(s, rs_upper_bound=1.8),
+        lambda s: _mis(s, rs_veto_threshold=0.5),
+    ],
+    "areal": [lambda s: _rejection(s, lower=0.99), lambda s: _rejection(s, upper=1.001)],
+    "openrlhf": [lambda s: replace(s, lower=0.7), lambda s: replace(s, upper=2.0)],
+    "trl": [lambda s: replace(s, clip_min=0.5), lambda s: replace(s, clip_max=1.5)],
+    "fireworks": [lambda s: replace(s, cap=0.95)],
+}
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    path = tmp_path_factory.mktemp("moved") / "dump.parquet"
+    write_simulated(path, SimConfig("moe_routing", sequences=32, steps=2, seed=0), layout="token")
+    return iscore.load(path)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_baselines_read_their_thresholds_from_the_spec(batch, setting):
+    default = resolve(setting)
+    moved = [move(default) for move in MOVED[default.framework]]
+    # Each move changes what the engine computes, by more than the baselines' tolerances.
+    before, *after = analyze([batch], [default, *moved]).settings
+    for i, stats in enumerate(after):
+        change = max(
+            abs(before[k] - stats[k]) / max(abs(before[k]), abs(stats[k]), 1e-12)
+            for k in KEY_STATISTICS
+        )
+        assert change > 2 * TOLERANCE["padded"], moved[i]
+    for name, agreement in check(batch, moved).items():
+        assert agreement["agrees"], (name, agreement)
 
 
 @pytest.mark.slow
@@ -175,7 +259,7 @@ def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, m
     assert again["dump"]["tokens"] == result["dump"]["tokens"]
     # Settings without a baseline implementation are replayed but left out of the baselines.
     assert again["baselines"]["skipped_settings"] == ["verl:decoupled_token_is"]
-    checked = bench.PANDAS_STATISTICS
+    checked = PANDAS_STATISTICS
     assert again["agreement"]["pandas"]["statistics"] == len(checked["mismatch"]) + len(
         checked["settings"]
     )
@@ -186,13 +270,13 @@ def test_reuses_an_existing_dump_and_deletes_a_temporary_one(result, tmp_path, m
     assert ": None" not in table
 
     made = []
-    real = bench.tempfile.mkdtemp
+    real = tempfile.mkdtemp
 
     def mkdtemp(suffix=None, prefix=None, dir=None):
         made.append(Path(real(suffix, prefix, tmp_path)))
         return str(made[-1])
 
-    monkeypatch.setattr(bench.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     temporary = run_bench(
         tokens=20_000,
         settings=["fireworks:fireworks_default"],
@@ -223,15 +307,110 @@ def test_marginal_times_the_second_half_of_the_steps(tmp_path):
     path = tmp_path / "two_steps.parquet"
     config = SimConfig("dense_bf16", sequences=16, steps=4, median_len=200, seed=1)
     write_simulated(path, config, layout="token")  # as the bench writes its dump
-    specs = [resolve("verl:decoupled_token_is")]
-    marginal = bench._marginal(path, specs, chunk_tokens=50_000, repeats=1)
+    marginal = time_marginal(path, ["verl:decoupled_token_is"], chunk_tokens=50_000, repeats=1)
     tokens = pq.read_table(path, columns=["step"])["step"].to_numpy()
     assert (marginal["steps"], marginal["half_steps"]) == (4, 2)
     assert marginal["half_tokens"] == int((tokens < 2).sum()) < marginal["tokens"] == tokens.size
     for timing in ("read_s", "analyze_s"):
         assert marginal[timing]["all"] > 0 and marginal[timing]["half"] > 0
     extra = {k: marginal[f"{k}_s"]["all"] - marginal[f"{k}_s"]["half"] for k in ("read", "analyze")}
-    if extra["read"] > 0:
+    if min(extra.values()) > 0:
         assert marginal["ratio"] == pytest.approx(extra["analyze"] / extra["read"])
-    else:  # a dump this small reads within noise of its half: no ratio rather than a wrong one
+    else:  # a dump this small times within noise of its half: no ratio rather than a wrong one
         assert marginal["ratio"] is None
+
+
+@pytest.mark.parametrize(
+    ("analyze_s", "read_s", "why"),
+    [
+        # As reported: "[met] ... -6.13x (analyze 0.93 -> 0.71 s, read 0.02 -> 0.06 s)".
+        ((0.93, 0.71), (0.02, 0.06), "analyzing all the steps took no longer than analyzing"),
+        # Two negative differences make a plausible ratio (0.5x), met on the old code.
+        ((0.93, 0.91), (0.06, 0.02), "0.91 s) and reading all the steps took no longer"),
+        ((0.93, 1.20), (0.06, 0.06), "reading all the steps took no longer than reading"),
+    ],
+)
+def test_a_marginal_cost_within_the_noise_is_inconclusive(
+    tmp_path, monkeypatch, analyze_s, read_s, why
+):
+    path = tmp_path / "four_steps.parquet"
+    config = SimConfig("dense_bf16", sequences=4, steps=4, median_len=50, seed=1)
+    write_simulated(path, config, layout="token")
+    seconds = {("analyze", 2): analyze_s[0], ("analyze", 4): analyze_s[1]}
+    seconds |= {("read", 2): read_s[0], ("read", 4): read_s[1]}
+    # argv: python -c SCRIPT MODE PATH CHUNK STEPS ...
+    monkeypatch.setattr(
+        processes, "_seconds_in_fresh_process", lambda argv: seconds[argv[3], int(argv[6])]
+    )
+    marginal = time_marginal(path, ["verl:decoupled_token_is"], chunk_tokens=50_000, repeats=1)
+    assert marginal["ratio"] is None
+    (goal,) = goals.marginal_vs_read({"marginal": marginal})
+    assert goal["met"] is None
+    assert goal["measured"].startswith("inconclusive: ") and why in goal["measured"]
+
+
+def test_a_speedup_over_a_baseline_that_disagrees_is_not_met():
+    rows = [{"goal": "padded_speedup", "speedup": 9.0}, {"goal": "pandas_speedup", "speedup": 20.0}]
+    worst = {"worst": "trl:trl_default.ess", "max_rel_diff": 0.3, "tolerance": 2e-3}
+    agreement = {"padded": {**worst, "agrees": False}, "pandas": {**worst, "agrees": True}}
+    padded, pandas = goals.speedups({"rows": rows, "agreement": agreement})
+    assert padded["met"] is None and "the padded baseline disagrees" in padded["measured"]
+    assert pandas["met"] is True and pandas["measured"] == "20.0x"
+
+
+@pytest.mark.parametrize(
+    ("steps", "part_steps", "largest_chunk", "met"),
+    [(1, 1, 4000, None), (8, 2, 4000, None), (8, 2, 1000, True)],
+)
+def test_peak_memory_is_inconclusive_where_the_stream_is_one_chunk(
+    steps, part_steps, largest_chunk, met
+):
+    memory = {"steps": steps, "part_steps": part_steps, "stream_mb": 400.0}
+    memory |= {"stream_part_mb": 390.0, "stream_largest_chunk_tokens": largest_chunk}
+    (goal,) = goals.bounded_memory({"memory": memory, "dump": {"tokens": 4000}})
+    assert goal["met"] is met
+    assert goal["measured"].startswith("inconclusive: ") == (met is None)
+
+
+def test_only_the_cli_bench_command_imports_the_bench():
+    root = Path(iscore.__file__).parent
+    importers = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == "bench":
+            continue
+        tree = ast.parse(path.read_text())
+        for scope in ast.walk(tree):
+            for node in ast.iter_child_nodes(scope):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [f"{node.module}.{a.name}" for a in node.names]
+                    if isinstance(node, ast.ImportFrom) and node.module
+                    else []
+                )
+                if any(n == "iscore.bench" or n.startswith("iscore.bench.") for n in names):
+                    where = getattr(scope, "name", "<module>")
+                    importers.append(f"{path.relative_to(root)}:{where}")
+    assert importers == ["cli.py:_cmd_bench"]
+
+
+def test_importing_the_engine_leaves_the_bench_out():
+    root = Path(iscore.__file__).parent
+    modules = [
+        ".".join(("iscore", *path.relative_to(root).with_suffix("").parts)).removesuffix(
+            ".__init__"
+        )
+        for path in sorted(root.rglob("*.py"))
+        if path.relative_to(root).parts[0] != "bench" and path.name != "__main__.py"
+    ]
+    script = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('iscore.bench')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, *modules], capture_output=True, text=True, check=True
+    )
+    assert "iscore.analysis" in modules and "iscore.cli" in modules
+    assert done.stdout.strip() == "[]"

@@ -1,0 +1,312 @@
+"""The pandas baseline: the corrections and every statistic `analyze` reports, written as a
+dataframe user would, in float64 with per-sequence sums by groupby.
+
+It is an independent implementation of the same math as the engine (`iscore.frameworks`,
+`iscore.mismatch`, `iscore.histogram`), never calling its replay, so that agreeing with it
+checks the engine, and timing it shows what the same work costs in pandas.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from iscore.batch import TokenBatch
+from iscore.histogram import BINS_PER_DECADE, LOG10_RANGE
+from iscore.impact import TRUNCATION_TOLERANCE, aggregation_of
+from iscore.mismatch import TOP_K
+
+if TYPE_CHECKING:
+    from iscore.frameworks.areal import ArealCorrection
+    from iscore.frameworks.fireworks import FireworksTIS
+    from iscore.frameworks.nemo_rl import NemoRLSpec
+    from iscore.frameworks.openrlhf import OpenRLHFCorrection
+    from iscore.frameworks.skyrl import SkyRLSpec
+    from iscore.frameworks.slime import SlimeCorrection
+    from iscore.frameworks.trl import TRLCorrection
+    from iscore.frameworks.verl import VerlSpec
+
+
+def frame(batch: TokenBatch) -> pd.DataFrame:
+    """One row per token: sequence, step, log-probs (float64) and loss mask."""
+    return pd.DataFrame(
+        {
+            "seq": np.repeat(np.arange(batch.num_sequences), batch.lengths.numpy()),
+            "step": np.repeat(batch.step.numpy(), batch.lengths.numpy()),
+            "rollout": batch.rollout.numpy().astype(np.float64),
+            "train": batch.train.numpy().astype(np.float64),
+            "mask": batch.loss_mask.numpy(),
+        }
+    )
+
+
+def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
+    """The settings' weights and the statistics with pandas: per-sequence sums by groupby.
+
+    Beside the key statistics (checked against iscore), it computes what else `analyze`
+    reports, so the workloads match: the other mismatch estimators (token and sequence
+    level, overall and per step), per-probability, per-position and per-length tables, the
+    histograms of |d|, of signed d and of (rollout, train) log-probs, the correlation and
+    sign balance of d, the worst tokens and sequences; per setting the truncated and rejected
+    fractions, per-step and per-length tables, and the histograms of the weights and raw
+    ratios beside their quantiles (exact, where iscore reads them off the histograms).
+    """
+    d = df["train"] - df["rollout"]
+    m = df["mask"]
+    dm = d.where(m, 0.0)
+    rho = np.exp(d).where(m, 0.0)
+    mid = np.logaddexp(df["train"], df["rollout"]) - math.log(2.0)
+    a, b = df["train"] - mid, df["rollout"] - mid
+    frame = pd.DataFrame(
+        {
+            "seq": df["seq"],
+            "m": m.astype(float),
+            "d": dm,
+            "abs": dm.abs(),
+            "d2": dm * dm,
+            "k3": (np.expm1(dm) - dm),
+            "k3r": (np.expm1(-dm) + dm),
+            "chi": np.exp(2 * d.clip(-20, 20)).where(m, 0.0),
+            "mult": np.exp(d.abs()).where(m, 0.0),
+            "js": (0.5 * (np.expm1(a) - a + np.expm1(b) - b)).where(m, 0.0),
+            "rho": rho,
+            "rho2": rho * rho,
+            "train": df["train"].where(m, 0.0),
+            "rollout": df["rollout"].where(m, 0.0),
+        }
+    )
+    grouped = frame.groupby("seq")
+    per_seq = grouped.sum()
+    per_seq["max_abs"] = grouped["abs"].max()
+    per_seq["step"] = df.groupby("seq")["step"].first()
+    per_seq = per_seq[per_seq["m"] > 0]
+    n = per_seq["m"].sum()
+    token = per_seq.drop(columns=["step", "max_abs"]).sum() / n
+    G = per_seq["d"] / per_seq["m"]
+    sequence = pd.DataFrame(
+        {
+            "step": per_seq["step"],
+            "chi2_seq": np.exp(2 * per_seq["d"].clip(-20, 20)),
+            "log_ppl_diff": -G,
+            "log_ppl_abs_diff": G.abs(),
+            "ppl_ratio": np.exp(-G),
+            "training_ppl": np.exp(-per_seq["train"] / per_seq["m"]),
+            "rollout_ppl": np.exp(-per_seq["rollout"] / per_seq["m"]),
+        }
+    )
+    loss = d[m]
+    abs_loss = loss.abs()
+    columns = ["m", "abs", "k3", "d"]
+    mismatch = {
+        "k3": token["k3"],
+        "k3_reverse": token["k3r"],
+        "chi2_token": token["chi"] - 1,
+        "token_mult_prob_error": token["mult"],
+        "js": token["js"],
+        "ratio_mean": token["rho"],
+        "ratio_mean_stderr": np.sqrt((token["rho2"] - token["rho"] ** 2) / n),
+        "d_var": token["d2"] - token["d"] ** 2,
+        "abs_diff_mean": token["abs"],
+        "abs_diff_max": per_seq["max_abs"].max(),
+        **sequence.drop(columns=["step"]).mean(),
+        "chi2_seq": sequence["chi2_seq"].mean() - 1,
+        "by_step": frame.groupby(df["step"]).sum(),
+        "by_step_sequences": sequence.groupby("step").agg(["mean", "max", "min"]),
+        "by_prob": frame.groupby(pd.cut(np.exp(df["rollout"]), [0, 0.01, 0.1, 0.5, 0.9, 0.99, 1]))[
+            columns
+        ].sum(),
+        "by_pos": frame.groupby(np.floor(np.log2(df.groupby("seq").cumcount() + 1)))[columns].sum(),
+        "by_length": pd.DataFrame({"S": per_seq["d"], "G": G, "T": per_seq["m"]})
+        .groupby(np.floor(np.log2(per_seq["m"])))
+        .quantile([0.1, 0.5, 0.9]),
+        "abs_quantiles": abs_loss.quantile([0.5, 0.9, 0.99, 0.999]),
+        "abs_hist": _log_histogram(abs_loss),
+        "neg_hist": _log_histogram(abs_loss[loss < 0]),
+        "joint_hist": np.histogram2d(
+            df["rollout"][m].clip(-20, 0), df["train"][m].clip(-20, 0), 80, [(-20, 0), (-20, 0)]
+        )[0],
+        "d_rollout_correlation": np.corrcoef(df["rollout"][m], loss)[0, 1],
+        "d_sign_fraction": max((loss < 0).sum(), (loss > 0).sum()) / max((loss != 0).sum(), 1),
+        "worst_tokens": df.loc[abs_loss.nlargest(TOP_K).index],
+        "worst_sequences": per_seq.nlargest(TOP_K, "k3"),
+    }
+    out = {"mismatch": mismatch, "settings": []}
+    count = grouped["m"].transform("sum")
+    for spec in specs:
+        weight, kept, raw, pre = WEIGHTS[spec.framework](spec, df, d, m, count)
+        w = weight.where(m, 0.0)
+        kept = kept & m
+        changed = kept & (pre > 0)
+        sums = pd.DataFrame(
+            {
+                "seq": df["seq"],
+                "w": w,
+                "w2": w * w,
+                "nz": ((w > 0) & m),
+                "kept": kept,
+                "high": changed & (pre < raw * (1 - TRUNCATION_TOLERANCE)),
+                "low": changed & (pre > raw * (1 + TRUNCATION_TOLERANCE)),
+                "log_raw": np.log(raw.clip(lower=1e-300)).where(m, 0.0),
+            }
+        )
+        s = sums.groupby("seq").sum()
+        s["T"] = per_seq["m"]
+        s = s[s["T"] > 0]
+        s["step"] = per_seq["step"]
+        s["seq_weight"] = s["w"] / s["T"]
+        s["seq_raw"] = s["log_raw"] / s["T"]
+        total, squares = s["w"].sum(), s["w2"].sum()
+        agg = aggregation_of(spec)
+        if agg.mode == "seq-mean-token-mean":
+            lr = s["seq_weight"].mean()
+        elif agg.shrinks:
+            lr = total / s["kept"].sum()
+        else:
+            lr = total / n
+        tables = ["w", "w2", "nz", "kept", "high", "low", "T"]
+        length = s.groupby(np.floor(np.log2(s["T"])))
+        quantiles = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999]
+        out["settings"].append(
+            {
+                "weight_mean": total / n,
+                "weight_mean_seq": s["seq_weight"].mean(),
+                "token_masked_fraction": 1 - s["nz"].sum() / n,
+                "token_rejected_fraction": 1 - s["kept"].sum() / n,
+                "truncated_high_fraction": s["high"].sum() / n,
+                "truncated_low_fraction": s["low"].sum() / n,
+                "seq_masked_fraction": (s["nz"] == 0).mean(),
+                "lr_scale": lr,
+                "ess": total * total / (n * squares),
+                "by_step": s.groupby("step")[tables].sum(),
+                "by_length": length[tables].sum(),
+                "by_length_quantiles": length["seq_weight"].quantile([0.1, 0.5, 0.9]),
+                "by_length_medians": length[["T", "seq_raw"]].median(),
+                "weight_quantiles": w[m].quantile(quantiles),
+                "raw_quantiles": raw[m].quantile(quantiles),
+                "weight_hist": _log_histogram(w[m]),
+                "raw_hist": _log_histogram(raw[m]),
+            }
+        )
+    return out
+
+
+def _log_histogram(x: pd.Series) -> dict[str, Any]:
+    """The counts of `LogHistogram` (log-spaced bins, zeros, tails, extremes) with numpy."""
+    values = x.to_numpy()
+    logs = np.log10(values[values > 0])
+    lo, hi = LOG10_RANGE
+    counts, _ = np.histogram(logs, bins=int((hi - lo) * BINS_PER_DECADE), range=(lo, hi))
+    return {
+        "counts": counts,
+        "zeros": int((values == 0).sum()),
+        "underflow": int((logs < lo).sum()),
+        "overflow": int((logs >= hi).sum()),
+        "min": values.min(initial=np.inf),
+        "max": values.max(initial=-np.inf),
+    }
+
+
+def verl(spec: VerlSpec, df, d, m, count):
+    """As `padded.verl`, in float64."""
+    (rs,) = spec.rs
+    k1 = (-d.clip(-20, 20)).where(m, 0.0)
+    mean = k1.groupby(df["seq"]).transform("sum") / count.clip(lower=1.0)
+    keep = (mean >= math.log(rs.lower)) & (mean <= math.log(rs.upper)) & m
+    raw = np.exp(d.clip(-20, 20))
+    weight = raw.clip(upper=spec.is_upper).where(keep, 0.0)
+    return weight, keep, raw, weight
+
+
+def skyrl(spec: SkyRLSpec, df, d, m, count):
+    """As `padded.skyrl`, in float64."""
+    rho = np.exp(d.clip(-20, 20))
+    low, high = spec.outlier_token_is_threshold_low, spec.outlier_token_is_threshold_high
+    outlier = (((rho < low) | (rho > high)) & m).groupby(df["seq"]).transform("any")
+    low, high = spec.token_mask_is_threshold_low, spec.token_mask_is_threshold_high
+    keep = m & ~outlier & (rho >= low) & (rho <= high)
+    k = keep.astype(float)
+    num = (d * k).groupby(df["seq"]).transform("sum")
+    den = k.groupby(df["seq"]).transform("sum").clip(lower=1.0)
+    geo = np.exp((num / den).clip(-20, 20))
+    keep = keep & (geo >= spec.geo_mask_low) & (geo <= spec.geo_mask_high)
+    weight = rho.clip(upper=spec.token_tis_ratio_clip_high).where(keep, 0.0)
+    return weight, keep, rho, weight
+
+
+def nemo(spec: NemoRLSpec, df, d, m, count):
+    """As `padded.nemo`, in float64 (0 where the float32 ratio would overflow)."""
+    rho = np.exp(d)
+    rho = rho.where(np.isfinite(rho.astype(np.float32)), 0.0)
+    lower = spec.truncated_importance_sampling_ratio_min
+    upper = spec.truncated_importance_sampling_ratio
+    weight = rho.where((rho >= lower) & (rho <= upper), 0.0)
+    return weight, m, rho, weight
+
+
+def slime(spec: SlimeCorrection, df, d, m, count):
+    """As `padded.slime`, in float64."""
+    mis = spec.mis
+    ratio = np.exp(d.clip(-20, 20))
+    weight = ratio.clip(0.0, mis.tis_upper_bound)
+    veto = math.log(np.float32(mis.rs_veto_threshold))
+    vetoed = ((d < veto) & m).groupby(df["seq"]).transform("any")
+    keep = m & (ratio >= mis.rs_lower) & (ratio <= mis.rs_upper) & ~vetoed
+    wm = weight.where(m, 0.0)
+    step_sum = wm.groupby(df["step"]).transform("sum")
+    step_count = m.astype(float).groupby(df["step"]).transform("sum").clip(lower=1.0)
+    mean = step_sum / step_count
+    mean = mean.where(mean > 1e-8, 1.0)
+    return (weight / mean).where(keep, 0.0), keep, ratio, weight
+
+
+def areal(spec: ArealCorrection, df, d, m, count):
+    """As `padded.areal`, in float64."""
+    rs = spec.rejection_sampling
+    lower = 0.0 if rs.lower is None else rs.lower
+    d = d.where(np.isfinite(d), 0.0)
+    mean = d.where(m, 0.0).groupby(df["seq"]).transform("sum") / count.clip(lower=1.0)
+    ratio = np.exp(mean)
+    keep = m & (ratio >= lower) & (ratio <= rs.upper)
+    weight = ratio.where(keep, 0.0)
+    return weight, keep, ratio, weight
+
+
+def openrlhf(spec: OpenRLHFCorrection, df, d, m, count):
+    """As `padded.openrlhf`, in float64."""
+    rho = np.exp(d)
+    weight = rho.where((rho >= spec.lower) & (rho <= spec.upper), 0.0)
+    return weight, m, rho, weight
+
+
+def trl(spec: TRLCorrection, df, d, m, count):
+    """As `padded.trl`: the float64 sum, e^S rounded to float32 as TRL computes it."""
+    lower = 0.0 if spec.clip_min is None else spec.clip_min
+    upper = math.inf if spec.clip_max is None else spec.clip_max
+    total = d.where(m, 0.0).groupby(df["seq"]).transform("sum")
+    ratio = np.exp(total).astype(np.float32).astype(np.float64)
+    weight = ratio.where((ratio >= lower) & (ratio <= upper), 0.0)
+    return weight, m, ratio, weight
+
+
+def fireworks(spec: FireworksTIS, df, d, m, count):
+    """As `padded.fireworks`, in float64."""
+    raw = np.exp(d.clip(-20, 20))
+    weight = raw.clip(0.0, spec.cap)
+    return weight, m, raw, weight
+
+
+WEIGHTS = {
+    "verl": verl,
+    "skyrl": skyrl,
+    "nemo_rl": nemo,
+    "slime": slime,
+    "areal": areal,
+    "openrlhf": openrlhf,
+    "trl": trl,
+    "fireworks": fireworks,
+}
+"""Each framework's (weight, kept, raw ratio, weight before batch normalization) per token,
+for the settings `implements` accepts."""

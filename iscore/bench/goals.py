@@ -1,0 +1,299 @@
+"""The goals `iscore bench` judges its result by, each met, not met, or not measured (and why).
+
+A goal is a function of the result (the JSON-ready dict of `run_bench`) returning
+`{"id", "goal", "measured", "met"}` and, where it is not met, a `gap`; `CHECKS` lists them in
+the order they are printed. `met` is None whenever the run could not tell: skipped, or a
+figure that is no measurement of what the goal asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+GOALS = {
+    "e2e_vs_read": 2.0,
+    "marginal_vs_read": 2.0,
+    "padded_speedup": 5.0,
+    "pandas_speedup": 10.0,
+    "tune_query_p99_s": 0.05,
+    "cuda_resident_tok_s": 1e9,
+    "app_add_setting_s": 1.0,
+    "app_tune_open_s": 3.0,
+    "app_slider_p50_s": 0.05,
+    "writer_vs_step": 0.02,
+}
+"""Each goal's threshold (seconds, a ratio or tokens per second)."""
+
+GOAL_TEXT = {
+    "e2e_vs_read": "<= 2x read",
+    "padded_speedup": ">= 5x",
+    "pandas_speedup": ">= 10x",
+    "tune_query_p99_s": "< 50 ms",
+    "cuda_resident_tok_s": ">= 1e9/s",
+    "app_add_setting_s": "<= 1 s",
+    "app_tune_open_s": "<= 3 s",
+    "app_slider_p50_s": "< 50 ms",
+    "writer_vs_step": "< 2% step",
+}
+"""The goal as the table's `goal` column shows it beside the row judged by it."""
+
+Goal = dict[str, Any]
+
+
+def evaluate(result: dict[str, Any]) -> list[Goal]:
+    """Every goal of `CHECKS` judged on `result`."""
+    return [goal for check in CHECKS for goal in check(result)]
+
+
+def e2e_vs_read(result: dict[str, Any]) -> list[Goal]:
+    """A streamed analyze against the pyarrow read of the same columns."""
+    rows = {row["name"]: row for row in result["rows"]}
+    read = next(r for name, r in rows.items() if name.startswith("read"))
+    streamed = next(r for name, r in rows.items() if name.startswith("analyze, streamed"))
+    resident = rows["analyze, resident chunks"]
+    replay = rows["replay only, resident chunks"]
+    ratio = streamed["seconds"] / read["seconds"]
+    met = ratio <= GOALS["e2e_vs_read"]
+    return [
+        {
+            "id": "e2e_vs_read",
+            "goal": f"{len(result['settings'])} settings end to end <= "
+            f"{GOALS['e2e_vs_read']:g}x the pyarrow read",
+            "measured": f"{ratio:.2f}x ({streamed['seconds']:.2f} s vs {read['seconds']:.2f} s)",
+            "met": met,
+            "gap": None
+            if met
+            else f"{streamed['seconds'] - GOALS['e2e_vs_read'] * read['seconds']:.2f} s over; "
+            f"of the streamed time, {replay['seconds']:.2f} s is the frameworks' replays and "
+            f"{resident['seconds'] - replay['seconds']:.2f} s the statistics (resident "
+            "chunks, no I/O)",
+        }
+    ]
+
+
+def marginal_vs_read(result: dict[str, Any]) -> list[Goal]:
+    """What the second half of the steps adds to analyze against what it adds to the read;
+    not measured where either addition came out <= 0."""
+    marginal = result["marginal"]
+    ratio = marginal["ratio"]
+    if ratio is not None:
+        measured = (
+            f"{ratio:.2f}x (analyze {marginal['analyze_s']['half']:.2f} -> "
+            f"{marginal['analyze_s']['all']:.2f} s, read {marginal['read_s']['half']:.2f} -> "
+            f"{marginal['read_s']['all']:.2f} s)"
+        )
+    elif "half_steps" not in marginal:
+        measured = "not measurable: a dump of one step has no second half"
+    else:
+        slower = [
+            f"{what} all the steps took no longer than {what} half of them ({times['half']:.2f}"
+            f" -> {times['all']:.2f} s)"
+            for what, times in (
+                ("analyzing", marginal["analyze_s"]),
+                ("reading", marginal["read_s"]),
+            )
+            if times["all"] <= times["half"]
+        ]
+        measured = (
+            f"inconclusive: {' and '.join(slower)}, so this machine's noise exceeded what the "
+            "second half costs; rerun on a quieter machine or a larger dump"
+        )
+    return [
+        {
+            "id": "marginal_vs_read",
+            "goal": f"marginal analyze <= {GOALS['marginal_vs_read']:g}x the marginal pyarrow "
+            f"read (the second half of the steps, fresh processes, best of "
+            f"{marginal['repeats']})",
+            "measured": measured,
+            "met": None if ratio is None else ratio <= GOALS["marginal_vs_read"],
+        }
+    ]
+
+
+def speedups(result: dict[str, Any]) -> list[Goal]:
+    """iscore against the padded and the pandas baseline; not measured where a baseline
+    disagrees with iscore."""
+    goals = []
+    for key, name in (("padded_speedup", "padded"), ("pandas_speedup", "pandas")):
+        row = next((r for r in result["rows"] if r.get("goal") == key), None)
+        agreement = (result.get("agreement") or {}).get(name)
+        if row is None:
+            measured, met = None, None
+        elif agreement is not None and not agreement["agrees"]:
+            # A baseline that computes something else is no yardstick.
+            measured = (
+                f"{row['speedup']:.1f}x, but not comparable: the {name} baseline disagrees "
+                f"with iscore ({agreement['worst']} differs by {agreement['max_rel_diff']:.2e}, "
+                f"tolerance {agreement['tolerance']:g})"
+            )
+            met = None
+        else:
+            measured, met = f"{row['speedup']:.1f}x", row["speedup"] >= GOALS[key]
+        goals.append(
+            {
+                "id": key,
+                "goal": f">= {GOALS[key]:g}x faster than the {name} baseline",
+                "measured": measured,
+                "met": met,
+            }
+        )
+    return goals
+
+
+def bounded_memory(result: dict[str, Any]) -> list[Goal]:
+    """Streaming peak memory of the whole dump against a quarter of it; not measured where
+    the two cannot differ (the quarter is the whole, or the whole is one chunk)."""
+    memory = result.get("memory")
+    if not (memory and "stream_mb" in memory and "stream_part_mb" in memory):
+        return [
+            {
+                "id": "bounded_memory",
+                "goal": "streaming peak memory bounded by the chunk size",
+                "measured": None,
+                "met": None,
+            }
+        ]
+    # The dump grows 4x from the part to the whole; a peak bounded by the chunk size
+    # grows only as much as the largest chunk (whole steps) and the allocator's slack.
+    growth = memory["stream_mb"] / memory["stream_part_mb"]
+    per_chunk = memory.get("stream_mb_per_million_chunk_tokens")
+    tokens = result["dump"]["tokens"]
+    # With the part the whole dump, or the whole dump one chunk, the peaks cannot tell a
+    # chunk-bounded stream from a dump-bounded one.
+    vacuous = (
+        f"the quarter is the whole dump ({memory['steps']} steps)"
+        if memory["part_steps"] >= memory["steps"]
+        else f"the whole dump ({tokens:,} tokens) streams as one chunk"
+        if memory.get("stream_largest_chunk_tokens", 0) >= tokens
+        else None
+    )
+    if vacuous:
+        return [
+            {
+                "id": "bounded_memory",
+                "goal": "streaming peak memory bounded by the chunk size",
+                "measured": f"inconclusive: {vacuous}, so streaming it cannot show a peak "
+                f"bounded by the chunk ({memory['stream_mb']:.0f} MB vs "
+                f"{memory['stream_part_mb']:.0f} MB); use a dump several chunks long",
+                "met": None,
+            }
+        ]
+    return [
+        {
+            "id": "bounded_memory",
+            "goal": "streaming peak memory bounded by the chunk size, not the dump size "
+            "(peak for the whole dump <= 1.25x the peak for a quarter of it)",
+            "measured": f"peak RSS streaming all {memory['steps']} steps "
+            f"{memory['stream_mb']:.0f} MB, {memory['part_steps']} steps "
+            f"{memory['stream_part_mb']:.0f} MB ({growth:.2f}x); import alone "
+            f"{memory.get('import_mb', float('nan')):.0f} MB, loading whole "
+            f"{memory.get('load_mb', float('nan')):.0f} MB (in "
+            f"{memory.get('load_s', float('nan')):.2f} s, a fresh process)"
+            + (
+                f"; {per_chunk:.0f} MB per million tokens of the largest chunk "
+                f"({memory['stream_largest_chunk_tokens']:,} tokens)"
+                if per_chunk
+                else ""
+            ),
+            "met": growth <= 1.25,
+        }
+    ]
+
+
+def tune_query(result: dict[str, Any]) -> list[Goal]:
+    """The 99th percentile of random Tuner queries."""
+    tune = result["tune"]
+    return [
+        {
+            "id": "tune_query_p99_s",
+            "goal": f"Tune query p99 < {GOALS['tune_query_p99_s'] * 1e3:g} ms at "
+            f"{tune['tokens'] / 1e6:.1f}M tokens",
+            "measured": f"p50 {tune['query_p50_s'] * 1e3:.3f} ms, p99 "
+            f"{tune['query_p99_s'] * 1e3:.3f} ms (build {tune['build_s']:.2f} s)",
+            "met": tune["query_p99_s"] < GOALS["tune_query_p99_s"],
+        }
+    ]
+
+
+def app_steps(result: dict[str, Any]) -> list[Goal]:
+    """Adding a setting, opening Tune and a slider move in the app's workspace."""
+    app = result["app"]
+    at = f"at {app['tokens'] / 1e6:.1f}M tokens"
+    return [
+        {
+            "id": "app_add_setting_s",
+            "goal": f"adding a setting <= {GOALS['app_add_setting_s']:g} s {at}",
+            "measured": None
+            if app["add_setting_max_s"] is None
+            else f"slowest {app['add_setting_max_s']:.2f} s, median "
+            f"{app['add_setting_p50_s']:.2f} s over {app['settings_added']} settings (the "
+            f"first, which computes what they share, {app['first_setting_s']:.2f} s)",
+            "met": None
+            if app["add_setting_max_s"] is None
+            else app["add_setting_max_s"] <= GOALS["app_add_setting_s"],
+        },
+        {
+            "id": "app_tune_open_s",
+            "goal": f"opening Tune cold <= {GOALS['app_tune_open_s']:g} s {at}",
+            "measured": f"{app['tune_open_s']:.2f} s (warm: memoized)",
+            "met": app["tune_open_s"] <= GOALS["app_tune_open_s"],
+        },
+        {
+            "id": "app_slider_p50_s",
+            "goal": f"Tune slider p50 < {GOALS['app_slider_p50_s'] * 1e3:g} ms {at}",
+            "measured": f"p50 {app['slider_p50_s'] * 1e3:.2f} ms, max "
+            f"{app['slider_max_s'] * 1e3:.2f} ms over {app['slider_points']} slider positions",
+            "met": app["slider_p50_s"] < GOALS["app_slider_p50_s"],
+        },
+    ]
+
+
+def cuda_replay(result: dict[str, Any]) -> list[Goal]:
+    """The replay on CUDA with the chunks resident; not measured without a GPU."""
+    cuda = result["cuda"]
+    goal = ">= 1e9 tokens/s for the replay on CUDA, data resident"
+    if not cuda.get("resident_tok_s"):
+        measured = cuda.get("error") or "no CUDA device"
+        return [{"id": "cuda_resident_tok_s", "goal": goal, "measured": measured, "met": None}]
+    return [
+        {
+            "id": "cuda_resident_tok_s",
+            "goal": goal,
+            "measured": f"{cuda['resident_tok_s']:.3g} tok/s resident, "
+            f"{cuda['with_copies_tok_s']:.3g} tok/s with host-to-device copies",
+            "met": cuda["resident_tok_s"] >= GOALS["cuda_resident_tok_s"],
+        }
+    ]
+
+
+def writer_vs_step(result: dict[str, Any]) -> list[Goal]:
+    """The time `DumpWriter.add_batch` holds a training step, against that step."""
+    writer = result["writer"]
+    ratio = writer["add_batch_s"] / writer["step_s"]
+    met = ratio < GOALS["writer_vs_step"]
+    return [
+        {
+            "id": "writer_vs_step",
+            "goal": f"DumpWriter.add_batch < {GOALS['writer_vs_step']:.0%} of a step that moves "
+            f"the same tensors ({writer['tokens'] / 1e6:.2f}M tokens)",
+            "measured": f"{ratio:.2%} ({writer['add_batch_s'] * 1e3:.3f} ms vs "
+            f"{writer['step_s'] * 1e3:.1f} ms; the background thread then takes "
+            f"{writer['background_s'] * 1e3:.0f} ms)",
+            "met": met,
+            "gap": None if met else f"{ratio / GOALS['writer_vs_step']:.1f}x the budget",
+        }
+    ]
+
+
+CHECKS: tuple[Callable[[dict[str, Any]], list[Goal]], ...] = (
+    e2e_vs_read,
+    marginal_vs_read,
+    speedups,
+    bounded_memory,
+    tune_query,
+    app_steps,
+    writer_vs_step,
+    cuda_replay,
+)
+"""The goals, in the order they are printed."""

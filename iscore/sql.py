@@ -113,6 +113,15 @@ def _parse(con: duckdb.DuckDBPyConnection, sql: str, what: str) -> dict[str, Any
     return statements[0]["node"]
 
 
+def _is_aggregate(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether DuckDB's catalog has an aggregate function called `name`."""
+    query = (
+        "SELECT count(*) FROM duckdb_functions() WHERE function_type = 'aggregate' "
+        "AND function_name = lower(?)"
+    )
+    return con.execute(query, [name]).fetchone()[0] > 0
+
+
 def _walk(node: Any) -> Iterator[dict[str, Any]]:
     """Every dict of a parse tree, depth first."""
     stack = [node]
@@ -307,6 +316,12 @@ class Predicate:
                     raise QueryError(
                         f"--where: {what} is not allowed; a predicate judges each sequence "
                         "on its own values (use --sql for questions across sequences)"
+                    )
+                if item.get("class") == "FUNCTION" and _is_aggregate(con, item["function_name"]):
+                    raise QueryError(
+                        f"--where: an aggregate ({item['function_name']}) is not allowed; a "
+                        "predicate judges each sequence on its own values (use --sql with GROUP "
+                        "BY for questions across sequences)"
                     )
                 if item.get("class") == "COLUMN_REF":
                     columns.add(item["column_names"][-1])

@@ -207,7 +207,9 @@ def test_predicate_mask(text) -> None:
     [
         ("lenght > 3", "no column 'lenght'; the columns are step, seq_id, length, k3, reward"),
         ("length", "expected a boolean expression, but 'length' is BIGINT"),
-        ("sum(length) > 3", "WHERE clause cannot contain aggregates"),
+        ("sum(length) > 3", "an aggregate (sum) is not allowed; a predicate judges each sequence"),
+        ("AVG(k3) > 0", "an aggregate (avg) is not allowed"),
+        ("abs(k3) > 0 AND max(length) > 1", "an aggregate (max) is not allowed"),
         ("k3 > (SELECT avg(k3) FROM sequences)", "a subquery is not allowed"),
         ("seq_id IN (SELECT seq_id FROM tokens)", "a subquery is not allowed"),
         ("row_number() OVER () < 10", "a window function is not allowed"),

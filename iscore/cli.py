@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import sys
 import types
@@ -71,6 +72,28 @@ def _step_range(text: str) -> StepRange:
         return StepRange.parse(text)
     except IscoreError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _share(text: str) -> float:
+    """A share given as a fraction in [0, 1] (0.01) or a percentage (1%). A bare number above
+    1 is refused: `5` for five percent would read as 500% (and `1` as 100%, which `recommend`
+    warns about)."""
+    body = text.strip()
+    percent = body.endswith("%")
+    try:
+        number = float(body.removesuffix("%"))
+    except ValueError:
+        number = math.nan
+    value = number / 100 if percent else number
+    if not 0.0 <= value <= 1.0:
+        hint = ""
+        if number > 1 and not percent:
+            hint = f" (for {number:g} percent write {number:g}% or {number / 100:g})"
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction in [0, 1] or a percentage, e.g. 0.01 or 1%, but got "
+            f"{quote(text[:200])}{hint}"
+        )
+    return value
 
 
 def _chunk_tokens(text: str) -> int:
@@ -358,6 +381,12 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         raise IscoreError(
             f"Expected --lr-scale LO:HI, e.g. 0.8:1.25, but got {quote(args.lr_scale)}"
         ) from None
+    for flag in ("--max-token-drop", "--max-seq-drop"):
+        if getattr(args, flag.removeprefix("--").replace("-", "_")) == 1.0:
+            warnings.warn(
+                f"{flag} 1 lets every one be dropped (100%); for one percent write 0.01 or 1%",
+                stacklevel=1,
+            )
     try:
         targets = Targets(args.max_token_drop, args.max_seq_drop, lr_scale, args.min_ess)
     except ConfigError as e:
@@ -757,17 +786,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-token-drop",
-        type=float,
+        type=_share,
         default=0.01,
-        metavar="FRACTION",
-        help="largest share of tokens that may lose their gradient (default 0.01)",
+        metavar="SHARE",
+        help="largest share of tokens that may lose their gradient: a fraction (0.01) or a "
+        "percentage (1%%); default 1%%",
     )
     p.add_argument(
         "--max-seq-drop",
-        type=float,
+        type=_share,
         default=0.05,
-        metavar="FRACTION",
-        help="largest share of sequences that may be dropped (default 0.05)",
+        metavar="SHARE",
+        help="largest share of sequences that may be dropped: a fraction (0.05) or a "
+        "percentage (5%%); default 5%%",
     )
     p.add_argument(
         "--lr-scale",
@@ -777,10 +808,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--min-ess",
-        type=float,
+        type=_share,
         default=0.5,
-        metavar="FRACTION",
-        help="smallest effective sample size, as a fraction of tokens (default 0.5)",
+        metavar="SHARE",
+        help="smallest effective sample size, a share of the tokens: a fraction (0.5) or a "
+        "percentage (50%%); default 50%%",
     )
     p.add_argument("--json", metavar="OUT.json", help="write the ranking as JSON")
     p.set_defaults(func=_cmd_recommend)

@@ -194,8 +194,27 @@ def test_recommend_prints_ranking_and_snippet(tmp_path, capsys):
     assert ranking["framework"] == "skyrl" and ranking["candidates"][0]["passes"]
     assert main([*argv, "--lr-scale", "1.2:2"]) == 2
     assert "Expected --lr-scale to be a range" in capsys.readouterr().err
-    assert main([*argv, "--max-token-drop", "2"]) == 2
-    assert "Expected --max-token-drop to be a fraction in [0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main([*argv, "--max-token-drop", "2"])
+    assert refused.value.code == 2
+    assert "argument --max-token-drop: expected a fraction in [0, 1] or a percentage, e.g. " in (
+        said := capsys.readouterr().err
+    )
+    assert "(for 2 percent write 2% or 0.02)" in said
+
+
+def test_a_share_of_one_is_not_taken_for_one_percent(tmp_path, capsys):
+    """`--max-token-drop 1` was read as 100% without a word: a percentage is written 1%, and
+    a bare 1 (which does mean 100%) is warned about."""
+    argv = ["recommend", "data/fp8.parquet", "--framework", "verl", "-q", "--json"]
+    assert main([*argv, str(tmp_path / "a.json"), "--max-token-drop", "1%"]) == 0
+    assert json.loads((tmp_path / "a.json").read_text())["targets"]["max_token_drop"] == 0.01
+    assert "warning" not in capsys.readouterr().err
+    assert main([*argv, str(tmp_path / "b.json"), "--max-token-drop", "1"]) == 0
+    assert capsys.readouterr().err.startswith(
+        "warning: --max-token-drop 1 lets every one be dropped (100%); for one percent write "
+        "0.01 or 1%"
+    )
 
 
 def nemo_logs(tmp_path):

@@ -82,6 +82,33 @@ class TokenBatch:
         if b < 0 or int(self.cu_seqlens[0]) != 0 or int(self.cu_seqlens[-1]) != n:
             raise ValueError(f"Expected `cu_seqlens` to run from 0 to {n}")
 
+    def __repr__(self) -> str:
+        """One line: the counts, the steps, where it lives and which optional columns it has
+        (the tensors themselves fill a screen; `batch.rollout` shows them).
+
+        >>> zeros = torch.zeros(3)
+        >>> TokenBatch(rollout=zeros, train=zeros, cu_seqlens=torch.tensor([0, 2, 3]))
+        TokenBatch(2 sequences, 3 tokens (3 in the loss), step 0, cpu)
+        """
+        steps = (int(self.step.min()), int(self.step.max())) if self.num_sequences else None
+        parts = [
+            f"{self.num_sequences:,} sequence{'s' * (self.num_sequences != 1)}",
+            f"{self.num_tokens:,} token{'s' * (self.num_tokens != 1)} "
+            f"({int(self.loss_mask.sum()):,} in the loss)",
+        ]
+        if steps is not None:
+            parts.append(
+                f"step {steps[0]}" if steps[0] == steps[1] else f"steps {steps[0]}..{steps[1]}"
+            )
+        parts.append(str(self.device))
+        if self.policy is not None:
+            parts.append("with policy log-probs")
+        if self.pos is not None:
+            parts.append("with positions")
+        if self.extra is not None:
+            parts.append(f"extra columns {', '.join(self.extra.column_names)}")
+        return f"TokenBatch({', '.join(parts)})"
+
     @property
     def num_tokens(self) -> int:
         """N, the number of tokens of all sequences together."""

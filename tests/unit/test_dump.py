@@ -539,3 +539,12 @@ def test_the_last_run_start_equals_the_last_of_all_run_starts(keys):
         table = pa.table({"step": step, "seq_id": seq})
         want = int(iscore.dump.readers._run_starts(table, keys)[-1])
         assert iscore.dump.readers._last_run_start(table, keys) == want
+
+
+def test_a_batch_reads_as_one_line():
+    """Its repr was a 41-line dump of tensors and ids."""
+    batch = iscore.dump.Dump("data/drift.parquet", extras=True).load()
+    assert repr(batch) == (
+        "TokenBatch(48 sequences, 41,383 tokens (41,383 in the loss), steps 0..3, cpu, "
+        "extra columns group_id, reward, advantage)"
+    )

@@ -309,11 +309,15 @@ def test_failed_write_leaves_no_temporary(tmp_path, capsys):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_removes_the_temporary(sig, tmp_path):
+    # A shell starts background jobs with SIGINT ignored, and children inherit that: the
+    # child takes Ctrl-C's default back, as an interactive terminal's process has it (the
+    # test failed under `pytest &`).
     code = textwrap.dedent(
         f"""
         import os, signal, sys
         from pathlib import Path
         from iscore.output import output_path
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         with output_path({str(tmp_path / "o.json")!r}) as tmp:
             Path(tmp).write_text("partial")
             os.kill(os.getpid(), {int(sig)})

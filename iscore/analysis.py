@@ -30,7 +30,7 @@ from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, Dump, open_data
 from iscore.errors import DumpError
 from iscore.impact import SettingStats
-from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
+from iscore.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import json_ready, write_json
 from iscore.sequences import SequenceTable
 from iscore.settings import Setting, replay, resolve_all
@@ -60,7 +60,12 @@ class Analysis:
                 "schema_version": SCHEMA_VERSION,
                 "iscore_version": version("iscore"),
                 "source": self.source,
-                "mismatch": {**self.mismatch, "names": METRIC_NAMES, "definitions": DEFINITIONS},
+                "mismatch": {
+                    **self.mismatch,
+                    "names": METRIC_NAMES,
+                    "definitions": DEFINITIONS,
+                    "bands": BANDS,
+                },
                 "settings": self.settings,
             }
         )

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from iscore import ops
+from iscore import frameworks, ops
 from iscore.spec import Spec
 
 MethodId = Literal[
@@ -508,14 +508,15 @@ def lost(notes: list[str], c: Component, why: str) -> None:
 
 def sentence(text: str) -> str:
     """`text` as a sentence: a capital first letter (unless it starts with a name written in
-    lower case: verl, slime, a config key) and a full stop.
+    lower case: a framework's `framework:` value, slime's `mis` module, a config key) and a
+    full stop.
 
     >>> sentence("the cookbook has no rejection mask"), sentence("slime's TIS")
     ('The cookbook has no rejection mask.', "slime's TIS.")
     """
     text = text.strip()
     first = re.split(r"[\s']", text, maxsplit=1)[0]
-    if first.islower() and not re.search(r"[_.`(]|^(verl|slime|mis)$", first):
+    if first.islower() and not (re.search(r"[_.`(]", first) or first in (*frameworks.NAMES, "mis")):
         text = text[0].upper() + text[1:]
     return text if text.endswith((".", "!", "?")) else text + "."
 
@@ -568,5 +569,5 @@ def note_extras(notes: list[str], c: Canonical, framework: str, normalize: bool 
     if c.sequence_over == "kept":
         notes.append(
             f"{framework} computes sequence ratios over the original loss mask, not over the "
-            "tokens a token mask kept (SkyRL)"
+            "tokens a token mask kept (as the source does)"
         )

@@ -68,6 +68,14 @@ Where a framework averages per sequence first (slime's mis_*), its value differs
 token average iscore reports; the name says so.
 """
 
+BANDS: dict[str, list[str]] = {
+    statistic: [
+        f"{fw.title}: {fw.bands[statistic]}" for fw in frameworks.every() if statistic in fw.bands
+    ]
+    for statistic in _STATISTICS
+}
+"""For each statistic, what the frameworks' docs call healthy (`Framework.bands`)."""
+
 DEFINITIONS: dict[str, str] = {
     "k1": "<-d>_tok: k1 estimate of KL(rollout || train); can be negative",
     "k2": "<d^2 / 2>_tok",
@@ -78,7 +86,7 @@ DEFINITIONS: dict[str, str] = {
     "chi2_seq": "<e^(2 clamp(S, +-20))>_seq - 1",
     "abs_diff_mean": "<|d|>_tok",
     "abs_diff_max": "max |d| over loss tokens",
-    "token_mult_prob_error": "<e^|d|>_tok (NeMo-RL: ~1.0 healthy, > 1.05 suspicious)",
+    "token_mult_prob_error": "<e^|d|>_tok: 1 where the two sides agree on every token",
     "js": "<(e^a - 1 - a)/2 + (e^b - 1 - b)/2>_tok with a = train - log m, b = rollout - log m, "
     "m = (e^train + e^rollout)/2",
     "log_ppl_diff": "<-G>_seq = log-PPL(train) - log-PPL(rollout)",

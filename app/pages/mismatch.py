@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from iscore import figures
-from iscore.mismatch import DEFINITIONS, METRIC_NAMES, NO_SEMANTICS_BUG, flags_of
+from iscore.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, NO_SEMANTICS_BUG, flags_of
 
 ws = common.require_workspace()
 analysis = common.compute(
@@ -54,6 +54,7 @@ st.dataframe(
                 "value": m.get(key),
                 "definition": DEFINITIONS[key],
                 "logged as": "; ".join(names),
+                "healthy, per the frameworks' docs": "; ".join(BANDS[key]),
             }
             for key, names in METRIC_NAMES.items()
         ]
@@ -63,6 +64,7 @@ st.dataframe(
         "value": st.column_config.NumberColumn(format="%.4g"),
         "definition": st.column_config.TextColumn(width="large"),
         "logged as": st.column_config.TextColumn(width="large"),
+        "healthy, per the frameworks' docs": st.column_config.TextColumn(width="medium"),
     },
     hide_index=True,
     width="stretch",

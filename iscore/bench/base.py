@@ -29,17 +29,18 @@ import torch
 
 import iscore
 from iscore.bench.goals import GOAL_TEXT
+from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
 from iscore.spec import Spec
 
 SETTINGS = (
-    "verl:decoupled_geo_rs_token_tis",
-    "skyrl:skyrl_tldr_stack",
-    "nemo_rl:nemo_icepop",
-    "slime:slime_mis_example",
-    "areal:areal_sequence_geo_mask",
-    "openrlhf:openrlhf_icepop",
-    "trl:trl_default",
-    "fireworks:fireworks_default",
+    verl.PRESETS["decoupled_geo_rs_token_tis"],
+    skyrl.PRESETS["skyrl_tldr_stack"],
+    nemo_rl.PRESETS["nemo_icepop"],
+    slime.PRESETS["slime_mis_example"],
+    areal.PRESETS["areal_sequence_geo_mask"],
+    openrlhf.PRESETS["openrlhf_icepop"],
+    trl.PRESETS["trl_default"],
+    fireworks.PRESETS["fireworks_default"],
 )
 """One preset of each of the 8 frameworks: token and sequence truncation, masks, IcePop bands,
 rejection sampling and batch normalization between them."""

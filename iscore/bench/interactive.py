@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 import iscore
+from iscore import frameworks
 from iscore.bench.base import Measured, Run, best, row
 from iscore.bench.data import subset
 from iscore.dump import Dump, StepRange
@@ -67,7 +68,7 @@ def app(run: Run) -> Measured:
     workspace memoizes, so only a first call is an interaction's cost (the result's `app`)."""
     run.say("timing the app's interactions through its workspace")
     steps, tokens, _ = subset(run.path, run.tune_tokens)
-    family, framework = "token_tis", "verl"
+    family, framework = "token_tis", frameworks.NAMES[0]
     fastest: dict[str, float] = {}
     added: list[float] = []
     for _ in range(max(run.repeats, 1)):
@@ -114,7 +115,7 @@ def app(run: Run) -> Measured:
     rows = [
         row("app: open the dump", record["open_s"], tokens),
         row("app: mismatch diagnostics", record["mismatch_s"], tokens),
-        row("app: recommend (verl)", record["recommend_s"], tokens),
+        row(f"app: recommend ({framework})", record["recommend_s"], tokens),
         row("app: first setting", record["first_setting_s"], tokens),
         row("app: open Tune", record["tune_open_s"], tokens, "app_tune_open_s"),
         row("app: Tune slider p50", record["slider_p50_s"], None, "app_slider_p50_s"),

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from iscore.bench.base import Measured, Run, best, row
+from iscore.frameworks import trl
 from iscore.writer import DumpWriter
 
 STEP_TOKENS = 1_000_000
@@ -52,7 +53,7 @@ def writer(run: Run) -> Measured:
     step_s = best(steps, step)
     blocked = []
     with tempfile.TemporaryDirectory(prefix="iscore-bench-writer-") as folder:
-        per_rank = DumpWriter(folder, framework="trl", rank=0)
+        per_rank = DumpWriter(folder, framework=trl.NAME, rank=0)
         for i in range(steps):
             start = time.perf_counter()
             per_rank.add_batch(inputs, step=i)
@@ -60,7 +61,7 @@ def writer(run: Run) -> Measured:
         per_rank.close()
 
         def write_one() -> None:
-            with DumpWriter(Path(folder) / "one.parquet", framework="trl") as single:
+            with DumpWriter(Path(folder) / "one.parquet", framework=trl.NAME) as single:
                 single.add_batch(inputs, step=0)
 
         background_s = best(2, write_one)

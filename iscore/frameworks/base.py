@@ -152,6 +152,7 @@ class Framework:
         aggregation: a spec -> the loss aggregation it trains with.
         families: the `iscore.tune.FAMILIES` it expresses exactly.
         metrics: per iscore mismatch statistic, the name(s) it logs it under.
+        bands: per iscore mismatch statistic, what its docs call healthy, in words.
         columns: per canonical dump column, the names it writes for it (its batch's keys),
             found in a dump file as aliases (`iscore.columns.aliases`).
         traps: its traps.
@@ -182,6 +183,7 @@ class Framework:
     aggregation: Callable[[Any], Aggregation] = lambda spec: Aggregation()
     families: frozenset[str] = frozenset()
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    bands: Mapping[str, str] = field(default_factory=dict)
     columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     traps: tuple[Trap, ...] = ()
     comments: Callable[[Any], tuple[str, ...]] = lambda spec: ()

@@ -644,6 +644,7 @@ FRAMEWORK = Framework(
         "token_mult_prob_error": ("token_mult_prob_error",),
         "js": ("js_divergence_error",),
     },
+    bands={"token_mult_prob_error": "about 1.0 is healthy; above 1.05, look closer"},
     traps=(
         Trap(
             "float32-overflow-to-zero",

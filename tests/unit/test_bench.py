@@ -74,6 +74,8 @@ GOALS = {
     "writer_vs_step",
 }
 
+NAMES = [f"{spec.framework}:{spec.name}" for spec in SETTINGS]
+
 
 # Writes and streams a 200k-token simulated dump through every benchmark row (about 30 s on
 # two cores): every test that takes it is marked slow, so `-m "not slow"` skips the fixture.
@@ -96,7 +98,7 @@ def result(tmp_path_factory) -> dict:
 @pytest.mark.slow
 def test_structure(result):
     assert result["schema"] == "iscore.bench"
-    assert result["settings"] == list(SETTINGS)
+    assert result["settings"] == NAMES
     assert {row["name"] for row in result["rows"]} == ROWS
     for row in result["rows"]:
         assert row["seconds"] > 0, row["name"]
@@ -113,7 +115,7 @@ def test_structure(result):
     # The baselines ran on whole steps of the dump, and every default setting has one.
     baselines = result["baselines"]
     assert 0 < baselines["tokens"] <= dump["tokens"]
-    assert baselines["settings"] == list(SETTINGS) and not baselines["skipped_settings"]
+    assert baselines["settings"] == NAMES and not baselines["skipped_settings"]
     assert baselines["padding_factor"] >= 1
     tune = result["tune"]
     assert tune["queries"] == 60 and tune["query_p50_s"] <= tune["query_p99_s"]
@@ -199,7 +201,7 @@ def batch(tmp_path_factory):
     return iscore.load(path)
 
 
-@pytest.mark.parametrize("setting", SETTINGS)
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda spec: spec.framework)
 def test_baselines_read_their_thresholds_from_the_spec(batch, setting):
     default = resolve(setting)
     moved = [move(default) for move in MOVED[default.framework]]

@@ -38,7 +38,7 @@ from iscore.frameworks.verl import VerlSpec
 def implements(spec: Any) -> bool:
     """Whether the baselines implement `spec`: a setting of the shape of its framework's
     default one, with any thresholds."""
-    shape = _SHAPES.get(spec.framework)
+    shape = _SHAPES.get(type(spec))
     return shape is not None and shape(spec)
 
 
@@ -129,14 +129,14 @@ def _fireworks(spec: Any) -> bool:
     )
 
 
-_SHAPES: dict[str, Callable[[Any], bool]] = {
-    "verl": _verl,
-    "skyrl": _skyrl,
-    "nemo_rl": _nemo_rl,
-    "slime": _slime,
-    "areal": _areal,
-    "openrlhf": _openrlhf,
-    "trl": _trl,
-    "fireworks": _fireworks,
+_SHAPES: dict[type, Callable[[Any], bool]] = {
+    VerlSpec: _verl,
+    SkyRLSpec: _skyrl,
+    NemoRLSpec: _nemo_rl,
+    SlimeCorrection: _slime,
+    ArealCorrection: _areal,
+    OpenRLHFCorrection: _openrlhf,
+    TRLCorrection: _trl,
+    FireworksTIS: _fireworks,
 }
-"""Each framework's shape the baselines implement."""
+"""Each framework's spec class, and the shape of it the baselines implement."""

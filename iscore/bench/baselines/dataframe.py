@@ -9,25 +9,23 @@ checks the engine, and timing it shows what the same work costs in pandas.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from iscore.batch import TokenBatch
+from iscore.frameworks.areal import ArealCorrection
+from iscore.frameworks.fireworks import FireworksTIS
+from iscore.frameworks.nemo_rl import NemoRLSpec
+from iscore.frameworks.openrlhf import OpenRLHFCorrection
+from iscore.frameworks.skyrl import SkyRLSpec
+from iscore.frameworks.slime import SlimeCorrection
+from iscore.frameworks.trl import TRLCorrection
+from iscore.frameworks.verl import VerlSpec
 from iscore.histogram import BINS_PER_DECADE, LOG10_RANGE
 from iscore.impact import TRUNCATION_TOLERANCE, aggregation_of
 from iscore.mismatch import TOP_K
-
-if TYPE_CHECKING:
-    from iscore.frameworks.areal import ArealCorrection
-    from iscore.frameworks.fireworks import FireworksTIS
-    from iscore.frameworks.nemo_rl import NemoRLSpec
-    from iscore.frameworks.openrlhf import OpenRLHFCorrection
-    from iscore.frameworks.skyrl import SkyRLSpec
-    from iscore.frameworks.slime import SlimeCorrection
-    from iscore.frameworks.trl import TRLCorrection
-    from iscore.frameworks.verl import VerlSpec
 
 
 def frame(batch: TokenBatch) -> pd.DataFrame:
@@ -136,7 +134,7 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
     out = {"mismatch": mismatch, "settings": []}
     count = grouped["m"].transform("sum")
     for spec in specs:
-        weight, kept, raw, pre = WEIGHTS[spec.framework](spec, df, d, m, count)
+        weight, kept, raw, pre = WEIGHTS[type(spec)](spec, df, d, m, count)
         w = weight.where(m, 0.0)
         kept = kept & m
         changed = kept & (pre > 0)
@@ -299,14 +297,14 @@ def fireworks(spec: FireworksTIS, df, d, m, count):
 
 
 WEIGHTS = {
-    "verl": verl,
-    "skyrl": skyrl,
-    "nemo_rl": nemo,
-    "slime": slime,
-    "areal": areal,
-    "openrlhf": openrlhf,
-    "trl": trl,
-    "fireworks": fireworks,
+    VerlSpec: verl,
+    SkyRLSpec: skyrl,
+    NemoRLSpec: nemo,
+    SlimeCorrection: slime,
+    ArealCorrection: areal,
+    OpenRLHFCorrection: openrlhf,
+    TRLCorrection: trl,
+    FireworksTIS: fireworks,
 }
 """Each framework's (weight, kept, raw ratio, weight before batch normalization) per token,
 for the settings `implements` accepts."""

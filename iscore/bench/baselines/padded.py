@@ -9,23 +9,21 @@ what a framework-style implementation costs.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from iscore.batch import TokenBatch
+from iscore.frameworks.areal import ArealCorrection
+from iscore.frameworks.fireworks import FireworksTIS
+from iscore.frameworks.nemo_rl import NemoRLSpec
+from iscore.frameworks.openrlhf import OpenRLHFCorrection
+from iscore.frameworks.skyrl import SkyRLSpec
+from iscore.frameworks.slime import SlimeCorrection
+from iscore.frameworks.trl import TRLCorrection
+from iscore.frameworks.verl import VerlSpec
 from iscore.impact import aggregation_of
-
-if TYPE_CHECKING:
-    from iscore.frameworks.areal import ArealCorrection
-    from iscore.frameworks.fireworks import FireworksTIS
-    from iscore.frameworks.nemo_rl import NemoRLSpec
-    from iscore.frameworks.openrlhf import OpenRLHFCorrection
-    from iscore.frameworks.skyrl import SkyRLSpec
-    from iscore.frameworks.slime import SlimeCorrection
-    from iscore.frameworks.trl import TRLCorrection
-    from iscore.frameworks.verl import VerlSpec
 
 
 def pad(batch: TokenBatch) -> dict[str, torch.Tensor]:
@@ -62,7 +60,7 @@ def statistics(x: dict[str, torch.Tensor], specs: list[Any]) -> dict[str, Any]:
         "settings": [],
     }
     for spec in specs:
-        weight, kept = WEIGHTS[spec.framework](spec, d, mask, count, x["step"])
+        weight, kept = WEIGHTS[type(spec)](spec, d, mask, count, x["step"])
         w = weight * m
         total, squares = w.sum(), (w * w).sum()
         nonzero = (w > 0) & mask
@@ -175,13 +173,13 @@ def fireworks(spec: FireworksTIS, d, mask, count, step):
 
 
 WEIGHTS = {
-    "verl": verl,
-    "skyrl": skyrl,
-    "nemo_rl": nemo,
-    "slime": slime,
-    "areal": areal,
-    "openrlhf": openrlhf,
-    "trl": trl,
-    "fireworks": fireworks,
+    VerlSpec: verl,
+    SkyRLSpec: skyrl,
+    NemoRLSpec: nemo,
+    SlimeCorrection: slime,
+    ArealCorrection: areal,
+    OpenRLHFCorrection: openrlhf,
+    TRLCorrection: trl,
+    FireworksTIS: fireworks,
 }
 """Each framework's (weight, kept) per padded slot, for the settings `implements` accepts."""

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,10 @@ def _write_rank(run: str, rank: int, steps: int) -> None:
             writer.add_batch(LIKE["trl"](make_truth(seed=10 * rank + step)), step=step)
 
 
-def test_several_processes_write_one_run(tmp_path, capsys) -> None:
+def test_several_processes_write_one_run(tmp_path, capsys, monkeypatch) -> None:
+    # A spawned process first re-runs the parent's __main__ from its path; after the app's
+    # tests (AppTest runs app/main.py as __main__) that is a script that cannot run alone.
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
     run = str(tmp_path / "run")
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_write_rank, args=(run, rank, 3)) for rank in range(4)]

@@ -318,8 +318,12 @@ class Predicate:
                         "on its own values (use --sql for questions across sequences)"
                     )
                 if item.get("class") == "FUNCTION" and _is_aggregate(con, item["function_name"]):
+                    # DuckDB's parser names count(*) count_star.
+                    name = {"count_star": "count(*)"}.get(
+                        item["function_name"], item["function_name"]
+                    )
                     raise QueryError(
-                        f"--where: an aggregate ({item['function_name']}) is not allowed; a "
+                        f"--where: an aggregate ({name}) is not allowed; a "
                         "predicate judges each sequence on its own values (use --sql with GROUP "
                         "BY for questions across sequences)"
                     )

@@ -111,7 +111,7 @@ def test_a_bad_slice_is_not_applied(loaded: AppTest) -> None:
     for text, message in (
         ("lenght > 3", "no column 'lenght'"),
         ("length > 100000", "no sequence of the selected steps"),
-        ("count(*) > 3", "aggregates"),
+        ("count(*) > 3", "an aggregate (count(*)) is not allowed"),
     ):
         at.text_input[0].input(text)
         next(b for b in at.button if b.label == "Apply as slice").click().run()

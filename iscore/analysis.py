@@ -183,6 +183,7 @@ def analyze(
             if progress is not None:
                 progress(batch.num_tokens)
     summary = mismatch.compute()
+    broken = mismatch.broken()
     if not summary["tokens"]:
         if dump is not None and not summary.get("sequences"):  # none where the dump was read
             raise DumpError(f"{files[0]}: {dump.why_empty()}")
@@ -203,7 +204,7 @@ def analyze(
             "device": device.type,
         },
         mismatch=summary,
-        settings=[acc.compute() for acc in stats],
+        settings=[acc.compute(broken) for acc in stats],
     )
     return result
 

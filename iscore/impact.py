@@ -147,8 +147,10 @@ class SettingStats:
         out["step"] = np.concatenate(self.steps) if self.steps else np.zeros(0, np.int64)
         return out
 
-    def compute(self) -> dict[str, Any]:
-        """The setting's statistics: overall, `by_step`, `by_length`, quantiles, histograms."""
+    def compute(self, broken: np.ndarray | None = None) -> dict[str, Any]:
+        """The setting's statistics: overall, `by_step`, `by_length`, quantiles, histograms;
+        with `broken` (bool [B], the sequences in the order they were added, as
+        `MismatchStats.broken` gives them), the share of their gradient the setting keeps."""
         s = self.sequences()
         result: dict[str, Any] = {
             "name": self.spec.name,
@@ -159,6 +161,9 @@ class SettingStats:
             "aggregation": self.aggregation.mode,
             "denominator_shrinks": self.aggregation.shrinks,
             **_summarize(s, self.aggregation),
+            "broken_gradient_kept": None
+            if broken is None
+            else broken_gradient_kept(s["w"], s["T"], broken),
         }
         hists = (("weight", self.weight_hist), ("raw", self.raw_hist)) if self.histograms else ()
         for label, hist in hists:
@@ -172,6 +177,26 @@ class SettingStats:
         ]
         result["by_length"] = _by_length(s, self.aggregation)
         return result
+
+
+BROKEN_KEPT = (
+    "the broken sequences' gradient a setting lets through: the mean weight of their loss "
+    "tokens, relative to no correction (100%); 0% removes it, over 100% amplifies it "
+    "(weights above 1 on their tokens)"
+)
+"""What `broken_gradient_kept` is, for every surface that shows it."""
+
+
+def broken_gradient_kept(w: np.ndarray, T: np.ndarray, broken: np.ndarray) -> float | None:
+    """The broken sequences' summed weights over their loss tokens (`BROKEN_KEPT`); None
+    without broken sequences.
+
+    >>> broken_gradient_kept(np.array([3.0, 0.0, 8.0]), np.array([3.0, 5.0, 4.0]),
+    ...                      np.array([False, True, True]))
+    0.8888888888888888
+    """
+    tokens = float(T[broken].sum())
+    return float(w[broken].sum()) / tokens if tokens else None
 
 
 def _raw_statistics(

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iscore import frameworks, ops
+from iscore import frameworks, noise, ops
 from iscore.batch import TokenBatch
 from iscore.histogram import (
     BINS_PER_DECADE,
@@ -116,6 +116,8 @@ _SEQ_FIELDS = (
     "rollout",
     "max_abs",
 )
+_NOISE_FIELDS = ("median", "spread")
+"""Per-sequence noise summaries (`iscore.noise`), kept beside the sums."""
 # Token-level sums kept per probability / position bucket.
 _BUCKET_FIELDS = ("tokens", "abs", "k3", "d")
 
@@ -129,7 +131,9 @@ class MismatchStats:
     >>> result = stats.compute()                           # doctest: +SKIP
     """
 
-    seq: dict[str, list[np.ndarray]] = field(default_factory=lambda: {k: [] for k in _SEQ_FIELDS})
+    seq: dict[str, list[np.ndarray]] = field(
+        default_factory=lambda: {k: [] for k in (*_SEQ_FIELDS, *_NOISE_FIELDS)}
+    )
     steps: list[np.ndarray] = field(default_factory=list)
     seq_ids: list[pa.Array] = field(default_factory=list)
     by_prob: np.ndarray = field(
@@ -216,6 +220,9 @@ class MismatchStats:
                 self.seq[name].append(max_abs)
             else:
                 self.seq[name].append(sums[name])
+        summaries = noise.summarize(batch)
+        self.seq["median"].append(summaries.median)
+        self.seq["spread"].append(summaries.spread)
         self.steps.append(batch.step.cpu().numpy())
         self.seq_ids.append(batch.seq_id)
 
@@ -288,7 +295,7 @@ class MismatchStats:
 
     def merge(self, other: MismatchStats) -> None:
         """Add another accumulator's chunks after these (order is kept)."""
-        for name in _SEQ_FIELDS:
+        for name in (*_SEQ_FIELDS, *_NOISE_FIELDS):
             self.seq[name].extend(other.seq[name])
         self.steps.extend(other.steps)
         self.seq_ids.extend(other.seq_ids)
@@ -310,11 +317,17 @@ class MismatchStats:
         out["seq_id"] = pa.concat_arrays(self.seq_ids) if self.seq_ids else pa.array([])
         return out
 
+    def broken(self) -> np.ndarray:
+        """bool [B], in the order sequences were added: those `iscore.noise` calls broken."""
+        s = self.sequences()
+        return noise.broken(noise.Summaries(s["step"], s["T"], s["median"], s["spread"]))
+
     def compute(self) -> dict[str, Any]:
         """Every statistic: overall, `by_step`, `by_length`, `by_prob`, `by_pos`, the worst
-        sequences and tokens, the 2-D histogram and the bug `flags`."""
+        sequences and tokens, the 2-D histogram, the broken sequences and the `flags`."""
         s = self.sequences()
         numbers = {k: v for k, v in s.items() if k != "seq_id"}
+        numbers["broken"] = self.broken().astype(np.float64)
         result = _summarize(numbers)
         result["by_step"] = [
             {"step": int(step), **_summarize(group)}
@@ -343,7 +356,7 @@ class MismatchStats:
         }
         result["worst_sequences"] = _worst_sequences(s)
         result["worst_tokens"] = list(self.worst_tokens)
-        result["flags"] = _flags(result, self.regression, self.signs)
+        result["flags"] = _flags(result, numbers, self.regression, self.signs)
         return result
 
     @staticmethod
@@ -574,6 +587,7 @@ def _summarize(s: dict[str, np.ndarray]) -> dict[str, Any]:
     return {
         "tokens": int(n),
         "sequences": int(has.sum()),
+        "broken_sequences": int(s["broken"].sum()) if "broken" in s else 0,
         "k1": -d_mean,
         "k2": 0.5 * tok("d2"),
         "k3": tok("k3"),
@@ -659,13 +673,15 @@ def _worst_sequences(s: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     ]
 
 
-FlagKind = Literal["semantics_bug", "drift", "heavy_tail"]
+FlagKind = Literal["semantics_bug", "broken", "drift", "heavy_tail"]
 """What a flag says about the mismatch: a bug in what one side computes (`semantics_bug`: no
-IS correction removes it), a mismatch that changes over training (`drift`), or a few far-off
-tokens among noise (`heavy_tail`: what token caps and bands are for)."""
+IS correction removes it), sequences far outside their step's noise (`broken`: a stale replica
+or a bad rank, which a sequence mask removes), a mismatch that changes over training (`drift`),
+or a few far-off tokens among noise (`heavy_tail`: what token caps and bands are for)."""
 
 FLAG_KINDS: dict[str, str] = {
     "semantics_bug": "Looks like a bug, not noise",
+    "broken": "Broken sequences, not noise",
     "drift": "The mismatch changes over training",
     "heavy_tail": "A heavy tail",
 }
@@ -677,6 +693,7 @@ NO_SEMANTICS_BUG = (
 """What every surface says where no flag is of kind `semantics_bug`."""
 
 _FLAG_KIND: dict[str, FlagKind] = {
+    "broken_sequences": "broken",
     "ratio_mean_bias": "semantics_bug",
     "logprob_dependent_offset": "semantics_bug",
     "constant_offset": "semantics_bug",
@@ -695,19 +712,43 @@ def _flag(code: str, message: str) -> dict[str, str]:
     return {"code": code, "kind": _FLAG_KIND[code], "message": message}
 
 
-def _flags(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) -> list[dict]:
-    """Signatures of semantics bugs, as opposed to numerical noise; drift over the steps; a
-    heavy tail of far-off tokens."""
+def _flags(
+    result: dict[str, Any], s: dict[str, np.ndarray], regression: np.ndarray, signs: np.ndarray
+) -> list[dict]:
+    """Signatures of semantics bugs, as opposed to numerical noise; broken sequences; drift
+    over the steps; a heavy tail of far-off tokens. The identity E_rollout[e^d] = 1 is tested
+    on the sequences that are not broken: a stale replica breaks it in its own sequences, and
+    is named as what it is."""
     flags = []
     if not result.get("tokens"):
         return flags
-    ratio, se = result["ratio_mean"], result["ratio_mean_stderr"]
-    z = (ratio - 1.0) / se if se > 0 else 0.0
-    if abs(z) > 6.0 and abs(ratio - 1.0) > 0.005:
+    broken = s["broken"] > 0
+    if broken.any():
+        steps = np.unique(s["step"][broken])
+        where = f"step {steps[0]}" if steps.size == 1 else f"{steps.size} steps, from {steps[0]}"
+        flags.append(
+            _flag(
+                "broken_sequences",
+                f"{int(broken.sum()):,} sequences ({broken.mean():.1%}) lie more than "
+                f"{noise.Z_BROKEN:g} standard errors from their step's noise ({where}): every "
+                "token off, as a stale replica or a bad rank gives, not numerical noise. A "
+                "sequence-level mask removes them; token caps only bound them.",
+            )
+        )
+    healthy = ~broken & (s["T"] > 0)
+    identity = noise.Identity.of(
+        float(s["rho"][healthy].sum()),
+        float(s["rho2"][healthy].sum()),
+        float(s["T"][healthy].sum()),
+    )
+    ratio, z = identity.ratio, identity.z
+    if identity.broken:
         flags.append(
             _flag(
                 "ratio_mean_bias",
-                f"<exp(d)> = {ratio:.4f} (z = {z:+.0f}): it must be 1 when tokens are "
+                f"<exp(d)> = {ratio:.4f} (z = {z:+.0f}"
+                + (", over the sequences that are not broken" if broken.any() else "")
+                + "): it must be 1 when tokens are "
                 "sampled from the rollout engine and both sides score the same distribution. "
                 "Typical causes: processed (top-p/top-k/temperature) log-probs on one side and raw "
                 "on the other, a token shift, or stale weights.",

@@ -24,13 +24,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from iscore import frameworks, ops
+from iscore import frameworks, noise, ops
 from iscore.batch import TokenBatch
 from iscore.canonical import Canonical, Component, mask_component, weight_component
 from iscore.dump import Data, load_data
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Framework
-from iscore.impact import quick_stats
+from iscore.impact import broken_gradient_kept, quick_stats
 from iscore.spec import Replay, Spec
 
 
@@ -68,6 +68,7 @@ class Targets:
         - `lr_scale`: good within `lr_scale`, fair within half its low and twice its high end;
         - `ess`: good from `min_ess` (at least 0.8), fair from 0.3;
         - `weight_mean`, `weight_mean_seq`: good within [0.9, 1.1], fair within [0.5, 2];
+        - `broken_gradient_kept`: good up to `MAX_BROKEN_KEPT` (10%), fair up to 50%;
         - dropped and truncated shares: good up to `max_token_drop` (tokens),
           `max_seq_drop` (sequences) or 0.01 (truncation), fair up to 5 times that.
 
@@ -83,6 +84,8 @@ class Targets:
             good, fair = value >= max(self.min_ess, 0.8), value >= 0.3
         elif key in ("weight_mean", "weight_mean_seq"):
             good, fair = 0.9 <= value <= 1.1, 0.5 <= value <= 2
+        elif key == "broken_gradient_kept":
+            good, fair = value <= MAX_BROKEN_KEPT, value <= 0.5
         else:
             limit = {
                 "token_masked_fraction": self.max_token_drop,
@@ -213,12 +216,8 @@ class _Normal:
     """What numerical noise looks like in this dump, robustly, and what stands out of it.
 
     The centre and spread come from medians and MADs (1.4826 MAD estimates a normal's standard
-    deviation), so a few broken sequences cannot move them. A sequence is *broken* when the
-    median log-ratio of its tokens lies more than `Z_BROKEN` standard errors from the centre
-    (the median of T noisy tokens errs by about 1.25 spread / sqrt(T)): a stale replica, every
-    token off by ~1 nat, is hundreds of errors away; noise, even with a few outlier tokens or
-    a routing-flip span in a sequence, moves a median very little. Where the sequences' medians
-    spread wider than that (a context-dependent bug), the test widens by their own spread.
+    deviation), so a few broken sequences cannot move them; which sequences are broken is
+    `iscore.noise`'s decision, each judged against its own step's noise.
     """
 
     d_center: float  # median per-token log-ratio d over loss tokens
@@ -232,14 +231,14 @@ class _Normal:
     d: np.ndarray  # float64 [N loss tokens]
     token_broken: np.ndarray  # bool [N loss tokens]: tokens of broken sequences
     rollout: np.ndarray  # float32 [N loss tokens]: the rollout's log-prob of each
+    identity: noise.Identity  # E_rollout[e^d] = 1, tested on the healthy tokens
 
     @property
     def offset(self) -> bool:
-        """Whether the token log-ratios are centred away from 0: a semantics bug. By more than
-        a quarter of the noise's spread, and by `Z_OFFSET` standard errors of the median (1.25
-        spread / sqrt(tokens)), so that a tiny dump's noise is not called a bug."""
-        stderr = 1.2533 * self.d_spread / math.sqrt(max(self.d.size, 1))
-        return abs(self.d_center) > max(0.25 * self.d_spread, Z_OFFSET * stderr, 1e-3)
+        """Whether the healthy tokens break E_rollout[e^d] = 1: a semantics bug (the test of
+        the mismatch flags, `iscore.noise.Identity`). A noisier engine moves the median d below
+        0 by itself (E[d] = -KL) and is not one."""
+        return self.identity.broken
 
     @classmethod
     def of(cls, batch: TokenBatch) -> _Normal:
@@ -255,18 +254,24 @@ class _Normal:
         d = (d_all if every else d_all[m]).cpu().numpy()
         d_center, d_spread = _median_mad(d)
         g_center, g_spread = _median_mad(G[has])
-        medians = _segment_medians(d, T)
-        stderr = 1.2533 * max(d_spread, 1e-12) / np.sqrt(np.maximum(T, 1.0))
-        z = np.abs(medians - d_center) / stderr
-        # Where sequences differ by more than their tokens' noise explains (a bug whose size
-        # varies with the context), their own spread widens the test: |z| of iid noise has
-        # median 0.6745, and a few broken sequences cannot move the median.
-        widen = max(1.0, float(np.median(z[has])) / 0.6745) if has.any() else 1.0
-        broken = has & (z > Z_BROKEN * widen)
+        broken = noise.broken(noise.summarize(batch))
         token_broken = np.repeat(broken, T.astype(np.int64))
         rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
+        rho = np.exp(np.clip(d[~token_broken] if broken.any() else d, -20.0, 20.0))
+        identity = noise.Identity.of(float(rho.sum()), float(rho @ rho), float(rho.size))
         return cls(
-            d_center, d_spread, g_center, g_spread, broken, G, k3, T, d, token_broken, rollout
+            d_center,
+            d_spread,
+            g_center,
+            g_spread,
+            broken,
+            G,
+            k3,
+            T,
+            d,
+            token_broken,
+            rollout,
+            identity,
         )
 
     @property
@@ -274,51 +279,12 @@ class _Normal:
         return float(self.broken.sum()) / max(int((self.T > 0).sum()), 1)
 
 
-Z_BROKEN = 8.0
-"""Standard errors from the noise's centre beyond which a sequence is called broken."""
-
-Z_OFFSET = 5.0
-"""Standard errors from 0 beyond which the tokens' median log-ratio is called a global offset."""
-
 _MARGIN = 1.05  # sequence bounds placed this much beyond the healthy sequences
 _INSIDE = 0.9  # or this far inside the nearest broken sequence, if that is closer
 CAP_QUANTILE = 0.999
 """A token TIS cap truncates the healthy tokens' ratios above this quantile: the extreme
 0.1% tail, whose weights would otherwise dominate the gradient's variance (a cap beyond every
 ratio truncates nothing: on MoE-like dumps it came out at 7e6)."""
-
-
-def _segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """float64 [B]: the median of each segment's values (0 for an empty one); segment i holds
-    the next `counts[i]` values.
-
-    Segments of similar length are sorted together as the rows of a block, each row padded
-    with +inf to the next power of two (so never more than twice the values, and at most
-    `_MEDIAN_CELLS` at a time): 15x faster than one lexsort of (segment, value).
-
-    >>> _segment_medians(np.array([3.0, 1.0, 2.0, 5.0, 4.0, 7.0]), np.array([3, 0, 2, 1]))
-    array([2. , 0. , 4.5, 7. ])
-    """
-    n = counts.astype(np.int64)
-    starts = np.cumsum(n) - n
-    medians = np.zeros(n.size)
-    width = np.left_shift(1, np.ceil(np.log2(np.maximum(n, 1))).astype(np.int64))
-    for w in np.unique(width[n > 0]):
-        rows = np.flatnonzero((n > 0) & (width == w))
-        columns = np.arange(w)
-        for part in np.array_split(rows, -(-rows.size * int(w) // _MEDIAN_CELLS)):
-            k = n[part]
-            block = np.full((part.size, w), np.inf)
-            valid = columns < k[:, None]
-            block[valid] = values[(starts[part][:, None] + columns)[valid]]
-            block.sort(axis=1)
-            r = np.arange(part.size)
-            medians[part] = 0.5 * (block[r, (k - 1) // 2] + block[r, k // 2])
-    return medians
-
-
-_MEDIAN_CELLS = 1 << 20
-"""Values (padding included) sorted per block by `_segment_medians`: 8 MB."""
 
 
 def _median_mad(x: np.ndarray) -> tuple[float, float]:
@@ -572,10 +538,9 @@ def _recommend(
     if normal.offset:
         warnings.insert(
             0,
-            f"Fix the semantics bug first: the token log-ratios are centred at "
-            f"{normal.d_center:+.3g}, not 0 (processed vs raw log-probs, a temperature on one "
-            "side). No IS correction removes it; the pick only keeps its damage within "
-            "the targets meanwhile.",
+            f"Fix the semantics bug first: <e^d> is {normal.identity.ratio:.4f}, not 1 "
+            "(processed vs raw log-probs, a temperature on one side). No IS correction removes "
+            "it; the pick only keeps its damage within the targets meanwhile.",
         )
     return Recommendation(
         framework,
@@ -609,9 +574,7 @@ def _terms(batch: TokenBatch, result: Replay, normal: _Normal) -> dict[str, floa
     broken = normal.broken
     dropped = normal.T - kept_tokens
     return {
-        "broken_gradient_kept": float(w[broken].sum() / normal.T[broken].sum())
-        if broken.any()
-        else 0.0,
+        "broken_gradient_kept": broken_gradient_kept(w, normal.T, broken) or 0.0,
         "healthy_token_dropped": float(dropped[healthy].sum() / max(normal.T[healthy].sum(), 1)),
         "healthy_seq_dropped": float((kept_tokens[healthy] == 0).sum() / max(healthy.sum(), 1)),
     }
@@ -619,13 +582,6 @@ def _terms(batch: TokenBatch, result: Replay, normal: _Normal) -> dict[str, floa
 
 MAX_BROKEN_KEPT = 0.10
 """With broken sequences found, a setting must remove at least 90% of their gradient."""
-
-BROKEN_KEPT = (
-    "the broken sequences' gradient a setting lets through: the mean weight of their loss "
-    "tokens, relative to no correction (100%); 0% removes it, over 100% amplifies it "
-    "(weights above 1 on their tokens)"
-)
-"""What `broken_gradient_kept` is, for every surface that shows it."""
 
 
 def broken_kept_words(kept: float) -> str:
@@ -728,14 +684,15 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
     if normal.broken.any():
         found.append(
             f"broken sequences: {int(normal.broken.sum())} ({normal.broken_share:.1%}) have a "
-            f"mean log-ratio more than {Z_BROKEN:g} standard errors from the rest (a stale "
+            f"mean log-ratio more than {noise.Z_BROKEN:g} standard errors from the rest (a stale "
             "replica or a bad rank, not noise): the pick must mask them"
         )
     if normal.offset:
         found.append(
-            f"global offset: the median token log-ratio is {normal.d_center:+.3g} (noise spread "
-            f"{normal.d_spread:.3g}): a semantics bug (processed vs raw log-probs, temperature) "
-            "that no IS correction removes; the bands are centred on it"
+            f"semantics bug: <e^d> is {normal.identity.ratio:.4f} over the healthy tokens "
+            f"({normal.identity.z:+.0f} standard errors from the 1 it must be; the median d is "
+            f"{normal.d_center:+.3g}): processed vs raw log-probs or a temperature on one side, "
+            "which no IS correction removes; the bands are centred on the median d"
         )
     long = _long_weight(normal)
     if long is not None and not 0.5 <= long[2] <= 2.0:

@@ -35,6 +35,7 @@ SUMMARY_COLUMNS = (
     ("seq_masked_fraction", "sequences masked", "{:.2%}"),
     ("truncated_high_fraction", "truncated high", "{:.2%}"),
     ("truncated_low_fraction", "truncated low", "{:.2%}"),
+    ("broken_gradient_kept", "broken gradient kept", "{:.1%}"),
 )
 """The settings table's columns (report and app): key of `Analysis.settings`, header, format."""
 

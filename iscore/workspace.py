@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from iscore import importers, ops
+from iscore import importers, noise, ops
 from iscore.analysis import Analysis, analyze
 from iscore.batch import TokenBatch
 from iscore.budget import check_paths, check_upload
@@ -340,13 +340,25 @@ class Workspace:
         chosen = self.selection(steps)
 
         def compute() -> dict[str, Any]:
+            broken = self.broken(chosen)  # outside `_sharing`, which it takes too
             batch, cache = self._loaded(chosen)
             with self._sharing, ops.shared(batch, cache):
                 stats = SettingStats(spec)
                 stats.update(batch, spec.replay(batch))
-                return stats.compute()
+                return stats.compute(broken)
 
         return self._settings.get((chosen, spec), compute)
+
+    def broken(self, steps: Selection | StepRange | None = None) -> np.ndarray:
+        """bool [B]: the selected sequences `iscore.noise` calls broken."""
+        chosen = self.selection(steps)
+
+        def compute() -> np.ndarray:
+            batch, cache = self._loaded(chosen)
+            with self._sharing, ops.shared(batch, cache):
+                return noise.broken(noise.summarize(batch))
+
+        return self._other.get(("broken", chosen), compute)
 
     def analysis(
         self, specs: Sequence[Spec], steps: Selection | StepRange | None = None

@@ -113,6 +113,13 @@ if bugs:  # the colours grade the corrections, not the data
         "however green its row. Fix it first (see Mismatch).",
         icon=":material/bug_report:",
     )
+if flags_of(analysis.mismatch, "broken"):
+    st.warning(
+        f"Mismatch finds {analysis.mismatch['broken_sequences']:,} broken sequences (a stale "
+        "replica or a bad rank): 'broken kept' says how much of their gradient each setting "
+        "lets through; only a sequence-level mask removes them.",
+        icon=":material/heart_broken:",
+    )
 if flags_of(analysis.mismatch, "drift"):
     st.info(
         "The mismatch drifts over training (see Mismatch): these numbers pool every step, so "
@@ -128,6 +135,7 @@ _SHORT = {
     "sequences masked": "seq masked",
     "truncated high": "trunc high",
     "truncated low": "trunc low",
+    "broken gradient kept": "broken kept",
 }
 st.subheader("Summary")
 st.dataframe(

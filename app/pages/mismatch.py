@@ -23,6 +23,7 @@ st.caption(
 )
 _SHOW = {
     "semantics_bug": (st.warning, ":material/bug_report:"),
+    "broken": (st.warning, ":material/heart_broken:"),
     "drift": (st.warning, ":material/trending_up:"),
     "heavy_tail": (st.info, ":material/warning:"),
 }

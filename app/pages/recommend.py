@@ -9,7 +9,8 @@ import streamlit as st
 
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.recommendation import BROKEN_KEPT, RULE_SYMBOLS, Targets
+from iscore.impact import BROKEN_KEPT
+from iscore.recommendation import RULE_SYMBOLS, Targets
 
 ws = common.require_workspace()
 steps = common.selected_steps()

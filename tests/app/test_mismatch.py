@@ -9,6 +9,7 @@ import json
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
+from iscore.simulate import SimConfig, write_simulated
 from tests.app.conftest import DATA, new_app, no_exception, open_path, plain
 
 
@@ -91,3 +92,25 @@ def test_drift_is_its_own_kind_on_every_page() -> None:
     no_exception(compare)
     assert not any("semantics bug" in plain(w.value) for w in compare.warning)
     assert any("drifts over training" in i.value for i in compare.info)
+
+
+def test_a_stale_replica_is_one_verdict_on_every_page(tmp_path) -> None:
+    """On a broken-replica dump Mismatch flagged a ratio bias (a semantics bug), Recommend
+    found broken sequences, and Compare graded verl's default, which keeps all of their
+    gradient, green in every column. Now Mismatch names the broken sequences (and no bug),
+    and Compare shows each setting's broken gradient kept: the default's is graded bad."""
+    path = tmp_path / "stale.parquet"
+    write_simulated(path, SimConfig(regime="dense_bf16", sequences=64, broken_share=0.1, seed=3))
+    at = new_app()
+    at.file_uploader[0].upload("stale.parquet", path.read_bytes(), "application/octet-stream")
+    at.run()
+    mismatch = at.switch_page("pages/mismatch.py").run()
+    no_exception(mismatch)
+    assert any("**broken_sequences**" in plain(w.value) for w in mismatch.warning)
+    assert not any("ratio_mean_bias" in plain(w.value) for w in mismatch.warning)
+    compare = at.switch_page("pages/compare.py").run()
+    no_exception(compare)
+    assert any("broken sequences" in plain(w.value) for w in compare.warning)
+    table = compare.dataframe[0].value
+    default = table[table["setting"].str.contains("decoupled_token_is")].iloc[0]
+    assert default["broken gradient kept"] > 1.0  # token TIS at 2 up-weights them

@@ -99,8 +99,11 @@ def _geometric(batch: TokenBatch) -> tuple[np.ndarray, np.ndarray]:
 def _cell(rec: Recommendation) -> str:
     """A framework's pick on one dump, for the table."""
     best, s = rec.best, rec.best.stats
+    name = f"keep default ({best.spec.name})" if best.kind == "default" else best.kind
+    cap = "" if best.kind == "default" else f" {rec.thresholds['token_cap']:g}"
     text = (
-        f"{best.kind}{'' if best.passes else ' (misses)'}: tok {s['token_masked_fraction']:.2%}, "
+        f"{name}{cap if 'token_tis' in best.kind else ''}{'' if best.passes else ' (misses)'}: "
+        f"objective {s['objective']:.4f}, tok {s['token_masked_fraction']:.2%}, "
         f"seq {s['seq_masked_fraction']:.1%}, LR {s['lr_scale']:.3f}, ESS {s['ess']:.0%}"
     )
     if rec.thresholds["broken_sequences"]:

@@ -373,6 +373,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 
     from iscore.conversion import snippet
     from iscore.recommendation import RULE_SYMBOLS, Targets, recommend
+    from iscore.settings import resolve
 
     lo, _, hi = args.lr_scale.partition(":")
     try:
@@ -394,6 +395,13 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         for field in fields(Targets):
             message = message.replace(f"`{field.name}`", "--" + field.name.replace("_", "-"))
         raise ConfigError(message) from None
+    own = None if args.config is None else resolve(args.config)
+    if own is not None and own.framework != args.framework:
+        raise ConfigError(
+            f"--config is a {own.framework} setting; --framework {args.framework} ranks "
+            f"{args.framework} settings against one of its own (or leave --config out for "
+            "its default)"
+        )
     batch = _load(args, outputs=("--json",))
     with tqdm(desc="recommend", unit="setting", disable=args.quiet or None, leave=False) as bar:
 
@@ -401,7 +409,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
             bar.total = total
             bar.update(done - bar.n)
 
-        rec = recommend(batch, args.framework, targets, progress=replayed)
+        rec = recommend(batch, args.framework, targets, progress=replayed, default=own)
     print(
         f"{args.framework}: {len(rec.candidates)} candidate settings replayed on "
         f"{batch.num_tokens:,} tokens, best first"
@@ -416,8 +424,13 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     print(f"  why: {clip(rec.pick, 1000)}")
     if args.json:
         write_json(rec.to_dict(), args.json)
-    print(f"\nbest: {clip(rec.best.spec.name)}")
-    print(f"rule: {rec.best.rule} ({RULE_SYMBOLS})")
+    default = rec.default
+    print(f"\nbest: {clip(rec.best.title)}")
+    print(f"  rule: {rec.best.rule}")
+    if default is not rec.best:
+        print(f"default: {clip(default.title)} (ranked {rec.candidates.index(default) + 1})")
+        print(f"  rule: {default.rule}")
+    print(f"  ({RULE_SYMBOLS})")
     print(snippet(rec.best.spec).rstrip())
     return 0
 
@@ -813,6 +826,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SHARE",
         help="smallest effective sample size, a share of the tokens: a fraction (0.5) or a "
         "percentage (50%%); default 50%%",
+    )
+    p.add_argument(
+        "--config",
+        metavar="CFG.yaml|PRESET",
+        help="your current setting, the one to beat (default: the framework's default): "
+        "replayed and ranked beside the candidates, and kept where none does better",
     )
     p.add_argument("--json", metavar="OUT.json", help="write the ranking as JSON")
     p.set_defaults(func=_cmd_recommend)

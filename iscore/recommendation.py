@@ -30,7 +30,8 @@ from iscore.canonical import Canonical, Component, mask_component, weight_compon
 from iscore.dump import Data, load_data
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Framework
-from iscore.impact import broken_gradient_kept, quick_stats
+from iscore.impact import SettingStats, quick_stats
+from iscore.settings import Setting, resolve
 from iscore.spec import Replay, Spec
 
 
@@ -122,10 +123,12 @@ class Candidate:
 
     Attributes:
         spec: the framework's setting.
-        kind: the framework-neutral kind it is (`_KINDS`).
+        kind: the framework-neutral kind it is (`_KINDS`), or "default" for the setting to
+            beat.
         title: what it is and where its thresholds come from, e.g. "token TIS, cap 5.47".
-        stats: `iscore.impact.quick_stats` of it, plus the objective's terms
-            (`broken_gradient_kept`, `healthy_token_dropped`, `healthy_seq_dropped`).
+        stats: its statistics (`iscore.impact`), the objective's terms (`bias_healthy`,
+            `bias_broken`, `variance`, their sum `objective`) and its drops of healthy data
+            (`healthy_token_dropped`, `healthy_seq_dropped`).
         missed: the targets it misses, in words.
         reason: one line: its `title`, whether it meets the targets, what it does.
         rule: the setting's rule as the framework computes it (`Canonical.describe`), in the
@@ -170,8 +173,11 @@ class Recommendation:
         warnings: the traps that bite this data.
         pick: why the best beat the runner-up, and what would change the pick.
         thresholds: the bounds placed from the data (token ratio band and cap, e^G band,
-            mean-k3 bound), how many sequences were found broken, and the global offset of
-            the token log-ratios where there is one (a semantics bug; None otherwise).
+            mean-k3 bound), how many sequences were found broken, and the median token
+            log-ratio where the healthy tokens break E_rollout[e^d] = 1 (a semantics bug;
+            None otherwise).
+        default: the setting to beat, replayed beside the candidates and ranked among them
+            (kind "default"): the user's own, or the framework's default.
     """
 
     framework: str
@@ -181,6 +187,7 @@ class Recommendation:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     pick: str = ""
     thresholds: dict[str, Any] = field(default_factory=dict)
+    default: Candidate | None = None
 
     @property
     def best(self) -> Candidate:
@@ -204,6 +211,7 @@ class Recommendation:
             "regimes": list(self.regimes),
             "best": self.best.to_dict(),
             "runner_up": None if self.runner_up is None else self.runner_up.to_dict(),
+            "default": None if self.default is None else self.default.to_dict(),
             "pick": self.pick,
             "thresholds": self.thresholds,
             "candidates": [c.to_dict() for c in self.candidates],
@@ -232,6 +240,7 @@ class _Normal:
     token_broken: np.ndarray  # bool [N loss tokens]: tokens of broken sequences
     rollout: np.ndarray  # float32 [N loss tokens]: the rollout's log-prob of each
     identity: noise.Identity  # E_rollout[e^d] = 1, tested on the healthy tokens
+    rho: np.ndarray  # float64 [N loss tokens]: e^clamp(d, +-20)
 
     @property
     def offset(self) -> bool:
@@ -257,8 +266,9 @@ class _Normal:
         broken = noise.broken(noise.summarize(batch))
         token_broken = np.repeat(broken, T.astype(np.int64))
         rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
-        rho = np.exp(np.clip(d[~token_broken] if broken.any() else d, -20.0, 20.0))
-        identity = noise.Identity.of(float(rho.sum()), float(rho @ rho), float(rho.size))
+        rho = np.exp(np.clip(d, -20.0, 20.0))
+        healthy = rho[~token_broken] if broken.any() else rho
+        identity = noise.Identity.of(float(healthy.sum()), float(healthy @ healthy), healthy.size)
         return cls(
             d_center,
             d_spread,
@@ -272,6 +282,7 @@ class _Normal:
             token_broken,
             rollout,
             identity,
+            rho,
         )
 
     @property
@@ -281,10 +292,42 @@ class _Normal:
 
 _MARGIN = 1.05  # sequence bounds placed this much beyond the healthy sequences
 _INSIDE = 0.9  # or this far inside the nearest broken sequence, if that is closer
-CAP_QUANTILE = 0.999
-"""A token TIS cap truncates the healthy tokens' ratios above this quantile: the extreme
-0.1% tail, whose weights would otherwise dominate the gradient's variance (a cap beyond every
-ratio truncates nothing: on MoE-like dumps it came out at 7e6)."""
+
+VARIANCE_WEIGHT = 1.0
+"""The objective's weight of the variance a setting's weights add against the gradient they
+misweight (docs/recommend.md): 1 counts 1% more variance as much as 1% of the gradient
+misweighted."""
+
+VARIANCE_BUDGET = 0.05
+"""The most variance a token cap may add (1/ESS - 1 of its weights on the healthy tokens,
+0.05: ESS >= 95%): the cap is the loosest of `CAPS` within it."""
+
+CAPS = (1.05, 1.1, 1.2, 1.5, 2.0, 3.0, 5.0)
+"""The token caps and bands' upper bounds tried, tightest first; 5 is the loosest the
+frameworks' own examples use (IcePop's [0.5, 5])."""
+
+
+def variance_added(w: np.ndarray) -> float:
+    """1/ESS - 1 of weights `w` (Kish's ESS = (sum w)^2 / (N sum w^2)): how much the weights
+    inflate the variance of a mean over the tokens, against weighing each alike (0 for equal
+    weights, inf where every weight is 0).
+
+    >>> variance_added(np.ones(4)), variance_added(np.array([1.0, 1.0, 2.0, 0.0]))
+    (0.0, 0.5)
+    """
+    total = float(w.sum())
+    return w.size * float(w @ w) / (total * total) - 1.0 if total > 0 else math.inf
+
+
+def _loosest_cap(rho: np.ndarray) -> float:
+    """The loosest of `CAPS` whose truncated weights min(rho, cap) add at most
+    `VARIANCE_BUDGET` of variance over the healthy tokens' ratios `rho` (the tightest where
+    none does). The more the ratios spread, the more variance every cap adds, so the cap never
+    loosens as the mismatch grows."""
+    for cap in reversed(CAPS):
+        if variance_added(np.minimum(rho, cap)) <= VARIANCE_BUDGET:
+            return cap
+    return CAPS[0]
 
 
 def _median_mad(x: np.ndarray) -> tuple[float, float]:
@@ -296,13 +339,14 @@ def _median_mad(x: np.ndarray) -> tuple[float, float]:
 
 @dataclass(frozen=True, slots=True)
 class _Thresholds:
-    """Thresholds placed where the data stops looking like numerical noise.
+    """Thresholds placed by the objective (docs/recommend.md).
 
-    A token band sits at the healthy tokens' `CAP_QUANTILE` on each side (it masks only the
-    noise's extreme tails) and a token cap at the upper one (it truncates only the top tail),
-    broken sequences or not. A sequence mask's bound sits just outside every healthy sequence
-    (none is dropped), or just inside the nearest broken one where that is closer (the mask
-    drops them); broken sequences are a sequence-level signature, removed at that level.
+    A token cap is the loosest of `CAPS` (the least gradient truncated) whose weights add at
+    most `VARIANCE_BUDGET` of variance on the healthy tokens; a token band is [1/cap, cap].
+    The wider the ratios spread, the tighter both are. A sequence mask's bound sits just
+    outside every healthy sequence (none is dropped), or just inside the nearest broken one
+    where that is closer (the mask drops them): the least gradient misweighted, since a
+    healthy sequence's ideal weight is its ratio and a broken one's is 0.
     """
 
     token_cap: float
@@ -329,20 +373,11 @@ class _Thresholds:
 
     @classmethod
     def of(cls, normal: _Normal) -> _Thresholds:
-        healthy_tokens = normal.d[~normal.token_broken] - normal.d_center
+        rho = normal.rho[~normal.token_broken] if normal.token_broken.any() else normal.rho
         has = normal.T > 0
         healthy = has & ~normal.broken
         g_dev = normal.G - normal.g_center
-        # Token bounds at the healthy tokens' `CAP_QUANTILE` tails (a band beyond every token
-        # masks nothing, and where a few tokens are far off, fp8 outliers or routing flips, it
-        # lands in the millions and lets them weigh that much). Broken sequences do not move
-        # them: a stale replica's likely tokens have d near 0 (both log-probs near 0), so a
-        # token bound reaching them would cut the healthy noise; the sequence bounds drop them.
-        low_q = high_q = 0.0
-        if healthy_tokens.size:
-            quantiles = np.quantile(healthy_tokens, [1.0 - CAP_QUANTILE, CAP_QUANTILE])
-            low_q, high_q = (float(q) for q in quantiles)
-        below, above = max(-low_q, 1e-3), max(high_q, 1e-3)  # the band's reach in d
+        cap = _loosest_cap(rho)
         # Sequence bounds keep every healthy sequence, pulled in to just inside the nearest
         # broken one where it lies closer.
         g_half = max(_MARGIN * float(np.abs(g_dev[healthy]).max(initial=0.0)), 1e-4)
@@ -351,11 +386,8 @@ class _Thresholds:
             g_half = min(g_half, _INSIDE * float(np.abs(g_dev[normal.broken]).min()))
             k3_cap = min(k3_cap, _INSIDE * float(normal.k3[normal.broken].min()))
         return cls(
-            token_cap=max(_round_up(math.exp(normal.d_center + high_q)), 1.001),
-            band=(
-                _round_down(math.exp(normal.d_center - below)),
-                _round_up(math.exp(normal.d_center + above)),
-            ),
+            token_cap=cap,
+            band=(_round_down(1.0 / cap), cap),
             geo=(
                 _round_down(math.exp(normal.g_center - g_half), 5),
                 _round_up(math.exp(normal.g_center + g_half), 5),
@@ -471,6 +503,7 @@ def recommend(
     framework: str,
     targets: Targets | None = None,
     progress: Callable[[int, int], None] | None = None,
+    default: Setting | None = None,
 ) -> Recommendation:
     """Rank the framework's candidate settings on a dump against `targets` (docs/recommend.md).
 
@@ -480,6 +513,9 @@ def recommend(
         targets: what a good setting does; defaults to `Targets()`.
         progress: called after each candidate is replayed with (candidates replayed,
             candidates in all).
+        default: the setting to beat: the user's own (any form `iscore.settings.resolve`
+            takes); None for the framework's default (`Framework.default`). It is replayed
+            beside the candidates, and kept where none does better.
 
     >>> import iscore
     >>> rec = recommend(iscore.load("data/fp8.parquet"), "skyrl")
@@ -488,9 +524,11 @@ def recommend(
     """
     fw = frameworks.get(framework)
     targets = targets or Targets()
+    own = default is not None
+    default_spec = resolve(default) if own else fw.presets()[fw.default]
     batch = load_data(data)
     with ops.shared(batch):  # d, e^d and the sequence sums, computed once for every candidate
-        return _recommend(batch, fw, targets, progress)
+        return _recommend(batch, fw, targets, progress, default_spec, own)
 
 
 def _recommend(
@@ -498,31 +536,39 @@ def _recommend(
     fw: Framework,
     targets: Targets,
     progress: Callable[[int, int], None] | None,
+    default: Spec,
+    own: bool,
 ) -> Recommendation:
     framework = fw.name
     normal = _Normal.of(batch)
     thresholds = _Thresholds.of(normal)
     expressed = [
-        (kind, fw.express(kind.setting(thresholds), f"{framework} {kind.description}"))
+        (kind.key, f"{kind.description}, {thresholds.describe(kind.key)}", spec)
         for kind in _KINDS
+        if (spec := fw.express(kind.setting(thresholds), f"{framework} {kind.description}"))
     ]
-    expressed = [(kind, spec) for kind, spec in expressed if spec is not None]
+    whose = "your setting" if own else f"{fw.title}'s default"
+    expressed.append(("default", f"{whose}, {default.name}", default))
     candidates = []
-    for kind, spec in expressed:
-        stats = _measure(batch, spec, normal)
-        canonical = fw.to_canonical(spec)
-        # Reweighting by the ratio is what removes the mismatch's bias; a mask alone does not.
-        stats["reweights"] = float(bool(canonical.weights))
+    for key, title, spec in expressed:
+        stats, missed = _measure(batch, spec, normal, targets)
+        canonical = frameworks.of(spec).to_canonical(spec)
         stats["components"] = float(len(canonical.components))  # the simpler, the fewer
-        missed = tuple(_violations(targets, normal, stats))
-        title = f"{kind.description}, {thresholds.describe(kind.key)}"
-        reason = _reason(title, stats, missed)
         candidates.append(
-            Candidate(spec, kind.key, title, stats, missed, reason, canonical.describe())
+            Candidate(
+                spec,
+                key,
+                title,
+                stats,
+                tuple(missed),
+                _reason(title, stats, tuple(missed)),
+                canonical.describe(),
+            )
         )
         if progress is not None:
             progress(len(candidates), len(expressed))
     ranked = tuple(sorted(candidates, key=_preference))
+    chosen = next(c for c in ranked if c.kind == "default")
     regimes = _regimes(batch, normal)
     if normal.broken.any() and not any(c.passes for c in ranked):
         regimes.append(_elsewhere(batch, fw, normal, targets))
@@ -548,8 +594,9 @@ def _recommend(
         ranked,
         tuple(regimes),
         tuple(warnings),
-        _pick(ranked),
+        _pick(ranked, chosen),
         found,
+        chosen,
     )
 
 
@@ -558,26 +605,83 @@ def broken_sequences(batch: TokenBatch) -> np.ndarray:
     return _Normal.of(batch).broken
 
 
-def _measure(batch: TokenBatch, spec: Spec, normal: _Normal) -> dict[str, float]:
-    """`quick_stats` of a candidate and the objective's terms, from one replay of it."""
+def _measure(
+    batch: TokenBatch, spec: Spec, normal: _Normal, targets: Targets
+) -> tuple[dict[str, float], list[str]]:
+    """What a candidate does, from one replay of it: its statistics (`iscore.impact`, pooled),
+    the objective's terms, and the targets it misses, pooled and step by step."""
     result = spec.replay(batch)
-    return quick_stats(batch, spec, result) | _terms(batch, result, normal)
+    accumulator = SettingStats(spec, histograms=False)
+    accumulator.update(batch, result)
+    summary = accumulator.compute(normal.broken)
+    stats = {k: v for k, v in summary.items() if isinstance(v, float | int) and k != "tokens"}
+    stats["broken_gradient_kept"] = summary["broken_gradient_kept"] or 0.0
+    stats |= _terms(batch, result, normal)
+    missed = _violations(targets, normal, stats)
+    missed += _step_misses(targets, normal, summary["by_step"], result, batch)
+    return stats, missed
 
 
 def _terms(batch: TokenBatch, result: Replay, normal: _Normal) -> dict[str, float]:
-    """The objective's terms beyond `quick_stats`: what a setting does to the broken sequences
-    and to the rest (docs/recommend.md)."""
+    """The objective's terms (docs/recommend.md), per loss token, in units of one token's
+    gradient: the healthy gradient misweighted (|w - rho|: mismatch left, truncated or
+    dropped), the broken sequences' gradient kept (|w|, their ideal weight being 0), and the
+    variance the weights add (1/ESS - 1); their drops for the targets."""
     m = batch.loss_mask
-    w = ops.segment_sum(result.weight.double(), batch, m).cpu().numpy()
+    every = ops.mask_is_all(batch, m)
+    w = (result.weight if every else result.weight[m]).double().cpu().numpy()
+    error = np.abs(w - np.where(normal.token_broken, 0.0, normal.rho))
+    n = max(w.size, 1)
+    bias_broken = float(error[normal.token_broken].sum()) / n
+    bias_healthy = float(error.sum()) / n - bias_broken
+    variance = variance_added(w)
     kept_tokens = ops.segment_count(batch, result.keep & (result.weight != 0)).cpu().numpy()
     healthy = (normal.T > 0) & ~normal.broken
-    broken = normal.broken
     dropped = normal.T - kept_tokens
     return {
-        "broken_gradient_kept": broken_gradient_kept(w, normal.T, broken) or 0.0,
+        "bias_healthy": bias_healthy,
+        "bias_broken": bias_broken,
+        "variance": variance,
+        "objective": bias_healthy + bias_broken + VARIANCE_WEIGHT * variance,
         "healthy_token_dropped": float(dropped[healthy].sum() / max(normal.T[healthy].sum(), 1)),
         "healthy_seq_dropped": float((kept_tokens[healthy] == 0).sum() / max(healthy.sum(), 1)),
     }
+
+
+def _step_misses(
+    targets: Targets,
+    normal: _Normal,
+    by_step: list[dict[str, Any]],
+    result: Replay,
+    batch: TokenBatch,
+) -> list[str]:
+    """The targets a candidate misses on some steps of a multi-step dump, in one line: how
+    many steps, which, and the first step's miss (a bound that suits the pooled steps can
+    drop most tokens of the last ones once the mismatch grows)."""
+    if len(by_step) < 2:
+        return []
+    steps = batch.step.cpu().numpy()
+    kept = ops.segment_count(batch, result.keep & (result.weight != 0)).cpu().numpy()
+    failing = []
+    for row in by_step:
+        mine = steps == row["step"]
+        healthy = mine & (normal.T > 0) & ~normal.broken
+        tokens = max(float(normal.T[healthy].sum()), 1.0)
+        step_stats = row | {
+            "token_masked_fraction": float((normal.T - kept)[healthy].sum()) / tokens,
+            "seq_masked_fraction": float((kept[healthy] == 0).sum()) / max(healthy.sum(), 1),
+        }
+        missed = targets.violations(step_stats)
+        if missed:
+            failing.append((row["step"], missed[0]))
+    if not failing:
+        return []
+    first, last = failing[0][0], failing[-1][0]
+    span = f"step {first}" if len(failing) == 1 else f"steps {first}..{last}"
+    return [
+        f"misses the targets on {len(failing)} of {len(by_step)} steps ({span}; at step "
+        f"{first} it {failing[0][1]})"
+    ]
 
 
 MAX_BROKEN_KEPT = 0.10
@@ -621,61 +725,80 @@ def _violations(targets: Targets, normal: _Normal, stats: dict[str, float]) -> l
     return missed
 
 
+OBJECTIVE_STEP = 1e-3
+"""Objectives are compared in steps of 0.1% of a token's gradient: closer ones tie."""
+
+
 def _preference(c: Candidate) -> tuple[Any, ...]:
-    """The order among candidates (docs/recommend.md): meeting the targets, then reweighting
-    (which corrects the mismatch's bias; a mask alone does not), then the least healthy data
-    dropped (to 0.1%), then the LR scale's distance from 1 in buckets of whole percents of
-    |ln LR scale| (0.997 and 0.995 tie in bucket 0; 0.991 and 0.989 fall either side of 1%
-    and do not), then the highest ESS, then the fewer components (weights and masks). The
-    buckets keep most 0.00x differences in LR scale from outranking a higher ESS; a fixed key
-    keeps the order transitive, at the price of those edges."""
-    s = c.stats
+    """The order among candidates (docs/recommend.md): the fewest targets missed, then the
+    objective (in steps of `OBJECTIVE_STEP`: a fixed key keeps the order transitive, at the
+    price of its edges), then the setting to beat where it ties (keep what works), then the
+    fewer components (weights and masks)."""
+    objective = c.stats["objective"]  # infinite where every weight is 0
     return (
         len(c.missed),
-        -s["reweights"],
-        round(s["healthy_token_dropped"], 3),
-        math.floor(100 * abs(math.log(max(s["lr_scale"], 1e-12)))),  # |ln| in whole percents
-        -round(s["ess"], 3),
-        s["components"],
+        math.floor(objective / OBJECTIVE_STEP) if math.isfinite(objective) else math.inf,
+        c.kind != "default",
+        c.stats["components"],
     )
 
 
-def _pick(ranked: tuple[Candidate, ...]) -> str:
-    """Why the best beat the runner-up, and what would change the pick."""
+_TERMS = (
+    ("bias_healthy", "misweights {} of the healthy gradient (mismatch left, truncated, dropped)"),
+    ("bias_broken", "keeps {} of a token's gradient per token from broken sequences"),
+    ("variance", "adds {} to the gradient's variance"),
+)
+"""The objective's terms, each as the "why" words it (VARIANCE_WEIGHT applied to variance)."""
+
+
+def _why(a: Candidate, b: Candidate) -> str:
+    """The term of the objective that decides between `a` and `b`, with both numbers."""
+    weights = {"variance": VARIANCE_WEIGHT}
+
+    def gap(key: str) -> float:
+        return abs(weights.get(key, 1.0) * (a.stats[key] - b.stats[key]))
+
+    key, words = max(_TERMS, key=lambda term: gap(term[0]))
+    x, y = a.stats[key], b.stats[key]
+    said = words.format(f"{x:.2%}") + f" against {y:.2%}"
+    return f"it {said} (objective {a.stats['objective']:.4f} against {b.stats['objective']:.4f})"
+
+
+def _pick(ranked: tuple[Candidate, ...], default: Candidate) -> str:
+    """Why the best beat the runner-up and the setting to beat, with the deciding term's
+    numbers; "keep your default" where that setting is as good."""
+    best = ranked[0]
     if len(ranked) < 2:
         return "the only setting this framework expresses"
-    best, second = ranked[0], ranked[1]
-    head = f"{best.spec.name} over the runner-up, {second.spec.name}: "
-    if second.missed and not best.missed:
-        return head + (
-            f"the runner-up misses the targets ({'; '.join(second.missed)}); targets that "
-            "allow that would put it in the running"
-        )
+    second = next(c for c in ranked[1:] if c is not best)
+    if best is default:
+        return f"keep {default.title}: over {_versus(best, second, 'the best candidate')}"
+    text = f"{best.title} over the runner-up, {_versus(best, second, second.title)}"
+    if second is not default:
+        text += f"; over {_versus(best, default, default.title)}"
+    return text
+
+
+def _versus(best: Candidate, other: Candidate, name: str) -> str:
+    """Why `best` ranks before `other` (called `name`), in one clause."""
+    if other.missed and not best.missed:
+        return f"{name} misses the targets ({'; '.join(other.missed)})"
     if best.missed:
-        return head + "no setting meets every target; this one misses the fewest"
-    a, b = _preference(best), _preference(second)
+        return f"{name}: no setting meets every target; this one misses the fewest"
+    a, b = _preference(best), _preference(other)
     if a[1] != b[1]:
-        why = "it reweights by the ratio, which removes the mismatch's bias; a mask alone does not"
-    elif a[2] != b[2]:
-        why = (
-            f"it drops less healthy data ({best.stats['healthy_token_dropped']:.1%} of tokens "
-            f"against {second.stats['healthy_token_dropped']:.1%})"
+        return f"{name}: {_why(best, other)}"
+    if best.kind == "default" or other.kind == "default":
+        return (
+            f"{name}: they score the same (objective {best.stats['objective']:.4f} against "
+            f"{other.stats['objective']:.4f}), so keep what you have"
         )
-    elif a[3] != b[3]:
-        why = (
-            f"its LR scale is nearer 1 ({best.stats['lr_scale']:.4g} against "
-            f"{second.stats['lr_scale']:.4g})"
+    if a[3] != b[3]:
+        return (
+            f"{name}: they score the same, and it is simpler: {best.stats['components']:.0f} "
+            f"weight or mask against {other.stats['components']:.0f}"
         )
-    elif a[4] != b[4]:
-        why = f"its ESS is higher ({best.stats['ess']:.1%} against {second.stats['ess']:.1%})"
-    elif a[5] != b[5]:
-        why = (
-            f"they tie on every term, and it is simpler: {best.stats['components']:.0f} weight "
-            f"or mask against {second.stats['components']:.0f}"
-        )
-    else:
-        why = "they tie on every term, and it comes first in the candidates' order"
-    return head + why
+    return f"{name}: they score the same, and it comes first in the candidates' order"
 
 
 def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
@@ -754,8 +877,8 @@ def _elsewhere(batch: TokenBatch, fw: Framework, normal: _Normal, targets: Targe
             spec = other.express(kind.setting(thresholds), f"{other.name} {kind.description}")
             if spec is None:
                 continue
-            stats = _measure(batch, spec, normal)
-            if not _violations(targets, normal, stats):
+            stats, missed = _measure(batch, spec, normal, targets)
+            if not missed:
                 return (
                     f"{fw.name} cannot express a setting that removes the broken sequences "
                     f"within the targets; {other.name}'s {kind.description} does (it "

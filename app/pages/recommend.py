@@ -10,6 +10,7 @@ import streamlit as st
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.impact import BROKEN_KEPT
+from iscore.mismatch import flags_of
 from iscore.recommendation import RULE_SYMBOLS, Targets
 
 ws = common.require_workspace()
@@ -20,8 +21,8 @@ title = common.framework_title(common.framework())
 st.title(f"Which {title} setting?")
 st.caption(
     f"iscore places each kind of {title} correction's thresholds from this dump's own noise, "
-    "replays every candidate and ranks them: first those that meet the targets, then by how "
-    "much gradient of broken sequences they keep and how much healthy data they drop "
+    f"replays every candidate beside {title}'s default and ranks them: first those that meet "
+    "the targets, then by the gradient they misweight plus the variance they add "
     "(docs/recommend.md)."
 )
 common.notice()
@@ -65,6 +66,11 @@ with st.expander("Targets: what a good setting may do to this data", icon=":mate
         )
         st.form_submit_button("Rank again", icon=":material/refresh:", on_click=_set_targets)
 
+OBJECTIVE_HELP = (
+    "What the ranking minimizes (docs/recommend.md): the gradient misweighted per token plus "
+    "the variance the weights add, in units of one token's gradient; the fewest targets "
+    "missed first, ties (0.001 apart) keep your default"
+)
 LR_SCALE_HELP = (
     "The corrected gradient's size over the uncorrected one under the framework's loss "
     "aggregation: 1 leaves the step size alone, 0.5 halves the effective learning rate"
@@ -82,6 +88,9 @@ rows = [
         "meets targets": c.passes,
         "setting": c.title,
         "misses": "; ".join(c.missed),  # beside the name: the table is wider than the page
+        "objective": c.stats["objective"],
+        "misweighted (%)": (c.stats["bias_healthy"] + c.stats["bias_broken"]) * 100,
+        "variance added (%)": c.stats["variance"] * 100,
         "LR scale": c.stats["lr_scale"],
         "ESS": c.stats["ess"] * 100,
         "tokens dropped (%)": c.stats["token_masked_fraction"] * 100,
@@ -99,6 +108,15 @@ st.dataframe(
             "meets", width="small", help="Whether the setting meets the targets"
         ),
         "setting": st.column_config.TextColumn(width="large"),
+        "objective": st.column_config.NumberColumn(format="%.4f", help=OBJECTIVE_HELP),
+        "misweighted (%)": st.column_config.NumberColumn(
+            format="%.2f",
+            help="The gradient the setting misweights, per token: the mismatch it leaves, what "
+            "it truncates or drops of the healthy tokens, and what it keeps of broken ones",
+        ),
+        "variance added (%)": st.column_config.NumberColumn(
+            format="%.2f", help="1/ESS - 1: how much its weights inflate the gradient's variance"
+        ),
         "LR scale": st.column_config.NumberColumn(format="%.4g", help=LR_SCALE_HELP),
         "ESS": st.column_config.NumberColumn("ESS (% of tokens)", format="%.1f"),
         "tokens dropped (%)": percent,
@@ -128,8 +146,9 @@ cols[0].metric("LR scale", f"{chosen.stats['lr_scale']:.4g}", help=LR_SCALE_HELP
 cols[1].metric("ESS", f"{chosen.stats['ess']:.1%}", border=True)
 cols[2].metric("Tokens dropped", f"{chosen.stats['token_masked_fraction']:.2%}", border=True)
 cols[3].metric("Sequences dropped", f"{chosen.stats['seq_masked_fraction']:.2%}", border=True)
-# A semantics bug (a global offset) is not the correction's to fix: no green light then.
-clean = rec.thresholds.get("global_offset") is None
+# A semantics bug is not the correction's to fix: no green light then (the Mismatch page's
+# verdict, read from the same flags).
+clean = not flags_of(ws.mismatch(steps).mismatch, "semantics_bug")
 (st.success if chosen.passes and clean else st.warning)(common.escape(chosen.reason))
 st.markdown(f"**Rule:** `{chosen.rule}`", help=RULE_SYMBOLS)
 spec = common.recommended(rec, index)

@@ -131,7 +131,8 @@ def markdown(tables: Sequence[RegimeTable], sweep: Sweep, made: str = "") -> str
         f"Framework {sweep.framework}, {len(sweep.seeds)} seeds "
         f"({sweep.seeds[0]}..{sweep.seeds[-1]}), {sweep.training.steps} steps of "
         f"{sweep.training.groups} x {sweep.training.group_size} sequences; final reward = "
-        f"exact expected reward of the last {sweep.training.final_window} steps' policies; "
+        f"exact expected reward of the last {sweep.training.final_window} steps' policies "
+        f"(a uniform policy earns {1 / sweep.task.vocab:.3f}); "
         f"mean +- standard error over seeds; gap = best - candidate, seed by seed, within noise "
         f"when gap <= {Z:g} SE.",
         "",

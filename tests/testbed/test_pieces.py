@@ -183,6 +183,21 @@ def test_a_run_does_not_depend_on_its_neighbours():
     assert together.runs[2][1].stats == alone.runs[0][0].stats
 
 
+def test_a_lagging_replica_is_the_never_synced_one_until_it_lags():
+    """A replica `stale_lag` steps behind samples from the initial policy for its first
+    `stale_lag` steps (nothing older exists), so over fewer steps it trains as one that
+    never syncs; one step behind, it does not (token TIS reads the rollout log-probs; no
+    correction would ignore them, and the tokens barely change)."""
+    training = Training(steps=4, groups=2, group_size=4, final_window=1, curve_every=4)
+    never = Regime("t", "", length=4, sigma=0.05, stale_share=0.5)
+
+    def reward(regime: Regime) -> float:
+        return train(TASK, regime, training, SPECS[1:2], [0]).runs[0][0].final_reward
+
+    assert reward(replace(never, stale_lag=4)) == reward(never)
+    assert reward(replace(never, stale_lag=1)) != reward(never)
+
+
 def test_a_mask_that_drops_everything_never_moves_the_policy():
     """The weights are the loss's only path to the gradient: a setting that masks every
     sequence leaves the policy where it started."""

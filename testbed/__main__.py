@@ -7,14 +7,17 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from iscore import frameworks
+from iscore.errors import IscoreError
+from iscore.settings import load_config_text, parse_config, resolve
 from testbed.engine import REGIMES
-from testbed.sweep import Cache, Sweep, candidates, train_regime
+from testbed.sweep import Cache, Candidate, Sweep, candidates, train_regime
 from testbed.table import markdown, summarize, to_json
 from testbed.training import Training
 
@@ -34,6 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     sweep.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 (default 8)")
     sweep.add_argument("--steps", type=int, default=Training().steps, help="updates per run")
+    sweep.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="LABEL=SETTING",
+        help="a setting of the framework to try too, repeatable: a preset (verl:decoupled_geo_rs), "
+        "a config file, or a config as inline YAML",
+    )
+    sweep.add_argument(
+        "--only", help="comma separated labels: train only these candidates (default all)"
+    )
     sweep.add_argument("--out", type=Path, help="write the Markdown table here too")
     sweep.add_argument("--json", type=Path, help="write the results as JSON here")
     sweep.add_argument(
@@ -52,12 +66,18 @@ def main(argv: list[str] | None = None) -> int:
             f"expected --regimes of {', '.join(REGIMES)}, --seeds >= 2 and --steps >= "
             f"{Training().final_window}; got {args.regimes!r}, {args.seeds}, {args.steps}"
         )
+    try:
+        extra = tuple(_setting(text, args.framework) for text in args.setting)
+    except (ValueError, IscoreError) as e:
+        parser.error(str(e))
+    only = None if args.only is None else set(args.only.split(","))
     torch.set_num_threads(args.threads)
     config = Sweep(
         framework=args.framework,
         regimes=tuple(REGIMES[n] for n in names),
         seeds=tuple(range(args.seeds)),
         training=Training(steps=args.steps),
+        extra=extra,
     )
     cache = Cache(None if args.no_cache else args.cache)
     start = time.perf_counter()
@@ -67,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         for regime in config.regimes:
             bar.set_postfix_str(regime.name)
             found, dump = candidates(config, regime)
+            if only is not None:
+                found = [c for c in found if only & {c.label, *c.aliases}]
             bar.update(config.dump_steps[1])
             runs = train_regime(config, regime, found, cache, bar.update)
             tables.append(summarize(regime, dump, found, runs))
@@ -80,6 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(to_json(tables, config), indent=1) + "\n")
     return 0
+
+
+def _setting(text: str, framework: str) -> Candidate:
+    """A `--setting LABEL=SETTING` as a candidate of `framework`."""
+    label, equals, setting = text.partition("=")
+    if not equals or not label or not setting:
+        raise ValueError(f"expected --setting LABEL=SETTING, but got {text!r}")
+    loaded = load_config_text(setting, f"--setting {label}")
+    spec = parse_config(loaded) if isinstance(loaded, Mapping) else resolve(setting)
+    if frameworks.of(spec).name != framework:
+        raise ValueError(f"--setting {label} is a {spec.framework} setting, not {framework}'s")
+    return Candidate(label, spec, setting)
 
 
 if __name__ == "__main__":

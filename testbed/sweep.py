@@ -7,7 +7,8 @@ A regime's candidates are what a user of the framework would weigh:
 - `pick`: `iscore.recommend`'s best, computed as a user would: on a dump of a few steps of an
   uncorrected run of the regime (its own seed and rollout stream, never an evaluation run);
 - `rec <kind>`: the recommendation's other candidates;
-- the classic fixed settings of `CLASSIC`, where the framework expresses them exactly.
+- the classic fixed settings of `CLASSIC`, where the framework expresses them exactly;
+- any other settings of the framework (`Sweep.extra`, the CLI's `--setting`).
 
 Settings with the same config are trained once, under the first label (`Candidate.aliases`
 keeps the others). Every (setting, seed) run is cached in a JSON file under a key made of
@@ -132,6 +133,7 @@ class Sweep:
             reads, as a user dumps a few steps of a run under way.
         dump_seed: that run's seed (its rule and initialization; its rollouts use their own
             stream).
+        extra: settings every regime tries besides its own candidates.
     """
 
     framework: str = "verl"
@@ -141,6 +143,7 @@ class Sweep:
     training: Training = field(default_factory=Training)
     dump_steps: tuple[int, int] = (20, 24)
     dump_seed: int = 1000
+    extra: tuple[Candidate, ...] = ()
 
 
 def recommendation_dump(sweep: Sweep, regime: Regime) -> TokenBatch:
@@ -188,6 +191,7 @@ def candidates(sweep: Sweep, regime: Regime) -> tuple[list[Candidate], Dump]:
         spec = fw.express(setting, label)
         if spec is not None:
             found.append(Candidate(label, spec, title))
+    found.extend(sweep.extra)
     steps = (sweep.dump_steps[0], sweep.dump_steps[1] - 1)
     dump = Dump(steps, batch.num_sequences, batch.num_tokens, rec.regimes, rec.thresholds)
     return _merge(found), dump

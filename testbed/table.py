@@ -77,9 +77,18 @@ class RegimeTable:
     rows: tuple[Row, ...]
     best: str
 
+    def find(self, label: str) -> Row | None:
+        """The row of the candidate with this label or alias (the pick may be the default),
+        or None where it was not trained."""
+        return next(
+            (r for r in self.rows if label in (r.candidate.label, *r.candidate.aliases)), None
+        )
+
     def row(self, label: str) -> Row:
-        """The row of the candidate with this label or alias (the pick may be the default)."""
-        return next(r for r in self.rows if label in (r.candidate.label, *r.candidate.aliases))
+        found = self.find(label)
+        if found is None:
+            raise KeyError(f"no candidate {label!r} in the {self.regime.name} table")
+        return found
 
     def versus(self, label: str, other: str) -> tuple[float, float]:
         """(label's mean reward minus other's, seed by seed, and its standard error)."""
@@ -111,10 +120,12 @@ def summarize(
 def verdict(table: RegimeTable) -> str:
     """The regime's answer in a line: is the pick within noise of the best, and does it beat
     no correction."""
-    pick = table.row("pick")
+    pick = table.find("pick")
+    if pick is None:
+        return "the pick was not trained"
     words = "within noise of the best" if pick.within_noise else "**worse than the best**"
     line = f"pick {words} ({_diff(-pick.gap, pick.gap_se)} vs {table.best})"
-    if any(r.candidate.label == "off" for r in table.rows):
+    if table.find("off") is not None:
         diff, se = table.versus("pick", "off")
         relation = (
             "beats off" if diff > Z * se else "**loses to off**" if -diff > Z * se else "ties off"
@@ -140,8 +151,9 @@ def markdown(tables: Sequence[RegimeTable], sweep: Sweep, made: str = "") -> str
         "|---|---|---|---|",
     ]
     for t in tables:
-        pick = t.row("pick").candidate
-        lines.append(f"| {t.regime.name} | {t.best} | {pick.title} | {verdict(t)} |")
+        pick = t.find("pick")
+        title = "" if pick is None else pick.candidate.title
+        lines.append(f"| {t.regime.name} | {t.best} | {title} | {verdict(t)} |")
     for t in tables:
         lines += [
             "",

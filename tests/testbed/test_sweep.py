@@ -148,6 +148,26 @@ def test_cli_writes_markdown_and_json(tmp_path, monkeypatch, capsys):
     assert json.loads(doc.read_text())["regimes"][0]["regime"]["name"] == "stale"
 
 
+def test_cli_tries_extra_settings_and_trains_only_what_it_is_told(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("testbed.__main__.REGIMES", {"tiny": TINY.regimes[0]})
+    monkeypatch.setattr("testbed.__main__.Training", lambda steps=12: TINY.training)
+    monkeypatch.setattr("testbed.__main__.Sweep", lambda **kw: replace(TINY, **kw))
+    correction = "{rollout_is: token, rollout_is_threshold: 4}"
+    cap = f"{{framework: verl, algorithm: {{rollout_correction: {correction}}}}}"
+    argv = ["sweep", "--regimes", "tiny", "--seeds", "2", "--no-cache", "--only", "off,tis 4,k3"]
+    argv += ["--setting", f"tis 4={cap}", "--setting", "k3=verl:decoupled_k3_rs_token_tis"]
+    assert main(argv) == 0
+    rows = [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()]
+    assert [r for r in rows if r in ("| off", "| tis 4", "| k3", "| pick")] == [
+        "| off",
+        "| tis 4",
+        "| k3",
+    ]
+    with pytest.raises(SystemExit):
+        main(["sweep", "--setting", "t=skyrl:skyrl_token_tis"])
+    assert "not verl's" in capsys.readouterr().err
+
+
 REDUCED = Sweep(seeds=tuple(range(8)), training=Training(steps=150))
 """The CI subset: the full sweep's task and training on the short regimes, fewer candidates."""
 

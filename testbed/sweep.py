@@ -179,12 +179,11 @@ def candidates(sweep: Sweep, regime: Regime) -> tuple[list[Candidate], Dump]:
     fw = frameworks.get(sweep.framework)
     batch = recommendation_dump(sweep, regime)
     rec = iscore.recommend(batch, sweep.framework)
-    found: list[Candidate] = []
-    off = fw.express(Canonical(()), "off")
-    if off is not None:
-        found.append(Candidate("off", off, "no correction"))
-    found.append(Candidate("default", fw.presets()[fw.default], f"{fw.name} default {fw.default}"))
-    found.append(Candidate("pick", rec.best.spec, rec.best.title))
+    found = [
+        Candidate("off", _off(fw.name), "no correction"),
+        Candidate("default", fw.presets()[fw.default], f"{fw.name} default {fw.default}"),
+        Candidate("pick", rec.best.spec, rec.best.title),
+    ]
     for c in rec.candidates[1:]:
         found.append(Candidate(f"rec {c.kind}", c.spec, c.title))
     for label, title, setting in CLASSIC:

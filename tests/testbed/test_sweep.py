@@ -204,9 +204,11 @@ def test_bf16_noise_is_harmless_to_every_sensible_setting(reduced):
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    strict=True,
     reason="issue 30: today's pick caps token TIS at the 99.9th percentile of the ratios "
     "(about 9 here), which trains worse than no correction under heavy-tailed noise",
 )
 def test_fp8_pick_is_within_noise_of_the_best(reduced):
+    """The acceptance of issue 30 in the reduced sweep; it fails today (2.7 standard errors
+    behind). Not strict: another CPU's float rounding sends the runs down other trajectories,
+    so a margin this size may land either side; an XPASS here says to re-run the full sweep."""
     assert reduced["fp8"].row("pick").within_noise

@@ -670,3 +670,17 @@ def test_simulate_errors_name_its_flags(flags, expected, tmp_path, capsys):
     assert main(["simulate", str(tmp_path / "s.parquet"), *flags]) == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "s.parquet").exists()
+
+
+def test_recommend_prints_the_default_beside_the_best(capsys):
+    argv = ["recommend", "data/fp8.parquet", "--framework", "verl", "-q"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "\nbest: token TIS, cap 1.5\n" in out
+    assert "\ndefault: verl's default, decoupled_token_is (ranked " in out
+    assert main([*argv[:-1], "--config", "verl:decoupled_token_is"]) == 0
+    assert "default: your setting, decoupled_token_is" in capsys.readouterr().out
+    assert main([*argv, "--config", "skyrl:skyrl_token_tis"]) == 2
+    assert "--config is a skyrl setting; --framework verl ranks verl settings" in (
+        capsys.readouterr().err
+    )

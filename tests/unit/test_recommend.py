@@ -503,3 +503,16 @@ def test_a_setting_failing_the_last_steps_is_named_with_its_steps(tmp_path):
     assert "misses the targets on " in missed and "of 8 steps (steps " in missed
     assert "it drops " in missed
     assert not rec.best.missed
+
+
+def test_a_candidate_that_changes_nothing_ranks_as_what_it_leaves_alone():
+    """On FP8 7 of 8 verl candidates 'met the targets', settings that changed nothing among
+    them, ticked like the rest. A mask that drops nothing has the weights of no correction,
+    and so its objective exactly: beside `disabled` as the setting to beat, it ties with it
+    and the default stays before it."""
+    rec = recommend(load(DATA / "fp8.parquet"), "verl", default="verl:disabled")
+    noop = [c for c in rec.candidates if c.kind == "geo_mask"]
+    assert noop and noop[0].stats["token_masked_fraction"] == 0.0
+    assert noop[0].stats["objective"] == pytest.approx(rec.default.stats["objective"])
+    assert rec.candidates.index(rec.default) < rec.candidates.index(noop[0])
+    assert rec.best.stats["objective"] < rec.default.stats["objective"] - OBJECTIVE_STEP

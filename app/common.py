@@ -15,6 +15,7 @@ a mirror key (`persist`), since Streamlit drops the state of widgets that are no
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import uuid
@@ -605,6 +606,10 @@ _GRADES = {
 """A cell's colour per `Targets.grade`."""
 
 
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
 def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
     """One row per setting, its name in its plot colour; each number coloured by whether it is
     good (green), fair (amber) or bad (red) for training, against the session's targets."""
@@ -612,7 +617,8 @@ def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
         {
             "setting": setting_name(s),
             "loss aggregation": s["aggregation"],
-            **{header: s.get(key) for key, header, _ in SUMMARY_COLUMNS},
+            # None (no broken sequences to keep) as NaN, which the table shows as "-".
+            **{header: _or_nan(s.get(key)) for key, header, _ in SUMMARY_COLUMNS},
         }
         for s in analysis.settings
     ]

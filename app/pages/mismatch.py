@@ -30,8 +30,8 @@ _SHOW = {
 for kind, (show, icon) in _SHOW.items():
     for flag in flags_of(m, kind):
         show(f"**{flag['code']}**: {common.escape(flag['message'])}", icon=icon)
-if not flags_of(m, "semantics_bug"):
-    st.success(NO_SEMANTICS_BUG)
+    if kind == "semantics_bug" and not flags_of(m, kind):  # the verdict on bugs, first
+        st.success(NO_SEMANTICS_BUG)
 
 cols = st.columns(4)
 cols[0].metric("mean |d|", f"{m['abs_diff_mean']:.3g}", border=True)

@@ -31,6 +31,7 @@ from iscore.dump import Data, load_data
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Framework
 from iscore.impact import quick_stats
+from iscore.noise import Z_BROKEN, Noise, median_mad, outside, segment_medians
 from iscore.spec import Replay, Spec
 
 
@@ -253,16 +254,9 @@ class _Normal:
         k3 = np.where(has, k3 / np.maximum(T, 1.0), 0.0)
         every = ops.mask_is_all(batch, m)  # then views, not copies (only ever read)
         d = (d_all if every else d_all[m]).cpu().numpy()
-        d_center, d_spread = _median_mad(d)
-        g_center, g_spread = _median_mad(G[has])
-        medians = _segment_medians(d, T)
-        stderr = 1.2533 * max(d_spread, 1e-12) / np.sqrt(np.maximum(T, 1.0))
-        z = np.abs(medians - d_center) / stderr
-        # Where sequences differ by more than their tokens' noise explains (a bug whose size
-        # varies with the context), their own spread widens the test: |z| of iid noise has
-        # median 0.6745, and a few broken sequences cannot move the median.
-        widen = max(1.0, float(np.median(z[has])) / 0.6745) if has.any() else 1.0
-        broken = has & (z > Z_BROKEN * widen)
+        d_center, d_spread = median_mad(d)
+        g_center, g_spread = median_mad(G[has])
+        broken = outside(segment_medians(d, T), T, Noise(d_center, d_spread, d.size))
         token_broken = np.repeat(broken, T.astype(np.int64))
         rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
         return cls(
@@ -274,9 +268,6 @@ class _Normal:
         return float(self.broken.sum()) / max(int((self.T > 0).sum()), 1)
 
 
-Z_BROKEN = 8.0
-"""Standard errors from the noise's centre beyond which a sequence is called broken."""
-
 Z_OFFSET = 5.0
 """Standard errors from 0 beyond which the tokens' median log-ratio is called a global offset."""
 
@@ -286,46 +277,6 @@ CAP_QUANTILE = 0.999
 """A token TIS cap truncates the healthy tokens' ratios above this quantile: the extreme
 0.1% tail, whose weights would otherwise dominate the gradient's variance (a cap beyond every
 ratio truncates nothing: on MoE-like dumps it came out at 7e6)."""
-
-
-def _segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """float64 [B]: the median of each segment's values (0 for an empty one); segment i holds
-    the next `counts[i]` values.
-
-    Segments of similar length are sorted together as the rows of a block, each row padded
-    with +inf to the next power of two (so never more than twice the values, and at most
-    `_MEDIAN_CELLS` at a time): 15x faster than one lexsort of (segment, value).
-
-    >>> _segment_medians(np.array([3.0, 1.0, 2.0, 5.0, 4.0, 7.0]), np.array([3, 0, 2, 1]))
-    array([2. , 0. , 4.5, 7. ])
-    """
-    n = counts.astype(np.int64)
-    starts = np.cumsum(n) - n
-    medians = np.zeros(n.size)
-    width = np.left_shift(1, np.ceil(np.log2(np.maximum(n, 1))).astype(np.int64))
-    for w in np.unique(width[n > 0]):
-        rows = np.flatnonzero((n > 0) & (width == w))
-        columns = np.arange(w)
-        for part in np.array_split(rows, -(-rows.size * int(w) // _MEDIAN_CELLS)):
-            k = n[part]
-            block = np.full((part.size, w), np.inf)
-            valid = columns < k[:, None]
-            block[valid] = values[(starts[part][:, None] + columns)[valid]]
-            block.sort(axis=1)
-            r = np.arange(part.size)
-            medians[part] = 0.5 * (block[r, (k - 1) // 2] + block[r, k // 2])
-    return medians
-
-
-_MEDIAN_CELLS = 1 << 20
-"""Values (padding included) sorted per block by `_segment_medians`: 8 MB."""
-
-
-def _median_mad(x: np.ndarray) -> tuple[float, float]:
-    if not x.size:
-        return 0.0, 0.0
-    center = float(np.median(x))
-    return center, 1.4826 * float(np.median(np.abs(x - center)))
 
 
 @dataclass(frozen=True, slots=True)

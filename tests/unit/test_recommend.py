@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,6 @@ from iscore.recommendation import (
     RULE_SYMBOLS,
     Targets,
     _preference,
-    _segment_medians,
     recommend,
 )
 from iscore.recommendation import broken_sequences as recommend_broken
@@ -386,21 +384,6 @@ def test_progress_counts_every_candidate(benign, framework):
     rec = recommend(benign, framework, progress=lambda done, total: calls.append((done, total)))
     n = len(rec.candidates)
     assert calls == [(i, n) for i in range(1, n + 1)]
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_segment_medians_match_a_median_per_segment(seed, monkeypatch) -> None:
-    rng = np.random.default_rng(seed)
-    # Empty, one-value, even and odd, and long segments; ties; with small blocks, segments
-    # of one width sorted in several blocks, and a segment wider than a block.
-    counts = np.concatenate([[0, 1, 2, 3, 0, 4097], rng.integers(0, 300, 500)])
-    values = rng.standard_normal(int(counts.sum())).round(1 + seed)
-    starts = np.cumsum(counts) - counts
-    pairs = zip(starts, counts, strict=True)
-    expected = [np.median(values[a : a + n]) if n else 0.0 for a, n in pairs]
-    np.testing.assert_array_equal(_segment_medians(values, counts), expected)
-    monkeypatch.setattr(sys.modules["iscore.recommendation"], "_MEDIAN_CELLS", 4096)
-    np.testing.assert_array_equal(_segment_medians(values, counts), expected)
 
 
 def test_each_candidate_carries_its_title():

@@ -16,12 +16,14 @@ trend judges each step's sequences against that step's own noise (`iscore.trend`
 >>> T = np.full(20, 100)
 >>> d = rng.normal(0.0, 0.05, 2000)
 >>> d[:100] += 1.0  # the first sequence: a stale replica's
->>> np.flatnonzero(outside(segment_medians(d, T), T, Noise.of(d))).tolist()
+>>> positive, negative = (np.add.reduceat(x, np.arange(0, 2000, 100)) for x in (d > 0, d < 0))
+>>> np.flatnonzero(outside(segment_medians(d, T), T, positive, negative, Noise.of(d))).tolist()
 [0]
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -129,15 +131,95 @@ class Noise:
         return np.abs(medians - self.center) / stderr
 
 
-def outside(medians: np.ndarray, T: np.ndarray, noise: Noise) -> np.ndarray:
-    """bool [B]: the sequences (of T loss tokens, median log-ratio `medians`) that lie more
-    than `Z_BROKEN` standard errors from `noise`'s centre: broken, not noise.
+def outside(
+    medians: np.ndarray, T: np.ndarray, positive: np.ndarray, negative: np.ndarray, noise: Noise
+) -> np.ndarray:
+    """bool [B]: the sequences (of T loss tokens, median log-ratio `medians`, `positive` and
+    `negative` of them with d > 0 and d < 0) outside `noise`: broken, not noise.
 
-    Where the sequences differ by more than their tokens' noise explains (a bug whose size
-    varies with the context), their own spread widens the test: |z| of noise has median
-    0.6745, and a few broken sequences cannot move the median.
+    Two tests, both to pass. The median lies more than `Z_BROKEN` standard errors from the
+    noise's centre; where the sequences differ by more than their tokens' noise explains (a
+    bug whose size varies with the context), their own spread widens the test: |z| of noise
+    has median 0.6745, and a few broken sequences cannot move the median. And the tokens lean
+    to one side of 0 by more than `Z_SIGNS` standard errors of a fair coin (the sign test):
+    a stale replica moves every token, while a short sequence of uncertain tokens, whose
+    median sits among the larger log-ratios of such tokens, is as balanced as any.
     """
     has = T > 0
     z = noise.z(medians, T)
     widen = max(1.0, float(np.median(z[has])) / _IID_MEDIAN_Z) if has.any() else 1.0
-    return has & (z > Z_BROKEN * widen)
+    signed = positive + negative
+    lean = np.abs(positive - negative) / np.sqrt(np.maximum(signed, 1.0))
+    return has & (z > Z_BROKEN * widen) & (lean > Z_SIGNS)
+
+
+Z_SIGNS = 4.0
+"""Standard errors of the sign test beyond which a sequence's tokens lean to one side of 0."""
+
+EARLY_STEPS = 8
+"""The steps whose values make the early band: the first 8, or a third of the run if fewer."""
+
+SUSTAIN_STEPS = 3
+"""A rise lasts this many steps above the band (or every step to the last, at least two)."""
+
+RISE_FACTOR = 3.0
+"""A rise is at least this factor above the early steps' median."""
+
+Z_RISE = 3.0
+"""and at least this many robust standard deviations of their logarithms above it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """What the early steps of a run show of a positive statistic (k3), on the log scale.
+
+    Attributes:
+        steps: how many early steps it is made of.
+        median: their median value.
+        upper: the band's upper edge: a later step above it stands out of the early steps'
+            noise (the median times max(RISE_FACTOR, e^(Z_RISE x robust sd of the logs))).
+    """
+
+    steps: int
+    median: float
+    upper: float
+
+    @property
+    def early(self) -> str:
+        """Which steps it is made of, in words: "the first 8 steps"."""
+        return "the first step" if self.steps == 1 else f"the first {self.steps} steps"
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Band:
+        """The band of the first `EARLY_STEPS` of `values` (a third of them if fewer);
+        values are floored at 1e-12 (a k3 below is no mismatch)."""
+        early = max(1, min(EARLY_STEPS, len(values) // 3))
+        logs = np.log(np.maximum(np.asarray(values[:early], dtype=float), 1e-12))
+        center, spread = median_mad(logs)
+        return cls(early, math.exp(center), math.exp(center + max(Z_RISE * spread, _LOG_RISE)))
+
+
+_LOG_RISE = math.log(RISE_FACTOR)
+
+
+def first_rise(values: Sequence[float]) -> int | None:
+    """The index of the first step of a sustained rise above the early steps' band (`Band`):
+    from it, `SUSTAIN_STEPS` steps in a row above the band's upper edge, or every step to the
+    last when fewer are left (at least two); None where there is none, or fewer than three
+    steps. One spike is not a rise, and neither is a run that stays where it started.
+
+    >>> first_rise([1.0, 1.1, 0.9, 1.2, 1.0, 0.8, 5.0, 1.0, 4.0, 6.0, 9.0, 12.0])
+    8
+    >>> first_rise([1.0, 1.2, 0.9, 1.1, 0.8, 1.0]) is None
+    True
+    """
+    n = len(values)
+    if n < 3:
+        return None
+    band = Band.of(values)
+    above = np.asarray(values, dtype=float) > band.upper
+    for t in range(band.steps, n):
+        run = above[t : t + SUSTAIN_STEPS]
+        if run.all() and (run.size == SUSTAIN_STEPS or run.size >= 2):
+            return t
+    return None

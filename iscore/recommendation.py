@@ -256,7 +256,13 @@ class _Normal:
         d = (d_all if every else d_all[m]).cpu().numpy()
         d_center, d_spread = median_mad(d)
         g_center, g_spread = median_mad(G[has])
-        broken = outside(segment_medians(d, T), T, Noise(d_center, d_spread, d.size))
+        signs = {"positive": d_all > 0, "negative": d_all < 0}
+        positive, negative = (
+            ops.segment_count(batch, m & s).double().cpu().numpy() for s in signs.values()
+        )
+        broken = outside(
+            segment_medians(d, T), T, positive, negative, Noise(d_center, d_spread, d.size)
+        )
         token_broken = np.repeat(broken, T.astype(np.int64))
         rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
         return cls(

@@ -22,6 +22,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -32,8 +33,11 @@ from iscore.errors import DumpError
 from iscore.impact import SettingStats
 from iscore.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import json_ready, write_json
+from iscore.recommendation import Targets
 from iscore.sequences import SequenceTable
 from iscore.settings import Setting, replay, resolve_all
+from iscore.spec import Spec
+from iscore.trend import Trend
 
 SCHEMA_VERSION = 1
 
@@ -46,11 +50,13 @@ class Analysis:
         source: what was read (files, layout, steps, sequences, tokens).
         mismatch: the mismatch diagnostics (see `iscore.mismatch`).
         settings: one dict per setting (see `iscore.impact`), in the order given.
+        trend: the per-step table and its events (see `iscore.trend`).
     """
 
     source: dict[str, Any]
     mismatch: dict[str, Any]
     settings: list[dict[str, Any]]
+    trend: Trend
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned document; NaN and infinities become null (strict JSON)."""
@@ -67,6 +73,7 @@ class Analysis:
                     "bands": BANDS,
                 },
                 "settings": self.settings,
+                "trend": self.trend.to_dict(),
             }
         )
 
@@ -128,6 +135,7 @@ def analyze(
     device: str | torch.device | None = None,
     progress: Callable[[int], None] | None = None,
     sequences: SequenceTable | None = None,
+    targets: Targets | None = None,
 ) -> Analysis:
     """Stream a dump once, computing the mismatch diagnostics and every setting's statistics.
 
@@ -141,6 +149,8 @@ def analyze(
         device: where to compute; default CUDA when available, else CPU.
         progress: called with the number of tokens of each chunk done.
         sequences: a sequence table to fill in the same pass (its settings are `settings`).
+        targets: what the trend's `setting_degrades` events hold each setting to (default
+            `Targets()`, those of `iscore recommend`).
 
     >>> a = analyze("data/fp8.parquet", ["verl:decoupled_geo_rs"])
     >>> a.settings[0]["name"], round(a.settings[0]["lr_scale"], 3)
@@ -168,20 +178,13 @@ def analyze(
     heap = _HeapGuard()
     with ops.reused_buffers():
         for chunk in _prefetched(chunks):
-            batch = chunk.to(device)
-            # d, e^d and the sequence sums every setting needs are computed once per chunk.
-            with ops.shared(batch):
-                mismatch.update(batch)
-                if sequences is not None:
-                    sequences.update(batch)
-                for i, (spec, acc) in enumerate(zip(specs, stats, strict=True)):
-                    replayed = replay(batch, spec)
-                    acc.update(batch, replayed)
-                    if sequences is not None:
-                        sequences.add(i, batch, replayed)
+            for part in _parts(chunk.to(device), specs, sequences):
+                mismatch.merge(part.mismatch)
+                for acc, done in zip(stats, part.settings, strict=True):
+                    acc.merge(done)
+                if progress is not None:
+                    progress(part.tokens)
             heap.check()
-            if progress is not None:
-                progress(batch.num_tokens)
     summary = mismatch.compute()
     if not summary["tokens"]:
         if dump is not None and not summary.get("sequences"):  # none where the dump was read
@@ -192,6 +195,7 @@ def analyze(
             f"{where}: no token is in the loss (loss_mask false everywhere, or no tokens); "
             "nothing to analyze"
         )
+    settings_done = [acc.compute() for acc in stats]
     result = Analysis(
         source={
             "files": files,
@@ -203,9 +207,55 @@ def analyze(
             "device": device.type,
         },
         mismatch=summary,
-        settings=[acc.compute() for acc in stats],
+        settings=settings_done,
+        trend=Trend.of(summary, settings_done, specs, targets or Targets()),
     )
     return result
+
+
+@dataclass(slots=True)
+class Part:
+    """What one training step of one chunk adds to an analysis: the accumulators of its
+    mismatch and of each setting, merged in order into the dump's (the unit a results store
+    keeps, `iscore.store`).
+
+    Attributes:
+        step: the training step.
+        tokens: its tokens (in the loss or not).
+        mismatch: its mismatch diagnostics' accumulator.
+        settings: each setting's accumulator, in the analysis' order.
+    """
+
+    step: int
+    tokens: int
+    mismatch: MismatchStats
+    settings: list[SettingStats]
+
+
+def _parts(
+    batch: TokenBatch, specs: Sequence[Spec], sequences: SequenceTable | None
+) -> Iterator[Part]:
+    """The chunk's parts, one per run of sequences of one step, in order: each analyzed on
+    its own, so that what a step adds does not depend on which steps share its chunk."""
+    steps = batch.step.cpu().numpy()
+    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if steps.size else []
+    ends = [*starts[1:], steps.size]
+    for a, b in zip(starts, ends, strict=True):
+        run = batch if b - a == steps.size else batch.slice(int(a), int(b))
+        part = Part(
+            int(steps[a]), run.num_tokens, MismatchStats(), [SettingStats(s) for s in specs]
+        )
+        # d, e^d and the sequence sums every setting needs are computed once per step.
+        with ops.shared(run):
+            part.mismatch.update(run)
+            if sequences is not None:
+                sequences.update(run)
+            for i, (spec, acc) in enumerate(zip(specs, part.settings, strict=True)):
+                replayed = replay(run, spec)
+                acc.update(run, replayed)
+                if sequences is not None:
+                    sequences.add(i, run, replayed)
+        yield part
 
 
 class _HeapGuard:

@@ -513,14 +513,17 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from iscore.simulate import REGIMES, SimConfig, write_simulated
+    from iscore.simulate import BROKEN_FROM_SHARE, REGIMES, SimConfig, write_run, write_simulated
 
     if args.list_regimes:
         for name, regime in REGIMES.items():
             print(f"{name:16s} {regime.description}")
         return 0
     if args.out is None:
-        raise IscoreError("simulate needs an output path: iscore simulate OUT.parquet")
+        raise IscoreError(
+            "simulate needs an output path: iscore simulate OUT.parquet (one file) or OUT_DIR "
+            "(a run folder of step files)"
+        )
     names = (
         "sequences",
         "steps",
@@ -530,8 +533,24 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "median_len",
         "broken_share",
         "policy_sigma",
+        "broken_from",
+        "grow_from",
+        "growth",
     )
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.broken_from is not None and args.broken_share is None:
+        overrides["broken_share"] = BROKEN_FROM_SHARE
+    run = not Path(args.out).suffix and not os.path.exists(args.out)
+    if os.path.isdir(args.out):
+        raise IscoreError(
+            f"{args.out}: is a directory; expected a file name to write, or the name of a new "
+            "folder for a run of step files"
+        )
+    for flag in ("ranks", "every"):
+        if not run and getattr(args, flag) is not None:
+            raise IscoreError(
+                f"--{flag} is an option of a run folder (a new OUT_DIR, a name without a suffix)"
+            )
     try:
         config = SimConfig(regime=args.regime, **overrides)
     except ConfigError as e:  # name the flags, not SimConfig's fields
@@ -540,8 +559,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             flag = "--" + name.replace("_", "-")
             message = message.replace(f"argument `{name}`", flag).replace(f"{name}=", f"{flag} ")
         raise ConfigError(message) from None
-    truth = write_simulated(args.out, config, layout=args.layout)
-    print(f"{args.out}: {truth.tokens:,} tokens in {truth.sequences:,} sequences ({args.regime})")
+    if run:
+        ranks = 1 if args.ranks is None else _positive_int("--ranks", str(args.ranks))
+        truth = write_run(args.out, config, ranks=ranks, layout=args.layout, every=args.every or 0)
+        where = f"{args.out}: a run of {counted(config.steps, 'step')} x {counted(ranks, 'rank')}"
+    else:
+        truth = write_simulated(args.out, config, layout=args.layout)
+        where = args.out
+    print(f"{where}: {truth.tokens:,} tokens in {truth.sequences:,} sequences ({args.regime})")
     return 0
 
 
@@ -910,7 +935,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a realistic dump with known ground truth",
         description="Write a simulated paired logprob dump; see `iscore simulate --list-regimes`.",
     )
-    p.add_argument("out", nargs="?", help="output Parquet file")
+    p.add_argument(
+        "out",
+        nargs="?",
+        help="output Parquet file, or a new folder (a name without a suffix) for a run of "
+        "step files, OUT_DIR/step_000123/rank_0000.parquet, as a training loop writes them",
+    )
     p.add_argument("--regime", default="dense_bf16", help="mismatch regime (default %(default)s)")
     p.add_argument("--layout", choices=("sequence", "token"), default="sequence")
     p.add_argument("--sequences", type=int, help="sequences per step")
@@ -930,6 +960,29 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="logit noise (nats) between the trainer and the current policy: adds a "
         "policy_logprob column, for bypass and current-policy settings; default 0 (none)",
+    )
+    p.add_argument(
+        "--grow-from",
+        type=int,
+        metavar="STEP",
+        help="from this step on, the trainer noise grows by --growth per step (the mismatch "
+        "begins to grow); recorded in each file's metadata",
+    )
+    p.add_argument(
+        "--growth", type=float, help="the factor --grow-from grows the noise by per step (1.5)"
+    )
+    p.add_argument(
+        "--broken-from",
+        type=int,
+        metavar="STEP",
+        help="broken sequences (--broken-share of each step, 4%% if not given) from this step on",
+    )
+    p.add_argument("--ranks", type=int, help="a run folder's files per step (default 1)")
+    p.add_argument(
+        "--every",
+        type=float,
+        metavar="SECONDS",
+        help="a run folder: wait this long before each step, as a job still writing",
     )
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=_cmd_simulate)

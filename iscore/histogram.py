@@ -13,6 +13,7 @@ counts, so statistics over a dump read in chunks equal those of the dump read wh
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -157,6 +158,83 @@ class LogHistogram:
             "underflow": self.underflow,
             "overflow": self.overflow,
         }
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Everything it holds as plain arrays (the bins in use only), for `from_state`.
+
+        >>> h = LogHistogram()
+        >>> h.update(torch.tensor([0.0, 0.5, 2.0]))
+        >>> LogHistogram.from_state(h.state()) == h
+        True
+        """
+        used = np.flatnonzero(self.counts)
+        return {
+            "bins": used.astype(np.int32),
+            "counts": self.counts[used],
+            "tallies": np.array([self.zeros, self.underflow, self.overflow, self.nan], np.int64),
+            "extremes": np.array([self.min, self.max, self.min_positive], np.float64),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, np.ndarray]) -> LogHistogram:
+        """The histogram `state` describes.
+
+        Raises:
+            ValueError: `state` is not one `state()` wrote (missing arrays, wrong types,
+                bins out of range, negative counts).
+        """
+        bins = checked(state, "bins", "i", (-1,))
+        counts = checked(state, "counts", "i", bins.shape)
+        tallies = checked(state, "tallies", "i", (4,))
+        extremes = checked(state, "extremes", "f", (3,))
+        if bins.size and (bins.min() < 0 or bins.max() >= _BINS or np.any(np.diff(bins) <= 0)):
+            raise ValueError("histogram bins out of range or out of order")
+        if (counts < 0).any() or (tallies < 0).any():
+            raise ValueError("negative histogram counts")
+        hist = cls()
+        hist.counts[bins] = counts
+        hist.zeros, hist.underflow, hist.overflow, hist.nan = (int(v) for v in tallies)
+        hist.min, hist.max, hist.min_positive = (float(v) for v in extremes)
+        return hist
+
+    def __eq__(self, other: object) -> bool:
+        """The same counts and extremes (NaN-free: `min` and `max` are of finite values)."""
+        scalars = ("zeros", "underflow", "overflow", "nan", "min", "max", "min_positive")
+        return (
+            isinstance(other, LogHistogram)
+            and np.array_equal(self.counts, other.counts)
+            and all(getattr(self, k) == getattr(other, k) for k in scalars)
+        )
+
+
+def count(values: torch.Tensor, *hists: LogHistogram) -> None:
+    """Count `values` in each of `hists`, binning them once."""
+    binned = bin_values(values, keep_index=False)
+    for hist in hists:
+        if binned is None:
+            hist._update_exact(values.detach().flatten().double())
+        else:
+            hist.add(binned)
+
+
+def checked(
+    state: Mapping[str, np.ndarray], name: str, kind: str, shape: tuple[int, ...]
+) -> np.ndarray:
+    """`state[name]`, checked to be a numpy array of dtype kind `kind` ("i" integers, "f"
+    floats, "u" bytes) and of `shape` (-1: any length).
+
+    Raises:
+        ValueError: it is missing, or of another kind or shape.
+    """
+    value = state.get(name)
+    kinds = {"i": "iu", "f": "f", "u": "u"}[kind]
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds:
+        raise ValueError(f"{name}: expected a numpy array of kind {kind!r}")
+    if value.ndim != len(shape) or any(
+        e not in (-1, v) for e, v in zip(shape, value.shape, strict=True)
+    ):
+        raise ValueError(f"{name}: expected shape {shape}, found {value.shape}")
+    return value
 
 
 _BINS = int((LOG10_RANGE[1] - LOG10_RANGE[0]) * BINS_PER_DECADE)
@@ -346,6 +424,27 @@ class Histogram2D:
 
     def merge(self, other: Histogram2D) -> None:
         self.counts += other.counts
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The cells in use as plain arrays, for `from_state` (the grid is fixed by the
+        caller)."""
+        used = np.flatnonzero(self.counts)
+        return {"cells": used.astype(np.int32), "counts": self.counts.ravel()[used]}
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Take the counts `state()` wrote (of a histogram on this grid).
+
+        Raises:
+            ValueError: `state` is not one `state()` of this grid wrote.
+        """
+        cells = checked(state, "cells", "i", (-1,))
+        counts = checked(state, "counts", "i", cells.shape)
+        if cells.size and (cells.min() < 0 or cells.max() >= self.counts.size):
+            raise ValueError("histogram cells out of range")
+        if (counts < 0).any() or np.unique(cells).size != cells.size:
+            raise ValueError("negative or repeated histogram cells")
+        self.counts[...] = 0
+        self.counts.ravel()[cells] = counts
 
 
 _ABS_MARGIN = 1e-5

@@ -193,13 +193,23 @@ class Band:
     def of(cls, values: Sequence[float]) -> Band:
         """The band of the first `EARLY_STEPS` of `values` (a third of them if fewer);
         values are floored at 1e-12 (a k3 below is no mismatch)."""
-        early = max(1, min(EARLY_STEPS, len(values) // 3))
+        early = early_steps(len(values))
         logs = np.log(np.maximum(np.asarray(values[:early], dtype=float), 1e-12))
         center, spread = median_mad(logs)
         return cls(early, math.exp(center), math.exp(center + max(Z_RISE * spread, _LOG_RISE)))
 
 
 _LOG_RISE = math.log(RISE_FACTOR)
+
+
+def early_steps(n: int) -> int:
+    """How many of a run's `n` steps are its early ones: `EARLY_STEPS`, or a third of them
+    if fewer (at least one).
+
+    >>> early_steps(100), early_steps(12), early_steps(2)
+    (8, 4, 1)
+    """
+    return max(1, min(EARLY_STEPS, n // 3))
 
 
 def first_rise(values: Sequence[float]) -> int | None:

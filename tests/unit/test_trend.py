@@ -1,0 +1,137 @@
+"""The trend of a run: its per-step table and the events found in it, on simulated runs whose
+scheduled change (`iscore simulate --grow-from / --broken-from`) is known."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from iscore.analysis import analyze
+from iscore.dump import Dump
+from iscore.impact import SettingStats
+from iscore.mismatch import MismatchStats
+from iscore.settings import replay, resolve
+from iscore.simulate import SimConfig, read_truth, write_run, write_simulated
+
+SETTINGS = ["skyrl:skyrl_geo_mask", "verl:decoupled_token_is"]
+
+
+def _run(tmp_path_factory, ranks: int = 1, **config) -> tuple:
+    folder = tmp_path_factory.mktemp("run") / "run"
+    write_run(folder, SimConfig(sequences=48, median_len=200, **config), ranks=ranks)
+    return folder, analyze(folder, SETTINGS)
+
+
+def _events(analysis) -> list[tuple[str, int]]:
+    return [(e.kind, e.step) for e in analysis.trend.events if e.kind != "setting_degrades"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_growth_is_found_within_three_steps_of_where_it_began(tmp_path_factory, seed):
+    folder, a = _run(tmp_path_factory, steps=20, seed=seed, grow_from=12)
+    grow_from = read_truth(next(folder.rglob("*.parquet"))).config.grow_from
+    (growth,) = _events(a)
+    assert growth[0] == "growth" and grow_from <= growth[1] <= grow_from + 3
+    # The drift flag is the same rise, from the same step.
+    (drift,) = [f for f in a.mismatch["flags"] if f["code"] == "drift"]
+    assert f"rises from step {growth[1]} on" in drift["message"]
+
+
+@pytest.mark.parametrize(("seed", "regime", "ranks"), [(4, "dense_bf16", 1), (5, "fp8", 2)])
+def test_broken_sequences_are_found_at_the_step_they_appear(tmp_path_factory, seed, regime, ranks):
+    _, a = _run(
+        tmp_path_factory,
+        ranks,
+        steps=14,
+        seed=seed,
+        regime=regime,
+        broken_from=10,
+        broken_share=0.06,
+    )
+    assert _events(a) == [("broken_sequences", 10)]  # and not taken for growth
+    counts = [row["broken_sequences"] for row in a.trend.rows]
+    assert counts[:10] == [0] * 10 and min(counts[10:]) >= 1
+
+
+@pytest.mark.parametrize(("seed", "regime"), [(6, "dense_bf16"), (7, "moe_routing"), (8, "fp8")])
+def test_a_flat_run_has_no_event(tmp_path_factory, seed, regime):
+    _, a = _run(tmp_path_factory, steps=16, seed=seed, regime=regime)
+    assert a.trend.events == ()
+    assert not [f for f in a.mismatch["flags"] if f["code"] == "drift"]
+
+
+def test_an_offset_is_found_at_its_first_step(tmp_path_factory):
+    _, a = _run(tmp_path_factory, steps=4, seed=9, regime="offset_bug")
+    assert _events(a) == [("offset", 0)]
+    assert "<e^d> = 0.97" in a.trend.events[0].evidence
+
+
+def test_a_setting_that_stops_meeting_the_targets_is_named_from_that_step(tmp_path_factory):
+    """A geometric mask that keeps every sequence on the early steps drops most of them
+    once the mismatch grows; token TIS stays within the targets."""
+    _, a = _run(tmp_path_factory, steps=20, seed=10, grow_from=12)
+    (event,) = [e for e in a.trend.events if e.kind == "setting_degrades"]
+    assert event.setting == "skyrl_geo_mask" and 12 <= event.step <= 15
+    assert event.metric.startswith("skyrl_geo_mask_")
+    masked = [row["skyrl_geo_mask_seq_masked_fraction"] for row in a.trend.rows]
+    assert max(masked[:12]) <= 0.05 and min(masked[event.step :]) > 0.05
+
+
+def test_the_trend_table_joins_the_by_step_tables(tmp_path_factory):
+    _, a = _run(tmp_path_factory, steps=5, seed=11)
+    table = a.trend.table()
+    assert table.column_names == a.trend.columns
+    assert table["step"].to_pylist() == a.source["steps"]
+    assert table["k3"].to_pylist() == [row["k3"] for row in a.mismatch["by_step"]]
+    lr = [row["lr_scale"] for row in a.settings[1]["by_step"]]
+    assert table["decoupled_token_is_lr_scale"].to_pylist() == lr
+    doc = a.to_dict()["trend"]
+    assert doc["columns"] == a.trend.columns and len(doc["steps"]) == 5
+    assert doc["settings"][0] == {"name": "skyrl_geo_mask", "prefix": "skyrl_geo_mask"}
+
+
+def test_an_analysis_streamed_in_chunks_equals_the_whole_exactly(tmp_path):
+    """Each step is analyzed on its own, so where the chunks end changes nothing, not even
+    the last digit (the JSON, byte for byte)."""
+    path = tmp_path / "d.parquet"
+    write_simulated(path, SimConfig("moe_routing", sequences=24, steps=5, median_len=150, seed=12))
+    whole = analyze(path, SETTINGS, max_tokens=10**9).to_dict()
+    streamed = analyze(path, SETTINGS, max_tokens=3000).to_dict()
+    assert json.dumps(streamed, sort_keys=True) == json.dumps(whole, sort_keys=True)
+
+
+def test_accumulator_states_round_trip(tmp_path):
+    path = tmp_path / "d.parquet"
+    write_simulated(path, SimConfig("fp8", sequences=16, steps=3, median_len=100, seed=13))
+    spec = resolve("verl:decoupled_geo_rs_token_tis")
+    mismatch, setting = MismatchStats(), SettingStats(spec)
+    for batch in Dump(path).batches(whole_steps=True):
+        mismatch.update(batch)
+        setting.update(batch, replay(batch, spec))
+    back = MismatchStats.from_state(mismatch.state())
+    assert json.dumps(back.compute(), default=str) == json.dumps(mismatch.compute(), default=str)
+    again = SettingStats.from_state(spec, setting.state())
+    assert json.dumps(again.compute(), default=str) == json.dumps(setting.compute(), default=str)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda s: s.pop("seq.k3"),
+        lambda s: s.update({"seq.k3": s["seq.k3"][:-1]}),
+        lambda s: s.update({"step": s["step"].astype(np.float64)}),
+        lambda s: s.update({"seq_id": s["seq_id"][:-7]}),
+        lambda s: s.update({"abs_hist.bins": s["abs_hist.bins"] + 10**6}),
+        lambda s: s.update({"abs_hist.counts": -s["abs_hist.counts"]}),
+        lambda s: s.update({"worst.values": s["worst.values"][:3]}),
+    ],
+)
+def test_a_damaged_state_is_refused(damage):
+    stats = MismatchStats()
+    stats.update(Dump("data/drift.parquet").load())
+    state = stats.state()
+    damage(state)
+    with pytest.raises(ValueError):
+        MismatchStats.from_state(state)

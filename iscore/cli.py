@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from iscore.batch import TokenBatch
     from iscore.dump import Dump, StepRange
+    from iscore.store import ResultStore
 
 # The commands import what they use when they run, and torch loads when it is first used:
 # `iscore --help`, a mistyped option, `presets` and `validate` answer without it (measured by
@@ -302,9 +303,15 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         args, extras=args.sequences is not None, outputs=("--json", "--html", "--sequences")
     )
     table = None if args.sequences is None else SequenceTable(read_schema(dump), specs)
+    store = _store(args)
     with _progress(dump, "analyze", args) as bar:
         result = analyze(
-            dump, specs, max_tokens=args.chunk_tokens, progress=bar.update, sequences=table
+            dump,
+            specs,
+            max_tokens=args.chunk_tokens,
+            progress=bar.update,
+            sequences=table,
+            store=store,
         )
     written = []
     for path, write in (
@@ -333,8 +340,37 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         )
     for path in written:
         print(f"wrote {path}")
+    if store is not None and (store.reads or store.writes):
+        print(
+            f"results store {store.folder}: read {counted(store.reads, 'entry', 'entries')}, "
+            f"wrote {counted(store.writes, 'entry', 'entries')}",
+            file=sys.stderr,
+        )
     _dropped(dump)
     return 0
+
+
+def _store(args: argparse.Namespace) -> ResultStore | None:
+    """The results store the arguments name: --cache-dir, else the user's cache; none with
+    --no-cache."""
+    from iscore.store import ResultStore, default_folder
+
+    if args.no_cache:
+        return None
+    return ResultStore(args.cache_dir or default_folder())
+
+
+def _add_cache_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="keep each step's results here and read back those of files that have not "
+        "changed (default: $XDG_CACHE_HOME/iscore, else ~/.cache/iscore; docs/runs.md)",
+    )
+    group.add_argument(
+        "--no-cache", action="store_true", help="read and compute everything; keep nothing"
+    )
 
 
 def _cmd_sequences(args: argparse.Namespace) -> int:
@@ -759,6 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT.parquet|csv",
         help="also write the sequence table (as `iscore sequences` does), from the same pass",
     )
+    _add_cache_options(p)
     p.set_defaults(func=_cmd_analyze)
 
     p = sub.add_parser(

@@ -267,6 +267,24 @@ class Part:
         return sum(steps.size for steps in self.mismatch.steps)
 
 
+def parts(
+    dump: Dump,
+    specs: Sequence[Spec],
+    *,
+    store: ResultStore | None = None,
+    max_tokens: int = DEFAULT_CHUNK_TOKENS,
+    device: str | torch.device | None = None,
+) -> Iterator[Part]:
+    """What each run of one step's sequences of `dump` adds to an analysis of `specs`, in
+    the order read: from `store` where it holds them (`storable`), else computed (and kept
+    there). `analyze` merges them; a followed run (`iscore.follow`) merges new ones as they
+    come."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if store is not None and storable(dump):
+        return _stored_parts(dump, specs, store, device, max_tokens, [])
+    return _fresh_parts(dump.batches(max_tokens, whole_steps=True), specs, None, device)
+
+
 def storable(dump: Dump) -> bool:
     """Whether an analysis of `dump` can go through a results store: its files are on disk
     and every sequence read is analyzed (a `where` predicate and `drop_invalid` choose

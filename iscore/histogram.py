@@ -160,7 +160,9 @@ class LogHistogram:
         }
 
     def state(self) -> dict[str, np.ndarray]:
-        """Everything it holds as plain arrays (the bins in use only), for `from_state`.
+        """Everything it holds as two plain arrays, for `from_state`: `bins`, int64 [2, k]
+        (each bin in use and its count) and `scalars`, float64 [7] (zeros, underflow,
+        overflow, nan, min, max, min_positive).
 
         >>> h = LogHistogram()
         >>> h.update(torch.tensor([0.0, 0.5, 2.0]))
@@ -168,12 +170,11 @@ class LogHistogram:
         True
         """
         used = np.flatnonzero(self.counts)
-        return {
-            "bins": used.astype(np.int32),
-            "counts": self.counts[used],
-            "tallies": np.array([self.zeros, self.underflow, self.overflow, self.nan], np.int64),
-            "extremes": np.array([self.min, self.max, self.min_positive], np.float64),
-        }
+        return {"bins": np.stack([used, self.counts[used]]), "scalars": self._scalars()}
+
+    def _scalars(self) -> np.ndarray:
+        names = ("zeros", "underflow", "overflow", "nan", "min", "max", "min_positive")
+        return np.array([getattr(self, name) for name in names], np.float64)
 
     @classmethod
     def from_state(cls, state: Mapping[str, np.ndarray]) -> LogHistogram:
@@ -183,19 +184,27 @@ class LogHistogram:
             ValueError: `state` is not one `state()` wrote (missing arrays, wrong types,
                 bins out of range, negative counts).
         """
-        bins = checked(state, "bins", "i", (-1,))
-        counts = checked(state, "counts", "i", bins.shape)
-        tallies = checked(state, "tallies", "i", (4,))
-        extremes = checked(state, "extremes", "f", (3,))
-        if bins.size and (bins.min() < 0 or bins.max() >= _BINS or np.any(np.diff(bins) <= 0)):
-            raise ValueError("histogram bins out of range or out of order")
-        if (counts < 0).any() or (tallies < 0).any():
-            raise ValueError("negative histogram counts")
         hist = cls()
-        hist.counts[bins] = counts
-        hist.zeros, hist.underflow, hist.overflow, hist.nan = (int(v) for v in tallies)
-        hist.min, hist.max, hist.min_positive = (float(v) for v in extremes)
+        hist._load(checked(state, "bins", "i", (2, -1)), checked(state, "scalars", "f", (7,)))
         return hist
+
+    def _load(self, bins: np.ndarray, scalars: np.ndarray) -> None:
+        index, counts = bins
+        # Strictly increasing bins in range, counts >= 0: checked in few numpy calls (a
+        # store holds thousands of these).
+        if index.size and (
+            index[0] < 0 or index[-1] >= _BINS or (np.diff(index).min(initial=1) <= 0)
+        ):
+            raise ValueError("histogram bins out of range or out of order")
+        if index.size and counts.min() < 0:
+            raise ValueError("negative histogram counts")
+        zeros, underflow, overflow, nan, low, high, positive = scalars.tolist()
+        tallies = (zeros, underflow, overflow, nan)
+        if min(tallies) < 0 or any(t != int(t) for t in tallies):
+            raise ValueError("negative or fractional histogram counts")
+        self.counts[index] = counts
+        self.zeros, self.underflow, self.overflow, self.nan = (int(t) for t in tallies)
+        self.min, self.max, self.min_positive = low, high, positive
 
     def __eq__(self, other: object) -> bool:
         """The same counts and extremes (NaN-free: `min` and `max` are of finite values)."""
@@ -205,6 +214,42 @@ class LogHistogram:
             and np.array_equal(self.counts, other.counts)
             and all(getattr(self, k) == getattr(other, k) for k in scalars)
         )
+
+
+def keyed_state(hists: Mapping[int, LogHistogram]) -> dict[str, np.ndarray]:
+    """Histograms keyed by an integer (a step) as two plain arrays, for `from_keyed_state`:
+    `bins`, int64 [3, k] (key, bin, count of each bin in use) and `scalars`, float64 [n, 8]
+    (the key, then `LogHistogram.state`'s scalars)."""
+    bins = [
+        np.stack([np.full(used.size, key), used, hist.counts[used]])
+        for key, hist in hists.items()
+        for used in (np.flatnonzero(hist.counts),)
+    ]
+    scalars = [np.r_[key, hist._scalars()] for key, hist in hists.items()]
+    return {
+        "bins": np.concatenate(bins, axis=1) if bins else np.zeros((3, 0), np.int64),
+        "scalars": np.stack(scalars) if scalars else np.zeros((0, 8)),
+    }
+
+
+def from_keyed_state(state: Mapping[str, np.ndarray]) -> dict[int, LogHistogram]:
+    """The histograms `keyed_state` wrote.
+
+    Raises:
+        ValueError: `state` is not one `keyed_state` wrote.
+    """
+    bins = checked(state, "bins", "i", (3, -1))
+    scalars = checked(state, "scalars", "f", (-1, 8))
+    out: dict[int, LogHistogram] = {}
+    for row in scalars:
+        key = int(row[0])
+        if key in out or key != row[0]:
+            raise ValueError("histogram keys repeated or not integers")
+        out[key] = hist = LogHistogram()
+        hist._load(bins[1:, bins[0] == key], row[1:])
+    if not np.isin(bins[0], list(out)).all():
+        raise ValueError("histogram bins of no histogram")
+    return out
 
 
 def count(values: torch.Tensor, *hists: LogHistogram) -> None:
@@ -426,10 +471,10 @@ class Histogram2D:
         self.counts += other.counts
 
     def state(self) -> dict[str, np.ndarray]:
-        """The cells in use as plain arrays, for `from_state` (the grid is fixed by the
-        caller)."""
+        """The cells in use as one plain array, for `load_state`: `cells`, int64 [2, k] (each
+        cell in use, row-major, and its count; the grid is fixed by the caller)."""
         used = np.flatnonzero(self.counts)
-        return {"cells": used.astype(np.int32), "counts": self.counts.ravel()[used]}
+        return {"cells": np.stack([used, self.counts.ravel()[used]])}
 
     def load_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Take the counts `state()` wrote (of a histogram on this grid).
@@ -437,8 +482,7 @@ class Histogram2D:
         Raises:
             ValueError: `state` is not one `state()` of this grid wrote.
         """
-        cells = checked(state, "cells", "i", (-1,))
-        counts = checked(state, "counts", "i", cells.shape)
+        cells, counts = checked(state, "cells", "i", (2, -1))
         if cells.size and (cells.min() < 0 or cells.max() >= self.counts.size):
             raise ValueError("histogram cells out of range")
         if (counts < 0).any() or np.unique(cells).size != cells.size:

@@ -27,7 +27,7 @@ multiplies a token's loss, 0 where a mask drops it; raw = `Replay.raw`):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,17 +142,22 @@ class SettingStats:
 
     def merge(self, other: SettingStats) -> None:
         """Add another accumulator's chunks after these."""
-        self.raw_hist.merge(other.raw_hist)
-        self.weight_hist.merge(other.weight_hist)
+        if self.histograms:
+            self.raw_hist.merge(other.raw_hist)
+            self.weight_hist.merge(other.weight_hist)
         for name in _SEQ_FIELDS:
             self.seq[name].extend(other.seq[name])
         self.steps.extend(other.steps)
 
     def state(self) -> dict[str, np.ndarray]:
-        """Everything it holds as plain numpy arrays, for `from_state` (the setting itself is
-        not in it): what a results store keeps of a chunk."""
+        """Everything it holds as a few plain numpy arrays, for `from_state` (the setting
+        itself is not in it): what a results store keeps of a chunk. `seq` is float64
+        [fields, B], the per-sequence sums in the order of `_SEQ_FIELDS`."""
         s = self.sequences()
-        out = {f"seq.{k}": s[k] for k in _SEQ_FIELDS} | {"step": s["step"].astype(np.int64)}
+        out = {
+            "seq": np.stack([s[k] for k in _SEQ_FIELDS]).reshape(len(_SEQ_FIELDS), -1),
+            "step": s["step"].astype(np.int64),
+        }
         if self.histograms:
             for name in ("raw_hist", "weight_hist"):
                 out |= {f"{name}.{k}": v for k, v in getattr(self, name).state().items()}
@@ -162,7 +167,8 @@ class SettingStats:
     def from_state(
         cls, spec: Spec, state: Mapping[str, np.ndarray], histograms: bool = True
     ) -> SettingStats:
-        """The accumulator of `spec` that `state` describes (see `state`).
+        """The accumulator of `spec` that `state` describes (see `state`); without
+        `histograms`, the per-sequence sums alone (`quick_stats`' kind).
 
         Raises:
             ValueError: `state` is not one `state()` wrote (an array missing, of another
@@ -171,9 +177,8 @@ class SettingStats:
         stats = cls(spec, histograms)
         steps = checked(state, "step", "i", (-1,))
         stats.steps = [steps.astype(np.int64)]
-        for name in _SEQ_FIELDS:
-            values = checked(state, f"seq.{name}", "f", steps.shape)
-            stats.seq[name] = [values.astype(np.float64)]
+        seq = checked(state, "seq", "f", (len(_SEQ_FIELDS), steps.size)).astype(np.float64)
+        stats.seq = {name: [seq[i]] for i, name in enumerate(_SEQ_FIELDS)}
         if histograms:
             for name in ("raw_hist", "weight_hist"):
                 prefix = f"{name}."
@@ -186,6 +191,15 @@ class SettingStats:
         out = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.seq.items()}
         out["step"] = np.concatenate(self.steps) if self.steps else np.zeros(0, np.int64)
         return out
+
+    def by_step(
+        self, sequences: dict[str, np.ndarray] | None = None, steps: Collection[int] | None = None
+    ) -> list[dict[str, Any]]:
+        """The per-step rows of `compute()["by_step"]`, of `steps` only where given, from
+        `sequences()` when at hand."""
+        s = sequences if sequences is not None else self.sequences()
+        chosen = None if steps is None else np.isin(s["step"], np.fromiter(steps, np.int64))
+        return _by_step(s, self.aggregation, chosen)
 
     def compute(self) -> dict[str, Any]:
         """The setting's statistics: overall, `by_step`, `by_length`, quantiles, histograms."""
@@ -206,7 +220,7 @@ class SettingStats:
             result[f"{label}_min"] = hist.min if hist.total else float("nan")
             result[f"{label}_max"] = hist.max if hist.total else float("nan")
             result[f"{label}_hist"] = hist.coarse(plot_resolution(hist))
-        result["by_step"] = _by_step(s, self.aggregation)
+        result["by_step"] = self.by_step(s)
         result["by_length"] = _by_length(s, self.aggregation)
         return result
 
@@ -370,10 +384,13 @@ def _lr_scale(T: np.ndarray, w: np.ndarray, kept: np.ndarray, agg: Aggregation) 
     return float(w.sum() / denominator) if denominator > 0 else 0.0
 
 
-def _by_step(s: dict[str, np.ndarray], agg: Aggregation) -> list[dict[str, Any]]:
-    """The scalar statistics per training step, ascending."""
+def _by_step(
+    s: dict[str, np.ndarray], agg: Aggregation, chosen: np.ndarray | None = None
+) -> list[dict[str, Any]]:
+    """The scalar statistics per training step (of the `chosen` sequences), ascending."""
     return [
-        {"step": int(step), **_summarize(group, agg)} for step, group in ops.groups(s, s["step"])
+        {"step": int(step), **_summarize(group, agg)}
+        for step, group in ops.groups(s, s["step"], chosen)
     ]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,6 +37,8 @@ from iscore.histogram import (
     bucket_label,
     checked,
     count,
+    from_keyed_state,
+    keyed_state,
     log2_bucket,
     plot_resolution,
 )
@@ -330,19 +332,24 @@ class MismatchStats:
         self.noise.extend(other.noise)
 
     def state(self) -> dict[str, np.ndarray]:
-        """Everything it holds as plain numpy arrays (ids as Arrow IPC bytes), for
-        `from_state`: what a results store keeps of a chunk.
+        """Everything it holds as a few plain numpy arrays (ids as Arrow IPC bytes), for
+        `from_state`: what a results store keeps of a chunk. `seq` is float64 [fields, B],
+        the per-sequence sums in the order of `_SEQ_FIELDS`.
 
         >>> stats = MismatchStats(); stats.update(iscore.load("data/fp8.parquet"))  # doctest: +SKIP
         >>> MismatchStats.from_state(stats.state()).compute() == stats.compute()  # doctest: +SKIP
         True
         """
         s = self.sequences()
-        out = {f"seq.{k}": s[k] for k in _SEQ_FIELDS}
-        out["step"] = s["step"].astype(np.int64)
-        out["seq_id"] = _ipc(s["seq_id"])
-        out |= {"by_prob": self.by_prob, "by_pos": self.by_pos}
-        out |= {"regression": self.regression, "signs": self.signs.astype(np.int64)}
+        out = {
+            "seq": np.stack([s[k] for k in _SEQ_FIELDS]).reshape(len(_SEQ_FIELDS), -1),
+            "step": s["step"].astype(np.int64),
+            "seq_id": _ipc(s["seq_id"]),
+            "by_prob": self.by_prob,
+            "by_pos": self.by_pos,
+            "regression": self.regression,
+            "signs": self.signs.astype(np.int64),
+        }
         for name in ("abs_hist", "neg_hist", "joint"):
             out |= {f"{name}.{k}": v for k, v in getattr(self, name).state().items()}
         worst = self.worst_tokens
@@ -353,13 +360,10 @@ class MismatchStats:
         out["worst.values"] = np.array(
             [[w["rollout_logprob"], w["train_logprob"], w["d"]] for w in worst], np.float64
         ).reshape(-1, 3)
-        out["noise.step"] = np.array([step for step, _ in self.noise], np.int64)
-        out["noise.values"] = np.array(
-            [[n.center, n.spread, n.tokens] for _, n in self.noise], np.float64
-        ).reshape(-1, 3)
-        out["step_hist.steps"] = np.array(list(self.step_hists), np.int64)
-        for i, hist in enumerate(self.step_hists.values()):
-            out |= {f"step_hist.{i}.{k}": v for k, v in hist.state().items()}
+        out["noise"] = np.array(
+            [[step, n.center, n.spread, n.tokens] for step, n in self.noise], np.float64
+        ).reshape(-1, 4)
+        out |= {f"step_hist.{k}": v for k, v in keyed_state(self.step_hists).items()}
         return out
 
     @classmethod
@@ -373,8 +377,8 @@ class MismatchStats:
         stats = cls()
         steps = checked(state, "step", "i", (-1,))
         b = steps.size
-        for name in _SEQ_FIELDS:
-            stats.seq[name] = [checked(state, f"seq.{name}", "f", (b,)).astype(np.float64)]
+        seq = checked(state, "seq", "f", (len(_SEQ_FIELDS), b)).astype(np.float64)
+        stats.seq = {name: [seq[i]] for i, name in enumerate(_SEQ_FIELDS)}
         stats.steps = [steps.astype(np.int64)]
         seq_id = _from_ipc(checked(state, "seq_id", "u", (-1,)))
         if len(seq_id) != b:
@@ -401,16 +405,15 @@ class MismatchStats:
                 "train_logprob": float(t),
                 "d": float(d),
             }
-            for (step, pos), sid, (r, t, d) in zip(index, ids, values, strict=True)
+            for (step, pos), sid, (r, t, d) in zip(
+                index.tolist(), ids, values.tolist(), strict=True
+            )
         ]
-        noise_steps = checked(state, "noise.step", "i", (-1,))
-        noise = checked(state, "noise.values", "f", (noise_steps.size, 3))
         stats.noise = [
-            (int(step), Noise(float(c), float(sp), int(n)))
-            for step, (c, sp, n) in zip(noise_steps, noise, strict=True)
+            (int(step), Noise(center, spread, int(n)))
+            for step, center, spread, n in checked(state, "noise", "f", (-1, 4)).tolist()
         ]
-        for i, step in enumerate(checked(state, "step_hist.steps", "i", (-1,)).tolist()):
-            stats.step_hists[step] = LogHistogram.from_state(_prefixed(state, f"step_hist.{i}"))
+        stats.step_hists = from_keyed_state(_prefixed(state, "step_hist"))
         return stats
 
     def sequences(self) -> dict[str, np.ndarray]:
@@ -426,17 +429,7 @@ class MismatchStats:
         s = self.sequences()
         numbers = {k: v for k, v in s.items() if k != "seq_id"}
         result = _summarize(numbers)
-        noise: dict[int, list[Noise]] = {}
-        for step, part in self.noise:
-            noise.setdefault(step, []).append(part)
-        result["by_step"] = [
-            {
-                "step": int(step),
-                **_summarize(group),
-                **_step_noise(group, self.step_hists.get(int(step)), noise.get(int(step))),
-            }
-            for step, group in ops.groups(numbers, s["step"])
-        ]
+        result["by_step"] = self.by_step(numbers)
         result["by_length"] = self._by_length(numbers, result)
         result["by_prob"] = _bucket_rows(
             self.by_prob,
@@ -462,6 +455,26 @@ class MismatchStats:
         result["worst_tokens"] = list(self.worst_tokens)
         result["flags"] = _flags(result, self.regression, self.signs)
         return result
+
+    def by_step(
+        self, sequences: dict[str, np.ndarray] | None = None, steps: Collection[int] | None = None
+    ) -> list[dict[str, Any]]:
+        """The per-step rows of `compute()["by_step"]`, of `steps` only where given (what a
+        followed run recomputes as its steps grow), from `sequences()` when at hand."""
+        s = sequences if sequences is not None else self.sequences()
+        chosen = None if steps is None else np.isin(s["step"], np.fromiter(steps, np.int64))
+        noise: dict[int, list[Noise]] = {}
+        for step, part in self.noise:
+            noise.setdefault(step, []).append(part)
+        numbers = {k: v for k, v in s.items() if k != "seq_id"}
+        return [
+            {
+                "step": int(step),
+                **_summarize(group),
+                **_step_noise(group, self.step_hists.get(int(step)), noise.get(int(step))),
+            }
+            for step, group in ops.groups(numbers, s["step"], chosen)
+        ]
 
     @staticmethod
     def _by_length(s: dict[str, np.ndarray], overall: dict[str, Any]) -> list[dict[str, Any]]:

@@ -337,8 +337,9 @@ class SimConfig:
         regime = REGIMES[self.regime]
         sigma = regime.sigma * regime.sigma_growth**step
         if self.grow_from is not None and step >= self.grow_from:
-            sigma *= self.growth ** (step - self.grow_from + 1)
-        return sigma
+            # Beyond the cap on a position's noise, more growth changes nothing.
+            sigma *= self.growth ** min(step - self.grow_from + 1, 1000)
+        return min(sigma, _MAX_NOISE)
 
 
 @dataclass(frozen=True, slots=True)

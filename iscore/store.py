@@ -22,6 +22,7 @@ other's newest parts, never a file.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -138,6 +139,7 @@ def footer_complete(path: str | Path) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=1024)
 def setting_key(spec: Spec) -> str:
     """The `what` of a setting: a digest of its config (`framework` and the framework's own
     keys, not its display name), so that two names of one setting share their entries."""
@@ -276,6 +278,40 @@ class ResultStore:
             raise IscoreError(f"results store {self.folder}: cannot write: {e}") from e
         self.writes += 1
 
+    def _run_path(self, key: str) -> Path:
+        return self.root / "runs" / f"{key}.json"
+
+    def load_run(self, key: str) -> dict[str, Any] | None:
+        """The document `save_run` kept under `key`, or None where there is none, or it is
+        not one (its checksum fails, or it is not JSON)."""
+        try:
+            lines = self._run_path(key).read_text(encoding="utf-8").split("\n", 1)
+            checksum, text = lines
+            payload = json.loads(text) if _digest(key + text) == checksum else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(payload, dict):
+            return None
+        self.reads += 1
+        return payload
+
+    def save_run(self, key: str, payload: dict[str, Any]) -> None:
+        """Keep a followed run's per-step rows (a JSON document, strict: no NaN) under `key`,
+        replacing what was there: its SHA-256 on the first line, the document on the second.
+
+        Raises:
+            IscoreError: the folder cannot be written.
+        """
+        text = json.dumps(payload, allow_nan=False)
+        path = self._run_path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _beside(path) as tmp:
+                Path(tmp).write_text(f"{_digest(key + text)}\n{text}", encoding="utf-8")
+        except OSError as e:
+            raise IscoreError(f"results store {self.folder}: cannot write: {e}") from e
+        self.writes += 1
+
 
 @dataclass(frozen=True, slots=True)
 class Context:
@@ -291,7 +327,12 @@ class Context:
 
     @property
     def key(self) -> str:
-        return _digest(json.dumps([version("iscore"), FORMAT, self.columns, self.device]))
+        return _digest(json.dumps([_version(), FORMAT, self.columns, self.device]))
+
+
+@functools.cache
+def _version() -> str:
+    return version("iscore")
 
 
 def _entry_key(file: FileIdentity, context: str) -> str:
@@ -301,11 +342,10 @@ def _entry_key(file: FileIdentity, context: str) -> str:
 def _checksum(
     key: str, index: int, part: StoredPart, what: str, state: dict[str, np.ndarray]
 ) -> str:
-    digest = hashlib.sha256(json.dumps([key, index, part.step, part.run, what]).encode())
+    digest = hashlib.sha256(f"{key}|{index}|{part.step}|{part.run}|{what}".encode())
     for name, array in sorted(state.items()):
-        array = np.ascontiguousarray(array)
-        digest.update(json.dumps([name, array.dtype.str, list(array.shape)]).encode())
-        digest.update(array.tobytes())
+        digest.update(f"|{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()
 
 

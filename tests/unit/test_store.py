@@ -132,7 +132,7 @@ def test_a_state_that_does_not_make_an_accumulator_is_recomputed(run, tmp_path):
         context = Context(tuple(sorted(info.columns.source.items())), "cpu").key
         stored = store.load(identity, context)
         for part in stored.parts:
-            del part.states[MISMATCH]["seq.k3"]
+            del part.states[MISMATCH]["noise"]
         store.save(identity, context, stored)  # with checksums of what is left
     again = ResultStore(tmp_path / "cache")
     assert _doc(run, store=again) == fresh

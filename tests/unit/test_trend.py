@@ -119,13 +119,18 @@ def test_accumulator_states_round_trip(tmp_path):
 @pytest.mark.parametrize(
     "damage",
     [
-        lambda s: s.pop("seq.k3"),
-        lambda s: s.update({"seq.k3": s["seq.k3"][:-1]}),
+        lambda s: s.pop("seq"),
+        lambda s: s.update({"seq": s["seq"][:, :-1]}),
+        lambda s: s.update({"seq": s["seq"][:-1]}),
         lambda s: s.update({"step": s["step"].astype(np.float64)}),
         lambda s: s.update({"seq_id": s["seq_id"][:-7]}),
-        lambda s: s.update({"abs_hist.bins": s["abs_hist.bins"] + 10**6}),
-        lambda s: s.update({"abs_hist.counts": -s["abs_hist.counts"]}),
+        lambda s: s.update({"abs_hist.bins": s["abs_hist.bins"] + [[10**6], [0]]}),
+        lambda s: s.update({"abs_hist.bins": s["abs_hist.bins"] * [[1], [-1]]}),
+        lambda s: s.update({"abs_hist.scalars": s["abs_hist.scalars"] + 0.5}),
         lambda s: s.update({"worst.values": s["worst.values"][:3]}),
+        lambda s: s.update({"noise": s["noise"][:, :3]}),
+        lambda s: s.update({"step_hist.scalars": np.repeat(s["step_hist.scalars"][:1], 2, 0)}),
+        lambda s: s.update({"joint.cells": s["joint.cells"][:, [0, 0]]}),
     ],
 )
 def test_a_damaged_state_is_refused(damage):

@@ -140,3 +140,22 @@ def test_a_damaged_state_is_refused(damage):
     damage(state)
     with pytest.raises(ValueError):
         MismatchStats.from_state(state)
+
+
+def test_the_report_shows_the_trend_and_its_events(tmp_path_factory):
+    from iscore.figures import trend_figure
+    from iscore.report import render_html
+
+    _, a = _run(tmp_path_factory, steps=14, seed=14, broken_from=9, broken_share=0.06)
+    figure = trend_figure(a)
+    marks = [s["label"]["text"] for s in figure["layout"]["shapes"] if s["type"] == "line"]
+    assert marks[:2] == ["median of the first 4 steps", "the early band's edge"]
+    # At step 9, where the geometric mask drops them, beyond its 5% of sequences.
+    assert marks[2:] == ["broken sequences, setting degrades"]
+    assert [s["x0"] for s in figure["layout"]["shapes"][2:]] == [9]
+    assert figure["data"][1]["x"] == list(range(9, 14))  # steps with broken sequences
+    page = render_html(a)
+    assert "<b>Broken sequences appeared</b> from step 9: " in page
+    assert "id='fig-trend'" in page
+    flat = analyze("data/fp8.parquet", SETTINGS[:1])
+    assert "No event: the mismatch stays within" not in render_html(flat)  # one step: no trend

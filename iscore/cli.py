@@ -606,6 +606,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         device=args.device,
         path=args.dump,
         memory=not args.no_memory,
+        run_files=args.run_files,
         log=None if args.quiet else lambda line: print(line),
     )
     print(format_table(result))
@@ -1089,6 +1090,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: CUDA rows when present")
     p.add_argument("--chunk-tokens", type=_chunk_tokens, default=DEFAULT_CHUNK_TOKENS)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument(
+        "--run-files",
+        type=_chunk_tokens,
+        default=1000,
+        metavar="N",
+        help="step files of the simulated run analyzed again and followed (default %(default)s)",
+    )
     p.add_argument(
         "--where",
         action="append",

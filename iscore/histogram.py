@@ -252,16 +252,6 @@ def from_keyed_state(state: Mapping[str, np.ndarray]) -> dict[int, LogHistogram]
     return out
 
 
-def count(values: torch.Tensor, *hists: LogHistogram) -> None:
-    """Count `values` in each of `hists`, binning them once."""
-    binned = bin_values(values, keep_index=False)
-    for hist in hists:
-        if binned is None:
-            hist._update_exact(values.detach().flatten().double())
-        else:
-            hist.add(binned)
-
-
 def checked(
     state: Mapping[str, np.ndarray], name: str, kind: str, shape: tuple[int, ...]
 ) -> np.ndarray:

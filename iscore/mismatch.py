@@ -36,7 +36,6 @@ from iscore.histogram import (
     LogHistogram,
     bucket_label,
     checked,
-    count,
     from_keyed_state,
     keyed_state,
     log2_bucket,
@@ -145,7 +144,6 @@ class MismatchStats:
         default_factory=lambda: np.zeros((len(PROB_EDGES) - 1, len(_BUCKET_FIELDS)))
     )
     by_pos: np.ndarray = field(default_factory=lambda: np.zeros((32, len(_BUCKET_FIELDS))))
-    abs_hist: LogHistogram = field(default_factory=LogHistogram)
     # |d| of the loss tokens with d < 0: with `abs_hist` (all of them), the histogram of signed
     # d; the d > 0 side is the difference (`_signed_hist`).
     neg_hist: LogHistogram = field(default_factory=LogHistogram)
@@ -153,10 +151,20 @@ class MismatchStats:
     regression: np.ndarray = field(default_factory=lambda: np.zeros(6))  # n, x, x2, y, y2, xy
     signs: np.ndarray = field(default_factory=lambda: np.zeros(3, dtype=np.int64))  # <0, 0, >0
     worst_tokens: list[dict[str, Any]] = field(default_factory=list)
-    # Per step: the |d| histogram of its loss tokens, and the noise of each chunk's share of
-    # them (`Noise`: step, centre, spread, tokens), which the step's own noise combines.
+    # Per step: the |d| histogram of its loss tokens (together, `abs_hist`), and the noise of
+    # each chunk's share of them (`Noise`: step, centre, spread, tokens), which the step's own
+    # noise combines.
     step_hists: dict[int, LogHistogram] = field(default_factory=dict)
     noise: list[tuple[int, Noise]] = field(default_factory=list)
+
+    @property
+    def abs_hist(self) -> LogHistogram:
+        """The |d| histogram of every loss token: the sum of the steps' (a token is counted
+        in its step's alone)."""
+        total = LogHistogram()
+        for hist in self.step_hists.values():
+            total.merge(hist)
+        return total
 
     def update(self, batch: TokenBatch) -> None:
         """Add one chunk of whole sequences."""
@@ -251,11 +259,7 @@ class MismatchStats:
         loss_abs = absd if every else absd[m]
         for step, tokens in _loss_tokens_by_step(batch.step.cpu().numpy(), loss_T):
             hist = self.step_hists.setdefault(step, LogHistogram())
-            count(
-                loss_abs if tokens is None else loss_abs[torch.from_numpy(tokens)],
-                self.abs_hist,
-                hist,
-            )
+            hist.update(loss_abs if tokens is None else loss_abs[torch.from_numpy(tokens)])
             self.noise.append((step, Noise.of(loss_d if tokens is None else loss_d[tokens])))
         self.joint.update(
             batch.rollout if every else batch.rollout[m], batch.train if every else batch.train[m]
@@ -319,7 +323,6 @@ class MismatchStats:
         self.seq_ids.extend(other.seq_ids)
         self.by_prob += other.by_prob
         self.by_pos += other.by_pos
-        self.abs_hist.merge(other.abs_hist)
         self.neg_hist.merge(other.neg_hist)
         self.joint.merge(other.joint)
         self.regression += other.regression
@@ -350,7 +353,7 @@ class MismatchStats:
             "regression": self.regression,
             "signs": self.signs.astype(np.int64),
         }
-        for name in ("abs_hist", "neg_hist", "joint"):
+        for name in ("neg_hist", "joint"):
             out |= {f"{name}.{k}": v for k, v in getattr(self, name).state().items()}
         worst = self.worst_tokens
         out["worst.index"] = np.array([[w["step"], w["pos"]] for w in worst], np.int64).reshape(
@@ -388,7 +391,6 @@ class MismatchStats:
         stats.by_pos = checked(state, "by_pos", "f", stats.by_pos.shape).astype(np.float64)
         stats.regression = checked(state, "regression", "f", (6,)).astype(np.float64)
         stats.signs = checked(state, "signs", "i", (3,)).astype(np.int64)
-        stats.abs_hist = LogHistogram.from_state(_prefixed(state, "abs_hist"))
         stats.neg_hist = LogHistogram.from_state(_prefixed(state, "neg_hist"))
         stats.joint.load_state(_prefixed(state, "joint"))
         index = checked(state, "worst.index", "i", (-1, 2))
@@ -439,12 +441,13 @@ class MismatchStats:
         result["by_pos"] = _bucket_rows(
             self.by_pos, [f"{2**b - 1}-{2 ** (b + 1) - 2}" for b in range(32)]
         )
+        every = self.abs_hist
         result["abs_diff_quantiles"] = {
-            f"p{q * 100:g}": self.abs_hist.quantile(q) for q in (0.5, 0.9, 0.99, 0.999)
+            f"p{q * 100:g}": every.quantile(q) for q in (0.5, 0.9, 0.99, 0.999)
         }
-        per_decade = plot_resolution(self.abs_hist)
-        result["abs_diff_hist"] = self.abs_hist.coarse(per_decade)
-        result["signed_diff_hist"] = _signed_hist(self.abs_hist, self.neg_hist, per_decade)
+        per_decade = plot_resolution(every)
+        result["abs_diff_hist"] = every.coarse(per_decade)
+        result["signed_diff_hist"] = _signed_hist(every, self.neg_hist, per_decade)
         result["joint_hist"] = {
             "edges": self.joint.edges().tolist(),
             "counts": self.joint.counts.tolist(),

@@ -271,7 +271,7 @@ class ResultStore:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with _beside(path) as tmp:
-                options = pa.ipc.IpcWriteOptions(compression="lz4")
+                options = pa.ipc.IpcWriteOptions(compression=None)
                 with pa.ipc.new_file(tmp, table.schema, options=options) as writer:
                     writer.write_table(table)
         except OSError as e:

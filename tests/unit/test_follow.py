@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -164,16 +164,16 @@ def test_watch_once_prints_a_line_per_step_and_ctrl_c_stops_it(source, tmp_path,
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["step 0", "step 1", "step 2"]
     assert "| decoupled_token_is: masked 0.00%, LR " in lines[0]
-    watch = _watch(str(tmp_path / "empty"), "--interval", "0.2")
     (tmp_path / "empty").mkdir()
-    time.sleep(3)  # started, and waiting on the empty folder
+    watch = _watch(str(tmp_path / "empty"), "--interval", "0.2")
+    # Interrupted once it waits on the empty folder (its first line says so).
+    ready, _, _ = select.select([watch.stderr], [], [], 120)
+    waiting = watch.stderr.readline() if ready else ""
     watch.send_signal(signal.SIGINT)
     out, err = watch.communicate(timeout=60)
+    assert waiting == f"waiting for step files in {tmp_path / 'empty'} (Ctrl-C stops)\n"
     assert watch.returncode == 130 and out == ""
-    assert err.splitlines() == [
-        f"waiting for step files in {tmp_path / 'empty'} (Ctrl-C stops)",
-        "watch: interrupted",
-    ]
+    assert err.splitlines() == ["watch: interrupted"]
 
 
 def test_a_bad_alert_is_refused_before_anything_is_read(source, tmp_path, capsys):

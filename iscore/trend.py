@@ -134,7 +134,7 @@ class Trend:
         """The trend of an analysis: its `mismatch` and `settings` (the dicts of
         `iscore.analysis.Analysis`, computed for `specs`), with the `setting_degrades`
         events judged against `targets`."""
-        prefixes = setting_columns(specs)
+        prefixes = setting_columns(specs, number_repeats=True)
         rows = {
             r["step"]: {"step": r["step"], **_pick(r, MISMATCH_COLUMNS)}
             for r in mismatch["by_step"]

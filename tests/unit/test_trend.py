@@ -159,3 +159,12 @@ def test_the_report_shows_the_trend_and_its_events(tmp_path_factory):
     assert "id='fig-trend'" in page
     flat = analyze("data/fp8.parquet", SETTINGS[:1])
     assert "No event: the mismatch stays within" not in render_html(flat)  # one step: no trend
+
+
+def test_one_setting_twice_gets_two_sets_of_columns():
+    """Analyzing a preset beside itself with other thresholds (as the bench does) must work:
+    the trend numbers the repeat's columns where the sequence table refuses them."""
+    a = analyze("data/drift.parquet", ["verl:decoupled_geo_rs"] * 3)
+    prefix = "verl_decoupled_geo_rs"  # named with its framework, as two of one name are
+    assert a.trend.settings == (prefix, f"{prefix}_2", f"{prefix}_3")
+    assert f"{prefix}_3_lr_scale" in a.trend.table().column_names

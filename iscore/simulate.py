@@ -441,7 +441,7 @@ class SimTruth:
         ('dense_bf16', True, True)
         """
         return {
-            "config": asdict(self.config),
+            "config": _config_dict(self.config),
             "regime": asdict(self.regime),
             "tokens": self.tokens,
             "sequences": self.sequences,
@@ -462,6 +462,20 @@ class SimTruth:
                 StepTruth(**{**s, "kl_train_rollout": math.inf if reverse is None else reverse})
             )
         return cls(SimConfig(**data["config"]), Regime(**data["regime"]), tuple(steps))
+
+
+_SCHEDULE = ("broken_from", "grow_from", "growth")
+"""A config's scheduled change (`SimConfig.grow_from`, `SimConfig.broken_from`)."""
+
+
+def _config_dict(config: SimConfig) -> dict[str, Any]:
+    """The config as JSON-ready fields, its scheduled change only where it has one (so that a
+    dump without one records what it did before there were any)."""
+    fields = asdict(config)
+    if config.grow_from is None and config.broken_from == 0:
+        for name in _SCHEDULE:
+            del fields[name]
+    return fields
 
 
 def read_truth(path: str | Path) -> SimTruth:

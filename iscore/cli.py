@@ -423,6 +423,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         print("watch: interrupted", file=sys.stderr)
         return 130
     finally:
+        follower.save()
         if scalars is not None:
             scalars.close()
 

@@ -135,16 +135,24 @@ class Trend:
         `iscore.analysis.Analysis`, computed for `specs`), with the `setting_degrades`
         events judged against `targets`."""
         prefixes = setting_columns(specs, number_repeats=True)
-        rows = {
-            r["step"]: {"step": r["step"], **_pick(r, MISMATCH_COLUMNS)}
-            for r in mismatch["by_step"]
-        }
+        columns = _columns(prefixes)
+        rows: dict[int, dict[str, Any]] = {}
+        for r in mismatch["by_step"]:
+            rows[r["step"]] = row = dict.fromkeys(columns)
+            row["step"] = r["step"]
+            for k in MISMATCH_COLUMNS:
+                row[k] = r.get(k)
         for prefix, setting in zip(prefixes, settings, strict=True):
+            names = [(f"{prefix}_{k}", k) for k in SETTING_COLUMNS]
             for r in setting["by_step"]:
-                row = rows.setdefault(r["step"], {"step": r["step"]})
-                values = _pick(r, SETTING_COLUMNS) | {"truncated_fraction": _truncated(r)}
-                row |= {f"{prefix}_{k}": values[k] for k in SETTING_COLUMNS}
-        table = tuple({c: rows[step].get(c) for c in _columns(prefixes)} for step in sorted(rows))
+                row = rows.get(r["step"])
+                if row is None:
+                    rows[r["step"]] = row = dict.fromkeys(columns)
+                    row["step"] = r["step"]
+                values = r | {"truncated_fraction": _truncated(r)}
+                for name, k in names:
+                    row[name] = values.get(k)
+        table = tuple(rows[step] for step in sorted(rows))
         k3 = [r["healthy_k3"] for r in table if r["healthy_k3"] is not None]
         band = Band.of(k3) if len(k3) >= 3 else None
         events = [
@@ -223,10 +231,6 @@ def _columns(prefixes: Sequence[str]) -> list[str]:
         *MISMATCH_COLUMNS,
         *(f"{p}_{c}" for p in prefixes for c in SETTING_COLUMNS),
     ]
-
-
-def _pick(row: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-    return {k: row.get(k) for k in keys if k in row}
 
 
 def _truncated(row: dict[str, Any]) -> float | None:

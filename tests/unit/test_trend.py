@@ -168,3 +168,17 @@ def test_one_setting_twice_gets_two_sets_of_columns():
     prefix = "verl_decoupled_geo_rs"  # named with its framework, as two of one name are
     assert a.trend.settings == (prefix, f"{prefix}_2", f"{prefix}_3")
     assert f"{prefix}_3_lr_scale" in a.trend.table().column_names
+
+
+def test_the_apps_analysis_joins_the_settings_into_its_trend():
+    """The app computes the mismatch once and each setting on its own: its analysis (what the
+    report exported from it shows) must still carry the settings' per-step columns."""
+    from iscore.settings import resolve
+    from iscore.workspace import open_path
+
+    ws = open_path("data/drift.parquet")
+    spec = resolve("skyrl:skyrl_geo_mask")
+    trend = ws.analysis([spec]).trend
+    assert trend.settings == ("skyrl_geo_mask",)
+    direct = analyze("data/drift.parquet", [spec]).trend
+    assert trend.table().equals(direct.table())

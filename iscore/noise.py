@@ -156,6 +156,46 @@ def outside(
 Z_SIGNS = 4.0
 """Standard errors of the sign test beyond which a sequence's tokens lean to one side of 0."""
 
+
+def outside_by_step(
+    d: np.ndarray,
+    T: np.ndarray,
+    positive: np.ndarray,
+    negative: np.ndarray,
+    steps: np.ndarray,
+    medians: np.ndarray | None = None,
+) -> np.ndarray:
+    """bool [B]: `outside`, each step's sequences judged against that step's own noise
+    (`Noise.of` its tokens), so that a mismatch growing over the steps is never taken for
+    broken sequences. What an analysis reports per step (`by_step[].broken_sequences`).
+
+    Args:
+        d: float [N]: the loss tokens' log-ratios, sequence after sequence.
+        T: [B] loss tokens of each sequence; `positive`, `negative`: [B] of them with d > 0,
+            d < 0; steps: [B] each sequence's step.
+        medians: [B] each sequence's median d (`segment_medians(d, T)`), where at hand.
+
+    >>> rng = np.random.default_rng(0)
+    >>> T, steps = np.full(40, 100), np.repeat([0, 1], 20)
+    >>> d = rng.normal(0.0, 0.05, 4000) * np.repeat([1.0, 10.0], 2000)  # step 1: 10x noise
+    >>> d[2000:2100] += 1.0  # and one stale replica's sequence there
+    >>> signs = [np.add.reduceat(x, np.arange(0, 4000, 100)) for x in (d > 0, d < 0)]
+    >>> np.flatnonzero(outside_by_step(d, T, *signs, steps)).tolist()
+    [20]
+    """
+    T = np.asarray(T)
+    medians = segment_medians(d, T) if medians is None else medians
+    token_step = np.repeat(steps, T.astype(np.int64))
+    broken = np.zeros(T.size, dtype=bool)
+    for step in np.unique(steps):
+        chosen = steps == step
+        noise = Noise.of(d[token_step == step])
+        broken[chosen] = outside(
+            medians[chosen], T[chosen], positive[chosen], negative[chosen], noise
+        )
+    return broken
+
+
 EARLY_STEPS = 8
 """The steps whose values make the early band: the first 8, or a third of the run if fewer."""
 

@@ -182,3 +182,20 @@ def test_the_apps_analysis_joins_the_settings_into_its_trend():
     assert trend.settings == ("skyrl_geo_mask",)
     direct = analyze("data/drift.parquet", [spec]).trend
     assert trend.table().equals(direct.table())
+
+
+def test_a_loaded_batch_judged_step_by_step_finds_what_the_analysis_reports(tmp_path_factory):
+    """`noise.outside_by_step` (for a batch in memory, as the recommendation has it) and the
+    streamed analysis' `by_step[].broken_sequences` are one test."""
+    from iscore import load, ops
+    from iscore.noise import outside_by_step
+
+    folder, a = _run(tmp_path_factory, steps=8, seed=15, broken_from=5, broken_share=0.06)
+    batch = load(folder)
+    d = ops.log_ratio(batch).numpy()
+    T = batch.lengths.numpy()
+    signs = [np.add.reduceat(x, batch.cu_seqlens.numpy()[:-1]) for x in (d > 0, d < 0)]
+    broken = outside_by_step(d, T, *signs, batch.step.numpy())
+    per_step = np.bincount(batch.step.numpy()[broken], minlength=8).tolist()
+    assert per_step == [row["broken_sequences"] for row in a.mismatch["by_step"]]
+    assert per_step[:5] == [0] * 5 and min(per_step[5:]) >= 1

@@ -16,24 +16,48 @@ import ctypes
 import os
 import queue
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from iscore import ops
 from iscore.batch import TokenBatch
-from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, Dump, open_data
-from iscore.errors import DumpError
+from iscore.dump import (
+    DEFAULT_CHUNK_TOKENS,
+    Data,
+    Dump,
+    DumpFile,
+    DumpProblems,
+    StepRange,
+    open_data,
+)
+from iscore.errors import DumpError, IscoreError
 from iscore.impact import SettingStats
 from iscore.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import json_ready, write_json
+from iscore.recommendation import Targets
 from iscore.sequences import SequenceTable
 from iscore.settings import Setting, replay, resolve_all
+from iscore.spec import Spec
+from iscore.store import (
+    MISMATCH,
+    Context,
+    FileIdentity,
+    ResultStore,
+    StoredFile,
+    StoredPart,
+    setting_key,
+)
+from iscore.trend import Trend
 
 SCHEMA_VERSION = 1
 
@@ -46,11 +70,13 @@ class Analysis:
         source: what was read (files, layout, steps, sequences, tokens).
         mismatch: the mismatch diagnostics (see `iscore.mismatch`).
         settings: one dict per setting (see `iscore.impact`), in the order given.
+        trend: the per-step table and its events (see `iscore.trend`).
     """
 
     source: dict[str, Any]
     mismatch: dict[str, Any]
     settings: list[dict[str, Any]]
+    trend: Trend
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned document; NaN and infinities become null (strict JSON)."""
@@ -67,6 +93,7 @@ class Analysis:
                     "bands": BANDS,
                 },
                 "settings": self.settings,
+                "trend": self.trend.to_dict(),
             }
         )
 
@@ -128,6 +155,8 @@ def analyze(
     device: str | torch.device | None = None,
     progress: Callable[[int], None] | None = None,
     sequences: SequenceTable | None = None,
+    targets: Targets | None = None,
+    store: ResultStore | None = None,
 ) -> Analysis:
     """Stream a dump once, computing the mismatch diagnostics and every setting's statistics.
 
@@ -141,6 +170,12 @@ def analyze(
         device: where to compute; default CUDA when available, else CPU.
         progress: called with the number of tokens of each chunk done.
         sequences: a sequence table to fill in the same pass (its settings are `settings`).
+        targets: what the trend's `setting_degrades` events hold each setting to (default
+            `Targets()`, those of `iscore recommend`).
+        store: a results store (`iscore.store`): the parts of the dump it holds are read
+            from it, the others computed and written to it; the result is the same to the
+            last digit. Not used for a loaded batch, files held in memory, a `where`
+            predicate, `drop_invalid` or `sequences` (`storable`).
 
     >>> a = analyze("data/fp8.parquet", ["verl:decoupled_geo_rs"])
     >>> a.settings[0]["name"], round(a.settings[0]["lr_scale"], 3)
@@ -164,24 +199,23 @@ def analyze(
         chunks = [opened]
     files = [] if dump is None else [f.path for f in dump.files]
     where = None if dump is None or dump.where is None else dump.where.text
+    owners: list[tuple[str, int]] = []
+    if dump is not None and store is not None and storable(dump) and sequences is None:
+        parts = _stored_parts(dump, specs, store, device, max_tokens, owners)
+    else:
+        parts = _fresh_parts(chunks, specs, sequences, device)
     # The accumulators' per-token temporaries are allocated once for the whole pass.
     heap = _HeapGuard()
     with ops.reused_buffers():
-        for chunk in _prefetched(chunks):
-            batch = chunk.to(device)
-            # d, e^d and the sequence sums every setting needs are computed once per chunk.
-            with ops.shared(batch):
-                mismatch.update(batch)
-                if sequences is not None:
-                    sequences.update(batch)
-                for i, (spec, acc) in enumerate(zip(specs, stats, strict=True)):
-                    replayed = replay(batch, spec)
-                    acc.update(batch, replayed)
-                    if sequences is not None:
-                        sequences.add(i, batch, replayed)
-            heap.check()
+        for part in parts:
+            mismatch.merge(part.mismatch)
+            for acc, done in zip(stats, part.settings, strict=True):
+                acc.merge(done)
             if progress is not None:
-                progress(batch.num_tokens)
+                progress(part.tokens)
+            heap.check()
+    if len({path for path, _ in owners}) > 1:
+        _check_unique(mismatch, owners)
     summary = mismatch.compute()
     broken = mismatch.broken()
     if not summary["tokens"]:
@@ -193,6 +227,7 @@ def analyze(
             f"{where}: no token is in the loss (loss_mask false everywhere, or no tokens); "
             "nothing to analyze"
         )
+    settings_done = [acc.compute(broken) for acc in stats]
     result = Analysis(
         source={
             "files": files,
@@ -204,9 +239,244 @@ def analyze(
             "device": device.type,
         },
         mismatch=summary,
-        settings=[acc.compute(broken) for acc in stats],
+        settings=settings_done,
+        trend=Trend.of(summary, settings_done, specs, targets or Targets()),
     )
     return result
+
+
+@dataclass(slots=True)
+class Part:
+    """What one training step of one chunk adds to an analysis: the accumulators of its
+    mismatch and of each setting, merged in order into the dump's (the unit a results store
+    keeps, `iscore.store`).
+
+    Attributes:
+        step: the training step.
+        tokens: its tokens (in the loss or not).
+        mismatch: its mismatch diagnostics' accumulator.
+        settings: each setting's accumulator, in the analysis' order.
+    """
+
+    step: int
+    tokens: int
+    mismatch: MismatchStats
+    settings: list[SettingStats]
+
+    @property
+    def sequences(self) -> int:
+        return sum(steps.size for steps in self.mismatch.steps)
+
+
+def parts(
+    dump: Dump,
+    specs: Sequence[Spec],
+    *,
+    store: ResultStore | None = None,
+    max_tokens: int = DEFAULT_CHUNK_TOKENS,
+    device: str | torch.device | None = None,
+) -> Iterator[Part]:
+    """What each run of one step's sequences of `dump` adds to an analysis of `specs`, in
+    the order read: from `store` where it holds them (`storable`), else computed (and kept
+    there). `analyze` merges them; a followed run (`iscore.follow`) merges new ones as they
+    come."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if store is not None and storable(dump):
+        return _stored_parts(dump, specs, store, device, max_tokens, [])
+    return _fresh_parts(dump.batches(max_tokens, whole_steps=True), specs, None, device)
+
+
+def storable(dump: Dump) -> bool:
+    """Whether an analysis of `dump` can go through a results store: its files are on disk
+    and every sequence read is analyzed (a `where` predicate and `drop_invalid` choose
+    sequences chunk by chunk, which the store does not record)."""
+    return not (dump.in_memory or dump.imported or dump.where is not None or dump.drop_invalid)
+
+
+def _runs(batch: TokenBatch) -> Iterator[tuple[int, TokenBatch]]:
+    """(step, its sequences) for each run of sequences of one step of a chunk, in order."""
+    steps = batch.step.cpu().numpy()
+    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if steps.size else []
+    ends = [*starts[1:], steps.size]
+    for a, b in zip(starts, ends, strict=True):
+        yield int(steps[a]), batch if b - a == steps.size else batch.slice(int(a), int(b))
+
+
+def _fresh_parts(
+    chunks: Iterable[TokenBatch],
+    specs: Sequence[Spec],
+    sequences: SequenceTable | None,
+    device: torch.device,
+) -> Iterator[Part]:
+    """The parts of the chunks, each run of one step analyzed on its own, so that what a
+    step adds does not depend on which steps share its chunk."""
+    for chunk in _prefetched(chunks):
+        for step, run in _runs(chunk.to(device)):
+            yield _analyzed(run, step, specs, sequences)
+
+
+def _analyzed(
+    run: TokenBatch,
+    step: int,
+    specs: Sequence[Spec],
+    sequences: SequenceTable | None,
+    stored: StoredPart | None = None,
+) -> Part:
+    """The part of one step's run of sequences: what `stored` holds of it, the rest computed."""
+    mismatch = None if stored is None else stored.mismatch()
+    settings = [None if stored is None else stored.setting(spec) for spec in specs]
+    if mismatch is not None and all(s is not None for s in settings):
+        return Part(step, run.num_tokens, mismatch, settings)
+    # d, e^d and the sequence sums every setting needs are computed once per run.
+    with ops.shared(run):
+        if mismatch is None:
+            mismatch = MismatchStats()
+            mismatch.update(run)
+        if sequences is not None:
+            sequences.update(run)
+        for i, spec in enumerate(specs):
+            if settings[i] is not None:
+                continue
+            replayed = replay(run, spec)
+            settings[i] = acc = SettingStats(spec)
+            acc.update(run, replayed)
+            if sequences is not None:
+                sequences.add(i, run, replayed)
+    return Part(step, run.num_tokens, mismatch, settings)
+
+
+def _stored_parts(
+    dump: Dump,
+    specs: Sequence[Spec],
+    store: ResultStore,
+    device: torch.device,
+    max_tokens: int,
+    owners: list[tuple[str, int]],
+) -> Iterator[Part]:
+    """The parts of `dump`, file by file: from `store` where it holds every part of the
+    selected steps with every setting, else read and computed (what the store holds of the
+    file reused), and the file's entry written anew when it was read whole. `owners` gets the
+    file and number of sequences of each part, in order."""
+    whole = dump.steps == StepRange()
+    plans = [
+        (
+            info,
+            FileIdentity.of(info.path),
+            Context(tuple(sorted(info.columns.source.items())), device.type).key,
+        )
+        for info in dump.files
+    ]
+    held: dict[tuple[int, int], StoredPart] = {}  # what the store holds of the file read
+    saved: list[StoredPart] = []
+    runs: dict[int, int] = {}
+    for kind, index, payload in _prefetched(_file_work(dump, plans, store, specs, max_tokens)):
+        info, identity, context = plans[index]
+        if kind == "stored":
+            for part in payload:
+                owners.append((info.path, part.sequences))
+                yield part
+        elif kind == "read":
+            # Parts are matched by (step, run): only a file read whole numbers them as stored.
+            held = {(p.step, p.run): p for p in payload.parts} if payload and whole else {}
+            saved, runs = [], {}
+        elif kind == "batch":
+            for step, run in _runs(payload.to(device)):
+                runs[step] = runs.get(step, -1) + 1
+                stored = held.get((step, runs[step]))
+                part = _analyzed(run, step, specs, None, stored)
+                owners.append((info.path, part.sequences))
+                if whole and identity is not None:
+                    saved.append(_to_store(part, runs[step], specs, stored))
+                yield part
+        elif whole and identity is not None:  # the end of a file read whole
+            try:
+                store.save(identity, context, StoredFile(saved, complete=True))
+            except IscoreError as e:
+                warnings.warn(f"{e}; going on without keeping the results", stacklevel=2)
+                whole = False
+
+
+def _to_store(part: Part, run: int, specs: Sequence[Spec], stored: StoredPart | None) -> StoredPart:
+    """A part as the store keeps it, with the settings the store held of it beside it."""
+    states = {} if stored is None else dict(stored.states)
+    states[MISMATCH] = part.mismatch.state()
+    for spec, acc in zip(specs, part.settings, strict=True):
+        states[setting_key(spec)] = acc.state()
+    return StoredPart(part.step, run, part.tokens, states)
+
+
+def _file_work(
+    dump: Dump,
+    plans: Sequence[tuple[DumpFile, FileIdentity | None, str]],
+    store: ResultStore,
+    specs: Sequence[Spec],
+    max_tokens: int,
+) -> Iterator[tuple[str, int, Any]]:
+    """For each file in order: ("stored", i, its parts) where the store serves it, else
+    ("read", i, what the store holds of it or None), ("batch", i, chunk) for each chunk read
+    and ("end", i, None)."""
+    for index, (info, identity, context) in enumerate(plans):
+        stored = None if identity is None else store.load(identity, context)
+        served = None if stored is None else _served(stored, specs, dump.steps)
+        if served is not None:
+            yield "stored", index, served
+            continue
+        yield "read", index, stored
+        single = Dump(info.path, columns=dump.columns, steps=dump.steps)
+        sequences = tokens = in_loss = 0
+        try:
+            for batch in single.batches(max_tokens=max_tokens, whole_steps=True):
+                sequences += batch.num_sequences
+                tokens += batch.num_tokens
+                in_loss += int(batch.loss_mask.sum())
+                yield "batch", index, batch
+        except DumpProblems as e:
+            # A file with no token in the loss is one file of the dump, not all of it.
+            if in_loss or e.problems != (single.nothing_in_loss(sequences, tokens),):
+                raise
+        yield "end", index, None
+
+
+def _served(stored: StoredFile, specs: Sequence[Spec], steps: StepRange) -> list[Part] | None:
+    """The parts of the selected steps from what the store holds of a file, or None where it
+    lacks one (a part, or a setting of one)."""
+    if not stored.complete:
+        return None
+    parts = []
+    for held in stored.parts:
+        if not steps.row_group_may_match(held.step, held.step):
+            continue
+        mismatch = held.mismatch()
+        settings = [held.setting(spec) for spec in specs]
+        if mismatch is None or any(s is None for s in settings):
+            return None
+        parts.append(Part(held.step, held.tokens, mismatch, settings))
+    return parts
+
+
+def _check_unique(mismatch: MismatchStats, owners: Sequence[tuple[str, int]]) -> None:
+    """Refuse a sequence (step, seq_id) found in two files: a dump read through the store is
+    read file by file, so the reader's own check sees one file at a time.
+
+    Raises:
+        DumpError: naming the sequence and both files.
+    """
+    s = mismatch.sequences()
+    table = pa.table({"step": s["step"], "seq_id": s["seq_id"]})
+    counts = table.group_by(["step", "seq_id"]).aggregate([("step", "count")])
+    repeated = counts.filter(pc.greater(counts["step_count"], 1))
+    if not repeated.num_rows:
+        return
+    step, sid = repeated["step"][0].as_py(), repeated["seq_id"][0]
+    where = np.flatnonzero(
+        (s["step"] == step) & pc.equal(s["seq_id"], sid).to_numpy(zero_copy_only=False)
+    )
+    file_of = np.repeat([path for path, _ in owners], [n for _, n in owners])
+    first, second = file_of[where[0]], file_of[where[1]]
+    raise DumpError(
+        f"{second}: sequence (step {step}, seq_id {sid.as_py()!r}) is also in {first}; a "
+        "sequence's rows belong in one file"
+    )
 
 
 class _HeapGuard:

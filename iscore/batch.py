@@ -192,6 +192,32 @@ class TokenBatch:
             extra=None if self.extra is None else self.extra.filter(rows),
         )
 
+    def slice(self, start: int, stop: int) -> TokenBatch:
+        """Sequences `start` to `stop - 1`, viewing this batch's tensors (nothing is copied
+        but the offsets).
+
+        >>> b = TokenBatch(rollout=torch.zeros(3), train=torch.zeros(3),
+        ...                cu_seqlens=torch.tensor([0, 2, 3]))
+        >>> b.slice(1, 2).num_tokens, b.slice(1, 2).seq_id.to_pylist()
+        (1, [1])
+        """
+        a, b = int(self.cu_seqlens[start]), int(self.cu_seqlens[stop])
+
+        def part(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[a:b]
+
+        return TokenBatch(
+            rollout=self.rollout[a:b],
+            train=self.train[a:b],
+            cu_seqlens=self.cu_seqlens[start : stop + 1] - a,
+            loss_mask=part(self.loss_mask),
+            policy=part(self.policy),
+            step=self.step[start:stop],
+            seq_id=self.seq_id.slice(start, stop - start),
+            pos=part(self.pos),
+            extra=None if self.extra is None else self.extra.slice(start, stop - start),
+        )
+
     def to_arrow(self) -> pa.Table:
         """The batch as a canonical token-layout table, one row per token, in batch order."""
         lengths = self.lengths.cpu().numpy()

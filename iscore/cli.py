@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from iscore.batch import TokenBatch
     from iscore.dump import Dump, StepRange
+    from iscore.store import ResultStore
 
 # The commands import what they use when they run, and torch loads when it is first used:
 # `iscore --help`, a mistyped option, `presets` and `validate` answer without it (measured by
@@ -302,9 +303,15 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         args, extras=args.sequences is not None, outputs=("--json", "--html", "--sequences")
     )
     table = None if args.sequences is None else SequenceTable(read_schema(dump), specs)
+    store = _store(args)
     with _progress(dump, "analyze", args) as bar:
         result = analyze(
-            dump, specs, max_tokens=args.chunk_tokens, progress=bar.update, sequences=table
+            dump,
+            specs,
+            max_tokens=args.chunk_tokens,
+            progress=bar.update,
+            sequences=table,
+            store=store,
         )
     written = []
     for path, write in (
@@ -333,8 +340,114 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         )
     for path in written:
         print(f"wrote {path}")
+    if store is not None and (store.reads or store.writes):
+        print(
+            f"results store {store.folder}: read {counted(store.reads, 'entry', 'entries')}, "
+            f"wrote {counted(store.writes, 'entry', 'entries')}",
+            file=sys.stderr,
+        )
     _dropped(dump)
     return 0
+
+
+def _store(args: argparse.Namespace) -> ResultStore | None:
+    """The results store the arguments name: --cache-dir, else the user's cache; none with
+    --no-cache."""
+    from iscore.store import ResultStore, default_folder
+
+    if args.no_cache:
+        return None
+    return ResultStore(args.cache_dir or default_folder())
+
+
+def _add_cache_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="keep each step's results here and read back those of files that have not "
+        "changed (default: $XDG_CACHE_HOME/iscore, else ~/.cache/iscore; docs/runs.md)",
+    )
+    group.add_argument(
+        "--no-cache", action="store_true", help="read and compute everything; keep nothing"
+    )
+
+
+def _cmd_watch(args: argparse.Namespace) -> int:
+    import time
+
+    from iscore.columns import parse_mapping
+    from iscore.follow import Alert, Follower
+    from iscore.scalars import ScalarWriter
+    from iscore.settings import resolve
+
+    specs = [resolve(s) for s in args.settings]
+    if args.interval <= 0:
+        raise IscoreError(f"Expected --interval to be a positive number, but got {args.interval:g}")
+    follower = Follower(
+        args.folder,
+        specs,
+        store=_store(args),
+        columns=parse_mapping(args.column),
+        max_tokens=args.chunk_tokens,
+    )
+    alerts = [Alert.compile(rule, follower.trend) for rule in args.alert]
+    scalars = None if args.tensorboard is None else ScalarWriter(args.tensorboard)
+    fired: set[str] = set()
+    waiting = False
+    try:
+        while True:
+            update = follower.poll()
+            for row in update.rows:
+                print(_step_line(row, follower.trend))
+            for event in update.events:
+                print(f"  {event.kind} from step {event.step}: {event.evidence}")
+            if scalars is not None and update.rows:
+                scalars.write(update.rows, update.by_step)
+            table = update.trend.table()
+            for alert in alerts:
+                step = None if alert.rule in fired else alert.first(table)
+                if step is not None:
+                    fired.add(alert.rule)
+                    print(f"alert: {alert.rule} holds at step {step}", flush=True)
+                    if args.exit_on_alert:
+                        return 3
+            if args.once:
+                return 0
+            if not follower.files and not waiting:
+                print(f"waiting for step files in {args.folder} (Ctrl-C stops)", file=sys.stderr)
+                waiting = True
+            sys.stdout.flush()
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        print("watch: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        follower.save()
+        if scalars is not None:
+            scalars.close()
+
+
+def _step_line(row: dict[str, Any], trend: Any) -> str:
+    """One step's key figures on one line: the mismatch, then each setting's."""
+
+    def figure(key: str, pattern: str) -> str:
+        value = row.get(key)
+        return "-" if value is None or value != value else pattern.format(value)
+
+    line = (
+        f"step {row['step']}: k3 {figure('healthy_k3', '{:.3g}')}, "
+        f"chi2 {figure('chi2_token', '{:.3g}')}, "
+        f"mult {figure('token_mult_prob_error', '{:.4f}')}, "
+        f"|d| p99 {figure('abs_diff_p99', '{:.3g}')}, tail {figure('tail_share', '{:.2%}')}, "
+        f"broken {figure('broken_sequences', '{:d}')}"
+    )
+    for name, p in zip(trend.names, trend.settings, strict=True):
+        line += (
+            f" | {clip(name, 40)}: masked {figure(f'{p}_token_masked_fraction', '{:.2%}')}, "
+            f"LR {figure(f'{p}_lr_scale', '{:.4g}')}, ESS {figure(f'{p}_ess', '{:.1%}')}"
+        )
+    return line
 
 
 def _cmd_sequences(args: argparse.Namespace) -> int:
@@ -507,6 +620,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         device=args.device,
         path=args.dump,
         memory=not args.no_memory,
+        run_files=args.run_files,
         log=None if args.quiet else lambda line: print(line),
     )
     print(format_table(result))
@@ -526,14 +640,17 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from iscore.simulate import REGIMES, SimConfig, write_simulated
+    from iscore.simulate import BROKEN_FROM_SHARE, REGIMES, SimConfig, write_run, write_simulated
 
     if args.list_regimes:
         for name, regime in REGIMES.items():
             print(f"{name:16s} {regime.description}")
         return 0
     if args.out is None:
-        raise IscoreError("simulate needs an output path: iscore simulate OUT.parquet")
+        raise IscoreError(
+            "simulate needs an output path: iscore simulate OUT.parquet (one file) or OUT_DIR "
+            "(a run folder of step files)"
+        )
     names = (
         "sequences",
         "steps",
@@ -543,8 +660,24 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "median_len",
         "broken_share",
         "policy_sigma",
+        "broken_from",
+        "grow_from",
+        "growth",
     )
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.broken_from is not None and args.broken_share is None:
+        overrides["broken_share"] = BROKEN_FROM_SHARE
+    run = not Path(args.out).suffix and not os.path.exists(args.out)
+    if os.path.isdir(args.out):
+        raise IscoreError(
+            f"{args.out}: is a directory; expected a file name to write, or the name of a new "
+            "folder for a run of step files"
+        )
+    for flag in ("ranks", "every"):
+        if not run and getattr(args, flag) is not None:
+            raise IscoreError(
+                f"--{flag} is an option of a run folder (a new OUT_DIR, a name without a suffix)"
+            )
     try:
         config = SimConfig(regime=args.regime, **overrides)
     except ConfigError as e:  # name the flags, not SimConfig's fields
@@ -553,8 +686,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             flag = "--" + name.replace("_", "-")
             message = message.replace(f"argument `{name}`", flag).replace(f"{name}=", f"{flag} ")
         raise ConfigError(message) from None
-    truth = write_simulated(args.out, config, layout=args.layout)
-    print(f"{args.out}: {truth.tokens:,} tokens in {truth.sequences:,} sequences ({args.regime})")
+    if run:
+        ranks = 1 if args.ranks is None else _positive_int("--ranks", str(args.ranks))
+        truth = write_run(args.out, config, ranks=ranks, layout=args.layout, every=args.every or 0)
+        where = f"{args.out}: a run of {counted(config.steps, 'step')} x {counted(ranks, 'rank')}"
+    else:
+        truth = write_simulated(args.out, config, layout=args.layout)
+        where = args.out
+    print(f"{where}: {truth.tokens:,} tokens in {truth.sequences:,} sequences ({args.regime})")
     return 0
 
 
@@ -747,7 +886,75 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OUT.parquet|csv",
         help="also write the sequence table (as `iscore sequences` does), from the same pass",
     )
+    _add_cache_options(p)
     p.set_defaults(func=_cmd_analyze)
+
+    p = sub.add_parser(
+        "watch",
+        help="follow a run's folder as step files land: one line per step, events, alerts",
+        description="Follow a run that is still writing: analyze each step file as it lands "
+        "(whole files only; an empty folder is waited on), print one line per new step with "
+        "its key figures and the events found (growth, broken sequences, offset, a setting "
+        "that stops meeting the targets; docs/runs.md). Exit 0, 3 for --exit-on-alert, 130 "
+        "on Ctrl-C.",
+    )
+    p.add_argument("folder", metavar="DIR", help="the run's folder (step files below it)")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        dest="settings",
+        metavar="CFG.yaml",
+        help="a framework config whose per-step figures are followed (repeatable)",
+    )
+    p.add_argument(
+        "--preset",
+        action="append",
+        dest="settings",
+        metavar="NAME",
+        help="a named setting whose per-step figures are followed (repeatable)",
+    )
+    p.add_argument(
+        "--alert",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help='a DuckDB condition on the per-step table, e.g. "k3 > 1e-3" or '
+        '"decoupled_geo_rs_lr_scale < 0.8" (columns: docs/analysis.md#trend): printed with '
+        "the first step where it holds (repeatable)",
+    )
+    p.add_argument(
+        "--exit-on-alert", action="store_true", help="exit with status 3 once an alert holds"
+    )
+    p.add_argument("--once", action="store_true", help="read what is there, print, and exit")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between looks at the folder (default %(default)s)",
+    )
+    p.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also write each step's figures as TensorBoard event files here, under iscore's "
+        "and the frameworks' metric names (needs the tensorboard package)",
+    )
+    p.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="CANONICAL=SOURCE",
+        help="read canonical column CANONICAL from the files' column SOURCE (repeatable)",
+    )
+    p.add_argument(
+        "--chunk-tokens",
+        type=_chunk_tokens,
+        default=DEFAULT_CHUNK_TOKENS,
+        help="tokens per streamed chunk; bounds memory (default %(default)s)",
+    )
+    _add_cache_options(p)
+    p.set_defaults(func=_cmd_watch)
 
     p = sub.add_parser(
         "sequences",
@@ -904,6 +1111,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-tokens", type=_chunk_tokens, default=DEFAULT_CHUNK_TOKENS)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument(
+        "--run-files",
+        type=_chunk_tokens,
+        default=1000,
+        metavar="N",
+        help="step files of the simulated run analyzed again and followed (default %(default)s)",
+    )
+    p.add_argument(
         "--where",
         action="append",
         metavar="PREDICATE",
@@ -929,7 +1143,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a realistic dump with known ground truth",
         description="Write a simulated paired logprob dump; see `iscore simulate --list-regimes`.",
     )
-    p.add_argument("out", nargs="?", help="output Parquet file")
+    p.add_argument(
+        "out",
+        nargs="?",
+        help="output Parquet file, or a new folder (a name without a suffix) for a run of "
+        "step files, OUT_DIR/step_000123/rank_0000.parquet, as a training loop writes them",
+    )
     p.add_argument("--regime", default="dense_bf16", help="mismatch regime (default %(default)s)")
     p.add_argument("--layout", choices=("sequence", "token"), default="sequence")
     p.add_argument("--sequences", type=int, help="sequences per step")
@@ -949,6 +1168,29 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="logit noise (nats) between the trainer and the current policy: adds a "
         "policy_logprob column, for bypass and current-policy settings; default 0 (none)",
+    )
+    p.add_argument(
+        "--grow-from",
+        type=int,
+        metavar="STEP",
+        help="from this step on, the trainer noise grows by --growth per step (the mismatch "
+        "begins to grow); recorded in each file's metadata",
+    )
+    p.add_argument(
+        "--growth", type=float, help="the factor --grow-from grows the noise by per step (1.5)"
+    )
+    p.add_argument(
+        "--broken-from",
+        type=int,
+        metavar="STEP",
+        help="broken sequences (--broken-share of each step, 4%% if not given) from this step on",
+    )
+    p.add_argument("--ranks", type=int, help="a run folder's files per step (default 1)")
+    p.add_argument(
+        "--every",
+        type=float,
+        metavar="SECONDS",
+        help="a run folder: wait this long before each step, as a job still writing",
     )
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=_cmd_simulate)

@@ -13,6 +13,7 @@ counts, so statistics over a dump read in chunks equal those of the dump read wh
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -157,6 +158,118 @@ class LogHistogram:
             "underflow": self.underflow,
             "overflow": self.overflow,
         }
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Everything it holds as two plain arrays, for `from_state`: `bins`, int64 [2, k]
+        (each bin in use and its count) and `scalars`, float64 [7] (zeros, underflow,
+        overflow, nan, min, max, min_positive).
+
+        >>> h = LogHistogram()
+        >>> h.update(torch.tensor([0.0, 0.5, 2.0]))
+        >>> LogHistogram.from_state(h.state()) == h
+        True
+        """
+        used = np.flatnonzero(self.counts)
+        return {"bins": np.stack([used, self.counts[used]]), "scalars": self._scalars()}
+
+    def _scalars(self) -> np.ndarray:
+        names = ("zeros", "underflow", "overflow", "nan", "min", "max", "min_positive")
+        return np.array([getattr(self, name) for name in names], np.float64)
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, np.ndarray]) -> LogHistogram:
+        """The histogram `state` describes.
+
+        Raises:
+            ValueError: `state` is not one `state()` wrote (missing arrays, wrong types,
+                bins out of range, negative counts).
+        """
+        hist = cls()
+        hist._load(checked(state, "bins", "i", (2, -1)), checked(state, "scalars", "f", (7,)))
+        return hist
+
+    def _load(self, bins: np.ndarray, scalars: np.ndarray) -> None:
+        index, counts = bins
+        # Strictly increasing bins in range, counts >= 0: checked in few numpy calls (a
+        # store holds thousands of these).
+        if index.size and (
+            index[0] < 0 or index[-1] >= _BINS or (np.diff(index).min(initial=1) <= 0)
+        ):
+            raise ValueError("histogram bins out of range or out of order")
+        if index.size and counts.min() < 0:
+            raise ValueError("negative histogram counts")
+        zeros, underflow, overflow, nan, low, high, positive = scalars.tolist()
+        tallies = (zeros, underflow, overflow, nan)
+        if min(tallies) < 0 or any(t != int(t) for t in tallies):
+            raise ValueError("negative or fractional histogram counts")
+        self.counts[index] = counts
+        self.zeros, self.underflow, self.overflow, self.nan = (int(t) for t in tallies)
+        self.min, self.max, self.min_positive = low, high, positive
+
+    def __eq__(self, other: object) -> bool:
+        """The same counts and extremes (NaN-free: `min` and `max` are of finite values)."""
+        scalars = ("zeros", "underflow", "overflow", "nan", "min", "max", "min_positive")
+        return (
+            isinstance(other, LogHistogram)
+            and np.array_equal(self.counts, other.counts)
+            and all(getattr(self, k) == getattr(other, k) for k in scalars)
+        )
+
+
+def keyed_state(hists: Mapping[int, LogHistogram]) -> dict[str, np.ndarray]:
+    """Histograms keyed by an integer (a step) as two plain arrays, for `from_keyed_state`:
+    `bins`, int64 [3, k] (key, bin, count of each bin in use) and `scalars`, float64 [n, 8]
+    (the key, then `LogHistogram.state`'s scalars)."""
+    bins = [
+        np.stack([np.full(used.size, key), used, hist.counts[used]])
+        for key, hist in hists.items()
+        for used in (np.flatnonzero(hist.counts),)
+    ]
+    scalars = [np.r_[key, hist._scalars()] for key, hist in hists.items()]
+    return {
+        "bins": np.concatenate(bins, axis=1) if bins else np.zeros((3, 0), np.int64),
+        "scalars": np.stack(scalars) if scalars else np.zeros((0, 8)),
+    }
+
+
+def from_keyed_state(state: Mapping[str, np.ndarray]) -> dict[int, LogHistogram]:
+    """The histograms `keyed_state` wrote.
+
+    Raises:
+        ValueError: `state` is not one `keyed_state` wrote.
+    """
+    bins = checked(state, "bins", "i", (3, -1))
+    scalars = checked(state, "scalars", "f", (-1, 8))
+    out: dict[int, LogHistogram] = {}
+    for row in scalars:
+        key = int(row[0])
+        if key in out or key != row[0]:
+            raise ValueError("histogram keys repeated or not integers")
+        out[key] = hist = LogHistogram()
+        hist._load(bins[1:, bins[0] == key], row[1:])
+    if not np.isin(bins[0], list(out)).all():
+        raise ValueError("histogram bins of no histogram")
+    return out
+
+
+def checked(
+    state: Mapping[str, np.ndarray], name: str, kind: str, shape: tuple[int, ...]
+) -> np.ndarray:
+    """`state[name]`, checked to be a numpy array of dtype kind `kind` ("i" integers, "f"
+    floats, "u" bytes) and of `shape` (-1: any length).
+
+    Raises:
+        ValueError: it is missing, or of another kind or shape.
+    """
+    value = state.get(name)
+    kinds = {"i": "iu", "f": "f", "u": "u"}[kind]
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds:
+        raise ValueError(f"{name}: expected a numpy array of kind {kind!r}")
+    if value.ndim != len(shape) or any(
+        e not in (-1, v) for e, v in zip(shape, value.shape, strict=True)
+    ):
+        raise ValueError(f"{name}: expected shape {shape}, found {value.shape}")
+    return value
 
 
 _BINS = int((LOG10_RANGE[1] - LOG10_RANGE[0]) * BINS_PER_DECADE)
@@ -346,6 +459,26 @@ class Histogram2D:
 
     def merge(self, other: Histogram2D) -> None:
         self.counts += other.counts
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The cells in use as one plain array, for `load_state`: `cells`, int64 [2, k] (each
+        cell in use, row-major, and its count; the grid is fixed by the caller)."""
+        used = np.flatnonzero(self.counts)
+        return {"cells": np.stack([used, self.counts.ravel()[used]])}
+
+    def load_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Take the counts `state()` wrote (of a histogram on this grid).
+
+        Raises:
+            ValueError: `state` is not one `state()` of this grid wrote.
+        """
+        cells, counts = checked(state, "cells", "i", (2, -1))
+        if cells.size and (cells.min() < 0 or cells.max() >= self.counts.size):
+            raise ValueError("histogram cells out of range")
+        if (counts < 0).any() or np.unique(cells).size != cells.size:
+            raise ValueError("negative or repeated histogram cells")
+        self.counts[...] = 0
+        self.counts.ravel()[cells] = counts
 
 
 _ABS_MARGIN = 1e-5

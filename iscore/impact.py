@@ -27,7 +27,7 @@ multiplies a token's loss, 0 where a mask drops it; raw = `Replay.raw`):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,14 @@ import torch
 from iscore import frameworks, ops
 from iscore.batch import TokenBatch
 from iscore.frameworks.base import Aggregation
-from iscore.histogram import Binned, LogHistogram, bin_values, bucket_label, plot_resolution
+from iscore.histogram import (
+    Binned,
+    LogHistogram,
+    bin_values,
+    bucket_label,
+    checked,
+    plot_resolution,
+)
 from iscore.spec import Replay, Spec
 
 QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
@@ -135,17 +142,64 @@ class SettingStats:
 
     def merge(self, other: SettingStats) -> None:
         """Add another accumulator's chunks after these."""
-        self.raw_hist.merge(other.raw_hist)
-        self.weight_hist.merge(other.weight_hist)
+        if self.histograms:
+            self.raw_hist.merge(other.raw_hist)
+            self.weight_hist.merge(other.weight_hist)
         for name in _SEQ_FIELDS:
             self.seq[name].extend(other.seq[name])
         self.steps.extend(other.steps)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Everything it holds as a few plain numpy arrays, for `from_state` (the setting
+        itself is not in it): what a results store keeps of a chunk. `seq` is float64
+        [fields, B], the per-sequence sums in the order of `_SEQ_FIELDS`."""
+        s = self.sequences()
+        out = {
+            "seq": np.stack([s[k] for k in _SEQ_FIELDS]).reshape(len(_SEQ_FIELDS), -1),
+            "step": s["step"].astype(np.int64),
+        }
+        if self.histograms:
+            for name in ("raw_hist", "weight_hist"):
+                out |= {f"{name}.{k}": v for k, v in getattr(self, name).state().items()}
+        return out
+
+    @classmethod
+    def from_state(
+        cls, spec: Spec, state: Mapping[str, np.ndarray], histograms: bool = True
+    ) -> SettingStats:
+        """The accumulator of `spec` that `state` describes (see `state`); without
+        `histograms`, the per-sequence sums alone (`quick_stats`' kind).
+
+        Raises:
+            ValueError: `state` is not one `state()` wrote (an array missing, of another
+                type or length).
+        """
+        stats = cls(spec, histograms)
+        steps = checked(state, "step", "i", (-1,))
+        stats.steps = [steps.astype(np.int64)]
+        seq = checked(state, "seq", "f", (len(_SEQ_FIELDS), steps.size)).astype(np.float64)
+        stats.seq = {name: [seq[i]] for i, name in enumerate(_SEQ_FIELDS)}
+        if histograms:
+            for name in ("raw_hist", "weight_hist"):
+                prefix = f"{name}."
+                part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+                setattr(stats, name, LogHistogram.from_state(part))
+        return stats
 
     def sequences(self) -> dict[str, np.ndarray]:
         """The per-sequence sums, one array per field, plus `step`."""
         out = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.seq.items()}
         out["step"] = np.concatenate(self.steps) if self.steps else np.zeros(0, np.int64)
         return out
+
+    def by_step(
+        self, sequences: dict[str, np.ndarray] | None = None, steps: Collection[int] | None = None
+    ) -> list[dict[str, Any]]:
+        """The per-step rows of `compute()["by_step"]`, of `steps` only where given, from
+        `sequences()` when at hand."""
+        s = sequences if sequences is not None else self.sequences()
+        chosen = None if steps is None else np.isin(s["step"], np.fromiter(steps, np.int64))
+        return _by_step(s, self.aggregation, chosen)
 
     def compute(self, broken: np.ndarray | None = None) -> dict[str, Any]:
         """The setting's statistics: overall, `by_step`, `by_length`, quantiles, histograms;
@@ -171,10 +225,7 @@ class SettingStats:
             result[f"{label}_min"] = hist.min if hist.total else float("nan")
             result[f"{label}_max"] = hist.max if hist.total else float("nan")
             result[f"{label}_hist"] = hist.coarse(plot_resolution(hist))
-        result["by_step"] = [
-            {"step": int(step), **_summarize(group, self.aggregation)}
-            for step, group in ops.groups(s, s["step"])
-        ]
+        result["by_step"] = self.by_step(s)
         result["by_length"] = _by_length(s, self.aggregation)
         return result
 
@@ -358,6 +409,16 @@ def _lr_scale(T: np.ndarray, w: np.ndarray, kept: np.ndarray, agg: Aggregation) 
     return float(w.sum() / denominator) if denominator > 0 else 0.0
 
 
+def _by_step(
+    s: dict[str, np.ndarray], agg: Aggregation, chosen: np.ndarray | None = None
+) -> list[dict[str, Any]]:
+    """The scalar statistics per training step (of the `chosen` sequences), ascending."""
+    return [
+        {"step": int(step), **_summarize(group, agg)}
+        for step, group in ops.groups(s, s["step"], chosen)
+    ]
+
+
 def _by_length(s: dict[str, np.ndarray], agg: Aggregation) -> list[dict[str, Any]]:
     """Per log2 bucket of loss tokens: the per-sequence weight's spread and the mask rate."""
     rows = []
@@ -390,3 +451,22 @@ def quick_stats(batch: TokenBatch, spec: Spec, result: Replay | None = None) -> 
     stats.update(batch, spec.replay(batch) if result is None else result)
     s = stats.sequences()
     return _summarize(s, stats.aggregation)
+
+
+def quick_stats_by_step(
+    batch: TokenBatch, spec: Spec, result: Replay | None = None
+) -> list[dict[str, Any]]:
+    """`quick_stats` per training step of `batch`, ascending: one dict per step with its
+    `step` and the headline numbers of the setting on that step alone (the numbers an
+    analysis reports in `settings[].by_step`).
+
+    >>> import iscore
+    >>> from iscore.settings import resolve
+    >>> batch = iscore.load("data/drift.parquet")
+    >>> rows = quick_stats_by_step(batch, resolve("verl:decoupled_geo_rs"))
+    >>> [row["step"] for row in rows], 0.9 < rows[0]["lr_scale"] <= 1.0
+    ([0, 1, 2, 3], True)
+    """
+    stats = SettingStats(spec, histograms=False)
+    stats.update(batch, spec.replay(batch) if result is None else result)
+    return _by_step(stats.sequences(), stats.aggregation)

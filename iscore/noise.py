@@ -1,38 +1,32 @@
-"""What numerical noise looks like in a dump, step by step, and which sequences stand out of it.
+"""What numerical noise looks like in a dump, robustly, and what stands out of it.
 
-The one definition of a *broken* sequence (a stale replica, a bad rank: every token off, not
-noise), read by the mismatch flags, each setting's statistics, the recommendation and a run's
-events. Each sequence is summarized by the median `m` of its loss tokens' log-ratios d and
-their spread `s` (1.4826 MAD, which estimates a normal's standard deviation). A training step's
-noise is the token-weighted median of its sequences' medians (the centre) and of their spreads,
-so a few broken sequences cannot move it, and a mismatch that grows from step to step is
-judged against each step's own noise (drift is never taken for broken sequences).
+Noise is described by medians and MADs (1.4826 MAD estimates a normal's standard deviation),
+so that a few broken sequences cannot move the estimate. A sequence is *broken* when the
+median log-ratio d of its loss tokens lies more than `Z_BROKEN` standard errors from the
+noise's centre: the median of T noisy tokens errs by about 1.2533 spread / sqrt(T), so a stale
+replica (every token off by ~1 nat) is hundreds of errors away, while noise, even with a few
+outlier tokens or a routing-flip span in a sequence, moves a median very little. Where the
+sequences' medians spread wider than their tokens' noise explains (a bug whose size varies
+with the context), the test widens by their own spread.
 
-A sequence is broken when its median lies more than `Z_BROKEN` standard errors from its step's
-centre (the median of T noisy tokens errs by about 1.2533 s / sqrt(T)): a stale replica, every
-token off by ~1 nat, is hundreds of errors away; noise, even with a few outlier tokens or a
-routing-flip span, moves a median very little. Where a step's sequences spread wider than their
-tokens' noise explains (a bug whose size varies with the context, such as top-p processed
-log-probs), the test widens by their own spread: the median of |z| over the step's sequences,
-over 0.6745 (its value for pure noise), when above 1.
+Each step's sequences are judged against that step's own noise (`outside_by_step`), so that a
+mismatch growing over the steps is never taken for broken sequences: the one definition the
+mismatch flags and per-step table (`iscore.mismatch`), each setting's broken gradient kept
+(`iscore.impact`), the recommendation and the run's events (`iscore.trend`) read.
 
-The summaries are per sequence, so they merge: a step spread over several files (one per rank)
-or chunks gives the same answer as the step read whole.
-
->>> import torch
->>> from iscore.batch import TokenBatch
->>> rollout = torch.full((40,), -1.0)
->>> train = rollout + 0.01 * torch.randn(40, generator=torch.Generator().manual_seed(0))
->>> train[30:] += 1.0  # the last sequence: every token 1 nat off
->>> cu = torch.tensor([0, 10, 20, 30, 40])
->>> s = summarize(TokenBatch(rollout=rollout, train=train, cu_seqlens=cu))
->>> broken(s).tolist()
-[False, False, False, True]
+>>> rng = np.random.default_rng(0)
+>>> T = np.full(20, 100)
+>>> d = rng.normal(0.0, 0.05, 2000)
+>>> d[:100] += 1.0  # the first sequence: a stale replica's
+>>> positive, negative = (np.add.reduceat(x, np.arange(0, 2000, 100)) for x in (d > 0, d < 0))
+>>> np.flatnonzero(outside(segment_medians(d, T), T, positive, negative, Noise.of(d))).tolist()
+[0]
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,102 +35,28 @@ from iscore import ops
 from iscore.batch import TokenBatch
 
 Z_BROKEN = 8.0
-"""Standard errors from its step's centre beyond which a sequence is called broken."""
+"""Standard errors from the noise's centre beyond which a sequence is called broken."""
 
-STDERR = 1.2533
-"""The standard error of a median of T normal values is about 1.2533 sd / sqrt(T)."""
+MAD_SD = 1.4826
+"""A normal's standard deviation over its median absolute deviation."""
 
+MEDIAN_STDERR = 1.2533
+"""The median of T independent normal values errs by MEDIAN_STDERR sd / sqrt(T)."""
 
-@dataclass(frozen=True, slots=True)
-class Summaries:
-    """Per sequence [B]: its step, its loss tokens T, and the median and spread (1.4826 MAD)
-    of their log-ratios d (0 without loss tokens)."""
-
-    step: np.ndarray
-    T: np.ndarray
-    median: np.ndarray
-    spread: np.ndarray
+_IID_MEDIAN_Z = 0.6745
+"""The median of |z| for standard normal z: what the sequences' z give when they are noise."""
 
 
-def summarize(batch: TokenBatch) -> Summaries:
-    """The noise summaries of every sequence of `batch` (whole sequences)."""
-    m = batch.loss_mask
-    d = ops.log_ratio(batch).double()
-    T = ops.segment_count(batch, m).double().cpu().numpy()
-    d = (d if ops.mask_is_all(batch, m) else d[m]).cpu().numpy()
-    median = segment_medians(d, T)
-    deviation = np.abs(d - np.repeat(median, T.astype(np.int64)))
-    spread = 1.4826 * segment_medians(deviation, T)
-    return Summaries(batch.step.cpu().numpy().astype(np.int64), T, median, spread)
+def median_mad(x: np.ndarray) -> tuple[float, float]:
+    """(median, MAD_SD x the median absolute deviation) of `x`; (0, 0) when empty.
 
-
-def broken(s: Summaries) -> np.ndarray:
-    """bool [B]: the sequences far outside their step's noise (see the module's docstring)."""
-    out = np.zeros(s.T.size, dtype=bool)
-    has = s.T > 0
-    for step in np.unique(s.step[has]):
-        rows = np.flatnonzero(has & (s.step == step))
-        T = s.T[rows]
-        center = weighted_median(s.median[rows], T)
-        spread = max(weighted_median(s.spread[rows], T), 1e-12)
-        z = np.abs(s.median[rows] - center) / (STDERR * spread / np.sqrt(T))
-        widen = max(1.0, float(np.median(z)) / 0.6745)
-        out[rows] = z > Z_BROKEN * widen
-    return out
-
-
-Z_IDENTITY = 6.0
-"""Standard errors from 1 beyond which <e^d> breaks the identity E_rollout[e^d] = 1,"""
-
-MIN_BIAS = 0.005
-"""and by more than this: a tiny bias on a huge dump is no semantics bug worth a warning."""
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """The test of E_rollout[e^d] = 1, which holds whatever the noise when tokens are sampled
-    from the rollout engine and both sides score the same distribution (a noisier engine makes
-    the median d negative, E[d] = -KL, without breaking it); a semantics bug (processed vs raw
-    log-probs, a temperature on one side, a token shift) breaks it.
-
-    Attributes:
-        ratio: <e^d> over the loss tokens tested.
-        z: its distance from 1 in standard errors.
+    >>> median_mad(np.array([1.0, 2.0, 4.0]))
+    (2.0, 1.4826)
     """
-
-    ratio: float
-    z: float
-
-    @property
-    def broken(self) -> bool:
-        return abs(self.z) > Z_IDENTITY and abs(self.ratio - 1.0) > MIN_BIAS
-
-    @classmethod
-    def of(cls, rho_sum: float, rho2_sum: float, tokens: float) -> Identity:
-        """From the sums of e^d and e^2d over `tokens` loss tokens.
-
-        >>> Identity.of(970.0, 950.0, 1000.0).broken, Identity.of(1000.5, 1010.0, 1000.0).broken
-        (True, False)
-        """
-        n = max(tokens, 1.0)
-        ratio = rho_sum / n
-        se = math.sqrt(max(rho2_sum / n - ratio * ratio, 0.0) / n)
-        return cls(ratio, (ratio - 1.0) / se if se > 0 else 0.0)
-
-
-def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
-    """The value below which half the weight lies (the lower one at an exact half).
-
-    >>> weighted_median(np.array([1.0, 2.0, 10.0]), np.array([1.0, 1.0, 1.0]))
-    2.0
-    >>> weighted_median(np.array([1.0, 2.0, 10.0]), np.array([1.0, 1.0, 5.0]))
-    10.0
-    """
-    if not values.size:
-        return 0.0
-    order = np.argsort(values, kind="stable")
-    cumulative = np.cumsum(weights[order])
-    return float(values[order][np.searchsorted(cumulative, 0.5 * cumulative[-1])])
+    if not x.size:
+        return 0.0, 0.0
+    center = float(np.median(x))
+    return center, MAD_SD * float(np.median(np.abs(x - center)))
 
 
 def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -170,3 +90,205 @@ def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 MEDIAN_CELLS = 1 << 20
 """Values (padding included) sorted per block by `segment_medians`: 8 MB."""
+
+
+@dataclass(frozen=True, slots=True)
+class Noise:
+    """The noise of a set of tokens' log-ratios d: centre and spread, robustly.
+
+    Attributes:
+        center: the median of d.
+        spread: MAD_SD x the median absolute deviation of d.
+        tokens: how many tokens it was estimated from.
+    """
+
+    center: float
+    spread: float
+    tokens: int
+
+    @classmethod
+    def of(cls, d: np.ndarray) -> Noise:
+        """The noise of the log-ratios `d` (loss tokens only)."""
+        center, spread = median_mad(d)
+        return cls(center, spread, int(d.size))
+
+    @classmethod
+    def combine(cls, parts: Sequence[Noise]) -> Noise:
+        """One step's noise from that of its parts (the files, one per rank, it was written
+        in): the median of their centres and of their spreads, so that one bad rank cannot
+        move it; a step in one file is that file's own.
+
+        >>> Noise.combine([Noise(0.0, 0.1, 10), Noise(0.01, 0.2, 10), Noise(1.0, 0.1, 10)])
+        Noise(center=0.01, spread=0.1, tokens=30)
+        """
+        if len(parts) == 1:
+            return parts[0]
+        return cls(
+            float(np.median([p.center for p in parts])),
+            float(np.median([p.spread for p in parts])),
+            sum(p.tokens for p in parts),
+        )
+
+    def z(self, medians: np.ndarray, T: np.ndarray) -> np.ndarray:
+        """float64 [B]: how many standard errors each sequence's median d lies from the
+        centre, for sequences of T loss tokens."""
+        stderr = MEDIAN_STDERR * max(self.spread, 1e-12) / np.sqrt(np.maximum(T, 1.0))
+        return np.abs(medians - self.center) / stderr
+
+
+def outside(
+    medians: np.ndarray, T: np.ndarray, positive: np.ndarray, negative: np.ndarray, noise: Noise
+) -> np.ndarray:
+    """bool [B]: the sequences (of T loss tokens, median log-ratio `medians`, `positive` and
+    `negative` of them with d > 0 and d < 0) outside `noise`: broken, not noise.
+
+    Two tests, both to pass. The median lies more than `Z_BROKEN` standard errors from the
+    noise's centre; where the sequences differ by more than their tokens' noise explains (a
+    bug whose size varies with the context), their own spread widens the test: |z| of noise
+    has median 0.6745, and a few broken sequences cannot move the median. And the tokens lean
+    to one side of 0 by more than `Z_SIGNS` standard errors of a fair coin (the sign test):
+    a stale replica moves every token, while a short sequence of uncertain tokens, whose
+    median sits among the larger log-ratios of such tokens, is as balanced as any.
+    """
+    has = T > 0
+    z = noise.z(medians, T)
+    widen = max(1.0, float(np.median(z[has])) / _IID_MEDIAN_Z) if has.any() else 1.0
+    signed = positive + negative
+    lean = np.abs(positive - negative) / np.sqrt(np.maximum(signed, 1.0))
+    return has & (z > Z_BROKEN * widen) & (lean > Z_SIGNS)
+
+
+Z_SIGNS = 4.0
+"""Standard errors of the sign test beyond which a sequence's tokens lean to one side of 0."""
+
+
+def outside_by_step(
+    d: np.ndarray,
+    T: np.ndarray,
+    positive: np.ndarray,
+    negative: np.ndarray,
+    steps: np.ndarray,
+    medians: np.ndarray | None = None,
+) -> np.ndarray:
+    """bool [B]: `outside`, each step's sequences judged against that step's own noise
+    (`Noise.of` its tokens), so that a mismatch growing over the steps is never taken for
+    broken sequences. What an analysis reports per step (`by_step[].broken_sequences`).
+
+    Args:
+        d: float [N]: the loss tokens' log-ratios, sequence after sequence.
+        T: [B] loss tokens of each sequence; `positive`, `negative`: [B] of them with d > 0,
+            d < 0; steps: [B] each sequence's step.
+        medians: [B] each sequence's median d (`segment_medians(d, T)`), where at hand.
+
+    >>> rng = np.random.default_rng(0)
+    >>> T, steps = np.full(40, 100), np.repeat([0, 1], 20)
+    >>> d = rng.normal(0.0, 0.05, 4000) * np.repeat([1.0, 10.0], 2000)  # step 1: 10x noise
+    >>> d[2000:2100] += 1.0  # and one stale replica's sequence there
+    >>> signs = [np.add.reduceat(x, np.arange(0, 4000, 100)) for x in (d > 0, d < 0)]
+    >>> np.flatnonzero(outside_by_step(d, T, *signs, steps)).tolist()
+    [20]
+    """
+    T = np.asarray(T)
+    medians = segment_medians(d, T) if medians is None else medians
+    token_step = np.repeat(steps, T.astype(np.int64))
+    broken = np.zeros(T.size, dtype=bool)
+    for step in np.unique(steps):
+        chosen = steps == step
+        noise = Noise.of(d[token_step == step])
+        broken[chosen] = outside(
+            medians[chosen], T[chosen], positive[chosen], negative[chosen], noise
+        )
+    return broken
+
+
+EARLY_STEPS = 8
+"""The steps whose values make the early band: the first 8, or a third of the run if fewer."""
+
+SUSTAIN_STEPS = 3
+"""A rise lasts this many steps above the band (or every step to the last, at least two)."""
+
+RISE_FACTOR = 3.0
+"""A rise is at least this factor above the early steps' median."""
+
+Z_RISE = 3.0
+"""and at least this many robust standard deviations of their logarithms above it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """What the early steps of a run show of a positive statistic (k3), on the log scale.
+
+    Attributes:
+        steps: how many early steps it is made of.
+        median: their median value.
+        upper: the band's upper edge: a later step above it stands out of the early steps'
+            noise (the median times max(RISE_FACTOR, e^(Z_RISE x robust sd of the logs))).
+    """
+
+    steps: int
+    median: float
+    upper: float
+
+    @property
+    def early(self) -> str:
+        """Which steps it is made of, in words: "the first 8 steps"."""
+        return "the first step" if self.steps == 1 else f"the first {self.steps} steps"
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Band:
+        """The band of the first `EARLY_STEPS` of `values` (a third of them if fewer);
+        values are floored at 1e-12 (a k3 below is no mismatch)."""
+        early = early_steps(len(values))
+        logs = np.log(np.maximum(np.asarray(values[:early], dtype=float), 1e-12))
+        center, spread = median_mad(logs)
+        return cls(early, math.exp(center), math.exp(center + max(Z_RISE * spread, _LOG_RISE)))
+
+
+_LOG_RISE = math.log(RISE_FACTOR)
+
+
+def early_steps(n: int) -> int:
+    """How many of a run's `n` steps are its early ones: `EARLY_STEPS`, or a third of them
+    if fewer (at least one).
+
+    >>> early_steps(100), early_steps(12), early_steps(2)
+    (8, 4, 1)
+    """
+    return max(1, min(EARLY_STEPS, n // 3))
+
+
+def first_rise(values: Sequence[float]) -> int | None:
+    """The index of the first step of a sustained rise above the early steps' band (`Band`):
+    from it, `SUSTAIN_STEPS` steps in a row above the band's upper edge, or every step to the
+    last when fewer are left (at least two); None where there is none, or fewer than three
+    steps. One spike is not a rise, and neither is a run that stays where it started.
+
+    >>> first_rise([1.0, 1.1, 0.9, 1.2, 1.0, 0.8, 5.0, 1.0, 4.0, 6.0, 9.0, 12.0])
+    8
+    >>> first_rise([1.0, 1.2, 0.9, 1.1, 0.8, 1.0]) is None
+    True
+    """
+    n = len(values)
+    if n < 3:
+        return None
+    band = Band.of(values)
+    above = np.asarray(values, dtype=float) > band.upper
+    for t in range(band.steps, n):
+        run = above[t : t + SUSTAIN_STEPS]
+        if run.all() and (run.size == SUSTAIN_STEPS or run.size >= 2):
+            return t
+    return None
+
+
+def broken_sequences(batch: TokenBatch) -> np.ndarray:
+    """bool [B]: the sequences of `batch` outside their own step's noise (`outside_by_step`
+    on its loss tokens): what the mismatch flags, the settings' broken gradient kept and the
+    recommendation call broken."""
+    m = batch.loss_mask
+    d = ops.log_ratio(batch).double()
+    T = ops.segment_count(batch, m).double().cpu().numpy()
+    positive, negative = (
+        ops.segment_count(batch, m & side).double().cpu().numpy() for side in (d > 0, d < 0)
+    )
+    loss = (d if ops.mask_is_all(batch, m) else d[m]).cpu().numpy()
+    return outside_by_step(loss, T, positive, negative, batch.step.cpu().numpy())

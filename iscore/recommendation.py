@@ -31,6 +31,7 @@ from iscore.dump import Data, load_data
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Framework
 from iscore.impact import SettingStats, quick_stats
+from iscore.mismatch import ratio_bias
 from iscore.settings import Setting, resolve
 from iscore.spec import Replay, Spec
 
@@ -239,15 +240,16 @@ class _Normal:
     d: np.ndarray  # float64 [N loss tokens]
     token_broken: np.ndarray  # bool [N loss tokens]: tokens of broken sequences
     rollout: np.ndarray  # float32 [N loss tokens]: the rollout's log-prob of each
-    identity: noise.Identity  # E_rollout[e^d] = 1, tested on the healthy tokens
+    ratio: float  # <e^d> over the healthy tokens
+    ratio_z: float | None  # its distance from 1 in standard errors where that breaks the identity
     rho: np.ndarray  # float64 [N loss tokens]: e^clamp(d, +-20)
 
     @property
     def offset(self) -> bool:
         """Whether the healthy tokens break E_rollout[e^d] = 1: a semantics bug (the test of
-        the mismatch flags, `iscore.noise.Identity`). A noisier engine moves the median d below
-        0 by itself (E[d] = -KL) and is not one."""
-        return self.identity.broken
+        the mismatch flags, `iscore.mismatch.ratio_bias`). A noisier engine moves the median d
+        below 0 by itself (E[d] = -KL) and is not one."""
+        return self.ratio_z is not None
 
     @classmethod
     def of(cls, batch: TokenBatch) -> _Normal:
@@ -261,14 +263,16 @@ class _Normal:
         k3 = np.where(has, k3 / np.maximum(T, 1.0), 0.0)
         every = ops.mask_is_all(batch, m)  # then views, not copies (only ever read)
         d = (d_all if every else d_all[m]).cpu().numpy()
-        d_center, d_spread = _median_mad(d)
-        g_center, g_spread = _median_mad(G[has])
-        broken = noise.broken(noise.summarize(batch))
+        d_center, d_spread = noise.median_mad(d)
+        g_center, g_spread = noise.median_mad(G[has])
+        broken = noise.broken_sequences(batch)
         token_broken = np.repeat(broken, T.astype(np.int64))
         rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
         rho = np.exp(np.clip(d, -20.0, 20.0))
         healthy = rho[~token_broken] if broken.any() else rho
-        identity = noise.Identity.of(float(healthy.sum()), float(healthy @ healthy), healthy.size)
+        ratio = float(healthy.mean()) if healthy.size else 1.0
+        stderr = math.sqrt(max(float(healthy @ healthy) / max(healthy.size, 1) - ratio**2, 0.0))
+        ratio_z = ratio_bias(ratio, stderr / math.sqrt(max(healthy.size, 1)))
         return cls(
             d_center,
             d_spread,
@@ -281,7 +285,8 @@ class _Normal:
             d,
             token_broken,
             rollout,
-            identity,
+            ratio,
+            ratio_z,
             rho,
         )
 
@@ -328,13 +333,6 @@ def _loosest_cap(rho: np.ndarray) -> float:
         if variance_added(np.minimum(rho, cap)) <= VARIANCE_BUDGET:
             return cap
     return CAPS[0]
-
-
-def _median_mad(x: np.ndarray) -> tuple[float, float]:
-    if not x.size:
-        return 0.0, 0.0
-    center = float(np.median(x))
-    return center, 1.4826 * float(np.median(np.abs(x - center)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,7 +582,7 @@ def _recommend(
     if normal.offset:
         warnings.insert(
             0,
-            f"Fix the semantics bug first: <e^d> is {normal.identity.ratio:.4f}, not 1 "
+            f"Fix the semantics bug first: <e^d> is {normal.ratio:.4f}, not 1 "
             "(processed vs raw log-probs, a temperature on one side). No IS correction removes "
             "it; the pick only keeps its damage within the targets meanwhile.",
         )
@@ -807,13 +805,13 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
     if normal.broken.any():
         found.append(
             f"broken sequences: {int(normal.broken.sum())} ({normal.broken_share:.1%}) have a "
-            f"mean log-ratio more than {noise.Z_BROKEN:g} standard errors from the rest (a stale "
-            "replica or a bad rank, not noise): the pick must mask them"
+            f"median log-ratio more than {noise.Z_BROKEN:g} standard errors from their step's "
+            "noise (a stale replica or a bad rank, not noise): the pick must mask them"
         )
     if normal.offset:
         found.append(
-            f"semantics bug: <e^d> is {normal.identity.ratio:.4f} over the healthy tokens "
-            f"({normal.identity.z:+.0f} standard errors from the 1 it must be; the median d is "
+            f"semantics bug: <e^d> is {normal.ratio:.4f} over the healthy tokens "
+            f"({normal.ratio_z:+.0f} standard errors from the 1 it must be; the median d is "
             f"{normal.d_center:+.3g}): processed vs raw log-probs or a temperature on one side, "
             "which no IS correction removes; the bands are centred on the median d"
         )

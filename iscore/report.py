@@ -25,6 +25,7 @@ from iscore.mismatch import FLAG_KINDS, NO_SEMANTICS_BUG, flags_of
 from iscore.output import output_path
 from iscore.recommendation import Targets
 from iscore.settings import parse_config
+from iscore.trend import EVENT_KINDS
 
 SUMMARY_COLUMNS = (
     ("weight_mean", "mean w (token)", "{:.4g}"),
@@ -56,6 +57,7 @@ _MISMATCH_ROWS = (
 _SECTIONS = (
     ("Settings side by side", ("weights", "raw", "collapse", "mask_by_length", "lr_scale")),
     ("Mismatch", ("signed_diff", "abs_diff", "by_prob", "by_pos", "by_length", "by_step")),
+    ("The run, step by step", ("trend",)),
 )
 
 
@@ -85,7 +87,10 @@ def render_html(analysis: Analysis, targets: Targets | None = None) -> str:
         present = [k for k in keys if k in figures]
         if not present:
             continue
-        parts.append(f"<h2>{html.escape(title)}</h2><div class='grid'>")
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        if "trend" in keys:
+            parts.append(_events(doc))
+        parts.append("<div class='grid'>")
         for key in present:
             parts.append(f"<div class='fig' id='fig-{key}'></div>")
             spec = script_json(figures[key])
@@ -170,6 +175,25 @@ def _flags(doc: dict[str, Any]) -> str:
                 f"<div class='flags {kind}'><b>{html.escape(title)}:</b><ul>{items}</ul></div>"
             )
     return "".join(parts)
+
+
+def _events(doc: dict[str, Any]) -> str:
+    """When the run changed (`trend.events`, docs/runs.md), grouped by kind, each with its
+    step and evidence."""
+    events = doc["trend"]["events"]
+    if not events:
+        return (
+            "<p class='ok'>No event: the mismatch stays within its early steps' band, no "
+            "step has broken sequences or an offset, and no setting stops meeting the "
+            "targets.</p>"
+        )
+    items = "".join(
+        f"<li><b>{html.escape(title)}</b> from step {e['step']}: {html.escape(e['evidence'])}</li>"
+        for kind, title in EVENT_KINDS.items()
+        for e in events
+        if e["kind"] == kind
+    )
+    return f"<div class='flags events'><b>Events:</b><ul>{items}</ul></div>"
 
 
 def _fmt(value: Any, pattern: str) -> str:

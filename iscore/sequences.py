@@ -54,14 +54,18 @@ SETTING_STATISTICS = ("weight", "kept", "share")
 """Per-setting columns, as suffixes of the setting's name."""
 
 
-def setting_columns(specs: Sequence[Spec], taken: Collection[str] = ()) -> list[str]:
+def setting_columns(
+    specs: Sequence[Spec], taken: Collection[str] = (), *, number_repeats: bool = False
+) -> list[str]:
     """The column prefix of each setting: its name in lower case with every run of other
     characters than letters, digits and `_` as one `_`, prefixed by its framework where two
-    settings would share it.
+    settings would share it; with `number_repeats`, a setting of the same framework and name
+    as an earlier one gets `_2`, `_3`, ... (the trend's columns), where it is refused
+    otherwise.
 
     Raises:
-        IscoreError: two settings with the same framework and name, or a column that the
-            dump already has.
+        IscoreError: two settings with the same framework and name (without
+            `number_repeats`), or a column that the dump already has.
 
     >>> from iscore.settings import presets
     >>> setting_columns([presets()["verl:decoupled_geo_rs"]])
@@ -76,8 +80,12 @@ def setting_columns(specs: Sequence[Spec], taken: Collection[str] = ()) -> list[
         clean(f"{spec.framework}_{spec.name}") if names.count(name) > 1 else name
         for spec, name in zip(specs, names, strict=True)
     ]
-    for i, name in enumerate(out):
-        if name in out[:i]:
+    seen: dict[str, int] = {}
+    for i, name in enumerate(list(out)):
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1 and number_repeats:
+            out[i] = f"{name}_{seen[name]}"
+        elif seen[name] > 1:
             raise IscoreError(
                 f"two settings are both named {quote(specs[i].name)} ({specs[i].framework}); "
                 "rename one of them (a config's `name:` key) to tell their columns apart"

@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from numbers import Integral, Real
@@ -81,8 +82,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iscore.errors import ConfigError, DumpError, quote
+from iscore.errors import ConfigError, DumpError, IscoreError, quote
 from iscore.output import output_path
+from iscore.stepfiles import step_file, write_atomic
 
 METADATA_KEY = b"iscore.simulate"
 """Parquet key-value metadata key of the file's `SimTruth` (JSON, see `SimTruth.to_dict`)."""
@@ -237,6 +239,11 @@ class SimConfig:
         broken_share: the share of each step's sequences (at least one when above 0) that a
             stale replica scored: every token's train log-prob `BROKEN_SHIFT` nats above the
             rollout's, capped at 0. `broken_sequences` says which.
+        broken_from: the first step with broken sequences (`broken_share` applies from it).
+        grow_from: a scheduled change: from this step on the trainer noise grows by `growth`
+            per step (at this step it is `growth` times the regime's); None keeps it as the
+            regime has it.
+        growth: the factor the trainer noise grows by per step from `grow_from`.
 
     Raises:
         ConfigError: a value is of the wrong type or out of range.
@@ -261,6 +268,9 @@ class SimConfig:
     group_size: int = 8
     broken_share: float = 0.0
     policy_sigma: float = 0.0
+    broken_from: int = 0
+    grow_from: int | None = None
+    growth: float = 1.5
 
     def __post_init__(self) -> None:
         if not isinstance(self.regime, str) or self.regime not in REGIMES:
@@ -277,6 +287,7 @@ class SimConfig:
             ("min_len", 1),
             ("vocab", 2),
             ("group_size", 1),
+            ("broken_from", 0),
         ):
             object.__setattr__(self, name, _check_int(name, getattr(self, name), low))
         object.__setattr__(
@@ -308,6 +319,27 @@ class SimConfig:
                 f"Expected argument `policy_sigma` to be a float in [0, 2], but got {quote(policy)}"
             )
         object.__setattr__(self, "policy_sigma", float(policy))
+        if self.grow_from is not None:
+            object.__setattr__(self, "grow_from", _check_int("grow_from", self.grow_from, 0))
+        growth = self.growth
+        if isinstance(growth, bool) or not isinstance(growth, Real) or not 1 <= growth <= 10:
+            raise ConfigError(
+                f"Expected argument `growth` to be a float in [1, 10], but got {quote(growth)}"
+            )
+        object.__setattr__(self, "growth", float(growth))
+
+    def sigma(self, step: int) -> float:
+        """The trainer noise's scale (nats) at `step`: the regime's, grown from `grow_from`.
+
+        >>> SimConfig(grow_from=2, growth=2.0).sigma(3) / SimConfig().sigma(3)
+        4.0
+        """
+        regime = REGIMES[self.regime]
+        sigma = regime.sigma * regime.sigma_growth**step
+        if self.grow_from is not None and step >= self.grow_from:
+            # Beyond the cap on a position's noise, more growth changes nothing.
+            sigma *= self.growth ** min(step - self.grow_from + 1, 1000)
+        return min(sigma, _MAX_NOISE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,7 +441,7 @@ class SimTruth:
         ('dense_bf16', True, True)
         """
         return {
-            "config": asdict(self.config),
+            "config": _config_dict(self.config),
             "regime": asdict(self.regime),
             "tokens": self.tokens,
             "sequences": self.sequences,
@@ -430,6 +462,20 @@ class SimTruth:
                 StepTruth(**{**s, "kl_train_rollout": math.inf if reverse is None else reverse})
             )
         return cls(SimConfig(**data["config"]), Regime(**data["regime"]), tuple(steps))
+
+
+_SCHEDULE = ("broken_from", "grow_from", "growth")
+"""A config's scheduled change (`SimConfig.grow_from`, `SimConfig.broken_from`)."""
+
+
+def _config_dict(config: SimConfig) -> dict[str, Any]:
+    """The config as JSON-ready fields, its scheduled change only where it has one (so that a
+    dump without one records what it did before there were any)."""
+    fields = asdict(config)
+    if config.grow_from is None and config.broken_from == 0:
+        for name in _SCHEDULE:
+            del fields[name]
+    return fields
 
 
 def read_truth(path: str | Path) -> SimTruth:
@@ -681,7 +727,7 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
     reward, advantage = _rewards(rng, config)
     flips = _flip_mask(rng, lengths, regime.flip_fraction)
 
-    sigma = regime.sigma * regime.sigma_growth**step
+    sigma = config.sigma(step)
     token_id = np.empty(tokens, dtype=np.int32)
     rollout = np.empty(tokens, dtype=np.float32)
     train = np.empty(tokens, dtype=np.float32)
@@ -928,8 +974,76 @@ def write_simulated(
     return truth
 
 
+def write_run(
+    folder: str | Path,
+    config: SimConfig,
+    *,
+    ranks: int = 1,
+    layout: Literal["sequence", "token"] = "sequence",
+    every: float = 0.0,
+) -> SimTruth:
+    """Write a simulated run as a training loop's writer does: a folder with one Parquet file
+    per step and rank, `folder/step_000123/rank_0000.parquet` (`iscore.stepfiles`), each
+    appearing whole, one step at a time; and return its truth.
+
+    Each file's metadata holds, under `METADATA_KEY`, the config and its step's `StepTruth`
+    (`read_truth` reads it): with `SimConfig.grow_from` and `SimConfig.broken_from`, the
+    steps from which the mismatch grows and broken sequences appear.
+
+    Args:
+        folder: the run's folder: new, or empty.
+        config: what to simulate.
+        ranks: files per step; a step's sequences are split between them in order.
+        layout: "sequence" or "token", as `write_simulated`.
+        every: seconds to wait before each step after the first (a job still writing).
+
+    Raises:
+        ConfigError: `ranks` is not a positive integer or `layout` is neither layout.
+        IscoreError: `folder` is a file, or a folder that holds files.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     truth = write_run(tmp, SimConfig(steps=3, sequences=4, grow_from=1), ranks=2)
+    ...     files = sorted(p.relative_to(tmp).as_posix() for p in Path(tmp).rglob("*.parquet"))
+    ...     step = read_truth(Path(tmp) / files[-1])
+    >>> files[:2], len(files), step.steps[0].step, step.config.grow_from
+    (['step_000000/rank_0000.parquet', 'step_000000/rank_0001.parquet'], 6, 2, 1)
+    """
+    if layout not in ("sequence", "token"):
+        raise ConfigError(
+            f"Expected argument `layout` to be 'sequence' or 'token', but got {quote(layout)}"
+        )
+    ranks = _check_int("ranks", ranks, 1)
+    out = Path(folder)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        what = "a file" if not out.is_dir() else "a folder that holds files"
+        raise IscoreError(f"{out}: is {what}; a simulated run is written into a new folder")
+    regime = REGIMES[config.regime]
+    steps = []
+    for step in range(config.steps):
+        if step and every > 0:
+            time.sleep(every)
+        s = _simulate_step(config, regime, step)
+        table = pa.Table.from_batches(
+            [(_sequence_batch(s) if layout == "sequence" else _token_batch(s))]
+        ).replace_schema_metadata(None)
+        truth = SimTruth(config, regime, (s.truth,))
+        metadata = {METADATA_KEY.decode(): json.dumps(truth.to_dict(), allow_nan=False)}
+        rows = s.offsets if layout == "token" else np.arange(config.sequences + 1)
+        for rank, part in enumerate(np.array_split(np.arange(config.sequences), ranks)):
+            if not part.size:  # more ranks than sequences
+                continue
+            lo, hi = int(rows[part[0]]), int(rows[part[-1] + 1])
+            write_atomic(step_file(out, step, rank), [table.slice(lo, hi - lo)], metadata)
+        steps.append(s.truth)
+    return SimTruth(config, regime, tuple(steps))
+
+
 BROKEN_SHIFT = 1.0
 """Nats a stale replica's train log-probs sit above the rollout's (`SimConfig.broken_share`)."""
+
+BROKEN_FROM_SHARE = 0.04
+"""The broken share `iscore simulate --broken-from` takes when not given one."""
 
 
 def broken_sequences(config: SimConfig, step: int) -> np.ndarray:
@@ -940,7 +1054,7 @@ def broken_sequences(config: SimConfig, step: int) -> np.ndarray:
     4
     """
     broken = np.zeros(config.sequences, dtype=bool)
-    if config.broken_share > 0:
+    if config.broken_share > 0 and step >= config.broken_from:
         rng = np.random.default_rng([config.seed, step, 1])
         count = max(1, round(config.broken_share * config.sequences))
         broken[rng.choice(config.sequences, count, replace=False)] = True

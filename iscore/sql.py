@@ -276,7 +276,15 @@ class Predicate:
     schema: pa.Schema = field(repr=False)
 
     @classmethod
-    def compile(cls, text: str, schema: pa.Schema, *, hint: str = "") -> Predicate:
+    def compile(
+        cls,
+        text: str,
+        schema: pa.Schema,
+        *,
+        hint: str = "",
+        flag: str = "--where",
+        unit: str = "sequence",
+    ) -> Predicate:
         """Check `text` against `schema`: one boolean expression over its columns, with no
         subquery, aggregate or window function (each row is judged on its own).
 
@@ -284,6 +292,8 @@ class Predicate:
             text: the expression, e.g. `length > 4000 AND reward = 1`.
             schema: the columns it may use.
             hint: added to the message naming an unknown column.
+            flag: the option the messages name (`--where`, `--alert`).
+            unit: what a row is, in the messages ("sequence", "step").
 
         Raises:
             QueryError: one line saying what is wrong, with DuckDB's message.
@@ -292,11 +302,16 @@ class Predicate:
         frozenset({'k3'})
         """
         if not text.strip():
-            raise QueryError("--where: empty; expected a boolean expression such as step > 200")
+            raise QueryError(f"{flag}: empty; expected a boolean expression such as step > 200")
+        # Where --sql answers what a predicate cannot (the sequence table's questions).
+        across = " (use --sql for questions across sequences)" if flag == "--where" else ""
+        grouped = (
+            " (use --sql with GROUP BY for questions across sequences)" if flag == "--where" else ""
+        )
         empty = schema.empty_table()
         con = connect({"sequences": empty})
         try:
-            node = _parse(con, f"SELECT * FROM sequences WHERE {text}", "--where")
+            node = _parse(con, f"SELECT * FROM sequences WHERE {text}", flag)
             extra = (
                 node.get("type") != "SELECT_NODE"
                 or node.get("modifiers")
@@ -308,14 +323,14 @@ class Predicate:
                 or node.get("from_table", {}).get("table_name") != "sequences"
             )
             if extra:
-                raise QueryError(f"--where: expected one boolean expression, but got {quote(text)}")
+                raise QueryError(f"{flag}: expected one boolean expression, but got {quote(text)}")
             columns = set()
             for item in _walk(node["where_clause"]):
                 if item.get("class") in ("SUBQUERY", "WINDOW"):
                     what = "a subquery" if item["class"] == "SUBQUERY" else "a window function"
                     raise QueryError(
-                        f"--where: {what} is not allowed; a predicate judges each sequence "
-                        "on its own values (use --sql for questions across sequences)"
+                        f"{flag}: {what} is not allowed; a predicate judges each {unit} "
+                        f"on its own values{across}"
                     )
                 if item.get("class") == "FUNCTION" and _is_aggregate(con, item["function_name"]):
                     # DuckDB's parser names count(*) count_star.
@@ -323,26 +338,25 @@ class Predicate:
                         item["function_name"], item["function_name"]
                     )
                     raise QueryError(
-                        f"--where: an aggregate ({name}) is not allowed; a "
-                        "predicate judges each sequence on its own values (use --sql with GROUP "
-                        "BY for questions across sequences)"
+                        f"{flag}: an aggregate ({name}) is not allowed; a "
+                        f"predicate judges each {unit} on its own values{grouped}"
                     )
                 if item.get("class") == "COLUMN_REF":
                     columns.add(item["column_names"][-1])
             unknown = sorted(columns - set(schema.names))
             if unknown:
                 raise QueryError(
-                    f"--where: no column {', '.join(map(quote, unknown))}; the columns are "
+                    f"{flag}: no column {', '.join(map(quote, unknown))}; the columns are "
                     f"{', '.join(schema.names)}{hint}"
                 )
             try:
                 kind = con.sql(f"SELECT ({text}) AS keep FROM sequences").types[0]
                 con.execute(f"SELECT * FROM sequences WHERE {text}").fetchall()
             except duckdb.Error as e:
-                raise QueryError(f"--where: {one_line(e)}") from e
+                raise QueryError(f"{flag}: {one_line(e)}") from e
             if str(kind) not in ("BOOLEAN", '"NULL"', "NULL"):
                 raise QueryError(
-                    f"--where: expected a boolean expression, but {quote(text)} is {kind}"
+                    f"{flag}: expected a boolean expression, but {quote(text)} is {kind}"
                 )
         finally:
             con.close()

@@ -48,6 +48,7 @@ from iscore.sequences import batch_schema, catalog, sequence_table
 from iscore.spec import Spec
 from iscore.sql import ROW_LIMIT, TIMEOUT_S, Result, query
 from iscore.stepfiles import describe_runs
+from iscore.trend import Trend
 from iscore.tune import Tuner, grid
 from iscore.where import Where
 from iscore.writer import PROVENANCE_KEY
@@ -356,16 +357,19 @@ class Workspace:
         def compute() -> np.ndarray:
             batch, cache = self._loaded(chosen)
             with self._sharing, ops.shared(batch, cache):
-                return noise.broken(noise.summarize(batch))
+                return noise.broken_sequences(batch)
 
         return self._other.get(("broken", chosen), compute)
 
     def analysis(
         self, specs: Sequence[Spec], steps: Selection | StepRange | None = None
     ) -> Analysis:
-        """The analysis of the selected steps with `specs`, each setting computed once."""
+        """The analysis of the selected steps with `specs`, each setting computed once (the
+        trend joined again with the settings' per-step rows)."""
         base = self.mismatch(steps)
-        return replace(base, settings=[self.setting(spec, steps) for spec in specs])
+        settings = [self.setting(spec, steps) for spec in specs]
+        trend = Trend.of(base.mismatch, settings, specs, Targets())
+        return replace(base, settings=settings, trend=trend)
 
     def tuner(self, steps: Selection | StepRange | None = None) -> Tuner:
         """The sorted statistics of the selected steps, for threshold queries."""

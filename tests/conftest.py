@@ -17,6 +17,16 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 ACCELERATORS = [device for device in DEVICES if device != "cpu"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cache_in_a_temporary_folder(tmp_path_factory):
+    """Commands keep their results store in the user's cache (`$XDG_CACHE_HOME/iscore`):
+    the tests', and those of the processes they start, go to a temporary folder, never to the
+    real home."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Skip GPU tests on machines without CUDA (CI has none)."""
     if torch.cuda.is_available():

@@ -20,6 +20,9 @@
   the framework's loss aggregation;
 - `startup`: fresh processes running `iscore --help`, `iscore presets` and `iscore validate`
   of a small dump, and importing the engine;
+- `runs`: a simulated run of 1,000 small step files analyzed once through an empty results
+  store, then again from it; its per-step trend opened from the store; and a new step
+  landing in the followed run, against that step's file analyzed alone;
 - peak memory (fresh subprocesses): streaming the whole dump, streaming a quarter of it, and
   loading it whole;
 - with CUDA: the replay of the settings on chunks resident on the GPU, and including the
@@ -34,8 +37,9 @@ The package, by responsibility:
 - `harness`: `run_bench` and the list of measurements it runs, `format_table`;
 - `base`: what a measurement is given (`Run`) and returns (`Measured`), rows and timing;
 - `data`: the bench dump, simulated or reused, and prefixes of whole steps;
-- `throughput`, `interactive`, `processes`: the measurements (read, load, analyze, replay,
-  CUDA; Tuner and app latency; marginal cost, start-up and peak memory in fresh processes);
+- `throughput`, `interactive`, `processes`, `writer`, `runs`: the measurements (read, load,
+  analyze, replay, CUDA; Tuner and app latency; marginal cost, start-up and peak memory in
+  fresh processes; the dump writer; a run's store, trend and new steps);
 - `goals`: the goals and how each is judged;
 - `baselines`: the padded torch and pandas implementations and their comparison with iscore;
 - `where`: the `--where` benchmark.

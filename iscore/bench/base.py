@@ -59,8 +59,8 @@ class Run:
         specs: the settings replayed.
         chunk_tokens: tokens per streamed chunk.
         device: "cpu", "cuda" or None (CUDA rows when CUDA is available).
-        baseline_tokens, tune_tokens, queries, repeats, marginal_repeats, memory: as
-            `run_bench` takes them.
+        baseline_tokens, tune_tokens, queries, repeats, marginal_repeats, memory, run_files:
+            as `run_bench` takes them.
         say: called with a line of progress.
     """
 
@@ -75,6 +75,7 @@ class Run:
     repeats: int = 2
     marginal_repeats: int = 5
     memory: bool = True
+    run_files: int = 1000
     say: Callable[[str], None] = lambda line: None
 
     @property

@@ -22,6 +22,9 @@ GOALS = {
     "app_tune_open_s": 3.0,
     "app_slider_p50_s": 0.05,
     "writer_vs_step": 0.02,
+    "run_second_vs_first": 0.10,
+    "run_trend_open_s": 1.0,
+    "run_new_step_vs_alone": 2.0,
 }
 """Each goal's threshold (seconds, a ratio or tokens per second)."""
 
@@ -35,6 +38,9 @@ GOAL_TEXT = {
     "app_tune_open_s": "<= 3 s",
     "app_slider_p50_s": "< 50 ms",
     "writer_vs_step": "< 2% step",
+    "run_second_vs_first": "<= 10% first",
+    "run_trend_open_s": "<= 1 s",
+    "run_new_step_vs_alone": "<= 2x alone",
 }
 """The goal as the table's `goal` column shows it beside the row judged by it."""
 
@@ -286,6 +292,41 @@ def writer_vs_step(result: dict[str, Any]) -> list[Goal]:
     ]
 
 
+def runs(result: dict[str, Any]) -> list[Goal]:
+    """A run followed step by step: the second analyze from the store against the first,
+    opening its per-step trend from the store, and a new step against its file alone."""
+    r = result["runs"]
+    files = f"{r['files']:,} step files"
+    ratio = r["second_s"] / r["first_s"]
+    alone = r["new_step_s"] / r["step_alone_s"]
+    checks = (
+        (
+            "run_second_vs_first",
+            f"a second analyze of {files} <= {GOALS['run_second_vs_first']:.0%} of the first",
+            f"{ratio:.1%} ({r['second_s']:.2f} s vs {r['first_s']:.2f} s)",
+            ratio <= GOALS["run_second_vs_first"],
+        ),
+        (
+            "run_trend_open_s",
+            f"the per-step trend of {files} opens from the store in <= "
+            f"{GOALS['run_trend_open_s']:g} s",
+            f"{r['trend_open_s']:.2f} s",
+            r["trend_open_s"] <= GOALS["run_trend_open_s"],
+        ),
+        (
+            "run_new_step_vs_alone",
+            f"a new step of a followed run costs <= {GOALS['run_new_step_vs_alone']:g}x its "
+            "file analyzed alone",
+            f"{alone:.2f}x ({r['new_step_s'] * 1e3:.0f} ms vs {r['step_alone_s'] * 1e3:.0f} ms)",
+            alone <= GOALS["run_new_step_vs_alone"],
+        ),
+    )
+    return [
+        {"id": key, "goal": goal, "measured": measured, "met": met}
+        for key, goal, measured, met in checks
+    ]
+
+
 CHECKS: tuple[Callable[[dict[str, Any]], list[Goal]], ...] = (
     e2e_vs_read,
     marginal_vs_read,
@@ -294,6 +335,7 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Goal]], ...] = (
     tune_query,
     app_steps,
     writer_vs_step,
+    runs,
     cuda_replay,
 )
 """The goals, in the order they are printed."""

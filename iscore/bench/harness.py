@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from iscore.bench import data, goals, interactive, processes, throughput
+from iscore.bench import data, goals, interactive, processes, runs, throughput
 from iscore.bench.base import SETTINGS, Measurement, Run, loadavg, machine
 from iscore.bench.baselines.comparison import baselines
 from iscore.bench.writer import writer
@@ -34,6 +34,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     interactive.app,
     processes.startup,
     writer,
+    runs.runs,
     processes.memory,
     throughput.cuda,
 )
@@ -53,6 +54,7 @@ def run_bench(
     repeats: int = 2,
     marginal_repeats: int = 5,
     memory: bool = True,
+    run_files: int = 1000,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Time iscore against pyarrow, a padded torch and a pandas implementation.
@@ -72,11 +74,12 @@ def run_bench(
         repeats: runs per timing (the best is kept).
         marginal_repeats: fresh processes per marginal timing (the best is kept).
         memory: measure peak RSS in subprocesses (several extra passes over the dump).
+        run_files: step files of the simulated run followed step by step (`runs`).
         log: called with a line of progress for each stage.
 
     Returns:
         A JSON-ready dict: `machine`, `dump`, `rows` (the table), `goals`, `agreement`,
-        `memory`, `marginal`, `tune`, `app`, `startup`, `cuda`.
+        `memory`, `marginal`, `tune`, `app`, `startup`, `writer`, `runs`, `cuda`.
 
     Raises:
         ConfigError: `tokens` < 1000, or `device` is neither None, "cpu" nor "cuda".
@@ -114,6 +117,7 @@ def run_bench(
             repeats=repeats,
             marginal_repeats=marginal_repeats,
             memory=memory,
+            run_files=run_files,
             say=say,
         )
         rows: list[dict[str, Any]] = []

@@ -172,6 +172,17 @@ class Dump:
         """The extra columns each batch's `extra` table holds (`None` when there are none)."""
 
     @property
+    def columns(self) -> dict[str, str | None]:
+        """The explicit canonical -> source column names it was opened with (a copy)."""
+        return dict(self._mapping)
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether some of its files are held in memory (uploads, converted framework dumps)
+        rather than read from disk."""
+        return any(data is not None for data in self._data)
+
+    @property
     def provenance(self) -> list[dict]:
         """Per file, where an imported dump came from (framework, source files, steps), or {}."""
         out = []

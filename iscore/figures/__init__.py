@@ -39,6 +39,7 @@ from iscore.figures.analysis import (
     mismatch_figures,
     setting_figures,
     signed_diff_histogram,
+    trend_figure,
     weight_histogram,
 )
 from iscore.figures.binning import rebin, widths
@@ -84,6 +85,7 @@ __all__ = [
     "style",
     "symbol",
     "text",
+    "trend_figure",
     "tune_figure",
     "weight_histogram",
     "widths",

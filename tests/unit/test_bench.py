@@ -59,6 +59,11 @@ ROWS = {
     "writer: a step's loss over the same tensors",
     "writer: add_batch, time the step waits",
     "writer: background conversion and write",
+    "run: first analyze (6 step files)",
+    "run: second analyze, from the store",
+    "run: open the per-step trend from the store",
+    "run: a new step, followed",
+    "run: that step file analyzed alone",
 }
 GOALS = {
     "e2e_vs_read",
@@ -72,6 +77,9 @@ GOALS = {
     "app_tune_open_s",
     "app_slider_p50_s",
     "writer_vs_step",
+    "run_second_vs_first",
+    "run_trend_open_s",
+    "run_new_step_vs_alone",
 }
 
 NAMES = [f"{spec.framework}:{spec.name}" for spec in SETTINGS]
@@ -92,6 +100,7 @@ def result(tmp_path_factory) -> dict:
         queries=60,
         repeats=1,
         marginal_repeats=1,
+        run_files=6,
     )
 
 
@@ -131,6 +140,9 @@ def test_structure(result):
     writer = result["writer"]  # at the dump's 200k tokens, not 1M
     assert 100_000 < writer["tokens"] < 300_000
     assert 0 < writer["add_batch_s"] < writer["step_s"]
+    runs = result["runs"]
+    assert runs["files"] == 6 and runs["sequences_per_file"] == 8
+    assert min(runs["second_s"], runs["trend_open_s"], runs["new_step_s"]) > 0
 
 
 @pytest.mark.slow

@@ -415,3 +415,27 @@ def test_a_policy_adds_its_column_and_changes_nothing_else(tmp_path, layout):
     k3 = np.expm1(-log_ratio) + log_ratio
     assert (policy <= 0).all()
     assert abs(k3.mean() - truth.kl_train_policy) < Z * k3.std() / math.sqrt(k3.size)
+
+
+def test_a_run_folder_holds_one_file_per_step_and_rank_with_its_truth(tmp_path, capsys):
+    from iscore.cli import main
+
+    run = tmp_path / "run"
+    argv = ["simulate", str(run), "--steps", "3", "--sequences", "5", "--median-len", "20"]
+    assert main([*argv, "--ranks", "2", "--grow-from", "1", "--broken-from", "2"]) == 0
+    files = sorted(p.relative_to(run).as_posix() for p in run.rglob("*.parquet"))
+    assert files == [f"step_{s:06d}/rank_{r:04d}.parquet" for s in range(3) for r in range(2)]
+    truths = [read_truth(run / f) for f in files]
+    assert [t.steps[0].step for t in truths] == [0, 0, 1, 1, 2, 2]
+    assert {(t.config.grow_from, t.config.broken_from, t.config.broken_share) for t in truths} == {
+        (1, 2, 0.04)
+    }
+    assert [t.steps[0].broken for t in truths[::2]] == [0, 0, 1]
+    assert [t.steps[0].sigma / truths[0].steps[0].sigma for t in truths[::2]] == [1.0, 1.5, 2.25]
+    # Two ranks hold the step's five sequences between them.
+    assert sum(pq.read_metadata(run / f).num_rows for f in files[:2]) == 5
+    capsys.readouterr()
+    assert main(argv) == 2  # never into an existing folder
+    assert "is a directory; expected a file name to write, or" in capsys.readouterr().err
+    assert main(["simulate", str(tmp_path / "one.parquet"), "--ranks", "2"]) == 2
+    assert "--ranks is an option of a run folder" in capsys.readouterr().err

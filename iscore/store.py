@@ -1,0 +1,391 @@
+"""The results store: what an analysis computed of each step of each file, kept on disk so that
+analyzing a run again reads and computes only what changed (docs/runs.md#the-results-store).
+
+One Arrow IPC file per dump file (`<folder>/iscore-results-v1/<key[:2]>/<key>.arrow`), keyed by
+the file's identity (its resolved path, size, modification time and a digest of its Parquet
+footer), iscore's version, the column mapping and the device. It holds, for each part of the
+file (a run of one step's sequences, in the order read), the state of the mismatch's and of
+each setting's accumulators (`MismatchStats.state`, `SettingStats.state`: plain arrays, one
+row each, never pickled), every group with its SHA-256. A setting is known by its config
+(`framework` and the framework's own keys; the display name is not part of it).
+
+Nothing read is trusted: an entry of another version, file or mapping, one whose checksum
+fails, or whose arrays do not make an accumulator (`from_state` refuses it) is ignored, and
+what it held is computed again and written anew. Files are written whole under a temporary
+name and renamed, so a reader never sees half of one, and two writers lose at most each
+other's newest parts, never a file.
+
+>>> store = ResultStore(tmp_path)                                 # doctest: +SKIP
+>>> analyze("run/", ["verl:decoupled_geo_rs"], store=store)        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from iscore.errors import IscoreError
+from iscore.impact import SettingStats
+from iscore.mismatch import MismatchStats
+from iscore.spec import Spec
+
+FORMAT = 1
+"""The layout of the entries; a store of another format is never read."""
+
+MISMATCH = "mismatch"
+"""The `what` of the mismatch's accumulator (a setting's is its `setting_key`)."""
+
+_MAGIC = b"PAR1"
+_SCHEMA = pa.schema(
+    [
+        ("part", pa.int32()),
+        ("step", pa.int64()),
+        ("run", pa.int32()),
+        ("tokens", pa.int64()),
+        ("what", pa.string()),
+        ("name", pa.string()),
+        ("dtype", pa.string()),
+        ("shape", pa.list_(pa.int64())),
+        ("data", pa.large_binary()),
+        ("checksum", pa.string()),
+    ]
+)
+_DTYPES = frozenset({"|u1", "<i4", "<i8", "<f8"})
+"""The array types a state holds; any other in an entry makes it foreign."""
+
+
+def default_folder() -> Path:
+    """Where the store lives unless told: `$XDG_CACHE_HOME/iscore`, else `~/.cache/iscore`."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "iscore"
+
+
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """What a dump file is, as far as the store is concerned: a file changed in place gets
+    another identity.
+
+    Attributes:
+        path: its resolved path.
+        size: its size in bytes.
+        mtime_ns: its modification time.
+        footer: the SHA-256 of its Parquet footer (hex).
+    """
+
+    path: str
+    size: int
+    mtime_ns: int
+    footer: str
+
+    @classmethod
+    def of(cls, path: str | Path) -> FileIdentity | None:
+        """The identity of a complete Parquet file; None where the file cannot be read or
+        its footer is not complete yet (a file still being written: see `footer_complete`).
+        """
+        real = os.path.realpath(path)
+        try:
+            with open(real, "rb") as f:
+                stat = os.fstat(f.fileno())
+                footer = _footer(f, stat.st_size)
+        except OSError:
+            return None
+        if footer is None:
+            return None
+        return cls(real, stat.st_size, stat.st_mtime_ns, hashlib.sha256(footer).hexdigest())
+
+    @property
+    def key(self) -> str:
+        return _digest(json.dumps([self.path, self.size, self.mtime_ns, self.footer]))
+
+
+def _footer(f: Any, size: int) -> bytes | None:
+    """The footer of an open Parquet file (metadata and its length), or None where the magic
+    is missing at either end or the length does not fit."""
+    if size < 12:
+        return None
+    if f.read(4) != _MAGIC:
+        return None
+    f.seek(size - 8)
+    tail = f.read(8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != _MAGIC or length <= 0 or length > size - 12:
+        return None
+    f.seek(size - 8 - length)
+    return f.read(length) + tail
+
+
+def footer_complete(path: str | Path) -> bool:
+    """Whether `path` is a whole Parquet file: the magic at both ends and a footer that
+    parses (a file a job is still writing, or whose write was cut short, is not)."""
+    if FileIdentity.of(path) is None:
+        return False
+    try:
+        pq.read_metadata(path)
+    except (OSError, pa.ArrowException):
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def setting_key(spec: Spec) -> str:
+    """The `what` of a setting: a digest of its config (`framework` and the framework's own
+    keys, not its display name), so that two names of one setting share their entries."""
+    config = {k: v for k, v in spec.to_config().items() if k != "name"}
+    return _digest(json.dumps([spec.framework, config], sort_keys=True, default=str))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(slots=True)
+class StoredPart:
+    """One part of a file (a run of one step's sequences) as the store holds it.
+
+    Attributes:
+        step, run: the step, and how many parts of that step came before it in the file.
+        tokens: its tokens.
+        states: `what` -> the accumulator's state, checked against its checksum.
+    """
+
+    step: int
+    run: int
+    tokens: int
+    states: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def mismatch(self) -> MismatchStats | None:
+        """The mismatch's accumulator, or None where it is missing or its state is foreign."""
+        state = self.states.get(MISMATCH)
+        if state is None:
+            return None
+        try:
+            return MismatchStats.from_state(state)
+        except (ValueError, TypeError):
+            return None
+
+    def setting(self, spec: Spec) -> SettingStats | None:
+        """`spec`'s accumulator, or None where it is missing or its state is foreign."""
+        state = self.states.get(setting_key(spec))
+        if state is None:
+            return None
+        try:
+            return SettingStats.from_state(spec, state)
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass(slots=True)
+class StoredFile:
+    """What the store holds of one dump file.
+
+    Attributes:
+        parts: its parts, in the order read.
+        complete: whether `parts` lists every part of the file (it was read whole once), so
+            that a selection of steps can be served without reading it.
+    """
+
+    parts: list[StoredPart]
+    complete: bool
+
+
+class ResultStore:
+    """The per-step results of analyses, in a folder (see the module docstring).
+
+    Args:
+        folder: where the entries live (made when first written; `default_folder()` is the
+            user's cache).
+
+    Attributes:
+        reads, writes: entries read and written (the bench and tests count them).
+    """
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.root = self.folder / f"iscore-results-v{FORMAT}"
+        self.reads = 0
+        self.writes = 0
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.arrow"
+
+    def load(self, file: FileIdentity, context: str) -> StoredFile | None:
+        """What the store holds of `file` analyzed in `context` (`Context.key`); None where
+        it holds nothing that checks out."""
+        key = _entry_key(file, context)
+        try:
+            with pa.OSFile(str(self._path(key))) as source:
+                table = pa.ipc.open_file(source).read_all()
+        except (OSError, pa.ArrowException):
+            return None
+        self.reads += 1
+        meta = (table.schema.metadata or {}).get(b"iscore.store")
+        try:
+            header = json.loads(meta) if meta else None
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or header.get("key") != key:
+            return None
+        if not table.schema.remove_metadata().equals(_SCHEMA):
+            return None
+        return _parts(table, key, header.get("complete") is True)
+
+    def save(self, file: FileIdentity, context: str, stored: StoredFile) -> None:
+        """Write what is known of `file` in `context`, replacing the entry whole.
+
+        Raises:
+            IscoreError: the folder cannot be written (named, with the reason).
+        """
+        key = _entry_key(file, context)
+        columns: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names}
+        for index, part in enumerate(stored.parts):
+            for what, state in sorted(part.states.items()):
+                checksum = _checksum(key, index, part, what, state)
+                for name, array in sorted(state.items()):
+                    array = np.ascontiguousarray(array)
+                    columns["part"].append(index)
+                    columns["step"].append(part.step)
+                    columns["run"].append(part.run)
+                    columns["tokens"].append(part.tokens)
+                    columns["what"].append(what)
+                    columns["name"].append(name)
+                    columns["dtype"].append(array.dtype.str)
+                    columns["shape"].append(list(array.shape))
+                    columns["data"].append(array.tobytes())
+                    columns["checksum"].append(checksum)
+        header = json.dumps({"key": key, "complete": stored.complete, "format": FORMAT})
+        table = pa.table(columns, schema=_SCHEMA.with_metadata({"iscore.store": header}))
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _beside(path) as tmp:
+                options = pa.ipc.IpcWriteOptions(compression=None)
+                with pa.ipc.new_file(tmp, table.schema, options=options) as writer:
+                    writer.write_table(table)
+        except OSError as e:
+            raise IscoreError(f"results store {self.folder}: cannot write: {e}") from e
+        self.writes += 1
+
+    def _run_path(self, key: str) -> Path:
+        return self.root / "runs" / f"{key}.json"
+
+    def load_run(self, key: str) -> dict[str, Any] | None:
+        """The document `save_run` kept under `key`, or None where there is none, or it is
+        not one (its checksum fails, or it is not JSON)."""
+        try:
+            lines = self._run_path(key).read_text(encoding="utf-8").split("\n", 1)
+            checksum, text = lines
+            payload = json.loads(text) if _digest(key + text) == checksum else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(payload, dict):
+            return None
+        self.reads += 1
+        return payload
+
+    def save_run(self, key: str, payload: dict[str, Any]) -> None:
+        """Keep a followed run's per-step rows (a JSON document, strict: no NaN) under `key`,
+        replacing what was there: its SHA-256 on the first line, the document on the second.
+
+        Raises:
+            IscoreError: the folder cannot be written.
+        """
+        text = json.dumps(payload, allow_nan=False)
+        path = self._run_path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _beside(path) as tmp:
+                Path(tmp).write_text(f"{_digest(key + text)}\n{text}", encoding="utf-8")
+        except OSError as e:
+            raise IscoreError(f"results store {self.folder}: cannot write: {e}") from e
+        self.writes += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What, besides the file, an entry's numbers depend on.
+
+    Attributes:
+        columns: the file's resolved columns (canonical -> its column), as read.
+        device: "cpu" or "cuda" (their float sums may differ in the last digit).
+    """
+
+    columns: tuple[tuple[str, str], ...]
+    device: str
+
+    @property
+    def key(self) -> str:
+        return _digest(json.dumps([_version(), FORMAT, self.columns, self.device]))
+
+
+@functools.cache
+def _version() -> str:
+    return version("iscore")
+
+
+def _entry_key(file: FileIdentity, context: str) -> str:
+    return _digest(file.key + context)
+
+
+def _checksum(
+    key: str, index: int, part: StoredPart, what: str, state: dict[str, np.ndarray]
+) -> str:
+    digest = hashlib.sha256(f"{key}|{index}|{part.step}|{part.run}|{what}".encode())
+    for name, array in sorted(state.items()):
+        digest.update(f"|{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def _parts(table: pa.Table, key: str, complete: bool) -> StoredFile | None:
+    """The parts an entry's rows describe, each state checked against its checksum (a state
+    that fails is left out: computed again)."""
+    columns = {name: table.column(name).to_pylist() for name in _SCHEMA.names}
+    rows = len(columns["part"])
+    parts: list[StoredPart] = []
+    groups: dict[tuple[int, str], tuple[str, dict[str, np.ndarray]]] = {}
+    for i in range(rows):
+        index = columns["part"][i]
+        if index is None or index < 0 or index > len(parts) or columns["what"][i] is None:
+            return None
+        if index == len(parts):
+            parts.append(StoredPart(columns["step"][i], columns["run"][i], columns["tokens"][i]))
+        dtype, shape, data = columns["dtype"][i], columns["shape"][i], columns["data"][i]
+        if dtype not in _DTYPES or shape is None or data is None:
+            return None
+        try:
+            array = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+        except (ValueError, TypeError):
+            return None
+        group = groups.setdefault((index, columns["what"][i]), (columns["checksum"][i], {}))
+        group[1][columns["name"][i]] = array
+    for (index, what), (checksum, state) in groups.items():
+        if _checksum(key, index, parts[index], what, state) == checksum:
+            parts[index].states[what] = state
+    return StoredFile(parts, complete)
+
+
+@contextlib.contextmanager
+def _beside(path: Path) -> Iterator[str]:
+    """A temporary file beside `path` that becomes `path` when the block succeeds."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

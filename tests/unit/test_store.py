@@ -1,0 +1,214 @@
+"""The results store: a second analysis of a run reads only what changed, and equals a fresh
+one to the last digit; whatever in the store does not check out is computed again."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from iscore.analysis import analyze
+from iscore.cli import main
+from iscore.dump import Dump, StepRange
+from iscore.errors import DumpError
+from iscore.simulate import SimConfig, write_run
+from iscore.store import (
+    MISMATCH,
+    Context,
+    FileIdentity,
+    ResultStore,
+    default_folder,
+    footer_complete,
+)
+
+SETTINGS = ["verl:decoupled_geo_rs_token_tis", "skyrl:skyrl_geo_mask"]
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    folder = tmp_path / "run"
+    config = SimConfig("moe_routing", sequences=12, steps=4, median_len=80, seed=5)
+    write_run(folder, config, ranks=2)
+    return folder
+
+
+def _doc(data, settings=SETTINGS, store=None, **options) -> str:
+    return json.dumps(
+        analyze(Dump(data, **options), settings, store=store).to_dict(), sort_keys=True
+    )
+
+
+def _entries(store: ResultStore) -> list[Path]:
+    return sorted(store.root.rglob("*.arrow"))
+
+
+def test_a_second_analysis_reads_the_store_and_equals_a_fresh_one(run, tmp_path):
+    fresh = _doc(run)
+    store = ResultStore(tmp_path / "cache")
+    assert _doc(run, store=store) == fresh
+    assert (store.reads, store.writes) == (0, 8)  # 4 steps x 2 ranks, one entry each
+    again = ResultStore(tmp_path / "cache")
+    assert _doc(run, store=again) == fresh
+    assert (again.reads, again.writes) == (8, 0)
+    # A selection of steps is served from the store, and equals its fresh analysis.
+    steps = ResultStore(tmp_path / "cache")
+    assert _doc(run, store=steps, steps=StepRange(1, 2)) == _doc(run, steps=StepRange(1, 2))
+    assert steps.writes == 0
+
+
+def test_only_what_changed_is_computed(run, tmp_path):
+    store = ResultStore(tmp_path / "cache")
+    _doc(run, store=store)
+    # A new step lands: one file per rank is read, the others come from the store.
+    write_run(
+        tmp_path / "more",
+        SimConfig("moe_routing", sequences=12, steps=5, median_len=80, seed=5),
+        ranks=2,
+    )
+    for rank in (0, 1):
+        (run / "step_000004").mkdir(exist_ok=True)
+        shutil.copy(
+            tmp_path / "more" / "step_000004" / f"rank_{rank:04d}.parquet", run / "step_000004"
+        )
+    store = ResultStore(tmp_path / "cache")
+    assert _doc(run, store=store) == _doc(run)
+    assert (store.reads, store.writes) == (8, 2)
+    # A setting added: every file is read again for it alone, the rest kept.
+    store = ResultStore(tmp_path / "cache")
+    assert _doc(run, [*SETTINGS, "nemo_rl:nemo_icepop"], store) == _doc(
+        run, [*SETTINGS, "nemo_rl:nemo_icepop"]
+    )
+    assert store.writes == 10
+    store = ResultStore(tmp_path / "cache")
+    assert _doc(run, SETTINGS[:1], store) == _doc(run, SETTINGS[:1])  # a subset: all stored
+    assert store.writes == 0
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "flip a byte",
+        "truncate",
+        "another file's entry",
+        "not Arrow",
+    ],
+)
+def test_a_damaged_or_foreign_entry_is_ignored_and_rebuilt(run, tmp_path, damage):
+    fresh = _doc(run)
+    store = ResultStore(tmp_path / "cache")
+    _doc(run, store=store)
+    entries = _entries(store)
+    victim = entries[0]
+    data = bytearray(victim.read_bytes())
+    if damage == "flip a byte":
+        # Inside the arrays (lz4-compressed): either the checksum or the decompression fails.
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    elif damage == "truncate":
+        victim.write_bytes(bytes(data[: len(data) // 3]))
+    elif damage == "another file's entry":
+        shutil.copy(entries[1], victim)
+    else:
+        victim.write_bytes(b"PAR1 not an Arrow file")
+    damaged = victim.read_bytes()
+    again = ResultStore(tmp_path / "cache")
+    assert _doc(run, store=again) == fresh
+    assert again.writes == 1 and victim.read_bytes() not in (damaged, b"")
+
+
+def test_a_state_that_does_not_make_an_accumulator_is_recomputed(run, tmp_path):
+    """Arrays whose checksum holds but that `from_state` refuses (an array missing, as a
+    bug or a hand could write them) are computed again."""
+    store = ResultStore(tmp_path / "cache")
+    fresh = _doc(run, store=store)
+    for info in Dump(run).files:
+        identity = FileIdentity.of(info.path)
+        context = Context(tuple(sorted(info.columns.source.items())), "cpu").key
+        stored = store.load(identity, context)
+        for part in stored.parts:
+            del part.states[MISMATCH]["noise"]
+        store.save(identity, context, stored)  # with checksums of what is left
+    again = ResultStore(tmp_path / "cache")
+    assert _doc(run, store=again) == fresh
+    assert (again.reads, again.writes) == (8, 8)
+
+
+def test_a_file_changed_in_place_is_read_again(run, tmp_path):
+    store = ResultStore(tmp_path / "cache")
+    _doc(run, store=store)
+    path = run / "step_000000" / "rank_0000.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.slice(0, table.num_rows - 1), path)
+    again = ResultStore(tmp_path / "cache")
+    assert _doc(run, store=again) == _doc(run)
+    assert again.writes == 1
+
+
+def test_a_sequence_in_two_files_is_refused_through_the_store_too(run, tmp_path):
+    shutil.copy(
+        run / "step_000001" / "rank_0000.parquet", run / "step_000001" / "rank_0009.parquet"
+    )
+    with pytest.raises(DumpError, match="also in"):
+        analyze(Dump(run), SETTINGS)
+    with pytest.raises(
+        DumpError, match=r"rank_0009.parquet: sequence \(step 1, seq_id .*also in .*rank_0000"
+    ):
+        analyze(Dump(run), SETTINGS, store=ResultStore(tmp_path / "cache"))
+
+
+def test_the_store_is_left_alone_where_it_cannot_serve(run, tmp_path):
+    store = ResultStore(tmp_path / "cache")
+    analyze(Dump(run, where="length > 10"), SETTINGS, store=store)
+    analyze(Dump(run, drop_invalid=True), SETTINGS, store=store)
+    assert (store.reads, store.writes) == (0, 0) and not (tmp_path / "cache").exists()
+
+
+def test_footer_complete_and_identity(run, tmp_path):
+    path = next(run.rglob("*.parquet"))
+    assert footer_complete(path)
+    data = path.read_bytes()
+    for cut in (data[:-3], data[: len(data) // 2], b"", b"PAR1"):
+        partial = tmp_path / "partial.parquet"
+        partial.write_bytes(cut)
+        assert not footer_complete(partial) and FileIdentity.of(partial) is None
+    a = FileIdentity.of(path)
+    os.utime(path, ns=(a.mtime_ns + 10**9, a.mtime_ns + 10**9))
+    assert FileIdentity.of(path).key != a.key
+
+
+def test_the_default_folder_is_the_users_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_folder() == tmp_path / "iscore"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_folder() == Path.home() / ".cache" / "iscore"
+
+
+def test_the_command_keeps_its_results_in_the_users_cache_unless_told(
+    run, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    argv = ["analyze", str(run), "-q", "--preset", "verl:decoupled_geo_rs"]
+    assert main(argv) == 0
+    assert len(_entries(ResultStore(tmp_path / "xdg" / "iscore"))) == 8
+    assert "wrote 8 entries" in capsys.readouterr().err
+    assert main([*argv, "--cache-dir", str(tmp_path / "mine")]) == 0
+    assert len(_entries(ResultStore(tmp_path / "mine"))) == 8
+    capsys.readouterr()
+    assert main([*argv, "--no-cache", "--json", str(tmp_path / "a.json")]) == 0
+    assert "results store" not in capsys.readouterr().err
+    assert sorted(p.name for p in run.rglob("*") if p.is_file() and p.suffix != ".parquet") == []
+
+
+def test_an_entry_holds_no_object_arrays(run, tmp_path):
+    store = ResultStore(tmp_path / "cache")
+    _doc(run, store=store)
+    for path in _entries(store):
+        table = pa.ipc.open_file(pa.OSFile(str(path))).read_all()
+        assert set(table["dtype"].to_pylist()) <= {"|u1", "<i4", "<i8", "<f8"}
+    assert np.dtype("|u1").str == "|u1"

@@ -4,7 +4,7 @@
 share."""
 
 from iscore.budget import DEFAULT_CHUNK_TOKENS
-from iscore.dump.facade import Data, Dump, load, load_data, open_data
+from iscore.dump.facade import Data, Dump, Piece, load, load_data, open_data
 from iscore.dump.files import Source, is_framework_dump, resolve_files
 from iscore.dump.values import DropReport, DumpFile, DumpProblems, Extra, Problem, StepRange
 
@@ -16,6 +16,7 @@ __all__ = [
     "DumpFile",
     "DumpProblems",
     "Extra",
+    "Piece",
     "Problem",
     "Source",
     "StepRange",

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -125,6 +127,7 @@ class Dump:
         where: str | None = None,
         extras: bool = False,
         imported: bool = False,
+        piece: Piece | None = None,
     ) -> None:
         self.imported = imported  # a framework's own dump, converted to Parquet in memory
         self._mapping = dict(columns or {})
@@ -136,15 +139,17 @@ class Dump:
         self._data: list[bytes | None] = []
         problems: list[Problem] = []
         for path, data in files:
+            # A piece is opened by its absolute path and named as its dump names it.
+            name = path if piece is None else piece.path
             try:
                 parquet, info = open_file(path, self._mapping, data)
             except DumpProblems as e:
-                problems.extend(e.problems)
+                problems.extend(replace(p, file=name) for p in e.problems)
                 continue
             except DumpError as e:
-                problems.append(Problem(path, None, str(e).removeprefix(f"{path}: ")))
+                problems.append(Problem(name, None, str(e).removeprefix(f"{path}: ")))
                 continue
-            self.files.append(info)
+            self.files.append(info if piece is None else replace(info, path=name))
             self._parquet.append(parquet)
             self._data.append(data)
         if problems:
@@ -157,8 +162,12 @@ class Dump:
             )
         self.layout: Layout = self.files[0].layout
         self._extras = _union_extras(self.files)
-        self.sequence_schema = dump_schema(
-            _seq_id_type(self.files), pa.schema([(e.name, e.type) for e in self._extras])
+        self.sequence_schema = (
+            dump_schema(
+                _seq_id_type(self.files), pa.schema([(e.name, e.type) for e in self._extras])
+            )
+            if piece is None
+            else piece.schema
         )
         """The sequence table's columns that come from the dump (`iscore.sequences`)."""
         self.where = None
@@ -168,7 +177,11 @@ class Dump:
         carried = {e.name for e in self._extras}
         if not extras:
             carried &= set() if self.where is None else self.where.extras
-        self.carried = pa.schema([(e.name, e.type) for e in self._extras if e.name in carried])
+        self.carried = (
+            pa.schema([(e.name, e.type) for e in self._extras if e.name in carried])
+            if piece is None
+            else piece.carried
+        )
         """The extra columns each batch's `extra` table holds (`None` when there are none)."""
 
     @property
@@ -252,14 +265,20 @@ class Dump:
         return batch.to(device) if torch.device(device) != batch.device else batch
 
     def batches(
-        self, max_tokens: int | None = DEFAULT_CHUNK_TOKENS, *, whole_steps: bool = False
+        self,
+        max_tokens: int | None = DEFAULT_CHUNK_TOKENS,
+        *,
+        whole_steps: bool = False,
+        part: bool = False,
     ) -> Iterator[TokenBatch]:
         """Yield whole sequences in batches of about `max_tokens` tokens each.
 
         A batch overshoots `max_tokens` by at most one read (256k tokens) or one sequence
         longer than that; `None` yields one batch per file. With `whole_steps`, a training step
         is never split across batches (a batch then holds at least one whole step): settings
-        that normalize over a step's batch need all of it at once.
+        that normalize over a step's batch need all of it at once. With `part`, this dump is
+        part of a larger one (one of its files, or a piece: `piece`), and sequences with no
+        token in the loss are not a problem of their own: the whole dump may have others.
 
         Raises:
             DumpProblems: the first chunk with problems, listing every problem in it.
@@ -283,8 +302,49 @@ class Dump:
                         tokens += batch.num_tokens
                         in_loss += int(batch.loss_mask.sum())
                         yield batch
-        if sequences and not in_loss:
+        if sequences and not in_loss and not part:
             raise DumpProblems([self.nothing_in_loss(sequences, tokens)])
+
+    def piece(self, index: int, steps: StepRange | None = None) -> Piece:
+        """What this dump reads of its file `index`, or of the steps `steps` of it (within
+        its own selection), as plain values that another process opens (`Piece.open`): a
+        Ray task reads one (`iscore.distributed`).
+
+        Raises:
+            DumpError: the file is held in memory (an upload, a converted framework dump),
+                which another process cannot open.
+        """
+        info = self.files[index]
+        if self._data[index] is not None:
+            raise DumpError(
+                f"{info.path}: held in memory (an upload, or a framework's dump converted "
+                "when read), so another process cannot read it; write it as Parquet first "
+                "(`iscore convert`)"
+            )
+        return Piece(
+            path=info.path,
+            location=os.path.abspath(info.path),
+            columns=self.columns,
+            steps=self.steps if steps is None else steps,
+            drop_invalid=self.drop_invalid,
+            where=None if self.where is None else self.where.text,
+            schema=self.sequence_schema,
+            carried=self.carried,
+            tokens=info.num_tokens,
+        )
+
+    def pieces(self, index: int, tokens: int) -> list[Piece]:
+        """File `index` as pieces (`piece`) of at least `tokens` tokens where it can be cut:
+        between row groups where every step before the cut is below every step after it
+        (the footer's step statistics), so that no step spans two pieces and the pieces,
+        read in order, read what the file does. A file without those statistics is one
+        piece; a piece with none of the selected steps is left out."""
+        out = []
+        for lo, hi, size in _step_cuts(self.files[index], self._parquet[index], self.steps, tokens):
+            steps = self.steps.within(lo, hi)
+            if steps is not None and size:
+                out.append(replace(self.piece(index, steps), tokens=size))
+        return out
 
     def why_empty(self) -> str:
         """Why reading yielded no sequence, for messages: all were dropped as invalid, or
@@ -414,6 +474,84 @@ class Dump:
         self.dropped.sequences += int(bad_seq.sum())
         self.dropped.tokens += int(chunk.lengths[bad_seq].sum())
         return chunk.subset(~bad_seq), []
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One file of a dump, or a range of its steps, as `Dump.piece` describes it: plain
+    values (picklable) from which another process reads what the dump reads of it.
+
+    Attributes:
+        path: the file as its dump names it (in messages).
+        location: its absolute path, which is opened.
+        columns: the dump's explicit canonical -> source column names.
+        steps: the steps read.
+        drop_invalid, where: as the dump was opened with them.
+        schema: the dump's `sequence_schema` (`where` is checked against it).
+        carried: the dump's `carried` columns, which each batch's `extra` table holds.
+        tokens: its tokens, as the footer counts them (for progress).
+    """
+
+    path: str
+    location: str
+    columns: dict[str, str | None]
+    steps: StepRange
+    drop_invalid: bool
+    where: str | None
+    schema: pa.Schema
+    carried: pa.Schema
+    tokens: int
+
+    def open(self) -> Dump:
+        """A dump of this piece alone, reading what its dump reads of it.
+
+        Raises:
+            DumpProblems: the file cannot be opened (named as its dump names it).
+        """
+        dump = Dump.__new__(Dump)
+        dump._setup(
+            [(self.location, None)],
+            self.columns,
+            self.steps,
+            self.drop_invalid,
+            self.where,
+            piece=self,
+        )
+        return dump
+
+
+def _step_cuts(
+    info: DumpFile, parquet: pq.ParquetFile, selected: StepRange, tokens: int
+) -> list[tuple[int | None, int | None, int]]:
+    """(first step, last step, tokens of the selected row groups) of each piece of a file
+    (`Dump.pieces`); None leaves a side open."""
+    meta = parquet.metadata
+    source = info.columns.source.get("step")
+    sizes = [
+        meta.row_group(g).num_rows
+        if info.layout == "token"
+        else leaf(meta.row_group(g), info.columns.source["rollout_logprob"]).num_values
+        for g in range(meta.num_row_groups)
+    ]
+    spans = []
+    for g in range(meta.num_row_groups):
+        stats = None if source is None else leaf(meta.row_group(g), source).statistics
+        if stats is None or not stats.has_min_max:
+            return [(None, None, sum(sizes))]
+        spans.append((int(stats.min), int(stats.max)))
+    suffix_min = np.minimum.accumulate([lo for lo, _ in spans][::-1])[::-1]
+    cuts: list[tuple[int | None, int | None, int]] = []
+    first: int | None = None
+    highest = -math.inf
+    size = 0
+    for g, (lo, hi) in enumerate(spans):
+        highest = max(highest, hi)
+        size += sizes[g] if selected.row_group_may_match(lo, hi) else 0
+        if g + 1 < len(spans) and size >= tokens and highest < suffix_min[g + 1]:
+            cuts.append((first, int(highest), size))
+            first, size = int(highest) + 1, 0
+    cuts.append((first, None, size))
+    return cuts
 
 
 def load(

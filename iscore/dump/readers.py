@@ -246,6 +246,8 @@ class _Reader:
             )
             return (table, rows) if keep else (table.slice(0, 0), rows[:0])
         mask = self.steps.mask(table["step"].combine_chunks())
+        if pc.all(mask).as_py():  # a row group inside the range (a piece's): no copy
+            return table, rows
         return table.filter(mask), rows[mask.to_numpy(zero_copy_only=False)]
 
     def _read_problems(self, table: pa.Table, rows: np.ndarray) -> list[Problem]:

@@ -85,6 +85,19 @@ class StepRange:
                 f"Expected a step range like 5, 3:7, 3: or :7, but got {quote(text)}"
             ) from None
 
+    def within(self, lo: int | None, hi: int | None) -> StepRange | None:
+        """The steps of this range from `lo` to `hi` (inclusive; None leaves a side as it is),
+        or None where none is left.
+
+        >>> StepRange(3, None).within(None, 7), StepRange(3, 5).within(6, None)
+        (StepRange(lo=3, hi=7), None)
+        """
+        low = lo if self.lo is None else self.lo if lo is None else max(lo, self.lo)
+        high = hi if self.hi is None else self.hi if hi is None else min(hi, self.hi)
+        if low is not None and high is not None and low > high:
+            return None
+        return StepRange(low, high)
+
     def row_group_may_match(self, lo: int, hi: int) -> bool:
         """Whether a row group whose steps span [lo, hi] can hold a selected step."""
         return (self.lo is None or hi >= self.lo) and (self.hi is None or lo <= self.hi)
@@ -140,6 +153,13 @@ class DropReport:
     sequences: int = 0
     tokens: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: DropReport) -> None:
+        """Count what another read of the same dump dropped (a piece of it, `Dump.piece`)."""
+        self.sequences += other.sequences
+        self.tokens += other.tokens
+        for reason, count in other.reasons.items():
+            self.reasons[reason] = self.reasons.get(reason, 0) + count
 
     def to_dict(self) -> dict[str, Any]:
         """As the analysis document's `source.dropped` has it."""

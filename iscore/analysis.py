@@ -31,16 +31,18 @@ import torch
 
 from iscore import ops
 from iscore.batch import TokenBatch
+from iscore.distributed import Engine, Ready, check_engine, ordered
 from iscore.dump import (
     DEFAULT_CHUNK_TOKENS,
     Data,
+    DropReport,
     Dump,
     DumpFile,
-    DumpProblems,
+    Piece,
     StepRange,
     open_data,
 )
-from iscore.errors import DumpError, IscoreError
+from iscore.errors import ConfigError, DumpError, IscoreError
 from iscore.impact import SettingStats
 from iscore.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import json_ready, write_json
@@ -157,6 +159,7 @@ def analyze(
     sequences: SequenceTable | None = None,
     targets: Targets | None = None,
     store: ResultStore | None = None,
+    engine: Engine = "local",
 ) -> Analysis:
     """Stream a dump once, computing the mismatch diagnostics and every setting's statistics.
 
@@ -176,13 +179,17 @@ def analyze(
             from it, the others computed and written to it; the result is the same to the
             last digit. Not used for a loaded batch, files held in memory, a `where`
             predicate, `drop_invalid` or `sequences` (`storable`).
+        engine: "local" computes here; "ray" on a Ray cluster (`iscore.distributed`): a
+            task per file or range of a file's steps, on the workers' CPUs, merged here in
+            the order one process reads them (the same result, to about 1e-15 relative: a
+            worker sums with one thread). For a dump's files on disk only.
 
     >>> a = analyze("data/fp8.parquet", ["verl:decoupled_geo_rs"])
     >>> a.settings[0]["name"], round(a.settings[0]["lr_scale"], 3)
     ('decoupled_geo_rs', 1.0)
     """
     specs = resolve_all(settings)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(device, engine)
     mismatch = MismatchStats()
     stats = [SettingStats(spec) for spec in specs]
     dump = None
@@ -200,7 +207,17 @@ def analyze(
     files = [] if dump is None else [f.path for f in dump.files]
     where = None if dump is None or dump.where is None else dump.where.text
     owners: list[tuple[str, int]] = []
-    if dump is not None and store is not None and storable(dump) and sequences is None:
+    tick = progress
+    if dump is not None and engine == "ray":
+        kept = store if storable(dump) and sequences is None else None
+        parts = _ray_parts(dump, specs, kept, max_tokens, sequences, progress, owners)
+        tick = None  # said as each task finishes
+    elif engine == "ray":
+        raise ConfigError(
+            "the Ray engine reads a dump's files on its workers; a loaded batch is "
+            "analyzed here (engine='local')"
+        )
+    elif dump is not None and store is not None and storable(dump) and sequences is None:
         parts = _stored_parts(dump, specs, store, device, max_tokens, owners)
     else:
         parts = _fresh_parts(chunks, specs, sequences, device)
@@ -211,8 +228,8 @@ def analyze(
             mismatch.merge(part.mismatch)
             for acc, done in zip(stats, part.settings, strict=True):
                 acc.merge(done)
-            if progress is not None:
-                progress(part.tokens)
+            if tick is not None:
+                tick(part.tokens)
             heap.check()
     if len({path for path, _ in owners}) > 1:
         _check_unique(mismatch, owners)
@@ -275,15 +292,50 @@ def parts(
     store: ResultStore | None = None,
     max_tokens: int = DEFAULT_CHUNK_TOKENS,
     device: str | torch.device | None = None,
+    engine: Engine = "local",
+) -> Iterator[tuple[str, Part]]:
+    """What each run of one step's sequences of `dump` adds to an analysis of `specs`, with
+    the file it is in, in the order read: from `store` where it holds them (`storable`),
+    else computed (here, or on a Ray cluster: `engine`) and kept there. `analyze` merges
+    them; a followed run (`iscore.follow`) merges new ones as they come."""
+    device = _device(device, engine)
+    owners: list[tuple[str, int]] = []
+    kept = store if store is not None and storable(dump) else None
+    if engine == "ray":
+        found = _ray_parts(dump, specs, kept, max_tokens, None, None, owners)
+    elif kept is not None:
+        found = _stored_parts(dump, specs, kept, device, max_tokens, owners)
+    else:
+        found = _owned(dump, specs, device, max_tokens, owners)
+    for part in found:
+        yield owners[-1][0], part
+
+
+def _owned(
+    dump: Dump,
+    specs: Sequence[Spec],
+    device: torch.device,
+    max_tokens: int,
+    owners: list[tuple[str, int]],
 ) -> Iterator[Part]:
-    """What each run of one step's sequences of `dump` adds to an analysis of `specs`, in
-    the order read: from `store` where it holds them (`storable`), else computed (and kept
-    there). `analyze` merges them; a followed run (`iscore.follow`) merges new ones as they
-    come."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if store is not None and storable(dump):
-        return _stored_parts(dump, specs, store, device, max_tokens, [])
-    return _fresh_parts(dump.batches(max_tokens, whole_steps=True), specs, None, device)
+    """The parts of `dump` computed here, file by file (each as the results store reads
+    it), `owners` getting each one's file and sequences."""
+    for index, info in enumerate(dump.files):
+        single = dump.piece(index).open()
+        batches = single.batches(max_tokens, whole_steps=True, part=True)
+        for part in _fresh_parts(batches, specs, None, device):
+            owners.append((info.path, part.sequences))
+            yield part
+        dump.dropped.add(single.dropped)
+
+
+def _device(device: str | torch.device | None, engine: Engine) -> torch.device:
+    """Where to compute: as asked, else CUDA where there is one; on a Ray cluster, the
+    workers' CPUs (`check_engine` refuses another device)."""
+    check_engine(engine, device)
+    if engine == "ray":
+        return torch.device("cpu")
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def storable(dump: Dump) -> bool:
@@ -415,26 +467,151 @@ def _file_work(
     """For each file in order: ("stored", i, its parts) where the store serves it, else
     ("read", i, what the store holds of it or None), ("batch", i, chunk) for each chunk read
     and ("end", i, None)."""
-    for index, (info, identity, context) in enumerate(plans):
+    for index, (_, identity, context) in enumerate(plans):
         stored = None if identity is None else store.load(identity, context)
         served = None if stored is None else _served(stored, specs, dump.steps)
         if served is not None:
             yield "stored", index, served
             continue
         yield "read", index, stored
-        single = Dump(info.path, columns=dump.columns, steps=dump.steps)
-        sequences = tokens = in_loss = 0
-        try:
-            for batch in single.batches(max_tokens=max_tokens, whole_steps=True):
-                sequences += batch.num_sequences
-                tokens += batch.num_tokens
-                in_loss += int(batch.loss_mask.sum())
-                yield "batch", index, batch
-        except DumpProblems as e:
-            # A file with no token in the loss is one file of the dump, not all of it.
-            if in_loss or e.problems != (single.nothing_in_loss(sequences, tokens),):
-                raise
+        # A file with no token in the loss is one file of the dump, not all of it (`part`).
+        for batch in dump.piece(index).open().batches(max_tokens, whole_steps=True, part=True):
+            yield "batch", index, batch
         yield "end", index, None
+
+
+@dataclass(frozen=True, slots=True)
+class _PieceTask:
+    """What a Ray task analyzes (`_analyze_piece`): a piece of a dump's file, with what the
+    results store holds of it (parts to take settings from), and the sequence table's
+    columns where one is filled in the same pass.
+
+    Attributes:
+        index: the file's index in its dump; last: whether it is the file's last piece (the
+            driver's bookkeeping).
+    """
+
+    index: int
+    last: bool
+    piece: Piece
+    specs: tuple[Spec, ...]
+    max_tokens: int
+    held: tuple[StoredPart, ...] = ()
+    table: pa.Schema | None = None
+
+
+@dataclass(slots=True)
+class _PieceDone:
+    """What a Ray task hands back: its parts as the store keeps them (plain arrays), the
+    tokens read, the sequences `drop_invalid` dropped and its rows of the sequence table."""
+
+    parts: list[StoredPart]
+    tokens: int
+    dropped: DropReport
+    table: SequenceTable | None
+
+
+def _analyze_piece(task: _PieceTask) -> _PieceDone:
+    """A piece analyzed on a Ray worker (on its CPU), as `_stored_parts` analyzes a file."""
+    dump = task.piece.open()
+    held = {(p.step, p.run): p for p in task.held}
+    table = None if task.table is None else SequenceTable(task.table, task.specs)
+    runs: dict[int, int] = {}
+    done: list[StoredPart] = []
+    tokens = 0
+    chunks = dump.batches(task.max_tokens, whole_steps=True, part=True)
+    with ops.reused_buffers():
+        for chunk in _prefetched(chunks):
+            tokens += chunk.num_tokens
+            for step, run in _runs(chunk):
+                runs[step] = runs.get(step, -1) + 1
+                stored = held.get((step, runs[step]))
+                part = _analyzed(run, step, task.specs, table, stored)
+                done.append(_to_store(part, runs[step], task.specs, stored))
+    return _PieceDone(done, tokens, dump.dropped, table)
+
+
+def _ray_parts(
+    dump: Dump,
+    specs: Sequence[Spec],
+    store: ResultStore | None,
+    max_tokens: int,
+    sequences: SequenceTable | None,
+    progress: Callable[[int], None] | None,
+    owners: list[tuple[str, int]],
+) -> Iterator[Part]:
+    """The parts of `dump`, in the order one process reads them: from `store` where it
+    holds a file, else analyzed by Ray tasks (a file's pieces of at least `max_tokens`
+    tokens, `Dump.pieces`) and kept in the store. `sequences` gets the tasks' rows, the
+    dump's `dropped` what they dropped, `progress` each file's tokens as it is done and
+    `owners` the file and sequences of each part.
+
+    Raises:
+        IscoreError: as one process would raise it, or a task that failed, naming its file.
+    """
+    whole = dump.steps == StepRange()
+    keys: dict[int, tuple[FileIdentity | None, str]] = {}
+    saved: list[StoredPart] = []
+
+    def work() -> Iterator[Any]:
+        for index, info in enumerate(dump.files):
+            stored = None
+            if store is not None:
+                identity = FileIdentity.of(info.path)
+                context = Context(tuple(sorted(info.columns.source.items())), "cpu").key
+                keys[index] = identity, context
+                stored = None if identity is None else store.load(identity, context)
+                served = None if stored is None else _served(stored, specs, dump.steps)
+                if served is not None:
+                    yield Ready((index, served))
+                    continue
+            pieces = dump.pieces(index, max_tokens)
+            for k, piece in enumerate(pieces):
+                held = () if stored is None or not whole else tuple(stored.parts)
+                yield _PieceTask(
+                    index,
+                    k == len(pieces) - 1,
+                    piece,
+                    tuple(specs),
+                    max_tokens,
+                    tuple(p for p in held if piece.steps.row_group_may_match(p.step, p.step)),
+                    None if sequences is None else sequences.schema,
+                )
+
+    def finished(task: _PieceTask, result: _PieceDone) -> None:
+        if progress is not None:
+            progress(result.tokens)
+
+    tasks = ordered(_analyze_piece, work(), name=lambda task: task.piece.path, done=finished)
+    for item, result in tasks:
+        if isinstance(item, Ready):
+            index, served = result
+            for part in served:
+                owners.append((dump.files[index].path, part.sequences))
+                if progress is not None:
+                    progress(part.tokens)
+                yield part
+            continue
+        path = item.piece.path
+        dump.dropped.add(result.dropped)
+        if sequences is not None:
+            sequences.extend(result.table)
+        for held in result.parts:
+            part = _part_of(held, specs)
+            if part is None:
+                raise IscoreError(f"{path}: the Ray task's results do not make accumulators")
+            owners.append((path, part.sequences))
+            yield part
+        saved += result.parts
+        if item.last:
+            identity, context = keys.get(item.index, (None, ""))
+            if whole and store is not None and identity is not None:
+                try:
+                    store.save(identity, context, StoredFile(saved, complete=True))
+                except IscoreError as e:
+                    warnings.warn(f"{e}; going on without keeping the results", stacklevel=2)
+                    store = None
+            saved = []
 
 
 def _served(stored: StoredFile, specs: Sequence[Spec], steps: StepRange) -> list[Part] | None:
@@ -446,12 +623,20 @@ def _served(stored: StoredFile, specs: Sequence[Spec], steps: StepRange) -> list
     for held in stored.parts:
         if not steps.row_group_may_match(held.step, held.step):
             continue
-        mismatch = held.mismatch()
-        settings = [held.setting(spec) for spec in specs]
-        if mismatch is None or any(s is None for s in settings):
+        part = _part_of(held, specs)
+        if part is None:
             return None
-        parts.append(Part(held.step, held.tokens, mismatch, settings))
+        parts.append(part)
     return parts
+
+
+def _part_of(held: StoredPart, specs: Sequence[Spec]) -> Part | None:
+    """A part from its accumulators' states, or None where one of them is missing."""
+    mismatch = held.mismatch()
+    settings = [held.setting(spec) for spec in specs]
+    if mismatch is None or any(s is None for s in settings):
+        return None
+    return Part(held.step, held.tokens, mismatch, settings)
 
 
 def _check_unique(mismatch: MismatchStats, owners: Sequence[tuple[str, int]]) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS
+from iscore.distributed import ENGINES
 from iscore.errors import ConfigError, IscoreError, clip, counted, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS
@@ -161,6 +162,18 @@ def _add_dump_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
             help="tokens per streamed chunk; bounds memory (default %(default)s)",
         ),
     ]
+
+
+def _add_engine(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="local",
+        help="where to compute: in this process (local, the default), or on a Ray cluster "
+        "(ray: the one RAY_ADDRESS names, else a local one started for the command), a task "
+        "per file or range of a file's steps on the workers' CPUs, with the same results; "
+        "needs pip install 'iscore[ray]' (docs/performance.md#ray)",
+    )
 
 
 def _add_quiet(parser: argparse.ArgumentParser) -> None:
@@ -312,6 +325,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             progress=bar.update,
             sequences=table,
             store=store,
+            engine=args.engine,
         )
     written = []
     for path, write in (
@@ -390,6 +404,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         store=_store(args),
         columns=parse_mapping(args.column),
         max_tokens=args.chunk_tokens,
+        engine=args.engine,
     )
     alerts = [Alert.compile(rule, follower.trend) for rule in args.alert]
     scalars = None if args.tensorboard is None else ScalarWriter(args.tensorboard)
@@ -462,7 +477,9 @@ def _cmd_sequences(args: argparse.Namespace) -> int:
     if args.sql is not None:  # a bad query fails here, before the dump is read
         referenced(args.sql, set(TABLES))
     with _progress(dump, "sequences", args) as bar:
-        table = sequence_table(dump, specs, max_tokens=args.chunk_tokens, progress=bar.update)
+        table = sequence_table(
+            dump, specs, max_tokens=args.chunk_tokens, progress=bar.update, engine=args.engine
+        )
     if args.sql is None:
         count = write_rows(table, args.out)
     else:
@@ -887,6 +904,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the sequence table (as `iscore sequences` does), from the same pass",
     )
     _add_cache_options(p)
+    _add_engine(p)
     p.set_defaults(func=_cmd_analyze)
 
     p = sub.add_parser(
@@ -954,6 +972,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per streamed chunk; bounds memory (default %(default)s)",
     )
     _add_cache_options(p)
+    _add_engine(p)
     p.set_defaults(func=_cmd_watch)
 
     p = sub.add_parser(
@@ -988,13 +1007,17 @@ def build_parser() -> argparse.ArgumentParser:
         'FROM sequences GROUP BY step"',
     )
     p.add_argument("--out", metavar="OUT.parquet|csv", help="write here (default: CSV on stdout)")
+    _add_engine(p)
     p.set_defaults(func=_cmd_sequences)
 
     p = sub.add_parser(
         "recommend",
         help="rank your framework's settings on your dump against targets",
         description="Replay your framework's candidate settings, with thresholds derived from "
-        "the dump, rank them against the targets and print the best as a config snippet.",
+        "the dump, rank them against the targets and print the best as a config snippet. It "
+        "runs in this process (there is no --engine ray): the thresholds are medians over "
+        "every token of the dump and each candidate is weighed token by token against them, "
+        "so the whole dump is loaded here (docs/performance.md#ray).",
     )
     _add_dump_arguments(p)
     p.add_argument(

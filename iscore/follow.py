@@ -36,6 +36,7 @@ import pyarrow as pa
 import torch
 
 from iscore.analysis import Analysis, Part, analyze, parts
+from iscore.distributed import Engine, check_engine
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import IscoreError
 from iscore.impact import SettingStats
@@ -135,6 +136,8 @@ class Follower:
         targets: what `setting_degrades` events hold each setting to.
         max_tokens: tokens per streamed chunk.
         device: where to compute.
+        engine: "local" computes here; "ray" reads each poll's new files in Ray tasks
+            (`iscore.distributed`), on the workers' CPUs.
     """
 
     def __init__(
@@ -147,6 +150,7 @@ class Follower:
         targets: Targets | None = None,
         max_tokens: int = DEFAULT_CHUNK_TOKENS,
         device: str | torch.device | None = None,
+        engine: Engine = "local",
     ):
         self.folder = Path(folder)
         self.specs = resolve_all(settings)
@@ -154,7 +158,10 @@ class Follower:
         self.columns = dict(columns or {})
         self.targets = targets or Targets()
         self.max_tokens = max_tokens
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        check_engine(engine, device)
+        self.engine = engine
+        default = "cuda" if torch.cuda.is_available() and engine == "local" else "cpu"
+        self.device = torch.device(device or default)
         self._read: dict[Path, _Read] = {}
         self._mismatch: dict[int, dict[str, Any]] = {}
         self._settings: list[dict[int, dict[str, Any]]] = [{} for _ in self.specs]
@@ -198,13 +205,13 @@ class Follower:
         new = [p for p in current if p not in self._read]
         before = {_identity(e) for e in self._trend.events}
         fresh: dict[int, list[tuple[Path, Part]]] = {}
+        steps: dict[Path, list[int]] = {path: [] for path in new}
+        for path, part in self._parts_of(new, self.engine):
+            fresh.setdefault(part.step, []).append((path, part))
+            steps[path].append(part.step)
         for path in new:
-            steps = []
-            for part in self._parts_of(path):
-                fresh.setdefault(part.step, []).append((path, part))
-                steps.append(part.step)
             size, mtime_ns = current[path]
-            self._read[path] = _Read(size, mtime_ns, tuple(dict.fromkeys(steps)))
+            self._read[path] = _Read(size, mtime_ns, tuple(dict.fromkeys(steps[path])))
         touched |= set(fresh)
         if touched:
             self._rows(touched, fresh)
@@ -223,17 +230,26 @@ class Follower:
         read = self._read[path]
         return read.size, read.mtime_ns
 
-    def _parts_of(self, path: Path) -> Iterator[Part]:
-        """The parts of one file, through the store (or kept in memory without one)."""
-        dump = Dump(str(path), columns=self.columns)
+    def _parts_of(self, paths: Sequence[Path], engine: Engine) -> Iterator[tuple[Path, Part]]:
+        """The parts of files, each with its file, through the store (kept in memory
+        without one)."""
+        if not paths:
+            return
+        named = {str(path): path for path in paths}
+        dump = Dump(list(named), columns=self.columns)
         found = parts(
-            dump, self.specs, store=self.store, max_tokens=self.max_tokens, device=self.device
+            dump,
+            self.specs,
+            store=self.store,
+            max_tokens=self.max_tokens,
+            device=self.device,
+            engine=engine,
         )
-        if self.store is None:
-            self._parts[path] = kept = list(found)
-            yield from kept
-        else:
-            yield from found
+        for name, part in found:
+            path = named[name]
+            if self.store is None:
+                self._parts.setdefault(path, []).append(part)
+            yield path, part
 
     def _rows(self, steps: set[int], fresh: dict[int, list[tuple[Path, Part]]]) -> None:
         """Recompute the rows of `steps`: each from the parts of its files, in path order
@@ -264,7 +280,8 @@ class Follower:
         """The parts of `step` of a file read before."""
         if self.store is None:
             return [p for p in self._parts.get(path, []) if p.step == step]
-        return [p for p in self._parts_of(path) if p.step == step]
+        # From the store, here: a file read before is held there.
+        return [p for _, p in self._parts_of([path], "local") if p.step == step]
 
     def _build(self) -> Trend:
         mismatch = {"by_step": [self._mismatch[s] for s in sorted(self._mismatch)]}
@@ -327,6 +344,7 @@ class Follower:
             device=self.device,
             targets=self.targets,
             store=self.store,
+            engine=self.engine,
         )
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
@@ -41,8 +42,9 @@ import torch
 from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.columns import dump_schema
-from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, Dump, open_data
-from iscore.errors import IscoreError, quote
+from iscore.distributed import Engine, check_engine, ordered
+from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, DropReport, Dump, DumpProblems, Piece, open_data
+from iscore.errors import ConfigError, IscoreError, quote
 from iscore.impact import aggregation_of
 from iscore.output import output_path
 from iscore.settings import Setting, replay, resolve_all
@@ -129,6 +131,13 @@ class SequenceTable:
         sums = ops.segment_sums_on_host(batch, {"w": w, "nonzero": w > 0, "kept": replay.keep})
         self.sums[index].append(sums)
 
+    def extend(self, other: SequenceTable) -> None:
+        """Add the rows of `other`, a table of the same columns filled with the sequences
+        that follow this one's (a Ray task's, `iscore.distributed`)."""
+        self.chunks += other.chunks
+        for mine, theirs in zip(self.sums, other.sums, strict=True):
+            mine += theirs
+
     def compute(self) -> pa.Table:
         """The whole table, in dump order."""
         table = (
@@ -183,6 +192,7 @@ def sequence_table(
     max_tokens: int = DEFAULT_CHUNK_TOKENS,
     device: str | torch.device | None = None,
     progress: Callable[[int], None] | None = None,
+    engine: Engine = "local",
 ) -> pa.Table:
     """The sequence table of a dump (streamed in chunks of whole steps) or of a batch.
 
@@ -193,16 +203,29 @@ def sequence_table(
         settings: the settings whose columns the table gets (`iscore.settings.resolve_all`).
         max_tokens: tokens per streamed chunk.
         device: where to replay; default CUDA when available, else CPU.
-        progress: called with the number of tokens of each chunk done.
+        progress: called with the number of tokens of each chunk done (with the Ray
+            engine, of each task).
+        engine: "local" computes here; "ray" on a Ray cluster (`iscore.distributed`), a
+            task per file or range of a file's steps, their rows joined here in dump order
+            (the table is held here either way). For a dump's files on disk only; the
+            workers compute on their CPUs.
 
     >>> table = sequence_table(Dump("data/fp8.parquet", where="reward = 1", extras=True))
     >>> table.num_rows, table["reward"].unique().to_pylist()
     (25, [1.0])
     """
     specs = resolve_all(settings)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    check_engine(engine, device)
     # A dump opened here carries every per-sequence column; an open one, what it was given.
     opened = source if isinstance(source, Dump | TokenBatch) else open_data(source, extras=True)
+    if engine == "ray":
+        if not isinstance(opened, Dump):
+            raise ConfigError(
+                "the Ray engine reads a dump's files on its workers; a loaded batch's table "
+                "is computed here (engine='local')"
+            )
+        return _ray_table(opened, specs, max_tokens, progress).compute()
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if isinstance(opened, TokenBatch):
         schema = batch_schema(opened)
         chunks: Any = [opened]
@@ -212,14 +235,86 @@ def sequence_table(
     table = SequenceTable(schema, specs)
     with ops.reused_buffers():
         for chunk in chunks:
-            batch = chunk.to(device)
-            with ops.shared(batch):
-                table.update(batch)
-                for i, spec in enumerate(specs):
-                    table.add(i, batch, replay(batch, spec))
+            _fill(table, chunk.to(device), specs)
             if progress is not None:
-                progress(batch.num_tokens)
+                progress(chunk.num_tokens)
     return table.compute()
+
+
+def _fill(table: SequenceTable, batch: TokenBatch, specs: Sequence[Spec]) -> None:
+    """Add a chunk's rows and each setting's replay of it to `table`."""
+    with ops.shared(batch):
+        table.update(batch)
+        for i, spec in enumerate(specs):
+            table.add(i, batch, replay(batch, spec))
+
+
+@dataclass(frozen=True, slots=True)
+class _PieceTask:
+    """What a Ray task fills (`_piece_table`): the table's rows of a piece of a file."""
+
+    piece: Piece
+    schema: pa.Schema
+    specs: tuple[Spec, ...]
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class _PieceRows:
+    """A Ray task's rows, the tokens it read and the sequences `drop_invalid` dropped."""
+
+    table: SequenceTable
+    tokens: int
+    dropped: DropReport
+
+
+def _piece_table(task: _PieceTask) -> _PieceRows:
+    """A piece's rows of the sequence table, on a Ray worker (on its CPU)."""
+    dump = task.piece.open()
+    table = SequenceTable(task.schema, task.specs)
+    tokens = 0
+    with ops.reused_buffers():
+        # A piece with no token in the loss is one piece of the dump (`part`).
+        for chunk in dump.batches(task.max_tokens, whole_steps=True, part=True):
+            _fill(table, chunk, task.specs)
+            tokens += chunk.num_tokens
+    return _PieceRows(table, tokens, dump.dropped)
+
+
+def _ray_table(
+    dump: Dump,
+    specs: Sequence[Spec],
+    max_tokens: int,
+    progress: Callable[[int], None] | None,
+) -> SequenceTable:
+    """The sequence table of `dump`, its pieces (`Dump.pieces`) filled by Ray tasks and
+    joined in dump order; `dump.dropped` gets what they dropped.
+
+    Raises:
+        DumpProblems: a whole dump with no token in the loss (as one process reads it),
+            or a task's failure, naming its file.
+    """
+    schema = read_schema(dump)
+    work = (
+        _PieceTask(piece, schema, tuple(specs), max_tokens)
+        for index in range(len(dump.files))
+        for piece in dump.pieces(index, max_tokens)
+    )
+
+    def finished(task: _PieceTask, rows: _PieceRows) -> None:
+        if progress is not None:
+            progress(rows.tokens)
+
+    table = SequenceTable(schema, specs)
+    for _, rows in ordered(_piece_table, work, name=lambda t: t.piece.path, done=finished):
+        table.extend(rows.table)
+        dump.dropped.add(rows.dropped)
+    # One process refuses a dump whose sequences hold no token in the loss at all.
+    count = sum(chunk.num_rows for chunk in table.chunks)
+    if count and not any(pc.sum(chunk["loss_tokens"]).as_py() for chunk in table.chunks):
+        tokens = sum(pc.sum(chunk["length"]).as_py() for chunk in table.chunks)
+        raise DumpProblems([dump.nothing_in_loss(count, tokens)])
+    return table
 
 
 def read_schema(dump: Dump) -> pa.Schema:

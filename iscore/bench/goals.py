@@ -25,6 +25,7 @@ GOALS = {
     "run_second_vs_first": 0.10,
     "run_trend_open_s": 1.0,
     "run_new_step_vs_alone": 2.0,
+    "ray_vs_local": 1.3,
 }
 """Each goal's threshold (seconds, a ratio or tokens per second)."""
 
@@ -41,6 +42,7 @@ GOAL_TEXT = {
     "run_second_vs_first": "<= 10% first",
     "run_trend_open_s": "<= 1 s",
     "run_new_step_vs_alone": "<= 2x alone",
+    "ray_vs_local": "<= 1.3x local",
 }
 """The goal as the table's `goal` column shows it beside the row judged by it."""
 
@@ -327,6 +329,26 @@ def runs(result: dict[str, Any]) -> list[Goal]:
     ]
 
 
+def ray_vs_local(result: dict[str, Any]) -> list[Goal]:
+    """The streamed analyze on a local Ray cluster against one process; not measured where
+    Ray is not installed, or the two disagree."""
+    r = result.get("ray") or {}
+    goal = (
+        f"analyze on a local Ray cluster equals one process and takes <= "
+        f"{GOALS['ray_vs_local']:g}x its wall time"
+    )
+    if "ratio" not in r:
+        return [{"id": "ray_vs_local", "goal": goal, "measured": r.get("skipped"), "met": None}]
+    measured = (
+        f"{r['ratio']:.2f}x ({r['ray_s']:.2f} s on {r['cpus']} CPUs vs {r['local_s']:.2f} s; "
+        f"largest relative difference {r['max_rel_diff']:.1e})"
+    )
+    met = r["ratio"] <= GOALS["ray_vs_local"] if r["agrees"] else None
+    if not r["agrees"]:
+        measured += ": the engines DISAGREE"
+    return [{"id": "ray_vs_local", "goal": goal, "measured": measured, "met": met}]
+
+
 CHECKS: tuple[Callable[[dict[str, Any]], list[Goal]], ...] = (
     e2e_vs_read,
     marginal_vs_read,
@@ -337,5 +359,6 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Goal]], ...] = (
     writer_vs_step,
     runs,
     cuda_replay,
+    ray_vs_local,
 )
 """The goals, in the order they are printed."""

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from iscore.bench import data, goals, interactive, processes, runs, throughput
+from iscore.bench import cluster, data, goals, interactive, processes, runs, throughput
 from iscore.bench.base import SETTINGS, Measurement, Run, loadavg, machine
 from iscore.bench.baselines.comparison import baselines
 from iscore.bench.writer import writer
@@ -37,6 +37,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     runs.runs,
     processes.memory,
     throughput.cuda,
+    cluster.ray_engine,  # last: the cluster it starts stays up with the process
 )
 """What `run_bench` measures, in order."""
 
@@ -79,7 +80,7 @@ def run_bench(
 
     Returns:
         A JSON-ready dict: `machine`, `dump`, `rows` (the table), `goals`, `agreement`,
-        `memory`, `marginal`, `tune`, `app`, `startup`, `writer`, `runs`, `cuda`.
+        `memory`, `marginal`, `tune`, `app`, `startup`, `writer`, `runs`, `cuda`, `ray`.
 
     Raises:
         ConfigError: `tokens` < 1000, or `device` is neither None, "cpu" nor "cuda".

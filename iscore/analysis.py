@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from iscore import ops
@@ -40,6 +39,7 @@ from iscore.dump import (
     DumpFile,
     Piece,
     StepRange,
+    check_unique,
     open_data,
 )
 from iscore.errors import ConfigError, DumpError, IscoreError
@@ -232,7 +232,9 @@ def analyze(
                 tick(part.tokens)
             heap.check()
     if len({path for path, _ in owners}) > 1:
-        _check_unique(mismatch, owners)
+        # Read file by file (through the store, or on Ray): the reader saw one at a time.
+        seen = mismatch.sequences()
+        check_unique(seen["step"], seen["seq_id"], owners)
     summary = mismatch.compute()
     broken = mismatch.broken()
     if not summary["tokens"]:
@@ -637,31 +639,6 @@ def _part_of(held: StoredPart, specs: Sequence[Spec]) -> Part | None:
     if mismatch is None or any(s is None for s in settings):
         return None
     return Part(held.step, held.tokens, mismatch, settings)
-
-
-def _check_unique(mismatch: MismatchStats, owners: Sequence[tuple[str, int]]) -> None:
-    """Refuse a sequence (step, seq_id) found in two files: a dump read through the store is
-    read file by file, so the reader's own check sees one file at a time.
-
-    Raises:
-        DumpError: naming the sequence and both files.
-    """
-    s = mismatch.sequences()
-    table = pa.table({"step": s["step"], "seq_id": s["seq_id"]})
-    counts = table.group_by(["step", "seq_id"]).aggregate([("step", "count")])
-    repeated = counts.filter(pc.greater(counts["step_count"], 1))
-    if not repeated.num_rows:
-        return
-    step, sid = repeated["step"][0].as_py(), repeated["seq_id"][0]
-    where = np.flatnonzero(
-        (s["step"] == step) & pc.equal(s["seq_id"], sid).to_numpy(zero_copy_only=False)
-    )
-    file_of = np.repeat([path for path, _ in owners], [n for _, n in owners])
-    first, second = file_of[where[0]], file_of[where[1]]
-    raise DumpError(
-        f"{second}: sequence (step {step}, seq_id {sid.as_py()!r}) is also in {first}; a "
-        "sequence's rows belong in one file"
-    )
 
 
 class _HeapGuard:

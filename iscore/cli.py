@@ -171,8 +171,9 @@ def _add_engine(parser: argparse.ArgumentParser) -> None:
         default="local",
         help="where to compute: in this process (local, the default), or on a Ray cluster "
         "(ray: the one RAY_ADDRESS names, else a local one started for the command), a task "
-        "per file or range of a file's steps on the workers' CPUs, with the same results; "
-        "needs pip install 'iscore[ray]' (docs/performance.md#ray)",
+        "per file or range of a file's steps on the workers' CPUs, with the same results "
+        "(recommend: the tasks read the dump, the candidates are replayed here); needs pip "
+        "install 'iscore[ray]' (docs/performance.md#ray)",
     )
 
 
@@ -247,11 +248,14 @@ def _progress(dump: Dump, desc: str, args: argparse.Namespace) -> tqdm:
     )
 
 
-def _load(args: argparse.Namespace, outputs: tuple[str, ...] = ()) -> TokenBatch:
-    """The whole dump the arguments name, with a progress bar while it is read."""
+def _load(
+    args: argparse.Namespace, outputs: tuple[str, ...] = (), engine: str = "local"
+) -> TokenBatch:
+    """The whole dump the arguments name (read here, or by Ray tasks with `--engine ray`),
+    with a progress bar while it is read."""
     dump = _open_dump(args, outputs=outputs)
     with _progress(dump, "load", args) as bar:
-        batch = dump.load(progress=bar.update)
+        batch = dump.load(progress=bar.update, engine=engine)
     _dropped(dump)
     return batch
 
@@ -532,7 +536,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
             f"{args.framework} settings against one of its own (or leave --config out for "
             "its default)"
         )
-    batch = _load(args, outputs=("--json",))
+    batch = _load(args, outputs=("--json",), engine=args.engine)
     with tqdm(desc="recommend", unit="setting", disable=args.quiet or None, leave=False) as bar:
 
         def replayed(done: int, total: int) -> None:
@@ -1014,10 +1018,9 @@ def build_parser() -> argparse.ArgumentParser:
         "recommend",
         help="rank your framework's settings on your dump against targets",
         description="Replay your framework's candidate settings, with thresholds derived from "
-        "the dump, rank them against the targets and print the best as a config snippet. It "
-        "runs in this process (there is no --engine ray): the thresholds are medians over "
-        "every token of the dump and each candidate is weighed token by token against them, "
-        "so the whole dump is loaded here (docs/performance.md#ray).",
+        "the dump, rank them against the targets and print the best as a config snippet. "
+        "With --engine ray, Ray tasks read the dump and the candidates are replayed here on "
+        "the whole of it (their thresholds are medians over every token).",
     )
     _add_dump_arguments(p)
     p.add_argument(
@@ -1064,6 +1067,7 @@ def build_parser() -> argparse.ArgumentParser:
         "replayed and ranked beside the candidates, and kept where none does better",
     )
     p.add_argument("--json", metavar="OUT.json", help="write the ranking as JSON")
+    _add_engine(p)
     p.set_defaults(func=_cmd_recommend)
 
     p = sub.add_parser(

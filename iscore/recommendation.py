@@ -27,6 +27,7 @@ import numpy as np
 from iscore import frameworks, noise, ops
 from iscore.batch import TokenBatch
 from iscore.canonical import Canonical, Component, mask_component, weight_component
+from iscore.distributed import Engine
 from iscore.dump import Data, load_data
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Framework
@@ -502,6 +503,7 @@ def recommend(
     targets: Targets | None = None,
     progress: Callable[[int, int], None] | None = None,
     default: Setting | None = None,
+    engine: Engine = "local",
 ) -> Recommendation:
     """Rank the framework's candidate settings on a dump against `targets` (docs/recommend.md).
 
@@ -514,6 +516,9 @@ def recommend(
         default: the setting to beat: the user's own (any form `iscore.settings.resolve`
             takes); None for the framework's default (`Framework.default`). It is replayed
             beside the candidates, and kept where none does better.
+        engine: "local" reads the dump here; "ray" in Ray tasks, a file or range of its
+            steps each, joined here into the same batch (`Dump.load`); the candidates are
+            replayed here either way (each against thresholds from every token).
 
     >>> import iscore
     >>> rec = recommend(iscore.load("data/fp8.parquet"), "skyrl")
@@ -524,7 +529,7 @@ def recommend(
     targets = targets or Targets()
     own = default is not None
     default_spec = resolve(default) if own else fw.presets()[fw.default]
-    batch = load_data(data)
+    batch = load_data(data, engine)
     with ops.shared(batch):  # d, e^d and the sequence sums, computed once for every candidate
         return _recommend(batch, fw, targets, progress, default_spec, own)
 

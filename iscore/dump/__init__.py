@@ -4,7 +4,7 @@
 share."""
 
 from iscore.budget import DEFAULT_CHUNK_TOKENS
-from iscore.dump.facade import Data, Dump, Piece, load, load_data, open_data
+from iscore.dump.facade import Data, Dump, Piece, check_unique, load, load_data, open_data
 from iscore.dump.files import Source, is_framework_dump, resolve_files
 from iscore.dump.values import DropReport, DumpFile, DumpProblems, Extra, Problem, StepRange
 
@@ -20,6 +20,7 @@ __all__ = [
     "Problem",
     "Source",
     "StepRange",
+    "check_unique",
     "is_framework_dump",
     "load",
     "load_data",

@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from iscore.budget import DEFAULT_CHUNK_TOKENS
 from iscore.columns import LOGPROB_COLUMNS, dump_schema
+from iscore.distributed import Engine, check_engine, ordered
 from iscore.dump.files import (
     import_framework_dump,
     is_framework_dump,
@@ -43,7 +45,7 @@ from iscore.dump.files import (
 from iscore.dump.readers import INVALID, Chunk, check_values, invalid_values, open_reader
 from iscore.dump.tensors import concat_batches, to_batch
 from iscore.dump.values import DropReport, DumpFile, DumpProblems, Extra, Layout, Problem, StepRange
-from iscore.errors import DumpError, quote
+from iscore.errors import ConfigError, DumpError, quote
 from iscore.where import Judge, Where
 from iscore.writer import PROVENANCE_KEY
 
@@ -234,6 +236,7 @@ class Dump:
         self,
         device: str | torch.device = "cpu",
         progress: Callable[[int], None] | None = None,
+        engine: Engine = "local",
     ) -> TokenBatch:
         """Read the whole dump into one `TokenBatch` on `device`.
 
@@ -241,10 +244,19 @@ class Dump:
         columns of one chunk at a time are in memory beside the tokens kept, never the whole
         file's (at 19.5M tokens: 0.4x the peak and about half the time of reading each file
         in one piece). `progress` is called with the number of tokens of each chunk read.
+        With `engine="ray"`, Ray tasks read the files (a file's pieces, `pieces`) and the
+        batch is joined here in dump order: the same batch (`iscore.distributed`).
 
         Raises:
-            DumpProblems: the dump has problems (all of them are listed).
+            DumpProblems: the dump has problems (all of them are listed; on Ray, those of
+                the first piece with any).
         """
+        import torch  # here: this module is imported without torch (the CLI's start)
+
+        check_engine(engine)
+        if engine == "ray":
+            batch = self._load_on_ray(progress)
+            return batch.to(device) if torch.device(device) != batch.device else batch
         parts = []
         try:
             for part in self.batches(DEFAULT_CHUNK_TOKENS):
@@ -259,10 +271,34 @@ class Dump:
             raise
         if not parts:
             raise DumpError(f"{self.files[0].path}: {self.why_empty()}")
-        import torch
-
         batch = parts[0] if len(parts) == 1 else concat_batches(parts)
         return batch.to(device) if torch.device(device) != batch.device else batch
+
+    def _load_on_ray(self, progress: Callable[[int], None] | None) -> TokenBatch:
+        """The whole dump read by Ray tasks, a piece each (`_read_piece`), joined in order;
+        refused as one process refuses it: no sequence, none with a token in the loss, or a
+        sequence in two files."""
+        work = (p for i in range(len(self.files)) for p in self.pieces(i, DEFAULT_CHUNK_TOKENS))
+
+        def done(piece: Piece, read: tuple[TokenBatch | None, DropReport]) -> None:
+            if progress is not None and read[0] is not None:
+                progress(read[0].num_tokens)
+
+        parts: list[TokenBatch] = []
+        owners: list[tuple[str, int]] = []
+        for piece, (batch, dropped) in ordered(_read_piece, work, name=_path, done=done):
+            self.dropped.add(dropped)
+            if batch is not None:
+                parts.append(batch)
+                owners.append((piece.path, batch.num_sequences))
+        if not parts:
+            raise DumpError(f"{self.files[0].path}: {self.why_empty()}")
+        batch = parts[0] if len(parts) == 1 else concat_batches(parts)
+        if not bool(batch.loss_mask.any()):
+            raise DumpProblems([self.nothing_in_loss(batch.num_sequences, batch.num_tokens)])
+        if len({path for path, _ in owners}) > 1:  # each task's reader saw its piece alone
+            check_unique(batch.step.numpy(), batch.seq_id, owners)
+        return batch
 
     def batches(
         self,
@@ -520,6 +556,49 @@ class Piece:
         return dump
 
 
+def _read_piece(piece: Piece) -> tuple[TokenBatch | None, DropReport]:
+    """What a Ray task reads of a piece (`Dump.load`): its sequences as one batch (None
+    where it has none) and what `drop_invalid` dropped."""
+    dump = piece.open()
+    # A piece with no token in the loss is one piece of the dump (`part`).
+    parts = list(dump.batches(DEFAULT_CHUNK_TOKENS, part=True))
+    batch = None if not parts else parts[0] if len(parts) == 1 else concat_batches(parts)
+    return batch, dump.dropped
+
+
+def _path(piece: Piece) -> str:
+    return piece.path
+
+
+def check_unique(step: np.ndarray, seq_id: pa.Array, owners: Sequence[tuple[str, int]]) -> None:
+    """Refuse a sequence (step, seq_id) found in two files, for a dump read file by file
+    (through the results store, or on Ray), where the reader's own check sees one file at a
+    time.
+
+    Args:
+        step, seq_id: [B], each sequence read, in order.
+        owners: (file, sequences) of each run of them, in the same order.
+
+    Raises:
+        DumpError: naming the sequence and both files.
+    """
+    table = pa.table({"step": step, "seq_id": seq_id})
+    counts = table.group_by(["step", "seq_id"]).aggregate([("step", "count")])
+    repeated = counts.filter(pc.greater(counts["step_count"], 1))
+    if not repeated.num_rows:
+        return
+    first_step, sid = repeated["step"][0].as_py(), repeated["seq_id"][0]
+    where = np.flatnonzero(
+        (step == first_step) & pc.equal(seq_id, sid).to_numpy(zero_copy_only=False)
+    )
+    file_of = np.repeat([path for path, _ in owners], [n for _, n in owners])
+    first, second = file_of[where[0]], file_of[where[1]]
+    raise DumpError(
+        f"{second}: sequence (step {first_step}, seq_id {sid.as_py()!r}) is also in {first}; "
+        "a sequence's rows belong in one file"
+    )
+
+
 def _step_cuts(
     info: DumpFile, parquet: pq.ParquetFile, selected: StepRange, tokens: int
 ) -> list[tuple[int | None, int | None, int]]:
@@ -618,10 +697,23 @@ def open_data(data: Data, **options: Any) -> Dump | TokenBatch:
     return Dump([os.fspath(p) for p in paths], **options)
 
 
-def load_data(data: Data) -> TokenBatch:
-    """`data` loaded whole: a batch as it is, a dump read into one (see `open_data`)."""
+def load_data(data: Data, engine: Engine = "local") -> TokenBatch:
+    """`data` loaded whole: a batch as it is, a dump read into one (see `open_data`), here
+    or by Ray tasks (`Dump.load`).
+
+    Raises:
+        ConfigError: the Ray engine asked of a loaded batch.
+    """
+    check_engine(engine)
     opened = open_data(data)
-    return opened.load() if isinstance(opened, Dump) else opened
+    if isinstance(opened, Dump):
+        return opened.load(engine=engine)
+    if engine == "ray":
+        raise ConfigError(
+            "the Ray engine reads a dump's files on its workers; a loaded batch is used as "
+            "it is (engine='local')"
+        )
+    return opened
 
 
 def _kind(value: object) -> str:

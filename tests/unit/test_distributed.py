@@ -1,8 +1,8 @@
-"""The Ray engine (`iscore.distributed`): analyze, sequences and watch on a local Ray cluster
-equal one process (every number of analyze's document within 1e-12 relative, on the bundled
-samples and a simulated run); a task that fails is named with its file; RAY_ADDRESS joins a
-cluster, and without it a local one starts. Skipped where Ray is not installed (the `ray`
-extra)."""
+"""The Ray engine (`iscore.distributed`): analyze, sequences, recommend and watch on a local
+Ray cluster equal one process (every number of analyze's document within 1e-12 relative, on
+the bundled samples and a simulated run); a task that fails is named with its file;
+RAY_ADDRESS joins a cluster, and without it a local one starts. Skipped where Ray is not
+installed (the `ray` extra)."""
 
 from __future__ import annotations
 
@@ -23,12 +23,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from iscore.analysis import analyze
+from iscore.bench import goals
+from iscore.bench.base import Run
+from iscore.bench.cluster import ray_engine
 from iscore.cli import main
 from iscore.distributed import Ready, check_engine, connect, ordered
 from iscore.dump import Dump, DumpProblems, StepRange, load
-from iscore.errors import ConfigError
+from iscore.errors import ConfigError, DumpError
 from iscore.follow import Follower
+from iscore.recommendation import recommend
 from iscore.sequences import sequence_table
+from iscore.settings import resolve_all
 from iscore.simulate import SimConfig, write_run
 from iscore.store import ResultStore
 
@@ -212,6 +217,38 @@ def test_the_cli_analyzes_and_queries_sequences_on_ray(cluster, run, tmp_path, c
         counts[engine] = capsys.readouterr().out
     _assert_close(docs["ray"], docs["local"])
     assert counts["ray"] == counts["local"] and counts["ray"].startswith('"n","t"\n144,')
+
+
+def test_a_dump_loaded_by_ray_tasks_is_the_same_batch(cluster, run, tmp_path):
+    options = {"steps": StepRange(2, 5), "where": "length > 200"}
+    assert Dump(run, **options).load(engine="ray").equal(Dump(run, **options).load())
+    twice = tmp_path / "twice"
+    shutil.copytree(run, twice)
+    first = twice / "step_000003" / "rank_0000.parquet"
+    shutil.copy(first, twice / "step_000003" / "rank_0002.parquet")
+    with pytest.raises(DumpError, match=r"rank_0002.parquet: sequence \(step 3, seq_id"):
+        Dump(twice).load(engine="ray")
+
+
+def test_recommend_on_ray_equals_one_process(cluster, run, capsys):
+    there = recommend(Dump(run), "skyrl", engine="ray")
+    assert there.to_dict() == recommend(Dump(run), "skyrl").to_dict()
+    outs = []
+    for engine in ("local", "ray"):
+        assert main(["recommend", str(run), "--framework", "verl", "-q", "--engine", engine]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and "best:" in outs[0]
+    with pytest.raises(ConfigError, match="a loaded batch is used as it is"):
+        recommend(load(SAMPLES[0]), "verl", engine="ray")
+
+
+def test_the_bench_entry_times_both_engines_and_checks_they_agree(cluster):
+    sample = SAMPLES[0]
+    run = Run(sample, Dump(sample).num_tokens, tuple(resolve_all(SETTINGS)), PIECE, repeats=1)
+    entry = ray_engine(run).entries["ray"]
+    assert entry["agrees"] and entry["cpus"] == 2 and entry["task_s"] > 0
+    (goal,) = goals.ray_vs_local({"ray": entry})
+    assert goal["met"] == (entry["ratio"] <= 1.3)
 
 
 def test_a_task_that_fails_is_named_with_its_file(cluster, run, tmp_path, capsys):

@@ -43,7 +43,16 @@ from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.columns import dump_schema
 from iscore.distributed import Engine, check_engine, ordered
-from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, DropReport, Dump, DumpProblems, Piece, open_data
+from iscore.dump import (
+    DEFAULT_CHUNK_TOKENS,
+    Data,
+    DropReport,
+    Dump,
+    DumpProblems,
+    Piece,
+    check_unique,
+    open_data,
+)
 from iscore.errors import ConfigError, IscoreError, quote
 from iscore.impact import aggregation_of
 from iscore.output import output_path
@@ -293,6 +302,7 @@ def _ray_table(
     Raises:
         DumpProblems: a whole dump with no token in the loss (as one process reads it),
             or a task's failure, naming its file.
+        DumpError: a sequence in two files.
     """
     schema = read_schema(dump)
     work = (
@@ -306,14 +316,20 @@ def _ray_table(
             progress(rows.tokens)
 
     table = SequenceTable(schema, specs)
-    for _, rows in ordered(_piece_table, work, name=lambda t: t.piece.path, done=finished):
+    owners: list[tuple[str, int]] = []
+    for task, rows in ordered(_piece_table, work, name=lambda t: t.piece.path, done=finished):
         table.extend(rows.table)
         dump.dropped.add(rows.dropped)
-    # One process refuses a dump whose sequences hold no token in the loss at all.
-    count = sum(chunk.num_rows for chunk in table.chunks)
+        owners.append((task.piece.path, sum(chunk.num_rows for chunk in rows.table.chunks)))
+    # One process refuses a dump whose sequences hold no token in the loss at all, and a
+    # sequence in two files (each task's reader saw its piece alone).
+    count = sum(n for _, n in owners)
     if count and not any(pc.sum(chunk["loss_tokens"]).as_py() for chunk in table.chunks):
         tokens = sum(pc.sum(chunk["length"]).as_py() for chunk in table.chunks)
         raise DumpProblems([dump.nothing_in_loss(count, tokens)])
+    if len({path for path, _ in owners}) > 1:
+        read = pa.concat_tables(table.chunks)
+        check_unique(read["step"].to_numpy(), read["seq_id"].combine_chunks(), owners)
     return table
 
 

@@ -219,15 +219,22 @@ def test_the_cli_analyzes_and_queries_sequences_on_ray(cluster, run, tmp_path, c
     assert counts["ray"] == counts["local"] and counts["ray"].startswith('"n","t"\n144,')
 
 
-def test_a_dump_loaded_by_ray_tasks_is_the_same_batch(cluster, run, tmp_path):
+def test_a_dump_loaded_by_ray_tasks_is_the_same_batch_and_a_sequence_in_two_files_refused(
+    cluster, run, tmp_path
+):
     options = {"steps": StepRange(2, 5), "where": "length > 200"}
     assert Dump(run, **options).load(engine="ray").equal(Dump(run, **options).load())
     twice = tmp_path / "twice"
     shutil.copytree(run, twice)
     first = twice / "step_000003" / "rank_0000.parquet"
     shutil.copy(first, twice / "step_000003" / "rank_0002.parquet")
-    with pytest.raises(DumpError, match=r"rank_0002.parquet: sequence \(step 3, seq_id"):
-        Dump(twice).load(engine="ray")
+    for read in (
+        lambda: Dump(twice).load(engine="ray"),
+        lambda: sequence_table(Dump(twice), engine="ray"),
+        lambda: analyze(Dump(twice), SETTINGS, engine="ray"),
+    ):
+        with pytest.raises(DumpError, match=r"rank_0002.parquet: sequence \(step 3, seq_id"):
+            read()
 
 
 def test_recommend_on_ray_equals_one_process(cluster, run, capsys):

@@ -28,11 +28,22 @@ def nothing(task: int) -> int:
 def ray_engine(run: Run) -> Measured:
     """Start (or join) the cluster, time `TASKS` empty tasks through `ordered`, then the
     streamed analyze here and on the cluster (best of `run.repeats`, the cluster already
-    up), and how far apart their documents are."""
+    up), and how far apart their documents are; a cluster started here is shut down."""
     if importlib.util.find_spec("ray") is None:
         run.say("skipping the Ray engine: Ray is not installed (pip install 'iscore[ray]')")
         return Measured(entries={"ray": {"skipped": "Ray is not installed"}})
     run.say("timing the Ray engine: a local cluster, its tasks, analyze on it")
+    import ray  # here: an optional dependency, found above
+
+    started = not ray.is_initialized()  # then shut down after, as found
+    try:
+        return _measured(run)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _measured(run: Run) -> Measured:
     start = time.perf_counter()
     ray = connect()
     for _ in ordered(nothing, range(2), name=str):  # the workers up and iscore imported
@@ -56,7 +67,7 @@ def ray_engine(run: Run) -> Measured:
     cpus = int(ray.cluster_resources().get("CPU", 0))
     return Measured(
         rows=(
-            row(f"ray: start a local cluster ({cpus} CPUs)", start_s, None),
+            row("ray: start a local cluster, or join one", start_s, None),
             row("ray: an empty task, through the window", task_s, None),
             row("ray: the same analyze, one process", local_s, run.tokens),
             row(

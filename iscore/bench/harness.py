@@ -37,7 +37,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     runs.runs,
     processes.memory,
     throughput.cuda,
-    cluster.ray_engine,  # last: the cluster it starts stays up with the process
+    cluster.ray_engine,  # last: a cluster's processes slow nothing else
 )
 """What `run_bench` measures, in order."""
 

@@ -6,6 +6,7 @@ No timing is asserted: the numbers depend on the machine.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import math
 import subprocess
@@ -64,7 +65,16 @@ ROWS = {
     "run: open the per-step trend from the store",
     "run: a new step, followed",
     "run: that step file analyzed alone",
-}
+} | (
+    {
+        "ray: start a local cluster, or join one",
+        "ray: an empty task, through the window",
+        "ray: the same analyze, one process",
+        "ray: analyze, streamed (8 settings)",
+    }
+    if importlib.util.find_spec("ray")
+    else set()
+)
 GOALS = {
     "e2e_vs_read",
     "marginal_vs_read",
@@ -80,6 +90,7 @@ GOALS = {
     "run_second_vs_first",
     "run_trend_open_s",
     "run_new_step_vs_alone",
+    "ray_vs_local",
 }
 
 NAMES = [f"{spec.framework}:{spec.name}" for spec in SETTINGS]

@@ -204,9 +204,12 @@ def test_a_run_followed_on_ray_equals_one_process(cluster, run, tmp_path, stored
     _assert_close({"rows": list(there.rows)}, {"rows": list(here.rows)})
 
 
-def test_the_cli_analyzes_and_queries_sequences_on_ray(cluster, run, tmp_path, capsys):
-    docs, counts = {}, {}
+def test_the_cli_analyzes_queries_sequences_and_watches_on_ray(cluster, run, tmp_path, capsys):
+    docs, counts, watched = {}, {}, {}
     for engine in ("local", "ray"):
+        watch = ["watch", str(run), "--preset", SETTINGS[0], "--once", "--no-cache"]
+        assert main([*watch, "--engine", engine]) == 0
+        watched[engine] = capsys.readouterr().out
         out = tmp_path / f"{engine}.json"
         args = ["analyze", str(run), "--preset", SETTINGS[0], "--json", str(out), "-q"]
         assert main([*args, "--no-cache", "--engine", engine]) == 0
@@ -217,6 +220,7 @@ def test_the_cli_analyzes_and_queries_sequences_on_ray(cluster, run, tmp_path, c
         counts[engine] = capsys.readouterr().out
     _assert_close(docs["ray"], docs["local"])
     assert counts["ray"] == counts["local"] and counts["ray"].startswith('"n","t"\n144,')
+    assert watched["ray"] == watched["local"] and "step" in watched["ray"]
 
 
 def test_a_dump_loaded_by_ray_tasks_is_the_same_batch_and_a_sequence_in_two_files_refused(

@@ -18,6 +18,15 @@ from pathlib import Path
 
 import pytest
 
+try:
+    from playwright.sync_api import expect
+except ImportError:  # the tests skip themselves, saying why
+    pass
+else:
+    # A loaded machine (CI beside other jobs) can take more than playwright's default 5 s
+    # between an upload and its first metrics; the assertions wait for content, never time it.
+    expect.set_options(timeout=30_000)
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENS = Path("/tmp/iscore-screens")

@@ -29,6 +29,7 @@ from iscore import ops
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, Dump, open_data
 from iscore.errors import DumpError
+from iscore.health import assess
 from iscore.impact import SettingStats
 from iscore.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import json_ready, write_json
@@ -66,6 +67,7 @@ class Analysis:
                     "definitions": DEFINITIONS,
                     "bands": BANDS,
                 },
+                "health": assess(self.mismatch).to_dict(),
                 "settings": self.settings,
             }
         )

@@ -50,7 +50,7 @@ Z90 = 1.2815515655446004
 _STATISTICS = (
     "k1", "k2", "k3", "k3_reverse", "chi2_token", "chi2_seq", "abs_diff_mean", "abs_diff_max",
     "token_mult_prob_error", "js", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio",
-    "training_ppl", "rollout_ppl", "ratio_mean",
+    "training_ppl", "rollout_ppl", "ratio_mean", "ess",
 )  # fmt: skip
 _ELSEWHERE = {"k3": ("blogs: vllm-kl",)}  # names used outside the frameworks' own logs
 
@@ -70,11 +70,15 @@ token average iscore reports; the name says so.
 
 BANDS: dict[str, list[str]] = {
     statistic: [
-        f"{fw.title}: {fw.bands[statistic]}" for fw in frameworks.every() if statistic in fw.bands
+        f"{fw.title} {band.logged_as}: {band.describe()}"
+        for fw in frameworks.every()
+        for band in fw.bands
+        if band.statistic == statistic
     ]
     for statistic in _STATISTICS
 }
-"""For each statistic, what the frameworks' docs call healthy (`Framework.bands`)."""
+"""For each statistic, the healthy ranges the frameworks' docs publish (`Framework.bands`, the
+bands `iscore.health` judges by), in words."""
 
 DEFINITIONS: dict[str, str] = {
     "k1": "<-d>_tok: k1 estimate of KL(rollout || train); can be negative",
@@ -96,6 +100,8 @@ DEFINITIONS: dict[str, str] = {
     "rollout_ppl": "<exp(-mean rollout_logprob)>_seq",
     "ratio_mean": "<e^d>_tok: exactly 1 in expectation when tokens are sampled from the rollout "
     "engine and both log-probs are of the same distribution",
+    "ess": "<e^d>_tok^2 / <e^2d>_tok: the effective sample size of the raw ratios, as a fraction "
+    "of the loss tokens",
 }
 
 # Per-sequence sums collected from each chunk; every statistic is computed from these.
@@ -607,6 +613,7 @@ def _summarize(s: dict[str, np.ndarray]) -> dict[str, Any]:
         "rollout_ppl": float(np.mean(np.exp(-s["rollout"][has] / T))),
         "ratio_mean": tok("rho"),
         "ratio_mean_stderr": math.sqrt(max(tok("rho2") - tok("rho") ** 2, 0.0) / n),
+        "ess": tok("rho") ** 2 / tok("rho2") if tok("rho2") > 0 else 0.0,
         "d_mean": d_mean,
         "d_var": d_var,
     }

@@ -17,7 +17,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from iscore import ops
+from iscore.attribution import AttributionStats
 from iscore.batch import TokenBatch
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, Dump, open_data
 from iscore.errors import DumpError
@@ -47,11 +48,13 @@ class Analysis:
         source: what was read (files, layout, steps, sequences, tokens).
         mismatch: the mismatch diagnostics (see `iscore.mismatch`).
         settings: one dict per setting (see `iscore.impact`), in the order given.
+        attribution: where the mismatch comes from (see `iscore.attribution`).
     """
 
     source: dict[str, Any]
     mismatch: dict[str, Any]
     settings: list[dict[str, Any]]
+    attribution: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned document; NaN and infinities become null (strict JSON)."""
@@ -68,6 +71,7 @@ class Analysis:
                     "bands": BANDS,
                 },
                 "health": assess(self.mismatch).to_dict(),
+                "attribution": self.attribution,
                 "settings": self.settings,
             }
         )
@@ -151,6 +155,7 @@ def analyze(
     specs = resolve_all(settings)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     mismatch = MismatchStats()
+    attribution = AttributionStats()
     stats = [SettingStats(spec) for spec in specs]
     dump = None
     if (
@@ -174,6 +179,7 @@ def analyze(
             # d, e^d and the sequence sums every setting needs are computed once per chunk.
             with ops.shared(batch):
                 mismatch.update(batch)
+                attribution.update(batch)
                 if sequences is not None:
                     sequences.update(batch)
                 for i, (spec, acc) in enumerate(zip(specs, stats, strict=True)):
@@ -207,6 +213,7 @@ def analyze(
         },
         mismatch=summary,
         settings=[acc.compute(broken) for acc in stats],
+        attribution=attribution.compute(summary, broken).to_dict(),
     )
     return result
 

@@ -543,6 +543,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "median_len",
         "broken_share",
         "policy_sigma",
+        "policy_growth",
     )
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     try:
@@ -949,6 +950,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="logit noise (nats) between the trainer and the current policy: adds a "
         "policy_logprob column, for bypass and current-policy settings; default 0 (none)",
+    )
+    p.add_argument(
+        "--policy-growth",
+        type=float,
+        help="factor by which --policy-sigma grows per step (a policy lagging further behind "
+        "each step); default 1",
     )
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=_cmd_simulate)

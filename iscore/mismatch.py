@@ -766,6 +766,7 @@ def _flags(
     var_x, var_y = x2 / n - (x / n) ** 2, y2 / n - (y / n) ** 2
     corr = cov / math.sqrt(var_x * var_y) if var_x > 0 and var_y > 0 else 0.0
     result["d_rollout_correlation"] = corr
+    result["d_rollout_slope"] = cov / var_x if var_x > 0 else 0.0
     if abs(corr) > 0.3:
         flags.append(
             _flag(

@@ -234,6 +234,9 @@ class SimConfig:
             policy (the model after the step's first updates, which bypass and current-policy
             corrections score against); above 0 the dump gets a `policy_logprob` column, drawn
             from a stream of its own so that every other column is the same as without it.
+        policy_growth: factor by which `policy_sigma` grows per step: a current policy that
+            lags further behind the trainer each step (staleness growing with off-policy
+            lag), while the engine's noise (the regime's) stays as it is; 1 keeps it constant.
         broken_share: the share of each step's sequences (at least one when above 0) that a
             stale replica scored: every token's train log-prob `BROKEN_SHIFT` nats above the
             rollout's, capped at 0. `broken_sequences` says which.
@@ -261,6 +264,7 @@ class SimConfig:
     group_size: int = 8
     broken_share: float = 0.0
     policy_sigma: float = 0.0
+    policy_growth: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.regime, str) or self.regime not in REGIMES:
@@ -308,6 +312,13 @@ class SimConfig:
                 f"Expected argument `policy_sigma` to be a float in [0, 2], but got {quote(policy)}"
             )
         object.__setattr__(self, "policy_sigma", float(policy))
+        growth = self.policy_growth
+        if isinstance(growth, bool) or not isinstance(growth, Real) or not 0.5 <= growth <= 4:
+            raise ConfigError(
+                "Expected argument `policy_growth` to be a float in [0.5, 4], but got "
+                f"{quote(growth)}"
+            )
+        object.__setattr__(self, "policy_growth", float(growth))
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,8 +419,11 @@ class SimTruth:
         >>> d["regime"]["name"], d["tokens"] == truth.tokens, SimTruth.from_dict(d) == truth
         ('dense_bf16', True, True)
         """
+        config = asdict(self.config)
+        if config["policy_growth"] == 1.0:  # unset: written as before the field existed
+            del config["policy_growth"]
         return {
-            "config": asdict(self.config),
+            "config": config,
             "regime": asdict(self.regime),
             "tokens": self.tokens,
             "sequences": self.sequences,
@@ -703,7 +717,7 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         policy_noise = None
         if policy_rng is not None:
             policy_noise = _normals(policy_rng, config.vocab, n)
-            policy_noise *= np.float32(config.policy_sigma)
+            policy_noise *= np.float32(config.policy_sigma * config.policy_growth**step)
         pos = _sample_positions(rng, noise, regime, config.vocab, policy_noise)
         if policy is not None:
             policy[lo:hi] = pos.policy

@@ -128,7 +128,7 @@ class Placement:
 
     def describe(self) -> str:
         """One sentence: "your k3 (0.05) sits between bf16 rollout of GLM-5.2 ... and ..."."""
-        said = f"your {self.statistic} ({self.value:.3g})"
+        said = f"your {self.statistic} ({_number(self.value)})"
         if self.below is not None and self.above is not None:
             return f"{said} sits between {_named(self.below)} and {_named(self.above)}"
         if self.above is not None:
@@ -146,7 +146,12 @@ class Placement:
 
 
 def _named(p: ReferencePoint) -> str:
-    return f"{p.setting} of {p.model} ({p.value:.4g}, {p.source.name})"
+    return f"{p.setting} of {p.model} ({_number(p.value)}, {p.source.name})"
+
+
+def _number(x: float) -> str:
+    """Four significant digits, large values in full: 1.012, 0.0015, 38,565."""
+    return f"{x:,.0f}" if abs(x) >= 1e4 else f"{x:.4g}"
 
 
 def point_dict(p: ReferencePoint) -> dict[str, Any]:

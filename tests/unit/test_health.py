@@ -11,6 +11,7 @@ from iscore.frameworks.base import Band, ReferencePoint, Source
 from iscore.health import Check, assess
 from iscore.mismatch import BANDS, METRIC_NAMES
 from iscore.reference import bands, place, points
+from iscore.report import render_html
 from iscore.simulate import SimConfig, write_simulated
 
 SOURCE = Source("a test", "https://example.org")
@@ -105,3 +106,17 @@ def test_the_analysis_document_holds_the_verdict(tmp_path):
     assert document["verdict"] == "elevated" and document["by_step"][0]["verdict"] == "elevated"
     assert {b["statistic"] for b in document["bands"]} == {b.statistic for _, b in bands()}
     assert document["reference"] and all(r["text"] for r in document["reference"])
+
+
+def test_the_report_opens_with_the_verdict_its_sources_and_the_sources_of_mismatch(tmp_path):
+    path = tmp_path / "sim.parquet"
+    write_simulated(path, SimConfig(regime="moe_routing", sequences=32, steps=2, seed=40))
+    analysis = analyze(path)
+    page = render_html(analysis)
+    verdict = analysis.to_dict()["health"]["verdict"]
+    assert page.index(f"<div class='verdict {verdict}'>") < page.index("<h2>")
+    for _, band in bands():
+        assert f"<a href='{band.source.url}'>" in page
+    assert "sits between" in page or "every published point" in page
+    assert "Where the mismatch comes from" in page and "MoE routing flips" in page
+    assert page.count("<td class='") >= 2  # a verdict per step

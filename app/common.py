@@ -539,9 +539,7 @@ def show_reference(health: Health) -> None:
         + "\n".join(f"- {escape(p.describe())}" for p in health.placements)
     )
     with st.expander("The published measurements", icon=":material/menu_book:"):
-        rows = [
-            point_dict(p) | {"source": p.source.name, "link": p.source.url} for p in points()
-        ]
+        rows = [point_dict(p) | {"source": p.source.name, "link": p.source.url} for p in points()]
         st.dataframe(
             pd.DataFrame(rows),
             column_config={

@@ -196,13 +196,44 @@ def assess(mismatch: dict[str, Any]) -> Health:
     """The verdict of an analysis' `mismatch` diagnostics (`iscore.mismatch.MismatchStats`'s
     result, flags and `by_step` included), and of each of its steps."""
     broken = flags_of(mismatch, "broken") + flags_of(mismatch, "semantics_bug")
-    checks = _checks(mismatch)
-    reasons = [f"{f['code']}: {f['message']}" for f in broken] + _exceeded(checks)
-    verdict: Verdict = "broken" if broken else "elevated" if reasons else "normal"
     dump_bug = [f"{f['code']} (over the whole dump)" for f in flags_of(mismatch, "semantics_bug")]
     by_step = tuple(_step(row, dump_bug) for row in mismatch.get("by_step", []))
-    codes = tuple(f["code"] for f in broken)
-    return Health(verdict, tuple(reasons), checks, by_step, codes, tuple(placements(mismatch)))
+    found = [(f["code"], f"{f['code']}: {f['message']}") for f in broken]
+    return _judge(found, mismatch, by_step)
+
+
+def assess_values(values: dict[str, Any], broken: int, identity: noise.Identity) -> Health:
+    """The verdict where no flags were computed (`iscore validate`, which reads a dump without
+    torch): `values` holds the bands' statistics, `broken` the sequences `noise.broken` calls
+    broken, `identity` the test of E_rollout[e^d] = 1 on the others (the `ratio_mean_bias`
+    flag's test). A one-sided temperature or offset, and the steps, are `assess`'s alone.
+
+    >>> assess_values({"k3": 0.05}, 0, noise.Identity(1.0, 0.0)).summary()
+    'elevated: NeMo-RL gen_kl_error 0.05 (healthy <= 0.001)'
+    """
+    found = []
+    if broken:
+        found.append(("broken_sequences", f"broken_sequences: {broken:,} broken sequences"))
+    if identity.broken:
+        found.append(
+            (
+                "ratio_mean_bias",
+                f"ratio_mean_bias: <e^d> = {identity.ratio:.4f} (z = {identity.z:+.0f}), not 1",
+            )
+        )
+    return _judge(found, values, ())
+
+
+def _judge(
+    found: list[tuple[str, str]], values: dict[str, Any], by_step: tuple[StepHealth, ...]
+) -> Health:
+    """Broken where something is `found` (a flag's code and its line), elevated where a value
+    lies outside a band, else normal."""
+    checks = _checks(values)
+    reasons = [line for _, line in found] + _exceeded(checks)
+    verdict: Verdict = "broken" if found else "elevated" if reasons else "normal"
+    codes = tuple(code for code, _ in found)
+    return Health(verdict, tuple(reasons), checks, by_step, codes, tuple(placements(values)))
 
 
 def _step(row: dict[str, Any], dump_bug: list[str]) -> StepHealth:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import pytest
 
 from iscore.analysis import analyze
+from iscore.dump import Dump
 from iscore.frameworks.base import Band, ReferencePoint, Source
 from iscore.health import Check, assess
 from iscore.mismatch import BANDS, METRIC_NAMES
 from iscore.reference import bands, place, points
 from iscore.report import render_html
 from iscore.simulate import SimConfig, write_simulated
+from iscore.validation import validate
 
 SOURCE = Source("a test", "https://example.org")
 
@@ -120,3 +122,27 @@ def test_the_report_opens_with_the_verdict_its_sources_and_the_sources_of_mismat
     assert "sits between" in page or "every published point" in page
     assert "Where the mismatch comes from" in page and "MoE routing flips" in page
     assert page.count("<td class='") >= 2  # a verdict per step
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"regime": "dense_bf16"},
+        {"regime": "fp8"},
+        {"regime": "dense_bf16", "broken_share": 0.05},
+        {"regime": "offset_bug"},
+    ],
+    ids=["bf16", "fp8", "stale-replica", "top-p"],
+)
+def test_validate_summarizes_the_same_verdict_without_torch(tmp_path, config):
+    path = tmp_path / "sim.parquet"
+    write_simulated(path, SimConfig(sequences=48, seed=41, **config))
+    report = validate(Dump(path), max_tokens=20_000)  # several chunks
+    health = assess(analyze(path).mismatch)
+    assert report.health["verdict"] == health.verdict
+    if health.verdict == "broken":  # validate tests broken sequences and the ratio alone
+        codes = report.health["summary"].removeprefix("broken: ").split(", ")
+        assert codes and set(codes) <= set(health.flags)
+    else:
+        assert report.health["summary"] == health.summary()
+    assert f"  health      {report.health['summary']}" in report.render()

@@ -292,6 +292,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from iscore.analysis import analyze
     from iscore.figures import setting_name
+    from iscore.health import assess
     from iscore.report import write_html
     from iscore.sequences import SequenceTable, read_schema, write_rows
     from iscore.settings import resolve
@@ -322,8 +323,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         f"sequences: k3 {m.get('k3', nan):.3g}, mean |d| {m.get('abs_diff_mean', nan):.3g}, "
         f"max |d| {m.get('abs_diff_max', nan):.3g}"
     )
+    print(f"  health: {assess(m).summary()}")
     for flag in m.get("flags", []):
         print(f"  ! {flag['code']}: {flag['message']}")
+    for finding in result.attribution.get("findings", []):
+        print(f"  from {finding['kind']}: {finding['summary']} To do: {finding['action']}")
     for s in result.settings:
         print(
             f"  {clip(setting_name(s))}: LR scale {s.get('lr_scale', nan):.4g}, "

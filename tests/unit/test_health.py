@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from iscore.analysis import analyze
+from iscore.cli import main
 from iscore.dump import Dump
 from iscore.frameworks.base import Band, ReferencePoint, Source
 from iscore.health import Check, assess
@@ -146,3 +147,12 @@ def test_validate_summarizes_the_same_verdict_without_torch(tmp_path, config):
     else:
         assert report.health["summary"] == health.summary()
     assert f"  health      {report.health['summary']}" in report.render()
+
+
+def test_analyze_prints_the_verdict_and_the_sources(tmp_path, capsys):
+    path = tmp_path / "sim.parquet"
+    write_simulated(path, SimConfig(regime="moe_routing", sequences=48, seed=42))
+    assert main(["analyze", str(path), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "  health: elevated: NeMo-RL gen_kl_error" in out
+    assert "  from routing: " in out and "To do: On an MoE model" in out

@@ -154,5 +154,5 @@ def test_analyze_prints_the_verdict_and_the_sources(tmp_path, capsys):
     write_simulated(path, SimConfig(regime="moe_routing", sequences=48, seed=42))
     assert main(["analyze", str(path), "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "  health: elevated: NeMo-RL gen_kl_error" in out
+    assert "  health: elevated: NeMo-RL " in out and "gen_kl_error" in out
     assert "  from routing: " in out and "To do: On an MoE model" in out

@@ -169,7 +169,7 @@ class AttributionStats:
             *_drift(mismatch, by_step),
             *_numerics(mismatch),
         ]
-        spans = (span > SPAN_RATIO) & ~broken if span.size == broken.size else span > SPAN_RATIO
+        spans = (span > SPAN_RATIO) & ~broken
         for row in by_step:
             row["span_sequences"] = int(spans[steps == row["step"]].sum())
         return Attribution(tuple(findings), tuple(by_step))
@@ -333,7 +333,7 @@ def _semantics(mismatch: dict[str, Any]) -> list[Finding]:
 def _routing(
     span: np.ndarray, steps: np.ndarray, ids: pa.Array, broken: np.ndarray
 ) -> list[Finding]:
-    healthy = ~broken if broken.size == span.size else np.ones(span.size, dtype=bool)
+    healthy = ~broken
     found = (span > SPAN_RATIO) & healthy
     share = float(found.sum()) / max(int(healthy.sum()), 1)
     if not found.any() or share < SPAN_SHARE:

@@ -36,9 +36,11 @@ from iscore.conversion import convert as convert_setting
 from iscore.dump import DumpProblems, StepRange
 from iscore.errors import IscoreError
 from iscore.figures import color, setting_name
+from iscore.health import Health, assess
 from iscore.importers import PICKLED, SUFFIXES
 from iscore.preview import Preview, preview_parquet
 from iscore.recommendation import Recommendation, Targets
+from iscore.reference import point_dict, points
 from iscore.report import SUMMARY_COLUMNS
 from iscore.serving import DataRoots, dump_folder
 from iscore.settings import presets
@@ -472,6 +474,95 @@ def show_error(error: Exception) -> None:
         st.error(f"**{count} problem{'s' * (count > 1)}:**\n\n{items}", icon=":material/error:")
     else:
         st.error(escape(str(error)), icon=":material/error:")
+
+
+# ------------------------------------------------------------------------------------------
+# Health: is the mismatch normal, and where does it come from
+
+
+_VERDICT = {
+    "normal": (st.success, ":material/check_circle:"),
+    "elevated": (st.warning, ":material/warning:"),
+    "broken": (st.error, ":material/heart_broken:"),
+}
+
+
+def show_health(analysis: Analysis) -> Health:
+    """The verdict (`iscore.health`) as a green, amber or red box with what decided it, the
+    published bands it was judged against (with their sources) and each step's verdict in an
+    expander; returns it."""
+    health = assess(analysis.mismatch)
+    show, icon = _VERDICT[health.verdict]
+    reasons = "\n".join(f"- {escape(r)}" for r in health.reasons)
+    show(f"**{escape(health.headline)}**" + (f"\n\n{reasons}" if reasons else ""), icon=icon)
+    with st.expander("The published bands it was judged against", icon=":material/rule:"):
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "statistic": c.band.statistic,
+                        "value": c.value,
+                        "healthy": c.band.describe(),
+                        "within": c.within,
+                        "published as": f"{c.framework} {c.band.logged_as}",
+                        "outside it": c.band.meaning,
+                        "source": c.band.source.name,
+                        "link": c.band.source.url,
+                    }
+                    for c in health.checks
+                ]
+            ),
+            column_config={
+                "value": st.column_config.NumberColumn(format="%.4g"),
+                "link": st.column_config.LinkColumn(display_text="open"),
+            },
+            hide_index=True,
+            width="stretch",
+        )
+        if len(health.by_step) > 1:
+            st.caption(
+                "By step: "
+                + " · ".join(
+                    f"{', '.join(map(str, steps))}: {verdict}"
+                    for verdict, steps in health.steps_by_verdict().items()
+                )
+            )
+    return health
+
+
+def show_reference(health: Health) -> None:
+    """Where the dump sits among published measurements, and the measurements, each with its
+    source."""
+    if not health.placements:
+        return
+    st.markdown(
+        "**Among published measurements:**\n\n"
+        + "\n".join(f"- {escape(p.describe())}" for p in health.placements)
+    )
+    with st.expander("The published measurements", icon=":material/menu_book:"):
+        rows = [point_dict(p) | {"source": p.source.name, "link": p.source.url} for p in points()]
+        st.dataframe(
+            pd.DataFrame(rows),
+            column_config={
+                "value": st.column_config.NumberColumn(format="%.4g"),
+                "link": st.column_config.LinkColumn(display_text="open"),
+            },
+            hide_index=True,
+            width="stretch",
+        )
+
+
+def show_attribution(analysis: Analysis) -> None:
+    """Where the mismatch comes from (`iscore.attribution`): each finding, its evidence and
+    what to do."""
+    findings = analysis.attribution.get("findings", [])
+    if not findings:
+        return
+    st.subheader("Where it comes from")
+    for f in findings:
+        with st.container(border=True):
+            st.markdown(f"**{escape(f['title'])}** (`{f['kind']}`): {escape(f['summary'])}")
+            st.markdown(f":material/build: {escape(f['action'])}")
 
 
 # ------------------------------------------------------------------------------------------

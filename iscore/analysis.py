@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 import torch
 
 from iscore import ops
+from iscore.attribution import AttributionStats
 from iscore.batch import TokenBatch
 from iscore.dump import (
     DEFAULT_CHUNK_TOKENS,
@@ -41,6 +42,7 @@ from iscore.dump import (
     open_data,
 )
 from iscore.errors import DumpError, IscoreError
+from iscore.health import assess
 from iscore.impact import SettingStats
 from iscore.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import json_ready, write_json
@@ -49,6 +51,7 @@ from iscore.sequences import SequenceTable
 from iscore.settings import Setting, replay, resolve_all
 from iscore.spec import Spec
 from iscore.store import (
+    ATTRIBUTION,
     MISMATCH,
     Context,
     FileIdentity,
@@ -71,12 +74,14 @@ class Analysis:
         mismatch: the mismatch diagnostics (see `iscore.mismatch`).
         settings: one dict per setting (see `iscore.impact`), in the order given.
         trend: the per-step table and its events (see `iscore.trend`).
+        attribution: where the mismatch comes from (see `iscore.attribution`).
     """
 
     source: dict[str, Any]
     mismatch: dict[str, Any]
     settings: list[dict[str, Any]]
     trend: Trend
+    attribution: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned document; NaN and infinities become null (strict JSON)."""
@@ -92,6 +97,8 @@ class Analysis:
                     "definitions": DEFINITIONS,
                     "bands": BANDS,
                 },
+                "health": assess(self.mismatch).to_dict(),
+                "attribution": self.attribution,
                 "settings": self.settings,
                 "trend": self.trend.to_dict(),
             }
@@ -184,6 +191,7 @@ def analyze(
     specs = resolve_all(settings)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     mismatch = MismatchStats()
+    attribution = AttributionStats()
     stats = [SettingStats(spec) for spec in specs]
     dump = None
     if (
@@ -211,6 +219,7 @@ def analyze(
             mismatch.merge(part.mismatch)
             for acc, done in zip(stats, part.settings, strict=True):
                 acc.merge(done)
+            attribution.merge(part.attribution)
             if progress is not None:
                 progress(part.tokens)
             heap.check()
@@ -241,6 +250,7 @@ def analyze(
         mismatch=summary,
         settings=settings_done,
         trend=Trend.of(summary, settings_done, specs, targets or Targets()),
+        attribution=attribution.compute(summary, mismatch.sequences(), broken).to_dict(),
     )
     return result
 
@@ -256,12 +266,14 @@ class Part:
         tokens: its tokens (in the loss or not).
         mismatch: its mismatch diagnostics' accumulator.
         settings: each setting's accumulator, in the analysis' order.
+        attribution: what the attribution's findings need beyond the mismatch's.
     """
 
     step: int
     tokens: int
     mismatch: MismatchStats
     settings: list[SettingStats]
+    attribution: AttributionStats
 
     @property
     def sequences(self) -> int:
@@ -324,14 +336,18 @@ def _analyzed(
 ) -> Part:
     """The part of one step's run of sequences: what `stored` holds of it, the rest computed."""
     mismatch = None if stored is None else stored.mismatch()
+    attribution = None if stored is None else stored.attribution()
     settings = [None if stored is None else stored.setting(spec) for spec in specs]
-    if mismatch is not None and all(s is not None for s in settings):
-        return Part(step, run.num_tokens, mismatch, settings)
+    if mismatch is not None and attribution is not None and all(s is not None for s in settings):
+        return Part(step, run.num_tokens, mismatch, settings, attribution)
     # d, e^d and the sequence sums every setting needs are computed once per run.
     with ops.shared(run):
         if mismatch is None:
             mismatch = MismatchStats()
             mismatch.update(run)
+        if attribution is None:
+            attribution = AttributionStats()
+            attribution.update(run)
         if sequences is not None:
             sequences.update(run)
         for i, spec in enumerate(specs):
@@ -342,7 +358,7 @@ def _analyzed(
             acc.update(run, replayed)
             if sequences is not None:
                 sequences.add(i, run, replayed)
-    return Part(step, run.num_tokens, mismatch, settings)
+    return Part(step, run.num_tokens, mismatch, settings, attribution)
 
 
 def _stored_parts(
@@ -400,6 +416,7 @@ def _to_store(part: Part, run: int, specs: Sequence[Spec], stored: StoredPart | 
     """A part as the store keeps it, with the settings the store held of it beside it."""
     states = {} if stored is None else dict(stored.states)
     states[MISMATCH] = part.mismatch.state()
+    states[ATTRIBUTION] = part.attribution.state()
     for spec, acc in zip(specs, part.settings, strict=True):
         states[setting_key(spec)] = acc.state()
     return StoredPart(part.step, run, part.tokens, states)
@@ -446,11 +463,11 @@ def _served(stored: StoredFile, specs: Sequence[Spec], steps: StepRange) -> list
     for held in stored.parts:
         if not steps.row_group_may_match(held.step, held.step):
             continue
-        mismatch = held.mismatch()
+        mismatch, attribution = held.mismatch(), held.attribution()
         settings = [held.setting(spec) for spec in specs]
-        if mismatch is None or any(s is None for s in settings):
+        if mismatch is None or attribution is None or any(s is None for s in settings):
             return None
-        parts.append(Part(held.step, held.tokens, mismatch, settings))
+        parts.append(Part(held.step, held.tokens, mismatch, settings, attribution))
     return parts
 
 

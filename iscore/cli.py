@@ -293,6 +293,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from iscore.analysis import analyze
     from iscore.figures import setting_name
+    from iscore.health import assess
     from iscore.report import write_html
     from iscore.sequences import SequenceTable, read_schema, write_rows
     from iscore.settings import resolve
@@ -329,8 +330,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         f"sequences: k3 {m.get('k3', nan):.3g}, mean |d| {m.get('abs_diff_mean', nan):.3g}, "
         f"max |d| {m.get('abs_diff_max', nan):.3g}"
     )
+    print(f"  health: {assess(m).summary()}")
     for flag in m.get("flags", []):
         print(f"  ! {flag['code']}: {flag['message']}")
+    for finding in result.attribution.get("findings", []):
+        print(f"  from {finding['kind']}: {finding['summary']} To do: {finding['action']}")
     for s in result.settings:
         print(
             f"  {clip(setting_name(s))}: LR scale {s.get('lr_scale', nan):.4g}, "
@@ -663,6 +667,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "broken_from",
         "grow_from",
         "growth",
+        "policy_growth",
     )
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.broken_from is not None and args.broken_share is None:
@@ -1191,6 +1196,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="SECONDS",
         help="a run folder: wait this long before each step, as a job still writing",
+    )
+    p.add_argument(
+        "--policy-growth",
+        type=float,
+        help="factor by which --policy-sigma grows per step (a policy lagging further behind "
+        "each step); default 1",
     )
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=_cmd_simulate)

@@ -215,6 +215,15 @@ if len(ws.steps) > 1:
         key=slider,
         on_change=lambda: state.update(step_range=state[slider]),
     )
+analysis = common.compute(
+    "Computing the mismatch diagnostics…", ws.mismatch, common.selected_steps()
+)
+common.show_health(analysis)
+st.page_link(
+    "pages/mismatch.py",
+    label="Where it comes from, and the published measurements: Mismatch",
+    icon=":material/query_stats:",
+)
 summary = common.compute("Summarizing…", ws.summary, common.selected_steps())
 steps = summary["steps"]
 cols = st.columns(4)

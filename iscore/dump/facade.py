@@ -18,7 +18,6 @@ first offending rows (0-based row numbers of that file); `DumpError.problems` ho
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,7 +41,6 @@ from iscore.dump.tensors import concat_batches, to_batch
 from iscore.dump.values import DropReport, DumpFile, DumpProblems, Extra, Layout, Problem, StepRange
 from iscore.errors import DumpError, quote
 from iscore.where import Judge, Where
-from iscore.writer import PROVENANCE_KEY
 
 if TYPE_CHECKING:
     import torch
@@ -148,6 +146,7 @@ class Dump:
             self._data.append(data)
         if problems:
             raise DumpProblems(problems)
+        _check_policy(self.files)
         layouts = {f.layout for f in self.files}
         if len(layouts) > 1:
             raise DumpError(
@@ -173,12 +172,7 @@ class Dump:
     @property
     def provenance(self) -> list[dict]:
         """Per file, where an imported dump came from (framework, source files, steps), or {}."""
-        out = []
-        for parquet in self._parquet:
-            meta = parquet.schema_arrow.metadata or {}
-            raw = meta.get(PROVENANCE_KEY)
-            out.append(json.loads(raw) if raw else {})
-        return out
+        return [f.provenance for f in self.files]
 
     def head(self, rows: int) -> pa.Table:
         """The first `rows` rows of the first file, every column as stored (to show what the
@@ -191,11 +185,12 @@ class Dump:
         """Each file as an Arrow dataset with its own column names (read lazily when
         scanned, as DuckDB does for the `tokens` view of `iscore.sequences`)."""
         out = []
+        checked = pads.ParquetFragmentScanOptions(page_checksum_verification=True)
+        parquet = pads.ParquetFileFormat(default_fragment_scan_options=checked)
         for info, data in zip(self.files, self._data, strict=True):
             if data is None:
-                out.append(pads.dataset(info.path, format="parquet"))
+                out.append(pads.dataset(info.path, format=parquet))
                 continue
-            parquet = pads.ParquetFileFormat()
             fragment = parquet.make_fragment(pa.BufferReader(data))
             out.append(pads.FileSystemDataset([fragment], fragment.physical_schema, parquet))
         return out
@@ -435,6 +430,19 @@ def _union_extras(files: Sequence[DumpFile]) -> tuple[Extra, ...]:
                     f"{known.type} in {where[extra.name]}; the files of a dump agree on it"
                 )
     return tuple(found.values())
+
+
+def _check_policy(files: Sequence[DumpFile]) -> None:
+    """policy_logprob has no default: the files of a dump all have it, or none does."""
+    having = [f.path for f in files if "policy_logprob" in f.columns]
+    lacking = [f.path for f in files if "policy_logprob" not in f.columns]
+    if having and lacking:
+        others = f" (and {len(lacking) - 1:,} other files)" if len(lacking) > 1 else ""
+        message = (
+            f"missing here{others} but present in {having[0]}; the files of a dump all have "
+            "it or none does (leave it out of every file with --column policy_logprob=)"
+        )
+        raise DumpProblems([Problem(lacking[0], "policy_logprob", message)])
 
 
 def _seq_id_type(files: Sequence[DumpFile]) -> pa.DataType:

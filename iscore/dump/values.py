@@ -131,6 +131,8 @@ class DumpFile:
     num_tokens: int
     extras: tuple[Extra, ...]
     seq_id_type: pa.DataType
+    provenance: dict = field(default_factory=dict)
+    """Where an imported file came from (`iscore.provenance`), or {}."""
 
 
 @dataclass(slots=True)

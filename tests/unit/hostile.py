@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iscore.settings import MAX_CONFIG_BYTES
+from iscore.writer import PROVENANCE_KEY
 
 Writer = Callable[[Path], Path]
 
@@ -115,7 +116,47 @@ def dumps() -> dict[str, Writer]:
         "not_parquet": lambda d: _bytes(d / "x.parquet", b'{"a": 1}\n'),
         "truncated": lambda d: _bytes(d / "x.parquet", b"PAR1" + b"\0" * 64),
         "empty_file": lambda d: _bytes(d / "x.parquet", b""),
+        # a column twice: which one would be read?
+        "duplicate_column": _write(
+            _token().append_column("rollout_logprob", pa.array([-1.0, -0.5, -2.0, -0.1])),
+            "t.parquet",
+        ),
+        # iscore's own metadata, malformed
+        **{
+            f"provenance_{name}": _write(
+                _sequence().replace_schema_metadata({PROVENANCE_KEY: raw}), "s.parquet"
+            )
+            for name, raw in {
+                "not_json": b"{framework: verl",
+                "a_list": b"[1, 2]",
+                "a_string": b'"verl"',
+                "source_files_a_number": b'{"framework": "nemo_rl", "source_files": 3}',
+            }.items()
+        },
+        # a byte flipped in a data page of a file written with page checksums
+        "flipped_byte_with_checksum": _flipped,
+        # policy_logprob in one file of a folder but not in the other
+        "policy_in_some_files": _policy_in_some_files,
     }
+
+
+def _flipped(directory: Path) -> Path:
+    path = directory / "crc.parquet"
+    table = _token(rollout_logprob=pa.array([-1.0, -0.5, -2.0, -0.125]))
+    pq.write_table(table, path, write_page_checksum=True, compression="none")
+    data = bytearray(path.read_bytes())
+    data[data.index(np.float64(-0.125).tobytes()) + 3] ^= 0x40  # still a valid float
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _policy_in_some_files(directory: Path) -> Path:
+    folder = directory / "run"
+    folder.mkdir()
+    policy = pa.array([[-1.0, -0.5], [-2.0, -0.1]], _F64)
+    pq.write_table(_sequence(policy_logprob=policy), folder / "a.parquet")
+    pq.write_table(_sequence(seq_id=pa.array([2, 3])), folder / "b.parquet")
+    return folder
 
 
 def _bytes(path: Path, data: bytes) -> Path:

@@ -124,6 +124,23 @@ def test_null_inside_loss_mask_list_is_not_false(tmp_path, capsys):
     assert code == 1 and "column loss_mask: 1 null values inside its lists at row 0" in out
 
 
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("duplicate_column", "t.parquet, column rollout_logprob: appears more than once"),
+        ("provenance_a_list", "s.parquet: metadata iscore.provenance: expected a JSON object"),
+        ("provenance_source_files_a_number", "; found source_files 3"),
+        ("flipped_byte_with_checksum", "CRC checksum verification failed"),
+        ("policy_in_some_files", "b.parquet, column policy_logprob: missing here but present in"),
+    ],
+)
+def test_structure_problems_say_what_was_expected(case, said, tmp_path, capsys):
+    """Each was a traceback (KeyError, JSONDecodeError, AttributeError) or read as valid."""
+    dump = hostile.dumps()[case](tmp_path)
+    code, out, err = run(["validate", str(dump), "-q"], capsys)
+    assert code == 1 and said in out + err
+
+
 def test_no_loss_token_is_a_clear_error_for_streams_and_batches(tmp_path, good_dump):
     from iscore.analysis import analyze
 

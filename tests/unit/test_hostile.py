@@ -35,7 +35,8 @@ import iscore.dump
 import iscore.paths
 from iscore.cli import main
 from iscore.dump import Dump, DumpProblems
-from iscore.errors import ConfigError, DumpError
+from iscore.errors import ConfigError, DumpError, IscoreError
+from iscore.output import check_output
 from iscore.settings import parse_config
 from iscore.validation import validate
 from iscore.writer import canonical_table
@@ -322,6 +323,78 @@ def test_failed_write_leaves_no_temporary(tmp_path, capsys):
         ["replay", str(dump), "-q", "--config", PRESET_FILE, "--out", str(out)], capsys
     )
     assert code == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet", "verl.yaml"]
+
+
+@pytest.mark.parametrize(("command", "flag"), [("replay", "--out"), ("validate", "--json")])
+def test_empty_paths_are_refused(command, flag, tmp_path, good_dump, capsys, monkeypatch):
+    """An empty --out was refused as ": is a directory"; an empty --json wrote nothing."""
+    monkeypatch.chdir(tmp_path)
+    for args in (
+        [command, str(good_dump), "-q", "--config", PRESET_FILE, flag, ""],
+        [command, "", "-q", "--config", PRESET_FILE, flag, "x"],
+    ):
+        if command == "validate":
+            args.remove("--config"), args.remove(PRESET_FILE)
+        code, _, err = run(args, capsys)
+        assert code == 2 and "but got an empty string" in one_line_error(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.parquet", "verl.yaml"]
+    with pytest.raises(IscoreError, match="expected a file name to write, but got an empty path"):
+        check_output("")  # the Python API's writers
+
+
+_COMMANDS_READING = {
+    "validate": ["validate", "{dump}", "-q", "--json", "{out}.json"],
+    "analyze": ["analyze", "{dump}", "-q", "--preset", PRESET, "--json", "{out}.json"],
+    "replay": ["replay", "{dump}", "-q", "--config", PRESET, "--out", "{out}.parquet"],
+    "recommend": ["recommend", "{dump}", "-q", "--framework", "verl", "--json", "{out}.json"],
+    "export": ["export", "--config", PRESET, "--to", "skyrl", "--dump", "{dump}", "--out", "{out}"],
+    "sequences": ["sequences", "{dump}", "--out", "{out}.parquet"],
+}
+
+
+@pytest.mark.parametrize("command", list(_COMMANDS_READING))
+def test_ctrl_c_is_one_line_and_exit_130(command, tmp_path, good_dump, capsys, monkeypatch):
+    """Every command printed a KeyboardInterrupt traceback."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(Dump, "batches", interrupted)
+    monkeypatch.setattr(Dump, "scan", interrupted)
+    out = str(tmp_path / "w")
+    argv = [a.format(dump=good_dump, out=out) for a in _COMMANDS_READING[command]]
+    code, stdout, err = run(argv, capsys)
+    assert (code, stdout, err) == (130, "", "interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.parquet", "verl.yaml"]
+
+
+def test_ctrl_c_from_the_terminal(tmp_path, good_dump):
+    """SIGINT itself, delivered while replay reads: exit 130, one line, no file left."""
+    code = textwrap.dedent(
+        f"""
+        import sys, time
+        from iscore.cli import main
+        from iscore.dump import Dump
+
+        def waiting(*args, **kwargs):
+            print("reading", file=sys.stderr, flush=True)
+            time.sleep(60)
+            yield
+
+        Dump.batches = waiting
+        out = {str(tmp_path / "w.parquet")!r}
+        sys.exit(main(["replay", {str(good_dump)!r}, "-q", "--config", {PRESET!r}, "--out", out]))
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stderr.readline() == "reading\n"
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert (child.returncode, out, err) == (130, "", "interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.parquet", "verl.yaml"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

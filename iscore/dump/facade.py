@@ -38,8 +38,8 @@ from iscore.dump.files import (
 )
 from iscore.dump.readers import INVALID, Chunk, check_values, invalid_values, open_reader
 from iscore.dump.tensors import concat_batches, to_batch
-from iscore.dump.values import DropReport, DumpFile, DumpProblems, Extra, Layout, Problem, StepRange
-from iscore.errors import DumpError, quote
+from iscore.dump.values import DropReport, DumpFile, Extra, Layout, StepRange
+from iscore.errors import DumpError, DumpProblems, Problem, quote
 from iscore.where import Judge, Where
 
 if TYPE_CHECKING:

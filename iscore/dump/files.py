@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 
 from iscore.columns import resolve_columns
 from iscore.dump.schema import check_types, extras_of, is_list, scalar_type
-from iscore.dump.values import DumpFile, DumpProblems, Layout, Problem
-from iscore.errors import DumpError, clip, quote
+from iscore.dump.values import DumpFile, Layout
+from iscore.errors import DumpError, DumpProblems, Problem, clip, quote
 from iscore.paths import list_files
 from iscore.writer import PROVENANCE_KEY
 

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 from iscore.columns import LOGPROB_COLUMNS, PER_SEQUENCE, PER_TOKEN, ColumnMap
 from iscore.dump.files import leaf
 from iscore.dump.schema import column_label, is_list
-from iscore.dump.values import DumpFile, DumpProblems, Extra, Problem, StepRange
-from iscore.errors import counted, quote
+from iscore.dump.values import DumpFile, Extra, StepRange
+from iscore.errors import DumpProblems, Problem, counted, quote
 
 READ_TOKENS = 262_144
 """Tokens per Parquet read (rows in token layout); chunks are assembled from these."""

@@ -60,7 +60,7 @@ import pyarrow as pa
 import torch
 
 from iscore.errors import DumpError, quote
-from iscore.importers import File, Part, open_binary, unpickling_detail
+from iscore.importers import File, Part, as_index, open_binary, unpickling_detail
 from iscore.writer import canonical_table
 
 DESCRIPTION = "SkyRL global_step_{N}_training_input.pkl"
@@ -97,15 +97,19 @@ def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Par
         DumpError: `allow_pickle` is false (the files are pickles), or a file is malformed
             or names a global the restricted unpickler refuses.
     """
-    for path in paths:
-        if not allow_pickle:
-            raise DumpError(
-                f"{path}: a pickle (SkyRL's TrainingInputBatch); loading a pickle can run "
-                "code, so iscore reads one only when asked: pass --allow-pickle (Python: "
-                "allow_pickle=True). Even then it rebuilds only SkyRL's batch, torch tensors "
-                "and plain containers"
-            )
-        yield Part(str(path), _table(path, _unpickle(path)))
+    if paths and not allow_pickle:  # before reading: no file is at fault
+        raise DumpError(
+            f"{paths[0]}: a pickle (SkyRL's TrainingInputBatch); loading a pickle can run "
+            "code, so iscore reads one only when asked: pass --allow-pickle (Python: "
+            "allow_pickle=True). Even then it rebuilds only SkyRL's batch, torch tensors "
+            "and plain containers"
+        )
+    return (_part(path) for path in paths)
+
+
+def _part(path: File) -> Part:
+    table, notes = _table(path, _unpickle(path))
+    return Part(str(path), table, notes=notes)
 
 
 class _Batch(dict):
@@ -167,7 +171,22 @@ def _torch_bytes(data: object, key: str) -> object:
         ) from None
     if value is not None and not isinstance(value, torch.Tensor):
         raise pickle.UnpicklingError(f"field {quote(key)}: {type(value).__name__}, not a tensor")
-    return value
+    return value if value is None else _own_values(value)
+
+
+def _own_values(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, unless it claims more values than its storage holds (a stride of 0 repeats
+    one value over any shape: a [2^20, 2^20] tensor over 4 bytes, which numpy would then
+    allocate in full). SkyRL saves tensors that hold their own values."""
+    needed = tensor.numel() * tensor.element_size()
+    held = tensor.untyped_storage().nbytes()
+    if needed > held:
+        raise pickle.UnpicklingError(
+            f"a tensor of shape {list(tensor.shape)} ({needed:,} bytes) over a storage of "
+            f"{held:,} bytes: its values repeat (a stride of 0); iscore reads tensors that "
+            "hold their own values"
+        )
+    return tensor
 
 
 def _rebuild_tensor(
@@ -184,7 +203,8 @@ def _rebuild_tensor(
         raise pickle.UnpicklingError(f"a tensor over {type(storage).__name__}, not a storage")
     if hooks:
         raise pickle.UnpicklingError("a tensor with backward hooks")
-    return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, False, OrderedDict())
+    tensor = torch._utils._rebuild_tensor_v2(storage, offset, size, stride, False, OrderedDict())
+    return _own_values(tensor)
 
 
 def _load_storage(data: object) -> object:
@@ -249,7 +269,8 @@ def _array(value: object) -> np.ndarray:
     return np.asarray(value)
 
 
-def _table(path: File, batch: _Batch) -> pa.Table:
+def _table(path: File, batch: _Batch) -> tuple[pa.Table, tuple[str, ...]]:
+    """The batch's canonical table, and notes on what was left out."""
     match = _FILE.match(path.name)
     if match is None:
         raise DumpError(
@@ -277,9 +298,13 @@ def _table(path: File, batch: _Batch) -> pa.Table:
     selector = "response_mask" if "response_mask" in fields else "loss_mask"
     if selector not in fields:
         raise DumpError(f"{path}: the batch has neither 'response_mask' nor 'loss_mask'")
+    for key in ("response_mask", "loss_mask"):
+        odd = fields[key][(fields[key] != 0) & (fields[key] != 1)] if key in fields else ()
+        if len(odd):
+            raise DumpError(f"{path}: {quote(key)} must hold 0 or 1, found {odd[0].item()}")
     metadata = batch.metadata or {}
     pad = metadata.get("pad_size") or 0
-    if not isinstance(pad, int) or not 0 <= pad <= shape[0]:
+    if type(pad) is not int or not 0 <= pad <= shape[0]:
         raise DumpError(f"{path}: metadata pad_size {quote(pad)} is not a row count <= {shape[0]}")
     rows = shape[0] - pad
     selected = fields[selector][:rows] != 0
@@ -299,23 +324,35 @@ def _table(path: File, batch: _Batch) -> pa.Table:
                 f"[{shape[0]}, S] with S >= {shape[1]}"
             )
         tokens["token_id"] = sequences[:rows, sequences.shape[1] - shape[1] :][selected]
-    groups = _groups(metadata.get("policy_prompt_boundaries"), rows)
-    return canonical_table(
-        step=int(match.group(1)),
+    groups, notes = _groups(metadata.get("policy_prompt_boundaries"), rows, shape[0])
+    table = canonical_table(
+        step=as_index(int(match.group(1)), str(path), "the step in its name"),
         seq_id=np.arange(rows, dtype=np.int64),
         lengths=selected.sum(axis=1),
         tokens=tokens,
         sequences={} if groups is None else {"group_id": groups},
     )
+    return table, tuple(f"{path}: {note}" for note in notes)
 
 
-def _groups(boundaries: object, rows: int) -> np.ndarray | None:
-    """Each row's prompt index from SkyRL's (start, end) prompt boundaries, if they cover all."""
+def _groups(boundaries: object, rows: int, size: int) -> tuple[np.ndarray | None, list[str]]:
+    """Each row's prompt index from SkyRL's (start, end) prompt boundaries, if they cover all;
+    else None, with a note when they are there but malformed (group_id is optional: the
+    log-probs are read without it)."""
+    if boundaries is None:
+        return None, []
+    left_out = "group_id not imported: metadata policy_prompt_boundaries"
     if not isinstance(boundaries, list | tuple):
-        return None
+        return None, [f"{left_out} is a {type(boundaries).__name__}, not a list"]
     group = np.full(rows, -1, dtype=np.int64)
     for index, bounds in enumerate(boundaries):
-        if not isinstance(bounds, list | tuple) or len(bounds) != 2:
-            return None
-        group[int(bounds[0]) : int(bounds[1])] = index
-    return group if (group >= 0).all() else None
+        if not (
+            isinstance(bounds, list | tuple)
+            and len(bounds) == 2
+            and all(type(b) is int for b in bounds)
+            and 0 <= bounds[0] <= bounds[1] <= size
+        ):
+            found = quote(bounds, 60)
+            return None, [f"{left_out}[{index}] is {found}, not (start, end) rows within {size}"]
+        group[bounds[0] : bounds[1]] = index
+    return (group if (group >= 0).all() else None), []

@@ -8,12 +8,16 @@ that reads it.
 
 from __future__ import annotations
 
+import io
+import json
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from iscore.settings import MAX_CONFIG_BYTES
 from iscore.writer import PROVENANCE_KEY
@@ -159,6 +163,160 @@ def _policy_in_some_files(directory: Path) -> Path:
     return folder
 
 
+_NEMO = {
+    "token_loss_mask": [[0, 1, 1]],
+    "generation_logprobs": [[0.0, -0.5, -0.25]],
+    "prev_logprobs": [[-2.0, -0.5, -0.375]],
+}
+_PRIME = {
+    "step": 1,
+    "rank": 0,
+    "loss_mask": [False, True, True],
+    "inference_logprobs": [0.0, -0.5, -0.25],
+    "trainer_logprobs": [-2.0, -0.5, -0.375],
+}
+
+
+def _nemo(line: str | dict) -> Writer:
+    """A NeMo-RL log folder of one step whose one line is `line` (a record or raw JSON)."""
+
+    def write(directory: Path) -> Path:
+        (directory / "logs").mkdir()
+        text = line if isinstance(line, str) else json.dumps(line)
+        (directory / "logs" / "train_data_step1.jsonl").write_text(text + "\n")
+        return directory / "logs"
+
+    return write
+
+
+def _prime(line: str | dict) -> Writer:
+    """A prime-rl export of one step, one rank, whose one line is `line`."""
+
+    def write(directory: Path) -> Path:
+        step = directory / "token_exports" / "step_1"
+        step.mkdir(parents=True)
+        text = line if isinstance(line, str) else json.dumps(line)
+        (step / "rank_0.jsonl").write_text(text + "\n")
+        (step / "STABLE").touch()
+        return directory / "token_exports"
+
+    return write
+
+
+def _slime(sample: dict | None = None, payload: dict | None = None) -> Writer:
+    """A slime train dump (format_version 2) of one sample, with `sample`'s fields replaced;
+    or `payload` saved as it is."""
+
+    def write(directory: Path) -> Path:
+        base = {
+            "sample_index": 0,
+            "response_lengths": 2,
+            "rollout_log_probs": torch.tensor([-1.0, -0.5]),
+            "log_probs": torch.tensor([-1.1, -0.5]),
+        }
+        data = payload or {"format_version": 2, "rollout_id": 1, "samples": [{**base, **sample}]}
+        torch.save(data, directory / "1.pt")
+        return directory / "1.pt"
+
+    return write
+
+
+SKYRL_MODULE = "skyrl.backends.skyrl_train.training_batch"
+
+
+def skyrl_pickle(state: dict) -> bytes:
+    """The bytes SkyRL's `TensorBatch.save` writes for a batch of this `state`
+    (`_rebuild_tensor_batch(TrainingInputBatch, state)`), built without SkyRL: the two
+    globals by name, then the state pickled as plain containers."""
+    module = SKYRL_MODULE.encode()
+    head = b"\x80\x03c" + module + b"\n_rebuild_tensor_batch\nc" + module
+    body = pickle.dumps(state, protocol=3)[2:-1]  # no PROTO, no STOP: a nested value
+    return head + b"\nTrainingInputBatch\n" + body + b"\x86R."
+
+
+def numpy_state(array: np.ndarray) -> dict:
+    """A tensor as SkyRL's batch state holds it (its numpy format)."""
+    return {
+        "format": "numpy",
+        "data": array.tobytes(),
+        "shape": array.shape,
+        "dtype": str(array.dtype),
+    }
+
+
+def torch_state(tensor: torch.Tensor) -> dict:
+    """A tensor as SkyRL's batch state holds a dtype numpy lacks: torch.save bytes."""
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return {"format": "torch", "data": buffer.getvalue()}
+
+
+def skyrl_batch(fields: dict | None = None, metadata: dict | None = None) -> dict:
+    """The state of a SkyRL batch of two right-aligned rows, `fields` replacing its tensors."""
+    base = {
+        "response_mask": numpy_state(np.array([[1, 1], [0, 1]])),
+        "rollout_logprobs": numpy_state(np.array([[-1.0, -0.5], [0.0, -2.0]], np.float32)),
+        "action_log_probs": numpy_state(np.array([[-1.1, -0.5], [0.0, -2.0]], np.float32)),
+    }
+    return {"batch_dict": {**base, **(fields or {})}, "metadata": metadata}
+
+
+def _skyrl(fields: dict | None = None, metadata: dict | None = None) -> Writer:
+    def write(directory: Path) -> Path:
+        path = directory / "global_step_3_training_input.pkl"
+        path.write_bytes(skyrl_pickle(skyrl_batch(fields, metadata)))
+        return path
+
+    return write
+
+
+def _zeros_claiming_a_tebibyte() -> dict:
+    """A [2^20, 2^20] float tensor over one float of storage (stride 0): 4 TiB as numpy."""
+    return torch_state(torch.zeros(1).expand(2**20, 2**20))
+
+
+def framework_dumps() -> dict[str, Writer]:
+    """Framework dumps every command must refuse with one problem naming the file."""
+    deep = "[" * 100_000 + "]" * 100_000
+    return {
+        "nemo_deep_nesting": _nemo(json.dumps(_NEMO)[:-1] + f', "content": {deep}}}'),
+        "nemo_ragged_mask": _nemo({**_NEMO, "token_loss_mask": [[0, [1, 1], 1]]}),
+        "nemo_idx_2_70": _nemo({**_NEMO, "idx": 2**70}),
+        "nemo_token_id_2_40": _nemo({**_NEMO, "token_ids": [[1, 2**40, 3]]}),
+        "nemo_logprob_string": _nemo({**_NEMO, "prev_logprobs": [[-2.0, "-0.5", -0.375]]}),
+        "nemo_logprob_bool": _nemo({**_NEMO, "prev_logprobs": [[-2.0, True, -0.375]]}),
+        "nemo_mask_two": _nemo({**_NEMO, "token_loss_mask": [[0, 2, 1]]}),
+        "prime_deep_nesting": _prime('{"loss_mask": ' + deep + "}"),
+        "prime_ragged_mask": _prime({**_PRIME, "loss_mask": [0, [1], 1]}),
+        "prime_index_2_70": _prime({**_PRIME, "export_sequence_idx": 2**70}),
+        "prime_rank_a_list": _prime({**_PRIME, "rank": [0]}),
+        "prime_token_id_2_40": _prime({**_PRIME, "token_ids": [1, 2**40, 3]}),
+        "slime_index_string": _slime({"sample_index": "abc"}),
+        "slime_index_fraction": _slime({"sample_index": 1.5}),
+        "slime_index_2_70": _slime({"sample_index": 2**70}),
+        "slime_lengths_two_elements": _slime({"response_lengths": torch.tensor([2, 2])}),
+        "slime_lengths_negative": _slime({"response_lengths": -1}),
+        "slime_complex_logprobs": _slime({"log_probs": torch.tensor([-1.1 + 2j, -0.5 + 0j])}),
+        "slime_legacy_truncated": _slime(
+            payload={
+                "rollout_id": 1,
+                "rank": 0,
+                "rollout_data": {
+                    "response_lengths": [2, 2],
+                    "sample_indices": [0, 1],
+                    "rollout_log_probs": [torch.tensor([-1.0, -0.5])] * 2,
+                    "log_probs": [torch.tensor([-1.0, -0.5])],  # one sample short
+                },
+            }
+        ),
+        "skyrl_a_tebibyte": _skyrl({k: _zeros_claiming_a_tebibyte() for k in _SKYRL_FIELDS}),
+        "skyrl_pad_size_true": _skyrl(metadata={"pad_size": True}),
+    }
+
+
+_SKYRL_FIELDS = ("response_mask", "rollout_logprobs", "action_log_probs")
+
+
 def _bytes(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
@@ -200,7 +358,11 @@ def configs() -> dict[str, str]:
 
 def sizes() -> dict[str, int]:
     """Corpus size per class (the security note quotes these)."""
-    return {"dump values": len(dumps()), "configs": len(configs())}
+    return {
+        "dump values": len(dumps()),
+        "framework dumps": len(framework_dumps()),
+        "configs": len(configs()),
+    }
 
 
 def valid_dump() -> pa.Table:

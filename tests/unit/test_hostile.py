@@ -104,6 +104,56 @@ def test_hostile_dump(case, command, tmp_path, capsys):
     assert any(dump.name in line for line in lines), lines
 
 
+@pytest.mark.parametrize("command", ["validate", "analyze", "convert"])
+@pytest.mark.parametrize("case", list(hostile.framework_dumps()))
+def test_hostile_framework_dump(case, command, tmp_path, capsys):
+    """A malformed framework file is one problem naming it (exit 1), as a Parquet file's are:
+    each was a traceback (RecursionError, OverflowError, numpy's inhomogeneous shape,
+    MemoryError, ...) or a silent wrong value (1.5 read as 1, an imaginary part dropped)."""
+    source = hostile.framework_dumps()[case](tmp_path)
+    out = tmp_path / "out.parquet"
+    argv = {
+        "validate": ["validate", str(source), "-q"],
+        "analyze": ["analyze", str(source), "-q", "--preset", PRESET],
+        "convert": ["convert", str(source), "--out", str(out)],
+    }[command]
+    code, out_text, err = run([*argv, "--allow-pickle"], capsys)
+    assert code == 1, (code, out_text, err)
+    lines = problem_lines(err)
+    assert len(lines) == 1 and str(source) in lines[0], lines
+    assert not out.exists() and not list(tmp_path.glob(".*"))
+
+
+def test_json_integers_beyond_float_are_infinite_as_1e400_is(tmp_path, capsys):
+    """An integer of 400 digits was an OverflowError; JSON's 1e400 was already infinity."""
+    huge = "9" * 400
+    record = {**hostile._NEMO, "rewards": ["HUGE"]}
+    line = json.dumps(record).replace("-0.375", f"-{huge}").replace('"HUGE"', huge)
+    for i, text in enumerate([line, line.replace(f"-{huge}", "-1e400")]):
+        logs = tmp_path / str(i)
+        logs.mkdir()
+        (logs / "train_data_step1.jsonl").write_text(text + "\n")
+        code, out, _ = run(["validate", str(logs), "-q"], capsys)
+        assert code == 1 and "column train_logprob: invalid log-prob: 1 infinite" in out
+        code, _, _ = run(["convert", str(logs), "--out", str(logs / "c.parquet")], capsys)
+        table = pq.read_table(logs / "c.parquet")
+        assert code == 0 and table["train_logprob"].to_pylist() == [[-0.5, float("-inf")]]
+        assert table["reward"].to_pylist() == [float("inf")]
+
+
+@pytest.mark.parametrize("bounds", [[("a", 2)], [(None, 2)], [(0.5, 2)], [(-1, 2)], [(0,)], 7])
+def test_skyrl_malformed_prompt_bounds_leave_group_id_out(bounds, tmp_path, capsys):
+    """A string or missing bound was a ValueError or TypeError, 0.5 was read as 0 and -1 as
+    the last row; group_id is optional, so the log-probs are read without it, with a note."""
+    path = tmp_path / "global_step_3_training_input.pkl"
+    state = hostile.skyrl_batch(metadata={"policy_prompt_boundaries": bounds})
+    path.write_bytes(hostile.skyrl_pickle(state))
+    out = tmp_path / "c.parquet"
+    code, said, _ = run(["convert", str(path), "--out", str(out), "--allow-pickle"], capsys)
+    assert code == 0 and "note: " in said and "group_id not imported" in said
+    assert "group_id" not in pq.read_table(out).column_names
+
+
 def test_float64_overflow_names_file_column_row(tmp_path, capsys):
     dump = hostile.dumps()["logprob_f64_overflow_neg"](tmp_path)
     code, out, _ = run(["validate", str(dump), "-q"], capsys)

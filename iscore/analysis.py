@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import os
 import queue
 import threading
@@ -33,7 +32,7 @@ from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import DumpError
 from iscore.impact import SettingStats
 from iscore.mismatch import DEFINITIONS, METRIC_NAMES, MismatchStats
-from iscore.output import output_path
+from iscore.output import jsonable, output_path
 from iscore.sequences import SequenceTable
 from iscore.settings import Setting, replay, resolve
 
@@ -56,7 +55,7 @@ class Analysis:
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned document; NaN and infinities become null (strict JSON)."""
-        return _clean(
+        return jsonable(
             {
                 "schema": "iscore.analysis",
                 "schema_version": SCHEMA_VERSION,
@@ -285,17 +284,3 @@ def _prefetched(chunks: Iterable[TokenBatch]) -> Iterator[TokenBatch]:
                 ready.get_nowait()
             except queue.Empty:
                 thread.join(timeout=0.1)
-
-
-def _clean(value: Any) -> Any:
-    """JSON-ready: NaN/inf floats to None, numpy scalars to Python."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
-    if isinstance(value, float) or hasattr(value, "dtype"):
-        number = value.item() if hasattr(value, "item") else value
-        if isinstance(number, float) and not math.isfinite(number):
-            return None
-        return number
-    return value

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import types
@@ -24,7 +23,7 @@ from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_PATH_TOKENS, MAX_U
 from iscore.errors import ConfigError, IscoreError, clip, counted, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS
-from iscore.output import check_output, output_path
+from iscore.output import check_output, json_text, output_path
 from iscore.serving import LOOPBACK_HOSTS
 
 if TYPE_CHECKING:
@@ -229,7 +228,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         report = validate(dump, max_tokens=args.chunk_tokens, progress=bar.update)
     if args.json:
         with output_path(args.json) as tmp:
-            Path(tmp).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+            Path(tmp).write_text(json_text(report.to_dict(), indent=2))
     print(report.render())
     return 0 if report.ok else 1
 
@@ -390,7 +389,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     print(f"  why: {clip(rec.pick, 1000)}")
     if args.json:
         with output_path(args.json) as tmp:
-            Path(tmp).write_text(json.dumps(rec.to_dict(), indent=1) + "\n")
+            Path(tmp).write_text(json_text(rec.to_dict()))
     print(f"\nbest: {clip(rec.best.spec.name)}")
     print(f"rule: {rec.best.rule} ({RULE_SYMBOLS})")
     print(snippet(rec.best.spec).rstrip())

@@ -13,6 +13,8 @@ written directly, never replaced; a directory is refused.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import secrets
 import signal
@@ -21,6 +23,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from iscore.errors import IscoreError, quote
 
@@ -144,3 +147,27 @@ def _sigterm_raises() -> Iterator[None]:
     finally:
         # None: a handler set outside Python, which cannot be put back; the default is.
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def jsonable(value: Any) -> Any:
+    """JSON-ready: NaN/inf floats to None, numpy scalars to Python."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) or hasattr(value, "dtype"):
+        number = value.item() if hasattr(value, "item") else value
+        if isinstance(number, float) and not math.isfinite(number):
+            return None
+        return number
+    return value
+
+
+def json_text(value: Any, indent: int = 1) -> str:
+    """`value` as strict JSON text (RFC 8259 has no NaN or Infinity, which `json.dumps`
+    writes by default and other parsers refuse): non-finite numbers are null.
+
+    >>> json_text({"k3": float("inf"), "ok": True}, indent=None)
+    '{"k3": null, "ok": true}\\n'
+    """
+    return json.dumps(jsonable(value), indent=indent, allow_nan=False) + "\n"

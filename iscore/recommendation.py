@@ -381,14 +381,14 @@ class _Thresholds:
             g_half = min(g_half, _INSIDE * float(np.abs(g_dev[normal.broken]).min()))
             k3_cap = min(k3_cap, _INSIDE * float(normal.k3[normal.broken].min()))
         return cls(
-            token_cap=max(_round_up(math.exp(normal.d_center + high_q)), 1.001),
+            token_cap=max(_round_up(ops.exp_of(normal.d_center + high_q)), 1.001),
             band=(
-                _round_down(math.exp(normal.d_center - below)),
-                _round_up(math.exp(normal.d_center + above)),
+                _round_down(ops.exp_of(normal.d_center - below)),
+                _round_up(ops.exp_of(normal.d_center + above)),
             ),
             geo=(
-                _round_down(math.exp(normal.g_center - g_half), 5),
-                _round_up(math.exp(normal.g_center + g_half), 5),
+                _round_down(ops.exp_of(normal.g_center - g_half), 5),
+                _round_up(ops.exp_of(normal.g_center + g_half), 5),
             ),
             k3=max(_round_up(k3_cap), 1e-9),  # frameworks take a positive bound
             normal=normal,

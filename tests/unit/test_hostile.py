@@ -154,6 +154,41 @@ def test_skyrl_malformed_prompt_bounds_leave_group_id_out(bounds, tmp_path, caps
     assert "group_id" not in pq.read_table(out).column_names
 
 
+def _strict_json(path) -> object:
+    """The file's JSON, refusing NaN and Infinity (Python writes them; JSON has neither)."""
+
+    def refuse(constant):
+        raise ValueError(f"{path}: {constant} is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_an_extreme_but_finite_logprob_is_analyzed(tmp_path, capsys):
+    """-3e38 is a valid log-prob (finite, <= 0) that validate passed: analyze and recommend
+    overflowed (math.exp), and a ratio of inf was written to JSON as Infinity."""
+    dump = tmp_path / "x.parquet"
+    rollout = [-3e38, -3e38, -1.0, -0.5, -1.0, -0.5, -2.0, -0.1]
+    pq.write_table(
+        pa.table(
+            {"seq_id": [0] * 4 + [1] * 4, "rollout_logprob": rollout, "train_logprob": [-1.0] * 8}
+        ),
+        dump,
+    )
+    for argv in (
+        ["validate", str(dump), "-q", "--json", str(tmp_path / "v.json")],
+        ["analyze", str(dump), "-q", "--preset", PRESET, "--json", str(tmp_path / "a.json")],
+        ["recommend", str(dump), "-q", "--framework", "verl", "--json", str(tmp_path / "r.json")],
+        ["replay", str(dump), "-q", "--config", PRESET, "--out", str(tmp_path / "w.parquet")],
+        ["export", "--config", PRESET, "--to", "skyrl", "--dump", str(dump)],
+    ):
+        code, _, err = run(argv, capsys)
+        assert code == 0, err
+    for name in ("v", "a", "r"):
+        _strict_json(tmp_path / f"{name}.json")
+    weights = pq.read_table(tmp_path / "w.parquet")["weight"].to_numpy()
+    assert np.isfinite(weights).all() and (weights >= 0).all()
+
+
 def test_float64_overflow_names_file_column_row(tmp_path, capsys):
     dump = hostile.dumps()["logprob_f64_overflow_neg"](tmp_path)
     code, out, _ = run(["validate", str(dump), "-q"], capsys)

@@ -349,6 +349,11 @@ def configs() -> dict[str, str]:
         "not_a_mapping": "- framework\n- verl\n",
         "invalid_yaml": "framework: verl\nalgorithm: {\n",
         "binary": "\x00\x01\x02framework",
+        "threshold_int_beyond_float": "framework: verl\nalgorithm: {rollout_correction: "
+        "{rollout_is: token, rollout_is_threshold: 1" + "0" * 400 + "}}\n",
+        "threshold_nan": VERL.replace("2.0", ".nan").replace(
+            "algorithm", "framework: verl\nalgorithm"
+        ),
         "wrong_type_mapping": "framework: verl\nalgorithm: {rollout_correction: "
         + "["
         + ", ".join(["1"] * 50_000)

@@ -13,6 +13,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -37,7 +38,7 @@ from iscore.cli import main
 from iscore.dump import Dump, DumpProblems
 from iscore.errors import ConfigError, DumpError, IscoreError
 from iscore.output import check_output
-from iscore.settings import parse_config
+from iscore.settings import load_config_text, parse_config
 from iscore.validation import validate
 from iscore.writer import canonical_table
 from tests.unit import hostile
@@ -281,6 +282,21 @@ def test_hostile_config(case, command, tmp_path, good_dump, capsys):
     assert code == 2
     assert "c.yaml" in one_line_error(err)
     assert not out_path.exists()
+
+
+@pytest.mark.parametrize("spelling", [".inf", "1e999", "1e400", '"inf"', '"Infinity"', "1.0e+999"])
+def test_an_infinite_bound_reads_as_infinity_however_spelled(spelling):
+    """A framework reads its thresholds with float(): every spelling of infinity is infinity
+    (a cap that never binds, as iscore's own exports write "no cap"), accepted alike; NaN
+    fails every bound check a framework makes, and an integer no float holds makes float()
+    raise (it was an OverflowError traceback): both are refused, the key named."""
+    text = "framework: verl\n" + hostile.VERL.replace("2.0", spelling)
+    spec = parse_config(load_config_text(text))
+    assert spec == parse_config(load_config_text(text.replace(spelling, ".inf")))
+    assert spec.is_upper == math.inf
+    for refused in (".nan", '"nan"', "1" + "0" * 400, "-1" + "0" * 400):
+        with pytest.raises(ConfigError, match=r"rollout_is_threshold` to be a float > 0\.0"):
+            parse_config(load_config_text(text.replace(spelling, refused)))
 
 
 def test_alias_bomb_fails_at_its_first_alias(tmp_path):
@@ -648,7 +664,7 @@ def test_fuzzed_dump_is_validated_as_it_is_loaded(table):
 _LIMITED = """
 import resource, sys
 from iscore.errors import ConfigError
-from iscore.settings import parse_config
+from iscore.settings import load_config_text, parse_config
 # The limit counts from what the imports (torch) already mapped: 300 MB more, no further.
 with open("/proc/self/status") as f:
     size = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))

@@ -456,19 +456,22 @@ def _order_by_pos(
     batch carries no redundant int64 per token.
     """
     pos = per_token["pos"].to_numpy(zero_copy_only=False)
-    step = np.diff(pos)  # in pos's own dtype: no int64 copy of a sorted column
-    first = np.cumsum(lengths)[:-1] - 1  # index into `step` of each sequence boundary
-    step[first[first < step.size]] = 1
-    if (step <= 0).any():
+    # Where a sequence begins, the next token starts over: it need not follow the last one.
+    # (The end of an empty sequence is where the next begins: no entry of its own.)
+    ends = np.cumsum(lengths)[:-1] - 1
+    boundary = np.zeros(max(pos.size - 1, 0), dtype=bool)
+    boundary[ends[(ends >= 0) & (ends < boundary.size)]] = True
+    # Comparisons, not differences: a difference wraps in narrow or unsigned dtypes (uint64
+    # 0 - 1 is 2^64 - 1, "in order"), and a copy to int64 would double a sorted column.
+    if not (boundary | (pos[1:] > pos[:-1])).all():
         seq = np.repeat(np.arange(lengths.size), lengths)
         order = np.lexsort((pos, seq))
         index = pa.array(order)
         per_token = {k: v.take(index) for k, v in per_token.items()}
         pos, rows = pos[order], rows[order]
-        step = np.diff(pos)
-        step[first[first < step.size]] = 1
-    if (step == 0).any():
-        dup = np.concatenate([[False], step == 0])
+    repeated = ~boundary & (pos[1:] == pos[:-1])
+    if repeated.any():
+        dup = np.concatenate([[False], repeated])
         r, count = _first_rows(dup, rows)
         message = f"duplicate (seq_id, pos): {count:,} tokens repeat a position of their sequence"
         raise DumpProblems(
@@ -483,7 +486,7 @@ def _order_by_pos(
             ]
         )
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    if (step == 1).all() and (pos[starts[lengths > 0]] == 0).all():
+    if (boundary | (pos[1:] == pos[:-1] + 1)).all() and (pos[starts[lengths > 0]] == 0).all():
         del per_token["pos"]
     return per_token, rows
 

@@ -42,7 +42,9 @@ class Problem:
 
     def __str__(self) -> str:
         where = self.file if self.column is None else f"{self.file}, column {self.column}"
-        text = f"{where}: {self.message}"
+        # One line, whatever the message quotes (Arrow's and thrift's errors span several).
+        message = "; ".join(line.strip() for line in self.message.splitlines() if line.strip())
+        text = f"{where}: {message}"
         if self.rows:
             shown = ", ".join(str(r) for r in self.rows)
             more = (

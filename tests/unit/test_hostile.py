@@ -36,7 +36,7 @@ import iscore.dump
 import iscore.paths
 from iscore.cli import main
 from iscore.dump import Dump, DumpProblems
-from iscore.errors import ConfigError, DumpError, IscoreError
+from iscore.errors import ConfigError, DumpError, IscoreError, Problem
 from iscore.output import check_output
 from iscore.settings import load_config_text, parse_config
 from iscore.validation import validate
@@ -130,12 +130,13 @@ def test_json_integers_beyond_float_are_infinite_as_1e400_is(tmp_path, capsys):
     huge = "9" * 400
     record = {**hostile._NEMO, "rewards": ["HUGE"]}
     line = json.dumps(record).replace("-0.375", f"-{huge}").replace('"HUGE"', huge)
-    for i, text in enumerate([line, line.replace(f"-{huge}", "-1e400")]):
+    for i, text in enumerate([line, line.replace(f"-{huge}", "-1e400").replace(huge, "3.5e38")]):
         logs = tmp_path / str(i)
         logs.mkdir()
         (logs / "train_data_step1.jsonl").write_text(text + "\n")
-        code, out, _ = run(["validate", str(logs), "-q"], capsys)
+        code, out, err = run(["validate", str(logs), "-q"], capsys)
         assert code == 1 and "column train_logprob: invalid log-prob: 1 infinite" in out
+        assert err == ""  # no numpy "overflow encountered in cast" for the float32 reward
         code, _, _ = run(["convert", str(logs), "--out", str(logs / "c.parquet")], capsys)
         table = pq.read_table(logs / "c.parquet")
         assert code == 0 and table["train_logprob"].to_pylist() == [[-0.5, float("-inf")]]
@@ -188,6 +189,13 @@ def test_an_extreme_but_finite_logprob_is_analyzed(tmp_path, capsys):
         _strict_json(tmp_path / f"{name}.json")
     weights = pq.read_table(tmp_path / "w.parquet")["weight"].to_numpy()
     assert np.isfinite(weights).all() and (weights >= 0).all()
+
+
+def test_a_problem_is_one_line_whatever_it_quotes():
+    """Arrow's errors can end in a newline (an unreadable footer's thrift error did)."""
+    problem = Problem("f.parquet", None, "unreadable Parquet footer: thrift: Invalid data\n\n")
+    assert str(problem) == "f.parquet: unreadable Parquet footer: thrift: Invalid data"
+    assert str(Problem("f", "pos", "a\n  b")) == "f, column pos: a; b"
 
 
 def test_float64_overflow_names_file_column_row(tmp_path, capsys):

@@ -261,12 +261,15 @@ def _unpickle(path: File) -> _Batch:
     return batch
 
 
-def _array(value: object) -> np.ndarray:
+def _array(value: object, path: File, key: str) -> np.ndarray:
+    """A [B, R] or [B, S] field as numpy: a tensor, or an array SkyRL's numpy format held."""
     if isinstance(value, torch.Tensor):
         if value.is_floating_point() and value.dtype not in (torch.float32, torch.float64):
             value = value.float()  # bf16: numpy has none
         return value.numpy()
-    return np.asarray(value)
+    if not isinstance(value, np.ndarray):  # a tensor list, say: SkyRL's fields are tensors
+        raise DumpError(f"{path}: {quote(key)} must be a tensor, found {type(value).__name__}")
+    return value
 
 
 def _table(path: File, batch: _Batch) -> tuple[pa.Table, tuple[str, ...]]:
@@ -285,7 +288,7 @@ def _table(path: File, batch: _Batch) -> tuple[pa.Table, tuple[str, ...]]:
                 else ""
             )
             raise DumpError(f"{path}: the batch has no {quote(key)}{hint}")
-    fields = {k: _array(batch[k]) for k in _RESPONSE if batch.get(k) is not None}
+    fields = {k: _array(batch[k], path, k) for k in _RESPONSE if batch.get(k) is not None}
     shape = fields["rollout_logprobs"].shape
     if len(shape) != 2:
         raise DumpError(f"{path}: 'rollout_logprobs' must be [B, R], found {list(shape)}")
@@ -317,7 +320,7 @@ def _table(path: File, batch: _Batch) -> tuple[pa.Table, tuple[str, ...]]:
     if "advantages" in fields:
         tokens["advantage"] = fields["advantages"][:rows][selected]
     if batch.get("sequences") is not None:
-        sequences = _array(batch["sequences"])
+        sequences = _array(batch["sequences"], path, "sequences")
         if sequences.ndim != 2 or sequences.shape[0] != shape[0] or sequences.shape[1] < shape[1]:
             raise DumpError(
                 f"{path}: 'sequences' has shape {list(sequences.shape)}; expected "

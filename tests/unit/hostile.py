@@ -270,6 +270,10 @@ def _skyrl(fields: dict | None = None, metadata: dict | None = None) -> Writer:
     return write
 
 
+def _bf16_state() -> dict:
+    return torch_state(torch.ones(2, 2, dtype=torch.bfloat16))
+
+
 def _zeros_claiming_a_tebibyte() -> dict:
     """A [2^20, 2^20] float tensor over one float of storage (stride 0): 4 TiB as numpy."""
     return torch_state(torch.zeros(1).expand(2**20, 2**20))
@@ -311,6 +315,9 @@ def framework_dumps() -> dict[str, Writer]:
         ),
         "skyrl_a_tebibyte": _skyrl({k: _zeros_claiming_a_tebibyte() for k in _SKYRL_FIELDS}),
         "skyrl_pad_size_true": _skyrl(metadata={"pad_size": True}),
+        "skyrl_tensor_list_field": _skyrl(  # a TypeError from numpy, for bf16
+            {"response_mask": {"format": "tensor_list", "items": [_bf16_state()]}}
+        ),
     }
 
 

@@ -91,7 +91,7 @@ def open_file(
         parquet = pq.ParquetFile(
             path if data is None else pa.BufferReader(data), page_checksum_verification=True
         )
-    except (pa.ArrowException, OSError) as e:
+    except (pa.ArrowException, OSError, ValueError) as e:  # a name not UTF-8: ValueError
         raise DumpError(f"{path}: unreadable Parquet footer: {e}") from e
     if parquet.metadata.num_rows == 0:
         raise DumpError(f"{path}: empty file (a Parquet schema but no rows)")

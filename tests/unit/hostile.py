@@ -137,11 +137,20 @@ def dumps() -> dict[str, Writer]:
                 "source_files_a_number": b'{"framework": "nemo_rl", "source_files": 3}',
             }.items()
         },
+        # a column name that is not UTF-8 (the footer has no checksum)
+        "column_name_not_utf8": _not_utf8,
         # a byte flipped in a data page of a file written with page checksums
         "flipped_byte_with_checksum": _flipped,
         # policy_logprob in one file of a folder but not in the other
         "policy_in_some_files": _policy_in_some_files,
     }
+
+
+def _not_utf8(directory: Path) -> Path:
+    path = directory / "name.parquet"
+    pq.write_table(_token(), path)
+    path.write_bytes(path.read_bytes().replace(b"train_logprob", b"\xf2rain_logprob"))
+    return path
 
 
 def _flipped(directory: Path) -> Path:

@@ -39,7 +39,7 @@ from iscore.dump.files import (
 from iscore.dump.readers import INVALID, Chunk, check_values, invalid_values, open_reader
 from iscore.dump.tensors import concat_batches, to_batch
 from iscore.dump.values import DropReport, DumpFile, Extra, Layout, StepRange
-from iscore.errors import DumpError, DumpProblems, Problem, quote
+from iscore.errors import DumpError, DumpProblems, Problem, clip, quote
 from iscore.where import Judge, Where
 
 if TYPE_CHECKING:
@@ -147,12 +147,14 @@ class Dump:
         if problems:
             raise DumpProblems(problems)
         _check_policy(self.files)
-        layouts = {f.layout for f in self.files}
-        if len(layouts) > 1:
-            raise DumpError(
-                "files mix token and sequence layouts: "
-                + ", ".join(f"{f.path} ({f.layout})" for f in self.files)
+        first = self.files[0]
+        other = next((f for f in self.files if f.layout != first.layout), None)
+        if other is not None:
+            message = (
+                f"{other.layout} layout, but {first.path} is in {first.layout} layout; the "
+                "files of a dump share one layout (files mix token and sequence layouts)"
             )
+            raise DumpProblems([Problem(other.path, None, message)])
         self.layout: Layout = self.files[0].layout
         self._extras = _union_extras(self.files)
         self.sequence_schema = dump_schema(
@@ -425,10 +427,11 @@ def _union_extras(files: Sequence[DumpFile]) -> tuple[Extra, ...]:
             known = found.setdefault(extra.name, extra)
             where.setdefault(extra.name, info.path)
             if known.type != extra.type:
-                raise DumpError(
-                    f"{info.path}: column {extra.source} is {extra.type} here but "
-                    f"{known.type} in {where[extra.name]}; the files of a dump agree on it"
+                message = (
+                    f"{extra.type} here but {known.type} in {where[extra.name]}; the files of "
+                    "a dump agree on it"
                 )
+                raise DumpProblems([Problem(info.path, clip(extra.source), message)])
     return tuple(found.values())
 
 
@@ -446,10 +449,12 @@ def _check_policy(files: Sequence[DumpFile]) -> None:
 
 
 def _seq_id_type(files: Sequence[DumpFile]) -> pa.DataType:
-    types = {f.seq_id_type for f in files}
-    if len(types) > 1:
-        raise DumpError(
-            "files disagree on the type of seq_id: "
-            + ", ".join(f"{f.path} ({f.seq_id_type})" for f in files)
-        )
-    return types.pop()
+    first = files[0]
+    for info in files:
+        if info.seq_id_type != first.seq_id_type:
+            message = (
+                f"{info.seq_id_type} here but {first.seq_id_type} in {first.path}; the files "
+                "of a dump agree on the type of seq_id"
+            )
+            raise DumpProblems([Problem(info.path, "seq_id", message)])
+    return first.seq_id_type

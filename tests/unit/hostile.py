@@ -143,6 +143,13 @@ def dumps() -> dict[str, Writer]:
         "flipped_byte_with_checksum": _flipped,
         # policy_logprob in one file of a folder but not in the other
         "policy_in_some_files": _policy_in_some_files,
+        # files that disagree on their layout, or on the type of seq_id or an extra column
+        "layouts_differ": _two_files(_token(), _sequence(seq_id=pa.array([2, 3]))),
+        "seq_id_types_differ": _two_files(_sequence(), _sequence(seq_id=pa.array(["a", "b"]))),
+        "reward_types_differ": _two_files(
+            _sequence(reward=pa.array([1.0, 0.0])),
+            _sequence(seq_id=pa.array([2, 3]), reward=pa.array(["good", "bad"])),
+        ),
     }
 
 
@@ -161,6 +168,17 @@ def _flipped(directory: Path) -> Path:
     data[data.index(np.float64(-0.125).tobytes()) + 3] ^= 0x40  # still a valid float
     path.write_bytes(bytes(data))
     return path
+
+
+def _two_files(a: pa.Table, b: pa.Table) -> Writer:
+    def write(directory: Path) -> Path:
+        folder = directory / "run"
+        folder.mkdir()
+        pq.write_table(a, folder / "a.parquet")
+        pq.write_table(b, folder / "b.parquet")
+        return folder
+
+    return write
 
 
 def _policy_in_some_files(directory: Path) -> Path:

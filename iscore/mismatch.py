@@ -697,7 +697,8 @@ def _flags(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) ->
                 "processed log-probs, renormalization after top-p), not numerical noise.",
             }
         )
-    steps = result.get("by_step", [])
+    # The steps with tokens in the loss (a step whose tokens are all masked has no k3).
+    steps = [step for step in result.get("by_step", []) if step.get("tokens")]
     result["k3_growth"] = None  # fewer than three steps, or no mismatch at the first
     if len(steps) >= 3 and steps[0].get("k3", 0) > 0:
         growth = steps[-1]["k3"] / steps[0]["k3"]

@@ -2,9 +2,11 @@
 wrong answer, always one short line (or, for a dump's problems, one line per problem).
 
 Corpus size per class (see `tests/unit/hostile.py`), each run through every command that
-reads it: dump values 23 x 5 commands (validate, analyze, replay, recommend, export --dump),
-configs 11 x 3 commands (replay, analyze, export), paths 6, outputs 8, report 1, writer casts
-4, 150 hypothesis-fuzzed tables for the reader, and 3 configs under an address-space limit.
+reads it: dumps 34 x 5 commands (validate, analyze, replay, recommend, export --dump),
+framework dumps 22 x 3 commands (validate, analyze, convert), configs 13 x 3 commands
+(replay, analyze, export), paths 6, outputs 10, Ctrl-C 7, report 1, writer casts 4, 150
+hypothesis-fuzzed tables for the reader, and 3 configs under an address-space limit. The
+harness of `tests/fuzz` generates many more, through every command.
 """
 
 from __future__ import annotations
@@ -196,6 +198,23 @@ def test_a_problem_is_one_line_whatever_it_quotes():
     problem = Problem("f.parquet", None, "unreadable Parquet footer: thrift: Invalid data\n\n")
     assert str(problem) == "f.parquet: unreadable Parquet footer: thrift: Invalid data"
     assert str(Problem("f", "pos", "a\n  b")) == "f, column pos: a; b"
+
+
+def test_a_step_without_loss_tokens_is_analyzed(tmp_path, capsys):
+    """A KeyError ('k3') in the drift flag, when the last of three steps had no loss token."""
+    dump = tmp_path / "x.parquet"
+    table = hostile.valid_dump()  # steps 0, 0, 1, 1
+    mask = [[True] * len(r) for r in table["rollout_logprob"].to_pylist()]
+    mask[3] = [False] * len(mask[3])
+    table = table.set_column(0, "step", pa.array([0, 1, 1, 2])).append_column(
+        "loss_mask", pa.array(mask)
+    )
+    pq.write_table(table, dump)
+    code, _, err = run(
+        ["analyze", str(dump), "-q", "--preset", PRESET, "--json", str(tmp_path / "a.json")], capsys
+    )
+    assert code == 0, err
+    assert _strict_json(tmp_path / "a.json")["mismatch"]["k3_growth"] is None
 
 
 def test_float64_overflow_names_file_column_row(tmp_path, capsys):

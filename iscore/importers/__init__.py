@@ -44,6 +44,7 @@ import io
 import json
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -558,6 +559,17 @@ def require_lengths(where: str, arrays: dict[str, np.ndarray], reference: str) -
                 f"{where}: {quote(key)} has {array.size} values but {quote(reference)} has {n}; "
                 "per-token fields must align"
             )
+
+
+def load_weights_only(file: BinaryIO, allowed: Sequence = ()) -> object:
+    """`torch.load(file, weights_only=True, map_location="cpu")`, with the `allowed` globals
+    besides torch's own, and without torch's warnings about the file (its pickle protocol,
+    say): whether it loads is what matters, and a refusal says why."""
+    import torch  # here: only the pickled formats need it, and it takes seconds to import
+
+    with warnings.catch_warnings(), torch.serialization.safe_globals(list(allowed)):
+        warnings.simplefilter("ignore")
+        return torch.load(file, weights_only=True, map_location="cpu")
 
 
 def _refused_global(error: Exception) -> str | None:

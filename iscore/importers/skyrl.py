@@ -60,7 +60,14 @@ import pyarrow as pa
 import torch
 
 from iscore.errors import DumpError, quote
-from iscore.importers import File, Part, as_index, open_binary, unpickling_detail
+from iscore.importers import (
+    File,
+    Part,
+    as_index,
+    load_weights_only,
+    open_binary,
+    unpickling_detail,
+)
 from iscore.writer import canonical_table
 
 DESCRIPTION = "SkyRL global_step_{N}_training_input.pkl"
@@ -163,7 +170,7 @@ def _torch_bytes(data: object, key: str) -> object:
     if not isinstance(data, bytes):
         raise pickle.UnpicklingError(f"field {quote(key)}: tensor bytes expected")
     try:
-        value = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        value = load_weights_only(io.BytesIO(data))
     except pickle.UnpicklingError as e:
         raise pickle.UnpicklingError(
             f"field {quote(key)}: torch.load(weights_only=True) refused its bytes "
@@ -212,7 +219,7 @@ def _load_storage(data: object) -> object:
     if not isinstance(data, bytes):
         raise pickle.UnpicklingError("tensor storage bytes expected")
     try:
-        storage = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        storage = load_weights_only(io.BytesIO(data))
     except pickle.UnpicklingError as e:
         raise pickle.UnpicklingError(f"tensor storage refused ({unpickling_detail(e)})") from None
     if not isinstance(storage, torch.TypedStorage | torch.UntypedStorage):
@@ -251,8 +258,10 @@ def _unpickle(path: File) -> _Batch:
             batch = _Unpickler(f).load()
     except (pickle.UnpicklingError, EOFError) as e:
         raise DumpError(f"{path}: {e}") from None
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
-        # A malformed stream: wrong arguments to an allowed callable, a bad memo index, ...
+    except Exception as e:
+        # Only the allowed callables ran, on hostile input: a malformed stream (wrong arguments
+        # to an allowed callable, a bad memo index, a damaged torch.save inside: struct.error,
+        # ..., a size beyond memory).
         raise DumpError(f"{path}: not a readable pickle ({type(e).__name__}: {e})") from None
     if not isinstance(batch, _Batch):
         raise DumpError(

@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 import pickle
 import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +63,7 @@ from iscore.importers import (
     as_index,
     as_ints,
     as_mask,
+    load_weights_only,
     open_binary,
     unpickling_detail,
 )
@@ -117,8 +119,16 @@ def _head(path: File) -> bytes:
                         return member.read(size)
             f.seek(0)
             return f.read(size)  # the legacy format pickles the structure first
-    except (OSError, zipfile.BadZipFile):
-        return b""
+    except (
+        OSError,
+        EOFError,
+        ValueError,
+        RuntimeError,
+        NotImplementedError,
+        zipfile.BadZipFile,
+        zlib.error,
+    ):
+        return b""  # a damaged archive claims nothing; reading it says what is wrong
 
 
 def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Part]:
@@ -146,8 +156,8 @@ def _load(path: File, *, rollout_dump: bool = False) -> object:
     if magic not in (b"PK", b"\x80\x02"):
         raise DumpError(f"{path}: not a file torch.save wrote (neither a zip archive nor a pickle)")
     try:
-        with open_binary(path) as f, torch.serialization.safe_globals(allowed):
-            return torch.load(f, weights_only=True, map_location="cpu")
+        with open_binary(path) as f:
+            return load_weights_only(f, allowed)
     except pickle.UnpicklingError as e:
         if rollout_dump:
             raise DumpError(
@@ -159,8 +169,12 @@ def _load(path: File, *, rollout_dump: bool = False) -> object:
             "never unpickles arbitrary objects from a train dump. Save it again holding only "
             "tensors, lists, dicts, strings and numbers"
         ) from None
-    except (RuntimeError, OSError, EOFError, ValueError) as e:
-        raise DumpError(f"{path}: not a file torch.save wrote ({e or type(e).__name__})") from None
+    except Exception as e:
+        # A damaged file fails torch.load in any way (IndexError, KeyError, struct.error, ...
+        # from its legacy format); nothing of iscore's runs inside it, and the weights-only
+        # unpickler calls no arbitrary code.
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise DumpError(f"{path}: not a file torch.save wrote ({why})") from None
 
 
 def _numpy_globals() -> list:

@@ -12,8 +12,10 @@ harness of `tests/fuzz` generates many more, through every command.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
@@ -39,6 +41,7 @@ import iscore.paths
 from iscore.cli import main
 from iscore.dump import Dump, DumpProblems
 from iscore.errors import ConfigError, DumpError, IscoreError, Problem
+from iscore.importers import read_buffers
 from iscore.output import check_output
 from iscore.settings import load_config_text, parse_config
 from iscore.validation import validate
@@ -215,6 +218,23 @@ def test_a_step_without_loss_tokens_is_analyzed(tmp_path, capsys):
     )
     assert code == 0, err
     assert _strict_json(tmp_path / "a.json")["mismatch"]["k3_growth"] is None
+
+
+@pytest.mark.filterwarnings("error")  # torch's "Detected pickle protocol 253" printed a line
+def test_a_damaged_torch_file_of_the_legacy_format_is_refused():
+    """torch.load of a cut or flipped legacy (non-zip) torch.save raised IndexError, KeyError
+    or struct.error through the importer; each is a DumpError now, without torch's warnings."""
+    payload = {"rollout_id": 1, "rank": 0, "rollout_data": {"response_lengths": [2]}}
+    payload["rollout_data"] |= {"sample_indices": [0], "log_probs": [torch.tensor([-1.0, -0.5])]}
+    payload["rollout_data"]["rollout_log_probs"] = [torch.tensor([-1.0, -0.5])]
+    buffer = io.BytesIO()
+    torch.save(payload, buffer, _use_new_zipfile_serialization=False)
+    data = buffer.getvalue()
+    damaged = [data[:cut] for cut in range(1, len(data), 4)]
+    damaged += [data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :] for at in range(len(data))]
+    for content in damaged:
+        with contextlib.suppress(DumpError):
+            read_buffers([("1.pt", content)], "slime")
 
 
 def test_float64_overflow_names_file_column_row(tmp_path, capsys):

@@ -537,7 +537,7 @@ def slime_files(draw) -> list[tuple[str, bytes]]:
         if draw(st.integers(0, 4)) == 0:
             payload[draw(st.sampled_from(["rollout_id", "format_version"]))] = draw(HOSTILE_JSON)
         buffer = io.BytesIO()
-        torch.save(payload, buffer)
+        torch.save(payload, buffer, _use_new_zipfile_serialization=draw(st.booleans()))
         files.append((f"{rollout_id}.pt", draw(_damaged(buffer.getvalue()))))
     return files
 

@@ -10,7 +10,11 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import iscore
+from iscore.budget import parquet_tokens
+from iscore.dump import Dump
+from iscore.errors import DumpError
 from iscore.settings import presets
+from iscore.validation import validate
 from tests.fuzz.harness import check_replay, fuzzing, leftovers, run, strict_json
 from tests.fuzz.strategies import parquet_dumps
 
@@ -51,6 +55,14 @@ def test_every_command_agrees_with_validate(files, preset):
         verdict = run(["validate", str(dump), "-q", "--json", f"{out}/v.json"])
         event(f"validate exits {verdict.code}")
         assert verdict.code in (0, 1), verdict  # a dump's problems exit 1, whatever they are
+        # The app's path: a budget from each footer, then the files read from memory.
+        for _, data in files:
+            parquet_tokens(data)
+        try:
+            uploaded = validate(Dump.from_buffers(files)).ok
+        except DumpError:
+            uploaded = False
+        assert uploaded == (verdict.code == 0), verdict
         if verdict.code == 0:
             strict_json(out / "v.json")
             batch = iscore.load(dump)

@@ -57,7 +57,7 @@ def parquet_tokens(source: bytes | str) -> int | None:
     """
     try:
         meta = pq.read_metadata(pa.BufferReader(source) if isinstance(source, bytes) else source)
-    except (pa.ArrowException, OSError):
+    except (pa.ArrowException, OSError, ValueError):  # a column name not UTF-8: ValueError
         return None
     longest = 0
     for j in range(meta.num_columns):

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 
 import iscore.dump
 import iscore.paths
+from iscore.budget import parquet_tokens
 from iscore.cli import main
 from iscore.dump import Dump, DumpProblems
 from iscore.errors import ConfigError, DumpError, IscoreError, Problem
@@ -235,6 +236,17 @@ def test_a_damaged_torch_file_of_the_legacy_format_is_refused():
     for content in damaged:
         with contextlib.suppress(DumpError):
             read_buffers([("1.pt", content)], "slime")
+
+
+def test_the_token_budget_reads_every_hostile_footer(tmp_path):
+    """The app counts an upload's tokens from its footer before the reader sees it: a
+    column name that is not UTF-8 raised UnicodeDecodeError there."""
+    for case, write in hostile.dumps().items():
+        (tmp_path / case).mkdir()
+        path = write(tmp_path / case)
+        for file in [path] if path.is_file() else sorted(path.iterdir()):
+            tokens = parquet_tokens(file.read_bytes())
+            assert tokens is None or tokens >= 0, case
 
 
 def test_float64_overflow_names_file_column_row(tmp_path, capsys):

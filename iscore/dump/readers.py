@@ -265,7 +265,7 @@ class _Reader:
             if values is not column and values.null_count and name not in LOGPROB_COLUMNS:
                 what = "null values inside its lists"
                 problems.append(self._problem(label, what, values.is_null(), rows, column))
-            if name in ("step", "pos") and values.type == pa.uint64():
+            if name in ("step", "pos", "seq_id") and values.type == pa.uint64():
                 above = pc.greater(values, pa.scalar(_INT64_MAX, pa.uint64()))
                 if pc.any(above).as_py():
                     what = f"values above {_INT64_MAX:,} (2^63 - 1), which int64 cannot hold"
@@ -402,7 +402,9 @@ class _TokenReader(_Reader):
             if "step" in table.column_names
             else np.zeros(starts.size, dtype=np.int64)
         ).astype(np.int64)
-        seq_id = table["seq_id"].chunk(0).take(pa.array(starts))
+        # As the sequence table types it (int64 or string): files and reads of one dump may
+        # store it as any integer or string type.
+        seq_id = table["seq_id"].chunk(0).take(pa.array(starts)).cast(self.info.seq_id_type)
         self._mark_seen(step, seq_id, rows[starts])
         extra = self._extra({e.name: table[e.name].chunk(0) for e in self.extras}, lengths, rows)
         per_token = {n: table[n].chunk(0) for n in PER_TOKEN if n in table.column_names}
@@ -542,7 +544,7 @@ class _SequenceReader(_Reader):
                 )
         per_token = {n: pc.list_flatten(v) for n, v in lists.items()}
         seq_id = (
-            table["seq_id"].combine_chunks()
+            table["seq_id"].combine_chunks().cast(self.info.seq_id_type)
             if "seq_id" in table.column_names
             else pa.array(rows.astype(np.int64))
         )

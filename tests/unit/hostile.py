@@ -80,6 +80,9 @@ def dumps() -> dict[str, Writer]:
         "step_uint64_token_layout": _write(
             _token(step=pa.array([big, big, 1, 1], pa.uint64())), "t.parquet"
         ),
+        "seq_id_uint64_above_int64": _write(
+            _token(seq_id=pa.array([big, big, 1, 1], pa.uint64())), "t.parquet"
+        ),
         "pos_uint64_above_int64": _write(
             _token(pos=pa.array([0, big, 0, 1], pa.uint64())), "t.parquet"
         ),

@@ -249,6 +249,29 @@ def test_the_token_budget_reads_every_hostile_footer(tmp_path):
             assert tokens is None or tokens >= 0, case
 
 
+@pytest.mark.parametrize("kind", [pa.uint64(), pa.int8(), pa.large_string()])
+def test_files_may_store_seq_id_as_any_integer_or_string_type(kind, tmp_path, capsys):
+    """validate passed a folder whose files held seq_id as uint64 and int64, but loading it
+    said the files disagree (exit 2), and replay raised a ValueError writing the second."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    ids = (["a", "b"], ["c", "d"]) if kind == pa.large_string() else ([0, 1], [2, 3])
+    first = hostile.valid_dump().slice(0, 2).set_column(1, "seq_id", pa.array(ids[0], kind))
+    regular = pa.string() if kind == pa.large_string() else pa.int64()
+    second = hostile.valid_dump().slice(2, 2).set_column(1, "seq_id", pa.array(ids[1], regular))
+    pq.write_table(first, folder / "a.parquet")
+    pq.write_table(second, folder / "b.parquet")
+    out = tmp_path / "w.parquet"
+    for argv in (
+        ["validate", str(folder), "-q"],
+        ["replay", str(folder), "-q", "--config", PRESET, "--out", str(out), "--chunk-tokens", "1"],
+    ):
+        code, _, err = run(argv, capsys)
+        assert code == 0, err
+    assert pq.read_table(out)["seq_id"].type == regular
+    assert iscore.dump.load(folder).seq_id.to_pylist() == [*ids[0], *ids[1]]
+
+
 def test_float64_overflow_names_file_column_row(tmp_path, capsys):
     dump = hostile.dumps()["logprob_f64_overflow_neg"](tmp_path)
     code, out, _ = run(["validate", str(dump), "-q"], capsys)

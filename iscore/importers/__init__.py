@@ -452,12 +452,17 @@ def first_record(path: File) -> dict | None:
 
 
 def _flat(values: object, where: str, key: str, what: str, ok: Callable[[object], bool]) -> None:
-    """Raise unless `values` is a list whose every item is `ok` (`what`, in the message)."""
-    bad = values if not isinstance(values, list) else next((v for v in values if not ok(v)), ok)
-    if bad is not ok:
+    """Raise unless `values` is a list whose every item is `ok` (`what`, in the message),
+    quoting the first item that is not (or `values` itself, when it is no list)."""
+    bad = next((v for v in values if not ok(v)), _NONE) if isinstance(values, list) else values
+    if bad is not _NONE:
         raise DumpError(
             f"{where}: {quote(key)} must be a flat list of {what}, found {quote(bad, 60)}"
         )
+
+
+_NONE = object()
+"""No bad item: `_flat`'s sentinel (None is an item a list can hold)."""
 
 
 def _real(value: object) -> float:

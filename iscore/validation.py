@@ -108,8 +108,8 @@ class Report:
             if origin.get("framework"):
                 sources = origin.get("source_files", [])
                 lines.append(
-                    f"  imported    from {origin['framework']}: {len(sources)} file(s), "
-                    f"steps {origin.get('steps', [])}"
+                    f"  imported    from {clip(origin['framework'])}: {len(sources)} file(s), "
+                    f"steps {clip(str(origin.get('steps', [])))}"
                 )
         if self.dropped.sequences:
             dropped = self.dropped

@@ -46,7 +46,7 @@ from iscore.importers import read_buffers
 from iscore.output import check_output
 from iscore.settings import load_config_text, parse_config
 from iscore.validation import validate
-from iscore.writer import canonical_table
+from iscore.writer import PROVENANCE_KEY, canonical_table
 from tests.unit import hostile
 
 PRESET = "verl:decoupled_geo_rs"
@@ -308,6 +308,16 @@ def test_structure_problems_say_what_was_expected(case, said, tmp_path, capsys):
     dump = hostile.dumps()[case](tmp_path)
     code, out, err = run(["validate", str(dump), "-q"], capsys)
     assert code == 1 and said in out + err
+
+
+def test_a_long_provenance_is_quoted_short(tmp_path, capsys):
+    """validate printed a provenance's framework and steps whole (here 500 kB on a line)."""
+    record = {"framework": "x" * 5000, "source_files": ["a"], "steps": list(range(100_000))}
+    table = hostile.valid_dump()
+    table = table.replace_schema_metadata({PROVENANCE_KEY: json.dumps(record).encode()})
+    pq.write_table(table, tmp_path / "p.parquet")
+    code, out, _ = run(["validate", str(tmp_path / "p.parquet"), "-q"], capsys)
+    assert code == 0 and max(len(line) for line in out.splitlines()) < 1000
 
 
 def test_no_loss_token_is_a_clear_error_for_streams_and_batches(tmp_path, good_dump):

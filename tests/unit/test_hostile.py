@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iscore.dump
+import iscore.importers.nemo_rl
 import iscore.paths
 from iscore.budget import parquet_tokens
 from iscore.cli import main
@@ -560,6 +561,24 @@ def test_ctrl_c_is_one_line_and_exit_130(command, tmp_path, good_dump, capsys, m
     code, stdout, err = run(argv, capsys)
     assert (code, stdout, err) == (130, "", "interrupted\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.parquet", "verl.yaml"]
+
+
+def test_ctrl_c_in_convert_leaves_no_file(tmp_path, capsys, monkeypatch):
+    logs = hostile.framework_dumps()["nemo_idx_2_70"](tmp_path)
+    done = []
+
+    def interrupted(path):
+        if done:
+            raise KeyboardInterrupt
+        done.append(path)  # the first step's records are written, then Ctrl-C
+        yield 1, dict(hostile._NEMO)
+
+    (logs / "train_data_step2.jsonl").write_text((logs / "train_data_step1.jsonl").read_text())
+    monkeypatch.setattr(iscore.importers.nemo_rl, "jsonl_records", interrupted)
+    out = tmp_path / "c.parquet"
+    code, stdout, err = run(["convert", str(logs), "--out", str(out)], capsys)
+    assert (code, stdout, err) == (130, "", "interrupted\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "verl.yaml"]
 
 
 def test_ctrl_c_from_the_terminal(tmp_path, good_dump):

@@ -591,15 +591,27 @@ def _means(values: pa.Array, counts: np.ndarray) -> pa.Array:
 def _concat_chunks(chunks: list[Chunk]) -> Chunk:
     if len(chunks) == 1:
         return chunks[0]
+    names = dict.fromkeys(name for c in chunks for name in c.per_token)
     return Chunk(
         chunks[0].file,
-        {k: pa.concat_arrays([c.per_token[k] for c in chunks]) for k in chunks[0].per_token},
+        {k: pa.concat_arrays([_token_values(c, k) for c in chunks]) for k in names},
         pa.concat_arrays([c.seq_id for c in chunks]),
         np.concatenate([c.step for c in chunks]),
         np.concatenate([c.lengths for c in chunks]),
         np.concatenate([c.rows for c in chunks]),
         None if chunks[0].extra is None else pa.concat_tables([c.extra for c in chunks]),
     )
+
+
+def _token_values(chunk: Chunk, name: str) -> pa.Array:
+    """A chunk's per-token column, to be joined with other chunks': `pos` as int64, and
+    0..T-1 where `_order_by_pos` dropped it as just that (another read may keep it)."""
+    if name != "pos":
+        return chunk.per_token[name]
+    if "pos" in chunk.per_token:
+        return chunk.per_token["pos"].cast(pa.int64())
+    starts = np.repeat(np.cumsum(chunk.lengths) - chunk.lengths, chunk.lengths)
+    return pa.array(np.arange(int(chunk.lengths.sum()), dtype=np.int64) - starts)
 
 
 def plain(values: pa.Array, dtype: pa.DataType) -> pa.Array:

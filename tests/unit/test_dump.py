@@ -163,6 +163,19 @@ class TestOrder:
         )
         assert load(write(table, tmp_path / "p.parquet")).rollout.tolist() == [-2.0, -1.0]
 
+    def test_pos_kept_in_one_read_and_dropped_in_another(self, tmp_path):
+        """One row group's positions were 0..T-1 (dropped as redundant), the next's were not
+        (a gap): joining the two reads raised KeyError('pos')."""
+        lists = pa.list_(pa.float64())
+        lp = pa.array([[-1.0, -2.0], [-3.0, -4.0]], lists)
+        positions = pa.array([[0, 1], [2, 0]], pa.list_(pa.int32()))
+        table = pa.table({"rollout_logprob": lp, "train_logprob": lp, "pos": positions})
+        path = tmp_path / "two_groups.parquet"
+        pq.write_table(table, path, row_group_size=1)
+        batch = load(path)
+        assert batch.rollout.tolist() == [-1.0, -2.0, -4.0, -3.0]
+        assert batch.positions().tolist() == [0, 1, 0, 2]
+
     def test_without_pos_file_order_is_kept(self, tmp_path, sequences):
         path = write(sequences.token_table(pos=False), tmp_path / "nopos.parquet")
         assert same_values(load(path), expected_batch(sequences))

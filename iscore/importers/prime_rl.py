@@ -101,6 +101,9 @@ def _read(path: File) -> Part:
         if not first_line:
             present, first_line = tuple(k for k in _OPTIONAL if k in record), line
             version = record.get("schema_version")
+            if version is not None and type(version) is not int:
+                found = quote(version, 60)
+                raise DumpError(f"{where}: 'schema_version' must be an integer, found {found}")
         for key in ("loss_mask", *_LOGPROBS, *present):
             if key not in record:
                 also = f", which line {first_line} has" if key in present else ""

@@ -325,6 +325,7 @@ def framework_dumps() -> dict[str, Writer]:
         "prime_index_2_70": _prime({**_PRIME, "export_sequence_idx": 2**70}),
         "prime_rank_a_list": _prime({**_PRIME, "rank": [0]}),
         "prime_token_id_2_40": _prime({**_PRIME, "token_ids": [1, 2**40, 3]}),
+        "prime_schema_version_a_list": _prime({**_PRIME, "schema_version": []}),  # TypeError
         "slime_index_string": _slime({"sample_index": "abc"}),
         "slime_index_fraction": _slime({"sample_index": 1.5}),
         "slime_index_2_70": _slime({"sample_index": 2**70}),

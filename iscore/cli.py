@@ -223,7 +223,9 @@ def _load(args: argparse.Namespace, outputs: tuple[str, ...] = ()) -> TokenBatch
 def _cmd_validate(args: argparse.Namespace) -> int:
     from iscore.validation import validate
 
-    dump = _open_dump(args, outputs=("--json",))
+    # Every column a command may read, the per-sequence ones (reward, group_id) too: a
+    # reward that differs within a sequence is a problem `sequences` and `--where` meet.
+    dump = _open_dump(args, extras=True, outputs=("--json",))
     with _progress(dump, "validate", args) as bar:
         report = validate(dump, max_tokens=args.chunk_tokens, progress=bar.update)
     if args.json:

@@ -321,6 +321,18 @@ def test_a_long_provenance_is_quoted_short(tmp_path, capsys):
     assert code == 0 and max(len(line) for line in out.splitlines()) < 1000
 
 
+def test_validate_reads_the_per_sequence_columns_too(tmp_path, capsys):
+    """A token-layout reward that differs within a sequence passed validate, while
+    `sequences` (and any --where on it) refused the dump."""
+    dump = tmp_path / "t.parquet"
+    pq.write_table(hostile._token(reward=pa.array([1.0, 0.5, 0.0, 0.0])), dump)
+    said = "t.parquet, column reward: 1 values differ from the first of their sequence"
+    code, out, _ = run(["validate", str(dump), "-q"], capsys)
+    assert code == 1 and said in out
+    code, _, err = run(["sequences", str(dump), "--out", str(tmp_path / "s.csv")], capsys)
+    assert code == 1 and said in err
+
+
 def test_no_loss_token_is_a_clear_error_for_streams_and_batches(tmp_path, good_dump):
     from iscore.analysis import analyze
 

@@ -309,7 +309,7 @@ class Dump:
                 highs.append(0)
                 continue
             for g in range(parquet.num_row_groups):
-                stats = leaf(parquet.metadata.row_group(g), source).statistics
+                stats = leaf(parquet.metadata, g, source).statistics
                 if stats is None or not stats.has_min_max:
                     return None
                 lows.append(int(stats.min))

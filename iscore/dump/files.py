@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iscore import footer
 from iscore.columns import resolve_columns
 from iscore.dump.schema import check_types, extras_of, is_list, scalar_type
 from iscore.dump.values import DumpFile, Layout
@@ -85,6 +86,7 @@ def open_file(
             f"{path}: truncated Parquet file ({size:,} bytes, no footer); "
             "was the write interrupted?"
         )
+    footer.check(footer.tail(path) if data is None else data, path)  # before pyarrow's reading
     try:
         # Pages written with a CRC are checked against it as they are read (Parquet's
         # checksums are optional: pages without one are read as they are).
@@ -116,7 +118,7 @@ def open_file(
     if layout == "sequence":
         # The leaf column's value counts are the token counts.
         tokens = sum(
-            leaf(meta.row_group(g), columns.source["rollout_logprob"]).num_values
+            leaf(meta, g, columns.source["rollout_logprob"]).num_values
             for g in range(meta.num_row_groups)
         )
     seq_id_type = pa.int64()
@@ -179,10 +181,10 @@ def import_framework_dump(
     return f"{item} ({fmt})", sink.getvalue().to_pybytes()
 
 
-def leaf(row_group: pq.RowGroupMetaData, source: str) -> pq.ColumnChunkMetaData:
-    """The column chunk of a (list) column's leaf values."""
-    for i in range(row_group.num_columns):
-        column = row_group.column(i)
-        if column.path_in_schema.split(".")[0] == source:
-            return column
+def leaf(meta: pq.FileMetaData, group: int, source: str) -> pq.ColumnChunkMetaData:
+    """The column chunk of row group `group` holding a (list) column's leaf values, found by
+    the schema's paths (a chunk's own `path_in_schema` is not checked to be UTF-8)."""
+    for i in range(meta.num_columns):
+        if meta.schema.column(i).path.split(".")[0] == source:
+            return meta.row_group(group).column(i)
     raise KeyError(source)

@@ -184,10 +184,9 @@ class _Reader:
         groups = list(range(self.parquet.num_row_groups))
         if (self.steps.lo is None and self.steps.hi is None) or "step" not in self.source:
             return groups
-        index = self.parquet.schema_arrow.get_field_index(self.source["step"])
         keep = []
         for g in groups:
-            stats = self.parquet.metadata.row_group(g).column(index).statistics
+            stats = leaf(self.parquet.metadata, g, self.source["step"]).statistics
             if (
                 stats is None
                 or not stats.has_min_max
@@ -200,9 +199,9 @@ class _Reader:
         """Rows per read so that a read holds about `READ_TOKENS` tokens."""
         if self.info.layout == "token":
             return READ_TOKENS
-        meta = self.parquet.metadata.row_group(group)
-        tokens = leaf(meta, self.source["rollout_logprob"]).num_values
-        mean_length = max(tokens / max(meta.num_rows, 1), 1.0)
+        meta = self.parquet.metadata
+        tokens = leaf(meta, group, self.source["rollout_logprob"]).num_values
+        mean_length = max(tokens / max(meta.row_group(group).num_rows, 1), 1.0)
         return max(1, int(READ_TOKENS / mean_length))
 
     def _record_batches(self) -> Iterator[tuple[int, pa.Table]]:

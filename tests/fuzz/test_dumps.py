@@ -3,13 +3,17 @@ results that pass the rules, or refuses as `validate` does, leaving nothing behi
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from hypothesis import event, given
 from hypothesis import strategies as st
 
 import iscore
+from iscore import footer
 from iscore.budget import parquet_tokens
 from iscore.dump import Dump
 from iscore.errors import DumpError
@@ -89,3 +93,38 @@ def test_every_command_agrees_with_validate(files, preset):
                 check_replay(out / "w.parquet", batch)
             elif command in ("analyze", "recommend"):
                 strict_json(out / f"{command[0]}.json")
+
+
+def _metadata_survives(data: bytes) -> bool:
+    """Whether every column chunk's metadata and statistics of `data` can be read without
+    pyarrow aborting the process: tried in a forked child, which an abort kills instead."""
+    pid = os.fork()
+    if pid == 0:  # the child: no threads, no return into pytest
+        os.close(2)  # pyarrow's "terminate called after throwing ..." is expected noise
+        try:
+            meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+            for g in range(meta.num_row_groups):
+                for i in range(meta.row_group(g).num_columns):
+                    meta.row_group(g).column(i).statistics  # noqa: B018 - decoded on reading
+        except Exception:  # a Python exception is a refusal iscore can make
+            pass
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return not os.WIFSIGNALED(status)
+
+
+@fuzzing(examples=100)
+@given(files=parquet_dumps(), at=st.integers(0, 10**6), bit=st.integers(0, 7))
+def test_a_footer_iscore_reads_never_aborts_pyarrow(files, at, bit):
+    """pyarrow aborts the process on some damaged footers: `iscore.footer.check` refuses
+    every footer whose column chunks' metadata pyarrow cannot read without aborting."""
+    data = bytearray(files[0][1])
+    length = int.from_bytes(data[-8:-4], "little")
+    if data[-4:] != b"PAR1" or len(data) < length + 8:
+        return
+    data[len(data) - 8 - length + at % max(length, 1)] ^= 1 << bit  # a byte of the footer
+    try:
+        footer.check(bytes(data), "f.parquet")
+    except DumpError:
+        return
+    assert _metadata_survives(bytes(data))

@@ -142,6 +142,11 @@ def dumps() -> dict[str, Writer]:
         },
         # a column name that is not UTF-8 (the footer has no checksum)
         "column_name_not_utf8": _not_utf8,
+        # footers pyarrow aborts the process on (a C++ exception its binding does not catch):
+        # seq_id's repetition type as an i16 (skipped, so the column reads as required and
+        # its level histogram misfits); seq_id's chunk typed DOUBLE (read with --steps)
+        "footer_levels_misfit": _patched(b"%\x02\x18\x06seq_id", b"$\x02\x18\x06seq_id"),
+        "footer_type_misfit": _patched(b"\x1c\x15\x04\x195", b"\x1c\x15\n\x195"),
         # a byte flipped in a data page of a file written with page checksums
         "flipped_byte_with_checksum": _flipped,
         # policy_logprob in one file of a folder but not in the other
@@ -154,6 +159,20 @@ def dumps() -> dict[str, Writer]:
             _sequence(seq_id=pa.array([2, 3]), reward=pa.array(["good", "bad"])),
         ),
     }
+
+
+def _patched(old: bytes, new: bytes) -> Writer:
+    """The token-layout dump with the first `old` in its footer replaced by `new`."""
+
+    def write(directory: Path) -> Path:
+        path = directory / "f.parquet"
+        pq.write_table(_token(step=pa.array([0, 0, 1, 1])), path)
+        data = path.read_bytes()
+        at = data.index(old, len(data) - 8 - int.from_bytes(data[-8:-4], "little"))
+        path.write_bytes(data[:at] + new + data[at + len(old) :])
+        return path
+
+    return write
 
 
 def _not_utf8(directory: Path) -> Path:

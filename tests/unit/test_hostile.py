@@ -273,6 +273,27 @@ def test_files_may_store_seq_id_as_any_integer_or_string_type(kind, tmp_path, ca
     assert iscore.dump.load(folder).seq_id.to_pylist() == [*ids[0], *ids[1]]
 
 
+_BUDGET = "import sys; from iscore.budget import parquet_tokens; print(parquet_tokens(sys.argv[1]))"
+
+
+@pytest.mark.parametrize("case", ["footer_levels_misfit", "footer_type_misfit"])
+def test_a_footer_pyarrow_aborts_on_is_refused_first(case, tmp_path):
+    """pyarrow killed the process (SIGABRT, "Definition level histogram size mismatch",
+    "ColumnMetaData type does not match ColumnDescriptor physical type"): in the app, every
+    session with it. Run in a child, which the abort would kill instead of the tests."""
+    dump = str(hostile.dumps()[case](tmp_path))
+    for argv in (["validate", dump, "-q"], ["analyze", dump, "-q", "--steps", "0:1"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "iscore", *argv], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert "f.parquet: unreadable Parquet footer: " in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-c", _BUDGET, dump], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout) == (0, "None\n"), done.stderr[-2000:]
+
+
 def test_float64_overflow_names_file_column_row(tmp_path, capsys):
     dump = hostile.dumps()["logprob_f64_overflow_neg"](tmp_path)
     code, out, _ = run(["validate", str(dump), "-q"], capsys)

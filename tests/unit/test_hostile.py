@@ -2,8 +2,8 @@
 wrong answer, always one short line (or, for a dump's problems, one line per problem).
 
 Corpus size per class (see `tests/unit/hostile.py`), each run through every command that
-reads it: dumps 35 x 5 commands (validate, analyze, replay, recommend, export --dump),
-framework dumps 22 x 3 commands (validate, analyze, convert), configs 13 x 3 commands
+reads it: dumps 37 x 5 commands (validate, analyze, replay, recommend, export --dump),
+framework dumps 23 x 3 commands (validate, analyze, convert), configs 13 x 3 commands
 (replay, analyze, export), paths 6, outputs 10, Ctrl-C 8, report 1, writer casts 4, 150
 hypothesis-fuzzed tables for the reader, and 3 configs under an address-space limit. The
 harness of `tests/fuzz` generates many more, through every command.

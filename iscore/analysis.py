@@ -228,7 +228,11 @@ def analyze(
     summary = mismatch.compute()
     broken = mismatch.broken()
     if not summary["tokens"]:
-        if dump is not None and not summary.get("sequences"):  # none where the dump was read
+        if dump is not None:
+            # Read file by file, each file's lack is not the dump's: read as one, the dump
+            # names its problem (nothing in the loss), else it selected no sequence.
+            for _ in dump.batches(max_tokens=max_tokens):
+                pass
             raise DumpError(f"{files[0]}: {dump.why_empty()}")
         # Every statistic is a mean over loss tokens: with none, there is nothing to report.
         where = ", ".join(files) or "the batch"

@@ -246,7 +246,9 @@ def _load(args: argparse.Namespace, outputs: tuple[str, ...] = ()) -> TokenBatch
 def _cmd_validate(args: argparse.Namespace) -> int:
     from iscore.validation import validate
 
-    dump = _open_dump(args, outputs=("--json",))
+    # Every column a command may read, the per-sequence ones (reward, group_id) too: a
+    # reward that differs within a sequence is a problem `sequences` and `--where` meet.
+    dump = _open_dump(args, extras=True, outputs=("--json",))
     with _progress(dump, "validate", args) as bar:
         report = validate(dump, max_tokens=args.chunk_tokens, progress=bar.update)
     if args.json:
@@ -1230,9 +1232,22 @@ def _show_warning(message: Warning | str, *args: object, **kwargs: object) -> No
     print(f"warning: {message}", file=sys.stderr)
 
 
+def _empty_path(args: argparse.Namespace) -> str | None:
+    """The argument given an empty path, if any: `Path("")` is the current directory, so an
+    empty `--out` was refused as "is a directory" and an empty DUMP read the whole folder."""
+    for dest in ("dump", "source", "out", "json", "html", "sequences"):
+        value = getattr(args, dest, None)
+        if value == "" or (isinstance(value, list) and "" in value):
+            return "the dump" if dest in ("dump", "source") else f"--{dest}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the `iscore` command; returns the exit status."""
+    """Run the `iscore` command; returns the exit status (130 after Ctrl-C, as shells do)."""
     args = build_parser().parse_args(argv)
+    if (empty := _empty_path(args)) is not None:
+        print(f"error: expected a path for {empty}, but got an empty string", file=sys.stderr)
+        return 2
     _defer_import("torch")
     try:
         with warnings.catch_warnings():
@@ -1252,6 +1267,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        # Ctrl-C: outputs are written to a temporary file, removed as this unwinds, so no
+        # partial file is left; one line, not a traceback.
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -448,6 +448,7 @@ class MismatchStats:
             s["median"], s["T"], s["positive"], s["negative"], s["step"], self.noise
         )
 
+    @np.errstate(over="ignore")  # a finite but extreme d: e^d is inf, written as null
     def compute(self) -> dict[str, Any]:
         """Every statistic: overall, `by_step`, `by_length`, `by_prob`, `by_pos`, the worst
         sequences and tokens, the 2-D histogram, the broken sequences and the `flags`."""
@@ -533,12 +534,12 @@ class MismatchStats:
                     "seq_ratio_p90": float(np.exp(seq_p90)),
                     "geo_ratio_p10": float(np.exp(geo_p10)),
                     "geo_ratio_p90": float(np.exp(geo_p90)),
-                    "expected_seq_ratio_median": math.exp(mu * t_mid),
-                    "expected_seq_ratio_p10": math.exp(mu * t_mid - Z90 * sd),
-                    "expected_seq_ratio_p90": math.exp(mu * t_mid + Z90 * sd),
-                    "expected_geo_ratio_p10": math.exp(mu - Z90 * sd / t_mid),
-                    "expected_geo_ratio_p90": math.exp(mu + Z90 * sd / t_mid),
-                    "expected_ess_fraction": math.exp(-var * t_mid),
+                    "expected_seq_ratio_median": ops.exp_of(mu * t_mid),
+                    "expected_seq_ratio_p10": ops.exp_of(mu * t_mid - Z90 * sd),
+                    "expected_seq_ratio_p90": ops.exp_of(mu * t_mid + Z90 * sd),
+                    "expected_geo_ratio_p10": ops.exp_of(mu - Z90 * sd / t_mid),
+                    "expected_geo_ratio_p90": ops.exp_of(mu + Z90 * sd / t_mid),
+                    "expected_ess_fraction": ops.exp_of(-var * t_mid),
                 }
             )
         return rows
@@ -1011,7 +1012,8 @@ def _flags(
                 "processed log-probs, renormalization after top-p), not numerical noise.",
             )
         )
-    steps = result.get("by_step", [])
+    # The steps with tokens in the loss (a step whose tokens are all masked has no k3).
+    steps = [step for step in result.get("by_step", []) if step.get("tokens")]
     result["k3_growth"] = None  # fewer than three steps, or no mismatch at the first
     if len(steps) >= 3 and steps[0].get("k3", 0) > 0:
         result["k3_growth"] = steps[-1]["k3"] / steps[0]["k3"]

@@ -423,8 +423,8 @@ class _Thresholds:
             token_cap=cap,
             band=(_round_down(1.0 / cap), cap),
             geo=(
-                _round_down(math.exp(normal.g_center - g_half), 5),
-                _round_up(math.exp(normal.g_center + g_half), 5),
+                _round_down(ops.exp_of(normal.g_center - g_half), 5),
+                _round_up(ops.exp_of(normal.g_center + g_half), 5),
             ),
             k3=max(_round_up(k3_cap), 1e-9),  # frameworks take a positive bound
             normal=normal,

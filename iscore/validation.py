@@ -135,8 +135,8 @@ class Report:
             if origin.get("framework") and "rank" not in origin:
                 sources = origin.get("source_files", [])
                 lines.append(
-                    f"  imported    from {origin['framework']}: {len(sources)} file(s), "
-                    f"steps {origin.get('steps', [])}"
+                    f"  imported    from {clip(origin['framework'])}: {len(sources)} file(s), "
+                    f"steps {clip(str(origin.get('steps', [])))}"
                 )
         if self.dropped.sequences:
             dropped = self.dropped

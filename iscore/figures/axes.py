@@ -119,6 +119,15 @@ def figure_layout(
     }
 
 
+def step_axis(axis: dict[str, Any], steps: Sequence[int]) -> None:
+    """Ticks of a training-step axis at whole steps only, at most about 8 (with 2 steps, auto
+    ticks fall at halves and print as "-1, -1, 0, 1, 1")."""
+    if steps:
+        every = max(1, math.ceil((max(steps) - min(steps)) / 7))
+        axis |= {"tickmode": "linear", "tick0": min(steps), "dtick": every}
+    axis["tickformat"] = "d"
+
+
 def hline(y: float, label: str = "", yref: str = "y") -> dict[str, Any]:
     return {
         "type": "line",

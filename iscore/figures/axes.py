@@ -143,6 +143,11 @@ def hline(y: float, label: str = "", yref: str = "y") -> dict[str, Any]:
 
 
 def vline(x: float, label: str = "", position: str = "end") -> dict[str, Any]:
+    """A dotted vertical line at x; its label along it, at its top (`position` "end") or
+    running up from its bottom ("start": clear of the tick labels under the axis)."""
+    label_ = {"text": label, "textposition": position, "font": {"size": 10}}
+    if position == "start":
+        label_["xanchor"] = "left"
     return {
         "type": "line",
         "yref": "paper",
@@ -151,7 +156,7 @@ def vline(x: float, label: str = "", position: str = "end") -> dict[str, Any]:
         "x0": x,
         "x1": x,
         "line": {"dash": "dot", "color": NEUTRAL, "width": 1},
-        "label": {"text": label, "textposition": position, "font": {"size": 10}} if label else {},
+        "label": label_ if label else {},
     }
 
 

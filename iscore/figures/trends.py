@@ -203,6 +203,8 @@ def trend_figure(trend: Trend, column: str = "healthy_k3", smoothing: float = 0.
         customdata = [r.get("broken_sequences") or 0 for r in rows]
     line = {"color": DATA, "width": 2}
     data = _lines(steps, values, smoothing, hover, "per step", line, customdata)
+    for trace in data:  # the legend names the broken steps' markers only
+        trace["showlegend"] = False
     broken = [r for r in rows if r.get("broken_sequences")] if k3 else []
     if broken:
         data.append(
@@ -333,6 +335,8 @@ def _figure(
         yspan=(min(span), max(span)) if log else None,
         height=340,
     )
+    if not log and all(v >= 0 for v in span if _finite(v)):
+        layout["yaxis"]["rangemode"] = "nonnegative"  # a share or a count: from 0
     step_axis(layout["xaxis"], steps)
     data.append(_event_markers(trend.events))
     # A second, hidden y-axis from 0 to 1 over the plot: the events' markers sit at its top

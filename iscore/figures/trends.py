@@ -335,8 +335,11 @@ def _figure(
         yspan=(min(span), max(span)) if log else None,
         height=340,
     )
-    if not log and all(v >= 0 for v in span if _finite(v)):
-        layout["yaxis"]["rangemode"] = "nonnegative"  # a share or a count: from 0
+    if not log:
+        # Small values as 4x10^-4, as on the log axes, not with an SI prefix (400 micro).
+        layout["yaxis"]["exponentformat"] = "power"
+        if all(v >= 0 for v in span if _finite(v)):
+            layout["yaxis"]["rangemode"] = "nonnegative"  # a share or a count: from 0
     step_axis(layout["xaxis"], steps)
     data.append(_event_markers(trend.events))
     # A second, hidden y-axis from 0 to 1 over the plot: the events' markers sit at its top

@@ -259,15 +259,17 @@ class _Reader:
             # Null log-probs of token layout are reported with the invalid values (as NaN),
             # so that --drop-invalid can drop their sequences; so are those inside lists.
             if column.null_count and not (name in LOGPROB_COLUMNS and self.info.layout == "token"):
-                problems.append(self._problem(label, "null values", column.is_null(), rows))
+                nulls = ("null value", "null values")
+                problems.append(self._problem(label, nulls, column.is_null(), rows))
             values = pc.list_flatten(column) if is_list(column.type) else column
             if values is not column and values.null_count and name not in LOGPROB_COLUMNS:
-                what = "null values inside its lists"
+                what = ("null value inside its lists", "null values inside its lists")
                 problems.append(self._problem(label, what, values.is_null(), rows, column))
             if name in ("step", "pos", "seq_id") and values.type == pa.uint64():
                 above = pc.greater(values, pa.scalar(_INT64_MAX, pa.uint64()))
                 if pc.any(above).as_py():
-                    what = f"values above {_INT64_MAX:,} (2^63 - 1), which int64 cannot hold"
+                    above_max = f"above {_INT64_MAX:,} (2^63 - 1), which int64 cannot hold"
+                    what = (f"value {above_max}", f"values {above_max}")
                     lists = column if values is not column else None
                     problems.append(self._problem(label, what, above, rows, lists))
         return problems
@@ -275,18 +277,19 @@ class _Reader:
     def _problem(
         self,
         label: str,
-        what: str,
+        what: tuple[str, str],
         bad: pa.Array,
         rows: np.ndarray,
         lists: pa.Array | None = None,
     ) -> Problem:
-        """A problem at the rows where `bad` is true; with `lists`, `bad` is over their
-        flattened values and each value is mapped back to the row of its list."""
+        """A problem at the rows where `bad` is true (`what`: singular, plural); with `lists`,
+        `bad` is over their flattened values and each value is mapped back to the row of its
+        list."""
         if lists is not None:
             lengths = pc.list_value_length(lists).fill_null(0)
             rows = np.repeat(rows, lengths.to_numpy(zero_copy_only=False))
         r, count = _first_rows(bad.fill_null(False).to_numpy(zero_copy_only=False), rows)
-        return Problem(self.info.path, label, f"{count:,} {what}", tuple(dict.fromkeys(r)), count)
+        return Problem(self.info.path, label, counted(count, *what), tuple(dict.fromkeys(r)), count)
 
     def _extra(
         self,

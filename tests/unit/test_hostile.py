@@ -305,14 +305,14 @@ def test_float64_overflow_names_file_column_row(tmp_path, capsys):
 def test_uint64_step_names_row(tmp_path, capsys):
     dump = hostile.dumps()["step_uint64_above_int64"](tmp_path)
     code, out, _ = run(["validate", str(dump), "-q"], capsys)
-    assert code == 1 and "column step: 1 values above" in out
+    assert code == 1 and "column step: 1 value above" in out
     assert "which int64 cannot hold at row 0" in out
 
 
 def test_null_inside_loss_mask_list_is_not_false(tmp_path, capsys):
     dump = hostile.dumps()["null_in_loss_mask_list"](tmp_path)
     code, out, _ = run(["validate", str(dump), "-q"], capsys)
-    assert code == 1 and "column loss_mask: 1 null values inside its lists at row 0" in out
+    assert code == 1 and "column loss_mask: 1 null value inside its lists at row 0" in out
 
 
 @pytest.mark.parametrize(

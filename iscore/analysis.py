@@ -208,7 +208,8 @@ def analyze(
     files = [] if dump is None else [f.path for f in dump.files]
     where = None if dump is None or dump.where is None else dump.where.text
     owners: list[tuple[str, int]] = []
-    if dump is not None and store is not None and storable(dump) and sequences is None:
+    by_file = dump is not None and store is not None and storable(dump) and sequences is None
+    if by_file:
         parts = _stored_parts(dump, specs, store, device, max_tokens, owners)
     else:
         parts = _fresh_parts(chunks, specs, sequences, device)
@@ -229,10 +230,11 @@ def analyze(
     broken = mismatch.broken()
     if not summary["tokens"]:
         if dump is not None:
-            # Read file by file, each file's lack is not the dump's: read as one, the dump
-            # names its problem (nothing in the loss), else it selected no sequence.
-            for _ in dump.batches(max_tokens=max_tokens):
-                pass
+            if by_file:
+                # Read file by file, a file's lack is not the dump's: read as one, the dump
+                # names its problem (nothing in the loss), else it selected no sequence.
+                for _ in dump.batches(max_tokens=max_tokens):
+                    pass
             raise DumpError(f"{files[0]}: {dump.why_empty()}")
         # Every statistic is a mean over loss tokens: with none, there is nothing to report.
         where = ", ".join(files) or "the batch"

@@ -18,6 +18,7 @@ import argparse
 import math
 import re
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,13 +37,18 @@ from iscore.conversion import convert as convert_setting
 from iscore.dump import DumpProblems, StepRange
 from iscore.errors import IscoreError
 from iscore.figures import color, setting_name
+from iscore.follow import Follower, ready_files
+from iscore.health import Health, assess
 from iscore.importers import PICKLED, SUFFIXES
 from iscore.preview import Preview, preview_parquet
 from iscore.recommendation import Recommendation, Targets
+from iscore.reference import point_dict, points
 from iscore.report import SUMMARY_COLUMNS
-from iscore.serving import DataRoots, dump_folder
+from iscore.serving import FOLLOW_INTERVAL_S, DataRoots, dump_folder
 from iscore.settings import presets
 from iscore.spec import Spec
+from iscore.store import ResultStore, default_folder
+from iscore.trend import Trend
 from iscore.tune import FAMILIES, family_of
 from iscore.workspace import Selection, Workspace, digest, fingerprint, open_path, open_uploads
 
@@ -191,9 +197,9 @@ def notice() -> None:
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """How the operator started the app: `streamlit run app/serve.py -- [--path DUMP]
-    [--data-dir DIR ...] [--max-upload-tokens N] [--max-path-tokens N] [--cache-mb MB]`, as
-    `iscore app` does.
+    """How the operator started the app: `streamlit run app/serve.py -- [--path DUMP
+    [--follow [--interval S]]] [--data-dir DIR ...] [--max-upload-tokens N]
+    [--max-path-tokens N] [--cache-mb MB]`, as `iscore app` does.
 
     Attributes:
         preload: the dump to open on the Data page.
@@ -204,6 +210,8 @@ class Options:
             `preload`, which the operator named.
         cache_mb: memory for the loaded dumps of every session together.
         where: the slice every page starts with (`iscore app --where`).
+        follow: `preload` is a run's folder still being written (`iscore app DIR --follow`).
+        interval: seconds between looks at it.
     """
 
     preload: str | None
@@ -212,6 +220,8 @@ class Options:
     cache_mb: int
     where: str | None = None
     max_path_tokens: int = MAX_PATH_TOKENS
+    follow: bool = False
+    interval: float = FOLLOW_INTERVAL_S
 
 
 def options() -> Options:
@@ -223,6 +233,8 @@ def options() -> Options:
     parser.add_argument("--max-path-tokens", type=int, default=MAX_PATH_TOKENS)
     parser.add_argument("--cache-mb", type=int, default=CACHE_MB)
     parser.add_argument("--where")
+    parser.add_argument("--follow", action="store_true")
+    parser.add_argument("--interval", type=float, default=FOLLOW_INTERVAL_S)
     args, _ = parser.parse_known_args(sys.argv[1:])
     folders = [ROOT / "data", *args.data_dir]
     if args.path:
@@ -234,6 +246,8 @@ def options() -> Options:
         args.cache_mb,
         args.where,
         args.max_path_tokens,
+        bool(args.path) and args.follow,
+        args.interval,
     )
 
 
@@ -294,13 +308,20 @@ def _path_workspace(loaded: Loaded, progress: Callable[[float], None] | None = N
     files' (path, size, mtime) and the column mapping: a rewritten file is read again. Any
     dump but the one the operator named holds at most `--max-path-tokens` tokens.
 
+    The run `iscore app DIR --follow` follows is its whole step files so far (`run_files`).
+
     Raises:
         IscoreError: `loaded.key` is missing or outside the data folders (one message for
             both), holds pickled files `loaded` does not allow, is over the token budget, or is
-            not a valid dump.
+            not a valid dump; a followed run without a whole step file yet.
     """
     app = options()
-    files = app.roots.files(loaded.key, fingerprint)
+    if app.follow and loaded.key == app.preload:
+        files = run_files(app.preload)
+        if not files:
+            raise IscoreError(f"{app.preload}: no whole step file yet")
+    else:
+        files = app.roots.files(loaded.key, fingerprint)
     session = _this_session()
     paths = [path for path, _, _ in files]
     _pickled(paths, loaded.allow_pickle)
@@ -453,6 +474,126 @@ def compute(what: str, fn: Callable[..., T], *args: Any) -> T:
 
 
 # ------------------------------------------------------------------------------------------
+# A run followed as it is written (`iscore app DIR --follow`)
+
+
+@st.cache_resource(show_spinner=False)
+def _seen() -> dict[str, dict[Path, tuple[int, int]]]:
+    """The whole files of each followed folder, with their size and modification time: each
+    file's footer is checked once, not on every run of every page."""
+    return {}
+
+
+def run_files(folder: str) -> tuple[tuple[str, int, int], ...]:
+    """(path, size, mtime_ns) of the whole step files below `folder`, by path; a file still
+    being written is left out until it is whole (`iscore.follow.ready_files`), and a folder
+    that is gone has none."""
+    seen = _seen()
+    try:
+        ready = seen[folder] = ready_files(folder, seen.get(folder))
+    except IscoreError:
+        return ()
+    return tuple((str(path), size, mtime) for path, (size, mtime) in ready.items())
+
+
+def followed() -> str | None:
+    """The folder `iscore app DIR --follow` follows, while it is the session's dump (None
+    when not following, or another dump is open)."""
+    app = options()
+    loaded = st.session_state.get("loaded")
+    if app.follow and loaded is not None and loaded.kind == "path" and loaded.key == app.preload:
+        return app.preload
+    return None
+
+
+def waiting() -> bool:
+    """Whether the session waits for the first whole step file of the run it follows, to
+    open it."""
+    app = options()
+    return app.follow and st.session_state.path_pending and not run_files(app.preload)
+
+
+def rerun_on_new_files(folder: str) -> None:
+    """Run the app again whenever the whole files below `folder` change (looked at every
+    `--interval` seconds), so that the page, the navigation and the sidebar show them; says
+    how many there are."""
+    shown = run_files(folder)
+    every = options().interval
+
+    @st.fragment(run_every=every)
+    def look() -> None:
+        if run_files(folder) != shown:
+            st.rerun()
+        count = f"{len(shown):,} whole step file{'s' * (len(shown) != 1)}" if shown else "no file"
+        st.caption(
+            f"Following {escape(folder)}: {count} so far, looked for every {every:g} s.",
+        )
+
+    look()
+
+
+@dataclass(frozen=True, slots=True)
+class _Followed:
+    """A run's follower, shared by the sessions following it with the same settings; one
+    poll at a time."""
+
+    follower: Follower
+    lock: threading.Lock
+
+
+def _keep_rows(followed: _Followed) -> None:
+    with followed.lock:
+        followed.follower.save()
+
+
+@st.cache_resource(show_spinner=False, max_entries=8, on_release=_keep_rows)
+def _follower(folder: str, specs: tuple[Spec, ...], columns: Columns) -> _Followed:
+    """The follower of `folder` with `specs`: its per-step rows are kept in the results store
+    (as `iscore watch` keeps them), so that a run opens again without reading its files."""
+    store = ResultStore(default_folder())
+    return _Followed(Follower(folder, specs, store=store, columns=dict(columns)), threading.Lock())
+
+
+def run_trend(folder: str, specs: Sequence[Spec]) -> Trend:
+    """The trend of the followed run with `specs`, after reading the step files that landed
+    since the last look (those steps' analysis alone).
+
+    Raises:
+        IscoreError: a new file is not a dump, or the folder is gone.
+    """
+    followed = _follower(folder, tuple(specs), st.session_state.loaded.columns)
+    with followed.lock:
+        return followed.follower.poll().trend
+
+
+def worst_sequences_query(step: int | None = None) -> str:
+    """Explore's query of the worst sequences, of one step or of all, ranked as Mismatch
+    ranks them: by summed k3, not the mean."""
+    where = "" if step is None else f"WHERE step = {int(step)} "
+    return (
+        "SELECT step, seq_id, length, k3 * loss_tokens AS k3_sum, abs_diff_max, d_sum\n"
+        f"FROM sequences {where}ORDER BY k3_sum DESC LIMIT 50"
+    )
+
+
+def open_worst_sequences(step: int) -> None:
+    """Switch to Explore on the worst sequences of `step` (a click on a step's row then opens
+    its per-token curves); a step outside the selected steps selects all of them again,
+    saying so."""
+    state = st.session_state
+    chosen = selected_steps()
+    steps = StepRange() if chosen is None else chosen.steps
+    if (steps.lo is not None and step < steps.lo) or (steps.hi is not None and step > steps.hi):
+        state.step_range = None
+        say(
+            "warning", f"Step {step} lies outside the selected steps: all steps are selected again."
+        )
+    state.explore_sql = worst_sequences_query(step)
+    state.pop("explore_pick", None)
+    st.switch_page("pages/explore.py")
+
+
+# ------------------------------------------------------------------------------------------
 # Errors
 
 
@@ -472,6 +613,95 @@ def show_error(error: Exception) -> None:
         st.error(f"**{count} problem{'s' * (count > 1)}:**\n\n{items}", icon=":material/error:")
     else:
         st.error(escape(str(error)), icon=":material/error:")
+
+
+# ------------------------------------------------------------------------------------------
+# Health: is the mismatch normal, and where does it come from
+
+
+_VERDICT = {
+    "normal": (st.success, ":material/check_circle:"),
+    "elevated": (st.warning, ":material/warning:"),
+    "broken": (st.error, ":material/heart_broken:"),
+}
+
+
+def show_health(analysis: Analysis) -> Health:
+    """The verdict (`iscore.health`) as a green, amber or red box with what decided it, the
+    published bands it was judged against (with their sources) and each step's verdict in an
+    expander; returns it."""
+    health = assess(analysis.mismatch)
+    show, icon = _VERDICT[health.verdict]
+    reasons = "\n".join(f"- {escape(r)}" for r in health.reasons)
+    show(f"**{escape(health.headline)}**" + (f"\n\n{reasons}" if reasons else ""), icon=icon)
+    with st.expander("The published bands it was judged against", icon=":material/rule:"):
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "statistic": c.band.statistic,
+                        "value": c.value,
+                        "healthy": c.band.describe(),
+                        "within": c.within,
+                        "published as": f"{c.framework} {c.band.logged_as}",
+                        "outside it": c.band.meaning,
+                        "source": c.band.source.name,
+                        "link": c.band.source.url,
+                    }
+                    for c in health.checks
+                ]
+            ),
+            column_config={
+                "value": st.column_config.NumberColumn(format="%.4g"),
+                "link": st.column_config.LinkColumn(display_text="open"),
+            },
+            hide_index=True,
+            width="stretch",
+        )
+        if len(health.by_step) > 1:
+            st.caption(
+                "By step: "
+                + " · ".join(
+                    f"{', '.join(map(str, steps))}: {verdict}"
+                    for verdict, steps in health.steps_by_verdict().items()
+                )
+            )
+    return health
+
+
+def show_reference(health: Health) -> None:
+    """Where the dump sits among published measurements, and the measurements, each with its
+    source."""
+    if not health.placements:
+        return
+    st.markdown(
+        "**Among published measurements:**\n\n"
+        + "\n".join(f"- {escape(p.describe())}" for p in health.placements)
+    )
+    with st.expander("The published measurements", icon=":material/menu_book:"):
+        rows = [point_dict(p) | {"source": p.source.name, "link": p.source.url} for p in points()]
+        st.dataframe(
+            pd.DataFrame(rows),
+            column_config={
+                "value": st.column_config.NumberColumn(format="%.4g"),
+                "link": st.column_config.LinkColumn(display_text="open"),
+            },
+            hide_index=True,
+            width="stretch",
+        )
+
+
+def show_attribution(analysis: Analysis) -> None:
+    """Where the mismatch comes from (`iscore.attribution`): each finding, its evidence and
+    what to do."""
+    findings = analysis.attribution.get("findings", [])
+    if not findings:
+        return
+    st.subheader("Where it comes from")
+    for f in findings:
+        with st.container(border=True):
+            st.markdown(f"**{escape(f['title'])}** (`{f['kind']}`): {escape(f['summary'])}")
+            st.markdown(f":material/build: {escape(f['action'])}")
 
 
 # ------------------------------------------------------------------------------------------

@@ -18,9 +18,17 @@ st.set_page_config(
     layout="wide",
 )
 common.init_state(common.options().preload, common.options().where)
+ws = common.workspace(quiet=True)
+# A run of more than one step opens on its trends, right after Data.
+trends = (
+    [st.Page("pages/trends.py", title="Trends", icon=":material/timeline:")]
+    if ws is not None and len(ws.steps) > 1
+    else []
+)
 page = st.navigation(
     [
         st.Page("pages/data.py", title="Data", icon=":material/database:", default=True),
+        *trends,
         st.Page("pages/recommend.py", title="Recommend", icon=":material/recommend:"),
         st.Page("pages/compare.py", title="Compare", icon=":material/stacked_line_chart:"),
         st.Page("pages/tune.py", title="Tune", icon=":material/tune:"),
@@ -29,7 +37,6 @@ page = st.navigation(
         st.Page("pages/export.py", title="Export", icon=":material/download:"),
     ]
 )
-ws = common.workspace(quiet=True)
 if ws is not None:  # before the sidebar counts the settings
     common.seed_settings(ws, common.selected_steps())
 with st.sidebar:
@@ -44,6 +51,8 @@ with st.sidebar:
         steps = None if chosen is None else chosen.steps
         where = "all steps" if steps is None or steps.lo is None else f"steps {steps.lo}-{steps.hi}"
         st.caption(f"**Dump:** {common.escape(loaded.label)} ({where})")
+        if common.followed() is not None:
+            st.caption(f"**Following** its new step files (every {common.options().interval:g} s)")
         if chosen is not None and chosen.where is not None:
             st.caption(f"**Slice:** only sequences where `{chosen.where.replace('`', '')}`")
             st.button(

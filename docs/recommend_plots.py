@@ -17,7 +17,8 @@ import numpy as np
 
 from iscore import TokenBatch, load, ops, recommend
 from iscore.frameworks import NAMES
-from iscore.recommendation import Recommendation, broken_sequences
+from iscore.mismatch import broken_sequences
+from iscore.recommendation import Recommendation
 from iscore.simulate import SimConfig, write_simulated
 
 W, H, PAD = 640, 360, 56

@@ -29,6 +29,7 @@ import pyarrow as pa
 import torch
 
 from iscore import ops
+from iscore.attribution import AttributionStats
 from iscore.batch import TokenBatch
 from iscore.distributed import Engine, Ready, check_engine, ordered
 from iscore.dump import (
@@ -43,6 +44,7 @@ from iscore.dump import (
     open_data,
 )
 from iscore.errors import ConfigError, DumpError, IscoreError
+from iscore.health import assess
 from iscore.impact import SettingStats
 from iscore.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, MismatchStats
 from iscore.output import json_ready, write_json
@@ -51,6 +53,7 @@ from iscore.sequences import SequenceTable
 from iscore.settings import Setting, replay, resolve_all
 from iscore.spec import Spec
 from iscore.store import (
+    ATTRIBUTION,
     MISMATCH,
     Context,
     FileIdentity,
@@ -73,12 +76,14 @@ class Analysis:
         mismatch: the mismatch diagnostics (see `iscore.mismatch`).
         settings: one dict per setting (see `iscore.impact`), in the order given.
         trend: the per-step table and its events (see `iscore.trend`).
+        attribution: where the mismatch comes from (see `iscore.attribution`).
     """
 
     source: dict[str, Any]
     mismatch: dict[str, Any]
     settings: list[dict[str, Any]]
     trend: Trend
+    attribution: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned document; NaN and infinities become null (strict JSON)."""
@@ -94,6 +99,8 @@ class Analysis:
                     "definitions": DEFINITIONS,
                     "bands": BANDS,
                 },
+                "health": assess(self.mismatch).to_dict(),
+                "attribution": self.attribution,
                 "settings": self.settings,
                 "trend": self.trend.to_dict(),
             }
@@ -191,6 +198,7 @@ def analyze(
     specs = resolve_all(settings)
     device = _device(device, engine)
     mismatch = MismatchStats()
+    attribution = AttributionStats()
     stats = [SettingStats(spec) for spec in specs]
     dump = None
     if (
@@ -207,17 +215,22 @@ def analyze(
     files = [] if dump is None else [f.path for f in dump.files]
     where = None if dump is None or dump.where is None else dump.where.text
     owners: list[tuple[str, int]] = []
-    tick = progress
-    if dump is not None and engine == "ray":
-        kept = store if storable(dump) and sequences is None else None
-        parts = _ray_parts(dump, specs, kept, max_tokens, sequences, progress, owners)
-        tick = None  # said as each task finishes
-    elif engine == "ray":
+    if engine == "ray" and dump is None:
         raise ConfigError(
             "the Ray engine reads a dump's files on its workers; a loaded batch is "
             "analyzed here (engine='local')"
         )
-    elif dump is not None and store is not None and storable(dump) and sequences is None:
+    # Read file by file (through the store, or on Ray), the reader sees one file at a time
+    # (see check_unique), and a file's lack is not the dump's (see below).
+    by_file = dump is not None and (
+        engine == "ray" or (store is not None and storable(dump) and sequences is None)
+    )
+    tick = progress
+    if engine == "ray":
+        kept = store if storable(dump) and sequences is None else None
+        parts = _ray_parts(dump, specs, kept, max_tokens, sequences, progress, owners)
+        tick = None  # said as each task finishes
+    elif by_file:
         parts = _stored_parts(dump, specs, store, device, max_tokens, owners)
     else:
         parts = _fresh_parts(chunks, specs, sequences, device)
@@ -228,17 +241,22 @@ def analyze(
             mismatch.merge(part.mismatch)
             for acc, done in zip(stats, part.settings, strict=True):
                 acc.merge(done)
+            attribution.merge(part.attribution)
             if tick is not None:
                 tick(part.tokens)
             heap.check()
     if len({path for path, _ in owners}) > 1:
-        # Read file by file (through the store, or on Ray): the reader saw one at a time.
         seen = mismatch.sequences()
         check_unique(seen["step"], seen["seq_id"], owners)
     summary = mismatch.compute()
     broken = mismatch.broken()
     if not summary["tokens"]:
-        if dump is not None and not summary.get("sequences"):  # none where the dump was read
+        if dump is not None:
+            if by_file:
+                # Read file by file, a file's lack is not the dump's: read as one, the dump
+                # names its problem (nothing in the loss), else it selected no sequence.
+                for _ in dump.batches(max_tokens=max_tokens):
+                    pass
             raise DumpError(f"{files[0]}: {dump.why_empty()}")
         # Every statistic is a mean over loss tokens: with none, there is nothing to report.
         where = ", ".join(files) or "the batch"
@@ -260,6 +278,7 @@ def analyze(
         mismatch=summary,
         settings=settings_done,
         trend=Trend.of(summary, settings_done, specs, targets or Targets()),
+        attribution=attribution.compute(summary, mismatch.sequences(), broken).to_dict(),
     )
     return result
 
@@ -275,12 +294,14 @@ class Part:
         tokens: its tokens (in the loss or not).
         mismatch: its mismatch diagnostics' accumulator.
         settings: each setting's accumulator, in the analysis' order.
+        attribution: what the attribution's findings need beyond the mismatch's.
     """
 
     step: int
     tokens: int
     mismatch: MismatchStats
     settings: list[SettingStats]
+    attribution: AttributionStats
 
     @property
     def sequences(self) -> int:
@@ -378,14 +399,18 @@ def _analyzed(
 ) -> Part:
     """The part of one step's run of sequences: what `stored` holds of it, the rest computed."""
     mismatch = None if stored is None else stored.mismatch()
+    attribution = None if stored is None else stored.attribution()
     settings = [None if stored is None else stored.setting(spec) for spec in specs]
-    if mismatch is not None and all(s is not None for s in settings):
-        return Part(step, run.num_tokens, mismatch, settings)
+    if mismatch is not None and attribution is not None and all(s is not None for s in settings):
+        return Part(step, run.num_tokens, mismatch, settings, attribution)
     # d, e^d and the sequence sums every setting needs are computed once per run.
     with ops.shared(run):
         if mismatch is None:
             mismatch = MismatchStats()
             mismatch.update(run)
+        if attribution is None:
+            attribution = AttributionStats()
+            attribution.update(run)
         if sequences is not None:
             sequences.update(run)
         for i, spec in enumerate(specs):
@@ -396,7 +421,7 @@ def _analyzed(
             acc.update(run, replayed)
             if sequences is not None:
                 sequences.add(i, run, replayed)
-    return Part(step, run.num_tokens, mismatch, settings)
+    return Part(step, run.num_tokens, mismatch, settings, attribution)
 
 
 def _stored_parts(
@@ -454,6 +479,7 @@ def _to_store(part: Part, run: int, specs: Sequence[Spec], stored: StoredPart | 
     """A part as the store keeps it, with the settings the store held of it beside it."""
     states = {} if stored is None else dict(stored.states)
     states[MISMATCH] = part.mismatch.state()
+    states[ATTRIBUTION] = part.attribution.state()
     for spec, acc in zip(specs, part.settings, strict=True):
         states[setting_key(spec)] = acc.state()
     return StoredPart(part.step, run, part.tokens, states)
@@ -634,11 +660,11 @@ def _served(stored: StoredFile, specs: Sequence[Spec], steps: StepRange) -> list
 
 def _part_of(held: StoredPart, specs: Sequence[Spec]) -> Part | None:
     """A part from its accumulators' states, or None where one of them is missing."""
-    mismatch = held.mismatch()
+    mismatch, attribution = held.mismatch(), held.attribution()
     settings = [held.setting(spec) for spec in specs]
-    if mismatch is None or any(s is None for s in settings):
+    if mismatch is None or attribution is None or any(s is None for s in settings):
         return None
-    return Part(held.step, held.tokens, mismatch, settings)
+    return Part(held.step, held.tokens, mismatch, settings, attribution)
 
 
 class _HeapGuard:

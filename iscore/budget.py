@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iscore import footer
 from iscore.errors import DumpError, clip
 from iscore.importers import SUFFIXES
 from iscore.writer import is_tensor
@@ -56,8 +57,9 @@ def parquet_tokens(source: bytes | str) -> int | None:
     file is).
     """
     try:
+        footer.check(source if isinstance(source, bytes) else footer.tail(source), "")
         meta = pq.read_metadata(pa.BufferReader(source) if isinstance(source, bytes) else source)
-    except (pa.ArrowException, OSError):
+    except (DumpError, pa.ArrowException, OSError, ValueError):  # a name not UTF-8: ValueError
         return None
     longest = 0
     for j in range(meta.num_columns):

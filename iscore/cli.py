@@ -25,7 +25,7 @@ from iscore.errors import ConfigError, IscoreError, clip, counted, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.importers import FORMATS
 from iscore.output import check_output, output_path, write_json
-from iscore.serving import LOOPBACK_HOSTS
+from iscore.serving import FOLLOW_INTERVAL_S, LOOPBACK_HOSTS
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -263,7 +263,9 @@ def _load(
 def _cmd_validate(args: argparse.Namespace) -> int:
     from iscore.validation import validate
 
-    dump = _open_dump(args, outputs=("--json",))
+    # Every column a command may read, the per-sequence ones (reward, group_id) too: a
+    # reward that differs within a sequence is a problem `sequences` and `--where` meet.
+    dump = _open_dump(args, extras=True, outputs=("--json",))
     with _progress(dump, "validate", args) as bar:
         report = validate(dump, max_tokens=args.chunk_tokens, progress=bar.update)
     if args.json:
@@ -310,6 +312,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from iscore.analysis import analyze
     from iscore.figures import setting_name
+    from iscore.health import assess
     from iscore.report import write_html
     from iscore.sequences import SequenceTable, read_schema, write_rows
     from iscore.settings import resolve
@@ -347,8 +350,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         f"sequences: k3 {m.get('k3', nan):.3g}, mean |d| {m.get('abs_diff_mean', nan):.3g}, "
         f"max |d| {m.get('abs_diff_max', nan):.3g}"
     )
+    print(f"  health: {assess(m).summary()}")
     for flag in m.get("flags", []):
         print(f"  ! {flag['code']}: {flag['message']}")
+    for finding in result.attribution.get("findings", []):
+        print(f"  from {finding['kind']}: {finding['summary']} To do: {finding['action']}")
     for s in result.settings:
         print(
             f"  {clip(setting_name(s))}: LR scale {s.get('lr_scale', nan):.4g}, "
@@ -684,6 +690,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "broken_from",
         "grow_from",
         "growth",
+        "policy_growth",
     )
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.broken_from is not None and args.broken_share is None:
@@ -731,8 +738,17 @@ APP_OPTIONS = {
     "--where": "a slice applied to every page from the start: an SQL condition on the "
     "sequence table (its dump and mismatch columns, docs/sql.md), as Explore's 'apply as "
     "slice'",
+    "--interval": "with --follow: seconds between looks at the run's folder (default "
+    f"{FOLLOW_INTERVAL_S:g})",
 }
 """iscore's own options of `iscore app`; every other `--section.option` goes to Streamlit."""
+
+APP_FLAGS = {
+    "--follow": "DUMP is a run's folder still being written: the Data and Trends pages pick "
+    "up its step files as they land (a file still being written is skipped until it is "
+    "whole; an empty folder is waited on)",
+}
+"""iscore's own flags of `iscore app` (without a value)."""
 
 
 def _cmd_app(args: argparse.Namespace) -> int:
@@ -745,19 +761,26 @@ def _cmd_app(args: argparse.Namespace) -> int:
         print("\niscore's options:")
         for name, text in APP_OPTIONS.items():
             print(f"  {name} VALUE\n      {text}")
+        for name, text in APP_FLAGS.items():
+            print(f"  {name}\n      {text}")
         return 0
     paths, flags = [], []
     own: dict[str, list[str]] = {name: [] for name in APP_OPTIONS}
+    follow = False
     items = iter(args.args)
     for item in items:
         if not item.startswith("--"):
             paths.append(item)
             continue
+        if item == "--follow":
+            follow = True
+            continue
         name, has_value, value = item.partition("=")
         if name not in own and "." not in name:
             raise IscoreError(
-                f"Expected {', '.join(APP_OPTIONS)} or Streamlit's --section.option flags "
-                f"after `iscore app` (e.g. --server.port 8600), but got {item}"
+                f"Expected {', '.join([*APP_OPTIONS, *APP_FLAGS])} or Streamlit's "
+                f"--section.option flags after `iscore app` (e.g. --server.port 8600), but got "
+                f"{item}"
             )
         if not has_value:
             value = next(items, None)
@@ -785,14 +808,17 @@ def _cmd_app(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("streamlit") is None:
         raise IscoreError("the dashboard needs streamlit: pip install streamlit")
     script_args = []
+    following = _follow_args(paths, own["--interval"]) if follow else []
+    if own["--interval"] and not follow:
+        raise IscoreError("--interval is how often --follow looks at the folder: add --follow")
     if paths:
-        from iscore.dump import Dump, resolve_files
+        from iscore.dump import resolve_files
 
-        resolve_files(paths[0])  # a typo fails here, not later in the browser
-        script_args += ["--path", str(Path(paths[0]).absolute())]
+        if not follow:  # a run's folder may be empty yet
+            resolve_files(paths[0])  # a typo fails here, not later in the browser
+        script_args += ["--path", str(Path(paths[0]).absolute()), *following]
     for predicate in own["--where"][-1:]:
-        if paths:  # checked against the dump's columns here, not later in the browser
-            Dump(paths[0], where=predicate)
+        _check_where(paths, predicate, follow)
         script_args += ["--where", predicate]
     for folder in own["--data-dir"]:
         if not Path(folder).is_dir():
@@ -814,6 +840,43 @@ def _cmd_app(args: argparse.Namespace) -> int:
     if script_args:
         command += ["--", *script_args]
     os.execv(sys.executable, command)
+
+
+def _follow_args(paths: Sequence[str], intervals: Sequence[str]) -> list[str]:
+    """The app's arguments of `--follow [--interval S]`: DUMP must be a folder.
+
+    Raises:
+        IscoreError: no DUMP, not a folder, or an interval that is not a positive number.
+    """
+    if not paths or not Path(paths[0]).is_dir():
+        found = f"got {paths[0]}" if paths else "got none"
+        raise IscoreError(f"Expected a run's folder (a directory) with --follow, but {found}")
+    interval = FOLLOW_INTERVAL_S
+    for text in intervals:
+        try:
+            interval = float(text)
+        except ValueError:
+            interval = math.nan
+        if not math.isfinite(interval) or interval <= 0:
+            raise IscoreError(f"Expected --interval to be a positive number, but got {text}")
+    return ["--follow", "--interval", f"{interval:g}"]
+
+
+def _check_where(paths: Sequence[str], predicate: str, follow: bool) -> None:
+    """Check `--where` against the dump's columns here, not later in the browser: those of
+    its whole files, with --follow (none yet: the app checks it once there are).
+
+    Raises:
+        QueryError: not a predicate over the dump's sequence columns.
+    """
+    if not paths:
+        return
+    from iscore.dump import Dump
+    from iscore.follow import ready_files
+
+    files = [str(p) for p in ready_files(paths[0])] if follow else [paths[0]]
+    if files:
+        Dump(files, where=predicate)
 
 
 def _positive_int(name: str, text: str) -> int:
@@ -1219,6 +1282,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="a run folder: wait this long before each step, as a job still writing",
     )
+    p.add_argument(
+        "--policy-growth",
+        type=float,
+        help="factor by which --policy-sigma grows per step (a policy lagging further behind "
+        "each step); default 1",
+    )
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=_cmd_simulate)
 
@@ -1231,8 +1300,9 @@ def build_parser() -> argparse.ArgumentParser:
         "STREAMLIT_* environment variables and --section.option flags passed here, e.g. "
         "`iscore app runs/ --server.port 8600`. It listens on 127.0.0.1 unless given "
         "--server.address; see docs/security.md before serving it to others.",
-        usage="iscore app [DUMP] [--data-dir DIR ...] [--allowed-host NAME ...] "
-        "[--max-upload-tokens N] [--max-path-tokens N] [--cache-mb MB] [--server.OPTION VALUE ...]",
+        usage="iscore app [DUMP] [--follow [--interval S]] [--data-dir DIR ...] "
+        "[--allowed-host NAME ...] [--max-upload-tokens N] [--max-path-tokens N] [--cache-mb MB] "
+        "[--server.OPTION VALUE ...]",
         prefix_chars="+",
         add_help=False,
     )
@@ -1246,9 +1316,22 @@ def _show_warning(message: Warning | str, *args: object, **kwargs: object) -> No
     print(f"warning: {message}", file=sys.stderr)
 
 
+def _empty_path(args: argparse.Namespace) -> str | None:
+    """The argument given an empty path, if any: `Path("")` is the current directory, so an
+    empty `--out` was refused as "is a directory" and an empty DUMP read the whole folder."""
+    for dest in ("dump", "source", "out", "json", "html", "sequences"):
+        value = getattr(args, dest, None)
+        if value == "" or (isinstance(value, list) and "" in value):
+            return "the dump" if dest in ("dump", "source") else f"--{dest}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the `iscore` command; returns the exit status."""
+    """Run the `iscore` command; returns the exit status (130 after Ctrl-C, as shells do)."""
     args = build_parser().parse_args(argv)
+    if (empty := _empty_path(args)) is not None:
+        print(f"error: expected a path for {empty}, but got an empty string", file=sys.stderr)
+        return 2
     _defer_import("torch")
     try:
         with warnings.catch_warnings():
@@ -1268,6 +1351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        # Ctrl-C: outputs are written to a temporary file, removed as this unwinds, so no
+        # partial file is left; one line, not a traceback.
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -379,31 +379,47 @@ def numbers(config: Any) -> list[float]:
 
 
 def _probe(values: Sequence[float], steps: int = 40) -> TokenBatch:
-    """One-token sequences whose log-ratio d takes every float32 within `steps` of where a
-    bound v can sit: d = +-v, +-log v, +-sqrt(2|v|) (a small k1 or k3 bound): where two
-    settings' bounds differ by a float32 step, some weight or mask differs here."""
+    """Sequences on which two settings whose bounds differ by a float32 step replay some
+    weight or mask differently: one-token sequences whose log-ratio d takes every float32
+    within `steps` of where a bound v can sit (d = +-v, +-log v, +-sqrt(2|v|), a small k1 or
+    k3 bound), and `_LONG`-token ones whose d sum to each of those (a sequence bound binds on
+    them while their geometric mean stays near 1). Each beside a current policy a little off
+    the trainer's: a policy loss's factor multiplies a capped weight, and the product's last
+    float32 digit can tell a bound from its shortened value where neither factor alone does."""
     centers = []
     for v in values:
         centers += [v, math.sqrt(2 * abs(v))]
         if v > 0:
             centers.append(math.log(v))
     around = np.arange(-steps, steps + 1, dtype=np.int32)
-    ds = []
+    ds, lengths = [np.zeros(1, np.float32)], [np.ones(1, np.int64)]
     for c in centers:
         # The magnitudes `steps` float32 steps either side of |c| (none below 0), both signs.
         bits = np.float32(min(abs(c), 60.0)).view(np.int32) + around
         magnitudes = bits[bits >= 0].view(np.float32)
+        magnitudes = magnitudes[np.isfinite(magnitudes)]
         ds += [magnitudes, -magnitudes]
-    d = torch.from_numpy(np.concatenate(ds or [np.zeros(1, np.float32)]))
-    d = d[torch.isfinite(d)]
-    n = d.numel()
-    rollout = torch.full((n,), -1.0)
+        lengths.append(np.ones(2 * magnitudes.size, np.int64))
+        spread = np.float32(min(abs(c), 60.0) / _LONG)
+        ds += [np.full(_LONG, spread), np.full(_LONG, -spread)]
+        lengths.append(np.full(2, _LONG))
+    d = torch.from_numpy(np.concatenate(ds)).repeat(len(_POLICY_LAGS))
+    T = torch.from_numpy(np.concatenate(lengths)).repeat(len(_POLICY_LAGS))
+    lag = torch.tensor(_POLICY_LAGS).repeat_interleave(d.numel() // len(_POLICY_LAGS))
+    rollout = torch.full((d.numel(),), -1.0)
     return TokenBatch(
         rollout=rollout,
         train=rollout + d,
-        policy=rollout + d,
-        cu_seqlens=torch.arange(n + 1, dtype=torch.int64),
+        policy=rollout + d + lag,
+        cu_seqlens=torch.cat([torch.zeros(1, dtype=torch.int64), T.cumsum(0)]),
     )
+
+
+_LONG = 64
+"""Tokens of the probe's long sequences."""
+
+_POLICY_LAGS = (0.0, -0.1, -0.037, -0.011, 0.013, 0.041, 0.1)
+"""Log-ratios of the current policy to the trainer's, beside every d of a probe."""
 
 
 @cache

@@ -31,7 +31,7 @@ from importlib.metadata import version
 from types import ModuleType
 from typing import Any, Literal
 
-from iscore.errors import ConfigError, IscoreError, clip, counted, quote
+from iscore.errors import ConfigError, DumpProblems, IscoreError, Problem, clip, counted, quote
 
 ENGINES = ("local", "ray")
 """Where commands compute: in this process, or on a Ray cluster."""
@@ -230,10 +230,6 @@ def _fetch(ray: ModuleType, ref: Any, name: str, retries: int) -> Any:
             f"the Ray task reading it failed {counted(retries + 1, 'time')}: "
             f"{type(e).__name__}: {_one_line(e)}"
         )
-    # iscore.dump loads torch: imported on failure only, so that the CLI reads ENGINES
-    # without it.
-    from iscore.dump import DumpProblems, Problem
-
     raise DumpProblems([Problem(name, None, what)])
 
 

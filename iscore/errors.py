@@ -6,6 +6,9 @@ and what was found. Only the CLI and the app format these for people; the librar
 never prints.
 """
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 
 class IscoreError(Exception):
     """Base class of every error iscore raises on purpose."""
@@ -17,6 +20,48 @@ class DumpError(IscoreError):
 
 class ConfigError(IscoreError):
     """A configuration value is missing, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a dump.
+
+    Attributes:
+        file: the file it is in.
+        column: the canonical column it concerns (with its source name), if any.
+        message: what is wrong and what was expected.
+        rows: the first offending rows, 0-based row numbers within the file.
+        count: how many rows (or tokens, where the message says so) are affected.
+    """
+
+    file: str
+    column: str | None
+    message: str
+    rows: tuple[int, ...] = ()
+    count: int = 0
+
+    def __str__(self) -> str:
+        where = self.file if self.column is None else f"{self.file}, column {self.column}"
+        # One line, whatever the message quotes (Arrow's and thrift's errors span several).
+        message = "; ".join(line.strip() for line in self.message.splitlines() if line.strip())
+        text = f"{where}: {message}"
+        if self.rows:
+            shown = ", ".join(str(r) for r in self.rows)
+            more = (
+                f" (first {len(self.rows)} of {self.count:,})"
+                if self.count > len(self.rows)
+                else ""
+            )
+            text += f" at row{'s' if len(self.rows) > 1 else ''} {shown}{more}"
+        return text
+
+
+class DumpProblems(DumpError):
+    """A dump has problems; `problems` lists every one found."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems = tuple(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
 
 
 QUOTE_LIMIT = 200

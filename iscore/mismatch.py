@@ -41,7 +41,16 @@ from iscore.histogram import (
     log2_bucket,
     plot_resolution,
 )
-from iscore.noise import Band, Noise, first_rise, outside, segment_medians
+from iscore.noise import (
+    Band,
+    Noise,
+    first_rise,
+    outside,
+    outside_by_step,
+    outside_parts,
+    ratio_bias,
+    segment_medians,
+)
 
 PROB_EDGES = (0.0, 0.01, 0.1, 0.5, 0.9, 0.99, 1.0)
 """Buckets of the rollout probability of the sampled token, exp(rollout_logprob)."""
@@ -55,7 +64,7 @@ Z90 = 1.2815515655446004
 _STATISTICS = (
     "k1", "k2", "k3", "k3_reverse", "chi2_token", "chi2_seq", "abs_diff_mean", "abs_diff_max",
     "token_mult_prob_error", "js", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio",
-    "training_ppl", "rollout_ppl", "ratio_mean",
+    "training_ppl", "rollout_ppl", "ratio_mean", "ess",
 )  # fmt: skip
 _ELSEWHERE = {"k3": ("blogs: vllm-kl",)}  # names used outside the frameworks' own logs
 
@@ -75,11 +84,15 @@ token average iscore reports; the name says so.
 
 BANDS: dict[str, list[str]] = {
     statistic: [
-        f"{fw.title}: {fw.bands[statistic]}" for fw in frameworks.every() if statistic in fw.bands
+        f"{fw.title} {band.logged_as}: {band.describe()}"
+        for fw in frameworks.every()
+        for band in fw.bands
+        if band.statistic == statistic
     ]
     for statistic in _STATISTICS
 }
-"""For each statistic, what the frameworks' docs call healthy (`Framework.bands`)."""
+"""For each statistic, the healthy ranges the frameworks' docs publish (`Framework.bands`, the
+bands `iscore.health` judges by), in words."""
 
 DEFINITIONS: dict[str, str] = {
     "k1": "<-d>_tok: k1 estimate of KL(rollout || train); can be negative",
@@ -101,6 +114,8 @@ DEFINITIONS: dict[str, str] = {
     "rollout_ppl": "<exp(-mean rollout_logprob)>_seq",
     "ratio_mean": "<e^d>_tok: exactly 1 in expectation when tokens are sampled from the rollout "
     "engine and both log-probs are of the same distribution",
+    "ess": "<e^d>_tok^2 / <e^2d>_tok: the effective sample size of the raw ratios, as a fraction "
+    "of the loss tokens",
 }
 
 # Per-sequence sums collected from each chunk; every statistic is computed from these.
@@ -429,21 +444,11 @@ class MismatchStats:
         """bool [B], in the order sequences were added: those outside their step's noise
         (`iscore.noise.outside`, as `by_step` counts them)."""
         s = sequences if sequences is not None else self.sequences()
-        parts: dict[int, list[Noise]] = {}
-        for step, part in self.noise:
-            parts.setdefault(step, []).append(part)
-        out = np.zeros(s["T"].size, dtype=bool)
-        for step, rows in parts.items():
-            chosen = s["step"] == step
-            out[chosen] = outside(
-                s["median"][chosen],
-                s["T"][chosen],
-                s["positive"][chosen],
-                s["negative"][chosen],
-                Noise.combine(rows),
-            )
-        return out
+        return outside_parts(
+            s["median"], s["T"], s["positive"], s["negative"], s["step"], self.noise
+        )
 
+    @np.errstate(over="ignore")  # a finite but extreme d: e^d is inf, written as null
     def compute(self) -> dict[str, Any]:
         """Every statistic: overall, `by_step`, `by_length`, `by_prob`, `by_pos`, the worst
         sequences and tokens, the 2-D histogram, the broken sequences and the `flags`."""
@@ -529,12 +534,12 @@ class MismatchStats:
                     "seq_ratio_p90": float(np.exp(seq_p90)),
                     "geo_ratio_p10": float(np.exp(geo_p10)),
                     "geo_ratio_p90": float(np.exp(geo_p90)),
-                    "expected_seq_ratio_median": math.exp(mu * t_mid),
-                    "expected_seq_ratio_p10": math.exp(mu * t_mid - Z90 * sd),
-                    "expected_seq_ratio_p90": math.exp(mu * t_mid + Z90 * sd),
-                    "expected_geo_ratio_p10": math.exp(mu - Z90 * sd / t_mid),
-                    "expected_geo_ratio_p90": math.exp(mu + Z90 * sd / t_mid),
-                    "expected_ess_fraction": math.exp(-var * t_mid),
+                    "expected_seq_ratio_median": ops.exp_of(mu * t_mid),
+                    "expected_seq_ratio_p10": ops.exp_of(mu * t_mid - Z90 * sd),
+                    "expected_seq_ratio_p90": ops.exp_of(mu * t_mid + Z90 * sd),
+                    "expected_geo_ratio_p10": ops.exp_of(mu - Z90 * sd / t_mid),
+                    "expected_geo_ratio_p90": ops.exp_of(mu + Z90 * sd / t_mid),
+                    "expected_ess_fraction": ops.exp_of(-var * t_mid),
                 }
             )
         return rows
@@ -747,6 +752,7 @@ def _summarize(s: dict[str, np.ndarray]) -> dict[str, Any]:
         "rollout_ppl": float(np.mean(np.exp(-s["rollout"][has] / T))),
         "ratio_mean": tok("rho"),
         "ratio_mean_stderr": math.sqrt(max(tok("rho2") - tok("rho") ** 2, 0.0) / n),
+        "ess": tok("rho") ** 2 / tok("rho2") if tok("rho2") > 0 else 0.0,
         "d_mean": d_mean,
         "d_var": d_var,
     }
@@ -835,26 +841,6 @@ def _step_noise(
         "healthy_ratio_mean": ratio,
         "healthy_ratio_mean_stderr": math.sqrt(max(spread, 0.0) / n) if n else math.nan,
     }
-
-
-RATIO_BIAS_Z = 6.0
-"""Standard errors from 1 beyond which <e^d> is called biased (and by at least RATIO_BIAS)."""
-
-RATIO_BIAS = 0.005
-
-
-def ratio_bias(ratio: float, stderr: float) -> float | None:
-    """The z of the mean ratio <e^d> against 1 where it is biased (more than RATIO_BIAS_Z
-    standard errors and RATIO_BIAS away: the two sides do not score the same distribution),
-    else None. The test of the `ratio_mean_bias` flag and of the trend's `offset` events.
-
-    >>> round(ratio_bias(0.97, 0.001)), ratio_bias(0.999, 0.0001)
-    (-30, None)
-    """
-    z = (ratio - 1.0) / stderr if stderr > 0 else 0.0
-    if abs(z) > RATIO_BIAS_Z and abs(ratio - 1.0) > RATIO_BIAS:
-        return z
-    return None
 
 
 def _signed_hist(every: LogHistogram, negative: LogHistogram, per_decade: int) -> dict[str, Any]:
@@ -1002,6 +988,7 @@ def _flags(
     var_x, var_y = x2 / n - (x / n) ** 2, y2 / n - (y / n) ** 2
     corr = cov / math.sqrt(var_x * var_y) if var_x > 0 and var_y > 0 else 0.0
     result["d_rollout_correlation"] = corr
+    result["d_rollout_slope"] = cov / var_x if var_x > 0 else 0.0
     if abs(corr) > 0.3:
         flags.append(
             _flag(
@@ -1025,7 +1012,8 @@ def _flags(
                 "processed log-probs, renormalization after top-p), not numerical noise.",
             )
         )
-    steps = result.get("by_step", [])
+    # The steps with tokens in the loss (a step whose tokens are all masked has no k3).
+    steps = [step for step in result.get("by_step", []) if step.get("tokens")]
     result["k3_growth"] = None  # fewer than three steps, or no mismatch at the first
     if len(steps) >= 3 and steps[0].get("k3", 0) > 0:
         result["k3_growth"] = steps[-1]["k3"] / steps[0]["k3"]
@@ -1056,3 +1044,17 @@ def _flags(
             )
         )
     return flags
+
+
+def broken_sequences(batch: TokenBatch) -> np.ndarray:
+    """bool [B]: the sequences of `batch` outside their own step's noise (`outside_by_step`
+    on its loss tokens): what the mismatch flags, the settings' broken gradient kept and the
+    recommendation call broken."""
+    m = batch.loss_mask
+    d = ops.log_ratio(batch).double()
+    T = ops.segment_count(batch, m).double().cpu().numpy()
+    positive, negative = (
+        ops.segment_count(batch, m & side).double().cpu().numpy() for side in (d > 0, d < 0)
+    )
+    loss = (d if ops.mask_is_all(batch, m) else d[m]).cpu().numpy()
+    return outside_by_step(loss, T, positive, negative, batch.step.cpu().numpy())

@@ -31,9 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iscore import ops
-from iscore.batch import TokenBatch
-
 Z_BROKEN = 8.0
 """Standard errors from the noise's centre beyond which a sequence is called broken."""
 
@@ -158,6 +155,29 @@ def outside(
     return has & (z > Z_BROKEN * widen) & (lean > Z_SIGNS)
 
 
+def outside_parts(
+    medians: np.ndarray,
+    T: np.ndarray,
+    positive: np.ndarray,
+    negative: np.ndarray,
+    steps: np.ndarray,
+    parts: Sequence[tuple[int, Noise]],
+) -> np.ndarray:
+    """bool [B]: `outside`, each step's sequences judged against the noise of that step's
+    `parts` ((step, noise) of each chunk or file it was read in, `Noise.combine`d): what an
+    accumulator that never holds a whole step's tokens at once calls broken."""
+    by_step: dict[int, list[Noise]] = {}
+    for step, part in parts:
+        by_step.setdefault(step, []).append(part)
+    out = np.zeros(T.size, dtype=bool)
+    for step, rows in by_step.items():
+        chosen = steps == step
+        out[chosen] = outside(
+            medians[chosen], T[chosen], positive[chosen], negative[chosen], Noise.combine(rows)
+        )
+    return out
+
+
 Z_SIGNS = 4.0
 """Standard errors of the sign test beyond which a sequence's tokens lean to one side of 0."""
 
@@ -280,15 +300,21 @@ def first_rise(values: Sequence[float]) -> int | None:
     return None
 
 
-def broken_sequences(batch: TokenBatch) -> np.ndarray:
-    """bool [B]: the sequences of `batch` outside their own step's noise (`outside_by_step`
-    on its loss tokens): what the mismatch flags, the settings' broken gradient kept and the
-    recommendation call broken."""
-    m = batch.loss_mask
-    d = ops.log_ratio(batch).double()
-    T = ops.segment_count(batch, m).double().cpu().numpy()
-    positive, negative = (
-        ops.segment_count(batch, m & side).double().cpu().numpy() for side in (d > 0, d < 0)
-    )
-    loss = (d if ops.mask_is_all(batch, m) else d[m]).cpu().numpy()
-    return outside_by_step(loss, T, positive, negative, batch.step.cpu().numpy())
+RATIO_BIAS_Z = 6.0
+"""Standard errors from 1 beyond which <e^d> is called biased (and by at least RATIO_BIAS)."""
+
+RATIO_BIAS = 0.005
+
+
+def ratio_bias(ratio: float, stderr: float) -> float | None:
+    """The z of the mean ratio <e^d> against 1 where it is biased (more than RATIO_BIAS_Z
+    standard errors and RATIO_BIAS away: the two sides do not score the same distribution),
+    else None. The test of the `ratio_mean_bias` flag and of the trend's `offset` events.
+
+    >>> round(ratio_bias(0.97, 0.001)), ratio_bias(0.999, 0.0001)
+    (-30, None)
+    """
+    z = (ratio - 1.0) / stderr if stderr > 0 else 0.0
+    if abs(z) > RATIO_BIAS_Z and abs(ratio - 1.0) > RATIO_BIAS:
+        return z
+    return None

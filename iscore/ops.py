@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -206,6 +208,19 @@ def exp(x: torch.Tensor, bound: float | None = SAFETY_BOUND) -> torch.Tensor:
     if cache is not None and cache.holds(x):
         return _cached(cache.batch, ("exp", id(x), bound), (x,), lambda: _exp(x, bound))
     return _exp(x, bound)
+
+
+def exp_of(x: float) -> float:
+    """e^x of one number, infinite where float64 overflows (where `math.exp` raises): a
+    log-prob of -3e38 is finite and valid, the ratio built on it is not.
+
+    >>> exp_of(0.0), exp_of(3e38), exp_of(-3e38)
+    (1.0, inf, 0.0)
+    """
+    return math.exp(x) if x < _LOG_FLOAT64_MAX else math.inf
+
+
+_LOG_FLOAT64_MAX = math.log(sys.float_info.max)
 
 
 def float32(x: torch.Tensor) -> torch.Tensor:

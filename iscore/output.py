@@ -79,6 +79,8 @@ def check_output(
     Raises:
         IscoreError: as `output_path`, or `path` names one of `inputs`.
     """
+    if not str(path):  # Path("") is the current directory
+        raise IscoreError("expected a file name to write, but got an empty path")
     target = Path(path)
     real = Path(os.path.realpath(target))
     try:

@@ -32,7 +32,8 @@ from iscore.dump import Data, load_data
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Framework
 from iscore.impact import SettingStats, quick_stats
-from iscore.mismatch import ratio_bias
+from iscore.mismatch import broken_sequences
+from iscore.noise import ratio_bias
 from iscore.settings import Setting, resolve
 from iscore.spec import Replay, Spec
 
@@ -244,11 +245,16 @@ class _Normal:
     ratio: float  # <e^d> over the healthy tokens
     ratio_z: float | None  # its distance from 1 in standard errors where that breaks the identity
     rho: np.ndarray  # float64 [N loss tokens]: e^clamp(d, +-20)
+    # With a current policy (`policy_logprob`), float64 [N loss tokens], else None: its lag
+    # behind the recompute e^clamp(policy - train), and its ratio over the rollout
+    # e^clamp(policy - rollout), the weight a token's gradient should then carry.
+    lag: np.ndarray | None = None
+    target: np.ndarray | None = None
 
     @property
     def offset(self) -> bool:
         """Whether the healthy tokens break E_rollout[e^d] = 1: a semantics bug (the test of
-        the mismatch flags, `iscore.mismatch.ratio_bias`). A noisier engine moves the median d
+        the mismatch flags, `iscore.noise.ratio_bias`). A noisier engine moves the median d
         below 0 by itself (E[d] = -KL) and is not one."""
         return self.ratio_z is not None
 
@@ -266,7 +272,7 @@ class _Normal:
         d = (d_all if every else d_all[m]).cpu().numpy()
         d_center, d_spread = noise.median_mad(d)
         g_center, g_spread = noise.median_mad(G[has])
-        broken = noise.broken_sequences(batch)
+        broken = broken_sequences(batch)
         token_broken = np.repeat(broken, T.astype(np.int64))
         rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
         rho = np.exp(np.clip(d, -20.0, 20.0))
@@ -274,6 +280,12 @@ class _Normal:
         ratio = float(healthy.mean()) if healthy.size else 1.0
         stderr = math.sqrt(max(float(healthy @ healthy) / max(healthy.size, 1) - ratio**2, 0.0))
         ratio_z = ratio_bias(ratio, stderr / math.sqrt(max(healthy.size, 1)))
+        lag = target = None
+        if batch.policy is not None:
+            e = ops.log_ratio(batch, "policy")
+            e = (e if every else e[m]).cpu().numpy()
+            lag = np.exp(np.clip(e - d, -20.0, 20.0))
+            target = np.exp(np.clip(e, -20.0, 20.0))
         return cls(
             d_center,
             d_spread,
@@ -289,6 +301,8 @@ class _Normal:
             ratio,
             ratio_z,
             rho,
+            lag,
+            target,
         )
 
     @property
@@ -307,6 +321,11 @@ misweighted."""
 VARIANCE_BUDGET = 0.05
 """The most variance a token cap may add (1/ESS - 1 of its weights on the healthy tokens,
 0.05: ESS >= 95%): the cap is the loosest of `CAPS` within it."""
+
+PPO_CLIP = 0.2
+"""PPO's clip range, the default of every framework replayed (`clip_ratio`, `eps_clip`,
+`ratio_clip_min/max`, `epsilon`: 0.2): with a current policy, the objective weighs a PPO
+loss's ratio through it."""
 
 CAPS = (1.05, 1.1, 1.2, 1.5, 2.0, 3.0, 5.0)
 """The token caps and bands' upper bounds tried, tightest first; 5 is the loosest the
@@ -353,6 +372,9 @@ class _Thresholds:
     geo: tuple[float, float]  # e^G band
     k3: float  # mean per-token k3 upper bound
     normal: _Normal
+    # With a current policy: the cap and band placed likewise on its ratios over the rollout.
+    policy_cap: float | None = None
+    policy_band: tuple[float, float] | None = None
 
     def describe(self, kind: str) -> str:
         """Where a kind's thresholds come from, in words."""
@@ -368,7 +390,21 @@ class _Thresholds:
             "geo_mask_token_tis": f"{geo}, token cap {self.token_cap:g}",
             "seq_mask_tis": geo,
             "k3_mask": f"mean k3 <= {self.k3:.3g}",
+            "bypass_ppo": "no weight: the PPO ratio itself is e^(policy - rollout)",
+            **self._describe_policy(),
         }.get(kind, "cap 2, the frameworks' usual sequence-level cap")
+
+    def _describe_policy(self) -> dict[str, str]:
+        """Where the current-policy kinds' thresholds come from; none without a policy."""
+        if self.policy_cap is None or self.policy_band is None:
+            return {}
+        cap = f"cap {self.policy_cap:g} on current-policy ratios"
+        low, high = self.policy_band
+        return {
+            "policy_token_tis": cap,
+            "policy_icepop": f"band [{low:g}, {high:g}] on current-policy ratios",
+            "policy_token_tis_ppo": cap,
+        }
 
     @classmethod
     def of(cls, normal: _Normal) -> _Thresholds:
@@ -388,12 +424,23 @@ class _Thresholds:
             token_cap=cap,
             band=(_round_down(1.0 / cap), cap),
             geo=(
-                _round_down(math.exp(normal.g_center - g_half), 5),
-                _round_up(math.exp(normal.g_center + g_half), 5),
+                _round_down(ops.exp_of(normal.g_center - g_half), 5),
+                _round_up(ops.exp_of(normal.g_center + g_half), 5),
             ),
             k3=max(_round_up(k3_cap), 1e-9),  # frameworks take a positive bound
             normal=normal,
+            **_policy_thresholds(normal),
         )
+
+
+def _policy_thresholds(normal: _Normal) -> dict[str, Any]:
+    """The cap and band on the current policy's ratios over the rollout, placed as the token
+    ones are (`_loosest_cap`), on the healthy tokens; none without a current policy."""
+    if normal.target is None:
+        return {}
+    target = normal.target[~normal.token_broken] if normal.token_broken.any() else normal.target
+    cap = _loosest_cap(target)
+    return {"policy_cap": cap, "policy_band": (_round_down(1.0 / cap), cap)}
 
 
 def _round_up(x: float, digits: int = 3) -> float:
@@ -497,6 +544,41 @@ _KINDS = (
 """The candidates, in the order they are tried; each framework gets those it can express."""
 
 
+def _policy_weight(t: _Thresholds, zero: bool = False) -> Component:
+    """A token weight on the current policy's ratio over the rollout: capped, or (`zero`)
+    zeroed outside the band."""
+    if zero:
+        band = mask_component("token", *t.policy_band, numerator="policy", numerics="clamp")
+        return weight_component("token", numerator="policy", numerics="clamp", zero=band)
+    return weight_component("token", upper=t.policy_cap, numerator="policy", numerics="clamp")
+
+
+_POLICY_KINDS = (
+    _Kind(
+        "bypass_ppo",
+        "bypass: PPO anchored on the rollout",
+        lambda t: Canonical(anchor="rollout"),
+    ),
+    _Kind(
+        "policy_token_tis",
+        "current-policy token IS (REINFORCE-style)",
+        lambda t: Canonical((_policy_weight(t),), anchor="none"),
+    ),
+    _Kind(
+        "policy_icepop",
+        "current-policy IS band (REINFORCE-style)",
+        lambda t: Canonical((_policy_weight(t, zero=True),), anchor="none"),
+    ),
+    _Kind(
+        "policy_token_tis_ppo",
+        "current-policy token IS inside PPO on the recompute",
+        lambda t: Canonical((_policy_weight(t),)),
+    ),
+)
+"""The candidates that score against the current policy, tried where the dump has
+`policy_logprob` (docs/recommend.md#with-a-current-policy)."""
+
+
 def recommend(
     data: Data,
     framework: str,
@@ -545,17 +627,18 @@ def _recommend(
     framework = fw.name
     normal = _Normal.of(batch)
     thresholds = _Thresholds.of(normal)
+    kinds = _KINDS + (_POLICY_KINDS if normal.target is not None else ())
     expressed = [
         (kind.key, f"{kind.description}, {thresholds.describe(kind.key)}", spec)
-        for kind in _KINDS
+        for kind in kinds
         if (spec := fw.express(kind.setting(thresholds), f"{framework} {kind.description}"))
     ]
     whose = "your setting" if own else f"{fw.title}'s default"
     expressed.append(("default", f"{whose}, {default.name}", default))
     candidates = []
     for key, title, spec in expressed:
-        stats, missed = _measure(batch, spec, normal, targets)
         canonical = frameworks.of(spec).to_canonical(spec)
+        stats, missed = _measure(batch, spec, normal, targets, canonical.anchor)
         stats["components"] = float(len(canonical.components))  # the simpler, the fewer
         candidates.append(
             Candidate(
@@ -603,37 +686,49 @@ def _recommend(
     )
 
 
-def broken_sequences(batch: TokenBatch) -> np.ndarray:
-    """bool [B]: the sequences `recommend` calls broken (far outside the dump's noise)."""
-    return _Normal.of(batch).broken
-
-
 def _measure(
-    batch: TokenBatch, spec: Spec, normal: _Normal, targets: Targets
+    batch: TokenBatch, spec: Spec, normal: _Normal, targets: Targets, anchor: str = "recompute"
 ) -> tuple[dict[str, float], list[str]]:
     """What a candidate does, from one replay of it: its statistics (`iscore.impact`, pooled),
-    the objective's terms, and the targets it misses, pooled and step by step."""
+    the objective's terms under its loss's `anchor` (`Canonical.anchor`), and the targets it
+    misses, pooled and step by step."""
     result = spec.replay(batch)
     accumulator = SettingStats(spec, histograms=False)
     accumulator.update(batch, result)
     summary = accumulator.compute(normal.broken)
     stats = {k: v for k, v in summary.items() if isinstance(v, float | int) and k != "tokens"}
     stats["broken_gradient_kept"] = summary["broken_gradient_kept"] or 0.0
-    stats |= _terms(batch, result, normal)
+    stats |= _terms(batch, result, normal, anchor)
     missed = _violations(targets, normal, stats)
     missed += _step_misses(targets, normal, summary["by_step"], result, batch)
     return stats, missed
 
 
-def _terms(batch: TokenBatch, result: Replay, normal: _Normal) -> dict[str, float]:
+def _terms(
+    batch: TokenBatch, result: Replay, normal: _Normal, anchor: str = "recompute"
+) -> dict[str, float]:
     """The objective's terms (docs/recommend.md), per loss token, in units of one token's
     gradient: the healthy gradient misweighted (|w - rho|: mismatch left, truncated or
     dropped), the broken sequences' gradient kept (|w|, their ideal weight being 0), and the
-    variance the weights add (1/ESS - 1); their drops for the targets."""
+    variance the weights add (1/ESS - 1); their drops for the targets.
+
+    With a current policy (docs/recommend.md#with-a-current-policy), w is the whole weight a
+    token's gradient carries against the REINFORCE gradient: a REINFORCE-style loss carries
+    its weight alone; a PPO loss multiplies it by its ratio x (the lag e^(policy - train) on
+    the recompute, e^(policy - rollout) anchored on the rollout) through its clip, which
+    zeroes the gradient outside [1 - `PPO_CLIP`, 1 + `PPO_CLIP`] for the half of the tokens
+    whose advantage points outward: x/2 there, in expectation. The ideal is the gradient of a
+    decoupled PPO with exact weights: e^(policy - rollout), through PPO's clip of the lag."""
     m = batch.loss_mask
     every = ops.mask_is_all(batch, m)
     w = (result.weight if every else result.weight[m]).double().cpu().numpy()
-    error = np.abs(w - np.where(normal.token_broken, 0.0, normal.rho))
+    ideal = normal.rho
+    if normal.target is not None:
+        ideal = normal.target * _clipped(normal.lag)
+        ratio = {"recompute": normal.lag, "rollout": normal.target}.get(anchor)
+        if ratio is not None:
+            w = w * ratio * _clipped(ratio)
+    error = np.abs(w - np.where(normal.token_broken, 0.0, ideal))
     n = max(w.size, 1)
     bias_broken = float(error[normal.token_broken].sum()) / n
     bias_healthy = float(error.sum()) / n - bias_broken
@@ -649,6 +744,13 @@ def _terms(batch: TokenBatch, result: Replay, normal: _Normal) -> dict[str, floa
         "healthy_token_dropped": float(dropped[healthy].sum() / max(normal.T[healthy].sum(), 1)),
         "healthy_seq_dropped": float((kept_tokens[healthy] == 0).sum() / max(healthy.sum(), 1)),
     }
+
+
+def _clipped(ratio: np.ndarray) -> np.ndarray:
+    """The share of a token's gradient PPO's clipped surrogate keeps at `ratio`, in
+    expectation over the advantage's sign: all of it within [1 - `PPO_CLIP`, 1 + `PPO_CLIP`],
+    half beyond (the half whose advantage points further out is clipped)."""
+    return np.where(np.abs(ratio - 1.0) <= PPO_CLIP, 1.0, 0.5)
 
 
 def _step_misses(
@@ -837,6 +939,8 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
                 f"steps ({by_step[0]:.3g} to {by_step[-1]:.3g}, averaged per sequence): re-run "
                 "this on the latest steps (--steps) before trusting a bound"
             )
+    if normal.lag is not None:
+        found.append(_policy_regime(normal))
     if not found:
         found.append("numerical noise only: nothing stands out, so no sequence should be dropped")
     broken = normal.token_broken.any()  # without, no copies of the token arrays
@@ -854,6 +958,29 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
                 "settings act on those tokens alone, where a sequence mask drops whole sequences"
             )
     return found
+
+
+def _policy_regime(normal: _Normal) -> str:
+    """With a current policy: its lag against the engine's mismatch, and which kind of
+    setting that favours (docs/recommend.md#with-a-current-policy)."""
+    healthy = ~normal.token_broken
+    lag = np.log(normal.lag[healthy])
+    d = normal.d[healthy]
+    lag_k3 = float(np.mean(np.expm1(lag) - lag)) if lag.size else 0.0
+    engine_k3 = float(np.mean(np.expm1(np.clip(d, -20.0, 20.0)) - d)) if d.size else 0.0
+    which = (
+        "staleness: the current policy's lag outweighs the engine"
+        if lag_k3 > engine_k3
+        else "the engine's mismatch outweighs the current policy's lag"
+    )
+    return (
+        f"current policy: {which} (k3 {lag_k3:.3g} from the recompute to the policy, "
+        f"{engine_k3:.3g} from the rollout to the recompute); settings anchored on the "
+        "rollout (bypass) or weighted by the current policy are replayed beside the decoupled "
+        "ones, all judged against a decoupled PPO with exact weights: a bypass setting ties "
+        "it where the engine's mismatch stays inside PPO's clip (and saves the recompute), "
+        "decoupled settings win where the engine's mismatch or the policy's lag is larger"
+    )
 
 
 def _long_weight(normal: _Normal) -> tuple[float, float, float] | None:
@@ -880,7 +1007,8 @@ def _elsewhere(batch: TokenBatch, fw: Framework, normal: _Normal, targets: Targe
             spec = other.express(kind.setting(thresholds), f"{other.name} {kind.description}")
             if spec is None:
                 continue
-            stats, missed = _measure(batch, spec, normal, targets)
+            anchor = other.to_canonical(spec).anchor
+            stats, missed = _measure(batch, spec, normal, targets, anchor)
             if not missed:
                 return (
                     f"{fw.name} cannot express a setting that removes the broken sequences "

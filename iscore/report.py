@@ -76,6 +76,7 @@ def render_html(analysis: Analysis, targets: Targets | None = None) -> str:
     doc = analysis.to_dict()
     parts = [
         _header(doc),
+        _health(doc),
         _flags(doc),
         _summary_table(doc, targets or Targets()),
         _configs(doc),
@@ -158,6 +159,58 @@ def _header(doc: dict[str, Any]) -> str:
         f"{src['sequences']:,} sequences · {src['loss_tokens']:,} loss tokens · "
         f"iscore {doc['iscore_version']} · schema v{doc['schema_version']}</p>"
     )
+
+
+def _link(source: dict[str, str]) -> str:
+    return f"<a href='{html.escape(source['url'])}'>{html.escape(source['name'])}</a>"
+
+
+def _health(doc: dict[str, Any]) -> str:
+    """The verdict (`iscore.health`), the published bands it was judged against with their
+    sources, where the dump sits among published measurements, the verdict of each step, and
+    where the mismatch comes from (`iscore.attribution`)."""
+    health = doc["health"]
+    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in health["reasons"])
+    parts = [
+        f"<div class='verdict {health['verdict']}'><b>{html.escape(health['headline'])}</b>"
+        + (f"<ul>{reasons}</ul>" if reasons else "")
+        + "</div>"
+    ]
+    rows = "".join(
+        f"<tr><td>{html.escape(b['statistic'])}</td><td>{_fmt(b['value'], '{:.4g}')}</td>"
+        f"<td>{html.escape(b['healthy'])}</td>"
+        f"<td>{'-' if b['within'] is None else 'yes' if b['within'] else '<b>no</b>'}</td>"
+        f"<td>{html.escape(b['framework'])} {html.escape(b['logged_as'])}</td>"
+        f"<td>{_link(b['source'])}</td></tr>"
+        for b in health["bands"]
+    )
+    parts.append(
+        "<details><summary>The published bands it was judged against</summary><table><tr>"
+        "<th>statistic</th><th>value</th><th>healthy</th><th>within</th><th>published as</th>"
+        f"<th>source</th></tr>{rows}</table></details>"
+    )
+    placed = "".join(f"<li>{html.escape(p['text'])}</li>" for p in health.get("reference", []))
+    if placed:
+        parts.append(f"<p>Among published measurements:</p><ul>{placed}</ul>")
+    steps = health["by_step"]
+    if len(steps) > 1:
+        cells = "".join(
+            f"<td class='{_GRADE[s['verdict']]}'>{s['step']}: {s['verdict']}</td>" for s in steps
+        )
+        parts.append(f"<table class='steps'><tr>{cells}</tr></table>")
+    findings = doc.get("attribution", {}).get("findings", [])
+    if findings:
+        items = "".join(
+            f"<li><b>{html.escape(f['title'])}</b>: {html.escape(f['summary'])} "
+            f"<i>{html.escape(f['action'])}</i></li>"
+            for f in findings
+        )
+        parts.append(f"<h2>Where the mismatch comes from</h2><ul>{items}</ul>")
+    return "".join(parts)
+
+
+_GRADE = {"normal": "good", "elevated": "fair", "broken": "bad"}
+"""Each verdict in the colours of the settings table's grades."""
 
 
 def _flags(doc: dict[str, Any]) -> str:
@@ -324,6 +377,10 @@ td.bad {{ background: #fddcda; }}
 .grid {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(760px, 1fr)); gap: 12px; }}
 .flags {{ background: #fff4e5; border: 1px solid #f0b45c; padding: 8px 12px; }}
 .ok {{ color: #2a7a2a; }}
+.verdict {{ padding: 8px 12px; margin: 8px 0; border: 1px solid; }}
+.verdict.normal {{ background: #dcf1de; border-color: #7cc287; }}
+.verdict.elevated {{ background: #f8ecd0; border-color: #f0b45c; }}
+.verdict.broken {{ background: #fddcda; border-color: #e0807a; }}
 pre {{ background: #f6f6f4; padding: 8px 12px; font-size: 12px; overflow-x: auto; }}
 summary {{ cursor: pointer; margin: 4px 0; }}
 :root {{ color-scheme: light dark; }}
@@ -335,6 +392,8 @@ summary {{ cursor: pointer; margin: 4px 0; }}
   td.bad {{ background: #4d2626; }}
   .flags {{ background: #3b2b12; border-color: #8a6420; }}
   .ok {{ color: #6fcf6f; }}
+  .verdict.normal {{ background: #1e3d25; }} .verdict.elevated {{ background: #4a3b16; }}
+  .verdict.broken {{ background: #4d2626; }}
   pre {{ background: #1b1e24; }}
 }}
 </style>

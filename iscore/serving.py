@@ -17,6 +17,9 @@ from iscore.errors import DumpError
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 """The names a browser on the server's own machine uses; the default allowed hosts."""
 
+FOLLOW_INTERVAL_S = 10.0
+"""How often `iscore app DIR --follow` looks at the run's folder, unless told (`--interval`)."""
+
 QUOTE = 200
 """At most this many characters of what the user typed are quoted back."""
 

@@ -236,6 +236,9 @@ class SimConfig:
             policy (the model after the step's first updates, which bypass and current-policy
             corrections score against); above 0 the dump gets a `policy_logprob` column, drawn
             from a stream of its own so that every other column is the same as without it.
+        policy_growth: factor by which `policy_sigma` grows per step: a current policy that
+            lags further behind the trainer each step (staleness growing with off-policy
+            lag), while the engine's noise (the regime's) stays as it is; 1 keeps it constant.
         broken_share: the share of each step's sequences (at least one when above 0) that a
             stale replica scored: every token's train log-prob `BROKEN_SHIFT` nats above the
             rollout's, capped at 0. `broken_sequences` says which.
@@ -271,6 +274,7 @@ class SimConfig:
     broken_from: int = 0
     grow_from: int | None = None
     growth: float = 1.5
+    policy_growth: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.regime, str) or self.regime not in REGIMES:
@@ -327,6 +331,13 @@ class SimConfig:
                 f"Expected argument `growth` to be a float in [1, 10], but got {quote(growth)}"
             )
         object.__setattr__(self, "growth", float(growth))
+        growth = self.policy_growth
+        if isinstance(growth, bool) or not isinstance(growth, Real) or not 0.5 <= growth <= 4:
+            raise ConfigError(
+                "Expected argument `policy_growth` to be a float in [0.5, 4], but got "
+                f"{quote(growth)}"
+            )
+        object.__setattr__(self, "policy_growth", float(growth))
 
     def sigma(self, step: int) -> float:
         """The trainer noise's scale (nats) at `step`: the regime's, grown from `grow_from`.
@@ -469,12 +480,14 @@ _SCHEDULE = ("broken_from", "grow_from", "growth")
 
 
 def _config_dict(config: SimConfig) -> dict[str, Any]:
-    """The config as JSON-ready fields, its scheduled change only where it has one (so that a
-    dump without one records what it did before there were any)."""
+    """The config as JSON-ready fields, its scheduled change and a growing policy only where it
+    has them (so that a dump without records what it did before there were any)."""
     fields = asdict(config)
     if config.grow_from is None and config.broken_from == 0:
         for name in _SCHEDULE:
             del fields[name]
+    if config.policy_growth == 1.0:  # unset: written as before the field existed
+        del fields["policy_growth"]
     return fields
 
 
@@ -749,7 +762,7 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         policy_noise = None
         if policy_rng is not None:
             policy_noise = _normals(policy_rng, config.vocab, n)
-            policy_noise *= np.float32(config.policy_sigma)
+            policy_noise *= np.float32(config.policy_sigma * config.policy_growth**step)
         pos = _sample_positions(rng, noise, regime, config.vocab, policy_noise)
         if policy is not None:
             policy[lo:hi] = pos.policy

@@ -4,10 +4,11 @@ analyzing a run again reads and computes only what changed (docs/runs.md#the-res
 One Arrow IPC file per dump file (`<folder>/iscore-results-v1/<key[:2]>/<key>.arrow`), keyed by
 the file's identity (its resolved path, size, modification time and a digest of its Parquet
 footer), iscore's version, the column mapping and the device. It holds, for each part of the
-file (a run of one step's sequences, in the order read), the state of the mismatch's and of
-each setting's accumulators (`MismatchStats.state`, `SettingStats.state`: plain arrays, one
-row each, never pickled), every group with its SHA-256. A setting is known by its config
-(`framework` and the framework's own keys; the display name is not part of it).
+file (a run of one step's sequences, in the order read), the state of the mismatch's, the
+attribution's and each setting's accumulators (`MismatchStats.state`, `AttributionStats.state`,
+`SettingStats.state`: plain arrays, one row each, never pickled), every group with its
+SHA-256. A setting is known by its config (`framework` and the framework's own keys; the
+display name is not part of it).
 
 Nothing read is trusted: an entry of another version, file or mapping, one whose checksum
 fails, or whose arrays do not make an accumulator (`from_state` refuses it) is ignored, and
@@ -37,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iscore.attribution import AttributionStats
 from iscore.errors import IscoreError
 from iscore.impact import SettingStats
 from iscore.mismatch import MismatchStats
@@ -47,6 +49,9 @@ FORMAT = 1
 
 MISMATCH = "mismatch"
 """The `what` of the mismatch's accumulator (a setting's is its `setting_key`)."""
+
+ATTRIBUTION = "attribution"
+"""The `what` of the attribution's accumulator."""
 
 _MAGIC = b"PAR1"
 _SCHEMA = pa.schema(
@@ -173,6 +178,16 @@ class StoredPart:
             return None
         try:
             return MismatchStats.from_state(state)
+        except (ValueError, TypeError):
+            return None
+
+    def attribution(self) -> AttributionStats | None:
+        """The attribution's accumulator, or None where it is missing or its state is foreign."""
+        state = self.states.get(ATTRIBUTION)
+        if state is None:
+            return None
+        try:
+            return AttributionStats.from_state(state)
         except (ValueError, TypeError):
             return None
 

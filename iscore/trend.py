@@ -10,7 +10,7 @@ setting's `by_step`), one row per training step; the events are found in it:
   (`iscore.noise.outside`, judged per step, so a mismatch that grows is never taken for
   broken sequences);
 - `offset`: the first step where the mean ratio <e^d> of the step's other sequences is not 1
-  (`iscore.mismatch.ratio_bias`, the test of the `ratio_mean_bias` flag);
+  (`iscore.noise.ratio_bias`, the test of the `ratio_mean_bias` flag);
 - `setting_degrades`: a setting that met the targets (`iscore.recommendation.Targets`) on
   every early step and misses them at every step from one on (`degrades_from`).
 
@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
-from iscore.mismatch import ratio_bias
-from iscore.noise import SUSTAIN_STEPS, Z_BROKEN, Band, early_steps, first_rise
+from iscore.noise import SUSTAIN_STEPS, Z_BROKEN, Band, early_steps, first_rise, ratio_bias
 from iscore.sequences import setting_columns
 from iscore.spec import Spec
 

@@ -2,9 +2,10 @@
 
 The summary is what a user checks before trusting any number downstream: how many steps,
 sequences and tokens were read, how long the sequences are, which of the file's columns fed
-which canonical column, and a first look at the mismatch (mean |d|, k3). It works on numpy
-arrays: checking a dump needs no torch (a `--where` predicate is judged by the engine's
-sequence table, which does).
+which canonical column, a first look at the mismatch (mean |d|, k3) and its health verdict
+(`iscore.health.assess_values`: the published bands, broken sequences and E_rollout[e^d] = 1).
+It works on numpy arrays: checking a dump needs no torch (a `--where` predicate is judged by
+the engine's sequence table, which does).
 
 >>> report = validate(Dump("data/dense_bf16.parquet"))  # doctest: +SKIP
 >>> report.ok, report.tokens                             # doctest: +SKIP
@@ -13,20 +14,24 @@ sequence table, which does).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from iscore import noise
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, DropReport, Dump, Problem, open_data
 from iscore.errors import DumpError, clip, counted
+from iscore.health import assess_values
 from iscore.output import json_ready
 from iscore.stepfiles import describe_runs
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
 _SUMMARY = (
-    "steps", "sequences", "tokens", "loss_tokens", "length", "abs_diff_mean", "abs_diff_max", "k3"
+    "steps", "sequences", "tokens", "loss_tokens", "length", "abs_diff_mean", "abs_diff_max", "k3",
+    "health",
 )  # fmt: skip
 """The `Report` fields that summarize a valid dump."""
 
@@ -45,6 +50,9 @@ class Report:
         length: min, quantiles (`p10`, `p50`, `p90`, `p99`) and max of the sequence lengths.
         abs_diff_mean, abs_diff_max, k3: mean and max |d| and mean exp(d) - 1 - d over loss
             tokens, with d = train_logprob - rollout_logprob.
+        health: the verdict (`verdict`, `summary`, `bands` as `iscore.health.Health.to_dict`
+            writes them) from the published bands, broken sequences and E_rollout[e^d] = 1;
+            `iscore analyze` also tests for a one-sided temperature or offset, step by step.
         problems: everything wrong; empty when the dump is valid.
         dropped: sequences dropped with `drop_invalid`.
         provenance: per file, the framework dump it was imported from (empty if none).
@@ -65,6 +73,7 @@ class Report:
     abs_diff_mean: float = float("nan")
     abs_diff_max: float = float("nan")
     k3: float = float("nan")
+    health: dict | None = None
     problems: list[Problem] = field(default_factory=list)
     dropped: DropReport = field(default_factory=DropReport)
     provenance: list[dict] = field(default_factory=list)
@@ -116,6 +125,8 @@ class Report:
             f"  mismatch    mean |d| {self.abs_diff_mean:.4g} · max |d| {self.abs_diff_max:.4g}"
             f" · k3 {self.k3:.3g}   (d = train - rollout, loss tokens)",
         ]
+        if self.health is not None:
+            lines.append(f"  health      {self.health['summary']}")
         lines += [
             f"  written     {line.removeprefix('written ')}"
             for line in describe_runs(self.provenance)
@@ -124,8 +135,8 @@ class Report:
             if origin.get("framework") and "rank" not in origin:
                 sources = origin.get("source_files", [])
                 lines.append(
-                    f"  imported    from {origin['framework']}: {len(sources)} file(s), "
-                    f"steps {origin.get('steps', [])}"
+                    f"  imported    from {clip(origin['framework'])}: {len(sources)} file(s), "
+                    f"steps {clip(str(origin.get('steps', [])))}"
                 )
         if self.dropped.sequences:
             dropped = self.dropped
@@ -179,6 +190,7 @@ def validate(
     steps: set[int] = set()
     abs_sum = k3_sum = 0.0
     abs_max = 0.0
+    health = _HealthSums()
     for problems, chunk in dump.scan(max_tokens):
         report.problems.extend(problems)
         if chunk is None:
@@ -186,14 +198,18 @@ def validate(
         lengths.append(chunk["lengths"])
         steps.update(np.unique(chunk["step"]).tolist())
         d = chunk["train"].astype(np.float64) - chunk["rollout"]  # exact, as ops.log_ratio
+        T = chunk["lengths"]
         if "loss_mask" in chunk and not chunk["loss_mask"].all():
-            d = d[chunk["loss_mask"]]
+            mask = chunk["loss_mask"]
+            T = np.bincount(np.repeat(np.arange(T.size), T), weights=mask, minlength=T.size)
+            d = d[mask]
         if d.size:
             absd = np.abs(d)
             abs_sum += float(absd.sum())
             abs_max = max(abs_max, float(absd.max()))
             with np.errstate(over="ignore"):  # |d| > 709: k3 is inf, as in the engine
                 k3_sum += float((np.expm1(d) - d).sum())
+        health.update(d, T.astype(np.int64), chunk["step"])
         report.loss_tokens += d.size
         if progress is not None:
             progress(int(chunk["lengths"].sum()))
@@ -215,4 +231,65 @@ def validate(
         report.abs_diff_mean = abs_sum / report.loss_tokens
         report.abs_diff_max = abs_max
         report.k3 = k3_sum / report.loss_tokens
+        report.health = health.verdict(report.k3)
     return report
+
+
+@dataclass(slots=True)
+class _HealthSums:
+    """What the health verdict needs, summed chunk by chunk in numpy: the bands' statistics
+    over the loss tokens; per step and chunk, the noise (`iscore.noise.Noise`); and per
+    sequence its median d, its tokens either side of 0 and the sums of e^d and e^2d, for the
+    sequences outside their step's noise and the test of E_rollout[e^d] = 1 on the rest (as
+    `iscore.mismatch` decides both)."""
+
+    sums: np.ndarray = field(default_factory=lambda: np.zeros(6))  # n, d, e^d, e^|d|, chi, js
+    seq: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    noise: list[tuple[int, noise.Noise]] = field(default_factory=list)
+
+    def update(self, d: np.ndarray, T: np.ndarray, step: np.ndarray) -> None:
+        with np.errstate(over="ignore"):  # as the engine: an overflow is inf
+            rho, mult = np.exp(d), np.exp(np.abs(d))
+            chi = np.exp(2.0 * np.clip(d, -20.0, 20.0))
+        js = 0.5 * np.abs(d) + np.log1p(np.exp(-np.abs(d))) - np.log(2.0)  # log cosh(d/2)
+        self.sums += [d.size, d.sum(), rho.sum(), mult.sum(), chi.sum(), js.sum()]
+        starts = np.cumsum(T) - T
+        has = T > 0
+        per_seq = np.zeros((4, T.size))
+        if d.size:
+            with np.errstate(over="ignore"):
+                for row, values in enumerate((rho, rho * rho, d > 0, d < 0)):
+                    per_seq[row, has] = np.add.reduceat(values, starts[has])
+        token_step = np.repeat(step, T)
+        for s in np.unique(step):
+            self.noise.append((int(s), noise.Noise.of(d[token_step == s])))
+        median = noise.segment_medians(d, T)
+        self.seq.append((step.astype(np.int64), T, median, *per_seq))
+
+    def verdict(self, k3: float) -> dict:
+        with np.errstate(all="ignore"):  # a ratio past float64 (|d| > 709) is inf, as k3
+            return self._verdict(k3)
+
+    def _verdict(self, k3: float) -> dict:
+        n, d, rho, mult, chi, js = self.sums
+        step, T, median, rho_seq, rho2_seq, positive, negative = (
+            np.concatenate(parts) for parts in zip(*self.seq, strict=True)
+        )
+        broken = noise.outside_parts(median, T, positive, negative, step, self.noise)
+        healthy = ~broken & (T > 0)
+        tokens = float(T[healthy].sum())
+        ratio = float(rho_seq[healthy].sum()) / tokens if tokens else 1.0
+        spread = float(rho2_seq[healthy].sum()) / tokens - ratio * ratio if tokens else 0.0
+        stderr = math.sqrt(max(spread, 0.0) / tokens) if tokens else 0.0
+        ratio_all, rho2 = rho / n, rho2_seq.sum() / n
+        values = {
+            "k1": -d / n,
+            "k3": k3,
+            "js": js / n,
+            "token_mult_prob_error": mult / n,
+            "chi2_token": chi / n - 1.0,
+            "ratio_mean": ratio_all,
+            "ess": ratio_all * ratio_all / rho2 if rho2 > 0 else 0.0,
+        }
+        health = assess_values(values, int(broken.sum()), ratio, stderr).to_dict()
+        return {key: health[key] for key in ("verdict", "summary", "reasons", "bands")}

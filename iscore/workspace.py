@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from iscore import importers, noise, ops
+from iscore import importers, ops
 from iscore.analysis import Analysis, analyze
 from iscore.batch import TokenBatch
 from iscore.budget import check_paths, check_upload
@@ -41,6 +41,7 @@ from iscore.dump import (
 )
 from iscore.errors import DumpError, quote
 from iscore.impact import SettingStats
+from iscore.mismatch import broken_sequences
 from iscore.paths import list_files
 from iscore.preview import ROWS, Preview, preview_table
 from iscore.recommendation import Recommendation, Targets, recommend
@@ -357,7 +358,7 @@ class Workspace:
         def compute() -> np.ndarray:
             batch, cache = self._loaded(chosen)
             with self._sharing, ops.shared(batch, cache):
-                return noise.broken_sequences(batch)
+                return broken_sequences(batch)
 
         return self._other.get(("broken", chosen), compute)
 

@@ -108,7 +108,8 @@ with path_tab:
             placeholder="runs/rollouts/step_*.parquet",
         )
         submitted = st.form_submit_button("Open", icon=":material/folder_open:")
-    if submitted or state.path_pending:
+    # The run `iscore app DIR --follow` names opens once its first step file is whole.
+    if submitted or (state.path_pending and not common.waiting()):
         state.path, state.path_pending = text, False
         _open(("path", "path", text.strip()))
     if "path" in errors:
@@ -197,24 +198,45 @@ if preview is not None and attempt is not None:
         _mapping_form(preview, attempt)
 
 if ws is None:
-    st.info("No dump loaded yet.")
+    if common.waiting():
+        st.info(
+            f"Waiting for the first whole step file in {common.escape(app.preload)}: the run "
+            "opens as soon as one lands.",
+            icon=":material/hourglass_top:",
+        )
+        common.rerun_on_new_files(app.preload)
+    else:
+        st.info("No dump loaded yet.")
     st.stop()
 
 st.subheader(common.escape(ws.source.name))
 if state.loaded.label != ws.source.name:
     st.caption(common.escape(state.loaded.label))
 if len(ws.steps) > 1:
+    # None is every step, those of a followed run that land later included.
+    every = (ws.steps[0], ws.steps[-1])
     chosen = state.get("step_range")
-    if chosen is None or not set(chosen) <= set(ws.steps):
-        chosen = state.step_range = (ws.steps[0], ws.steps[-1])
+    if chosen is not None and not set(chosen) <= set(ws.steps):
+        chosen = state.step_range = None
     slider = f"_w_step_range_{state.get('loads', 0)}_{ws.steps[0]}_{ws.steps[-1]}"
     st.select_slider(
         "Training steps to analyze (every page uses this selection)",
         options=ws.steps,
-        value=chosen,
+        value=chosen or every,
         key=slider,
-        on_change=lambda: state.update(step_range=state[slider]),
+        on_change=lambda: state.update(
+            step_range=None if tuple(state[slider]) == every else state[slider]
+        ),
     )
+analysis = common.compute(
+    "Computing the mismatch diagnostics…", ws.mismatch, common.selected_steps()
+)
+common.show_health(analysis)
+st.page_link(
+    "pages/mismatch.py",
+    label="Where it comes from, and the published measurements: Mismatch",
+    icon=":material/query_stats:",
+)
 summary = common.compute("Summarizing…", ws.summary, common.selected_steps())
 steps = summary["steps"]
 cols = st.columns(4)
@@ -251,3 +273,6 @@ with right:
         )
     with st.expander("Files"):
         st.text("\n".join(source.files))
+folder = common.followed()
+if folder is not None:
+    common.rerun_on_new_files(folder)

@@ -87,9 +87,7 @@ if state.get("slice") is not None:
 
 first = prefixes[0] if prefixes else None
 QUERIES = {
-    # Ranked as Mismatch ranks its worst sequences: by summed k3, not the mean.
-    "worst sequences": "SELECT step, seq_id, length, k3 * loss_tokens AS k3_sum, "
-    "abs_diff_max, d_sum\nFROM sequences ORDER BY k3_sum DESC LIMIT 50",
+    "worst sequences": common.worst_sequences_query(),
     "k3 by step": "SELECT step, count(*) AS sequences, avg(k3) AS k3, "
     "max(abs_diff_max) AS abs_diff_max\nFROM sequences GROUP BY step ORDER BY step",
     "worst groups": "SELECT group_id, count(*) AS sequences, avg(k3) AS k3, "

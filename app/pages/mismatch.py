@@ -21,6 +21,10 @@ st.caption(
     "d = train_logprob - rollout_logprob over loss tokens; k3 = e^d - 1 - d estimates "
     "KL(rollout ‖ train)."
 )
+health = common.show_health(analysis)
+common.show_reference(health)
+common.show_attribution(analysis)
+
 _SHOW = {
     "semantics_bug": (st.warning, ":material/bug_report:"),
     "broken": (st.warning, ":material/heart_broken:"),
@@ -31,7 +35,8 @@ for kind, (show, icon) in _SHOW.items():
     for flag in flags_of(m, kind):
         show(f"**{flag['code']}**: {common.escape(flag['message'])}", icon=icon)
     if kind == "semantics_bug" and not flags_of(m, kind):  # the verdict on bugs, first
-        st.success(NO_SEMANTICS_BUG)
+        # Green only beside a normal verdict: no bug is no all-clear for FP8-like noise.
+        (st.success if health.verdict == "normal" else st.info)(NO_SEMANTICS_BUG)
 
 cols = st.columns(4)
 cols[0].metric("mean |d|", f"{m['abs_diff_mean']:.3g}", border=True)

@@ -6,7 +6,8 @@ share."""
 from iscore.budget import DEFAULT_CHUNK_TOKENS
 from iscore.dump.facade import Data, Dump, Piece, check_unique, load, load_data, open_data
 from iscore.dump.files import Source, is_framework_dump, resolve_files
-from iscore.dump.values import DropReport, DumpFile, DumpProblems, Extra, Problem, StepRange
+from iscore.dump.values import DropReport, DumpFile, Extra, StepRange
+from iscore.errors import DumpProblems, Problem
 
 __all__ = [
     "DEFAULT_CHUNK_TOKENS",

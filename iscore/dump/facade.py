@@ -18,7 +18,6 @@ first offending rows (0-based row numbers of that file); `DumpError.problems` ho
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,10 +43,9 @@ from iscore.dump.files import (
 )
 from iscore.dump.readers import INVALID, Chunk, check_values, invalid_values, open_reader
 from iscore.dump.tensors import concat_batches, to_batch
-from iscore.dump.values import DropReport, DumpFile, DumpProblems, Extra, Layout, Problem, StepRange
-from iscore.errors import ConfigError, DumpError, quote
+from iscore.dump.values import DropReport, DumpFile, Extra, Layout, StepRange
+from iscore.errors import ConfigError, DumpError, DumpProblems, Problem, clip, quote
 from iscore.where import Judge, Where
-from iscore.writer import PROVENANCE_KEY
 
 if TYPE_CHECKING:
     import torch
@@ -156,12 +154,15 @@ class Dump:
             self._data.append(data)
         if problems:
             raise DumpProblems(problems)
-        layouts = {f.layout for f in self.files}
-        if len(layouts) > 1:
-            raise DumpError(
-                "files mix token and sequence layouts: "
-                + ", ".join(f"{f.path} ({f.layout})" for f in self.files)
+        _check_policy(self.files)
+        first = self.files[0]
+        other = next((f for f in self.files if f.layout != first.layout), None)
+        if other is not None:
+            message = (
+                f"{other.layout} layout, but {first.path} is in {first.layout} layout; the "
+                "files of a dump share one layout (files mix token and sequence layouts)"
             )
+            raise DumpProblems([Problem(other.path, None, message)])
         self.layout: Layout = self.files[0].layout
         self._extras = _union_extras(self.files)
         self.sequence_schema = (
@@ -200,12 +201,7 @@ class Dump:
     @property
     def provenance(self) -> list[dict]:
         """Per file, where an imported dump came from (framework, source files, steps), or {}."""
-        out = []
-        for parquet in self._parquet:
-            meta = parquet.schema_arrow.metadata or {}
-            raw = meta.get(PROVENANCE_KEY)
-            out.append(json.loads(raw) if raw else {})
-        return out
+        return [f.provenance for f in self.files]
 
     def head(self, rows: int) -> pa.Table:
         """The first `rows` rows of the first file, every column as stored (to show what the
@@ -218,11 +214,12 @@ class Dump:
         """Each file as an Arrow dataset with its own column names (read lazily when
         scanned, as DuckDB does for the `tokens` view of `iscore.sequences`)."""
         out = []
+        checked = pads.ParquetFragmentScanOptions(page_checksum_verification=True)
+        parquet = pads.ParquetFileFormat(default_fragment_scan_options=checked)
         for info, data in zip(self.files, self._data, strict=True):
             if data is None:
-                out.append(pads.dataset(info.path, format="parquet"))
+                out.append(pads.dataset(info.path, format=parquet))
                 continue
-            parquet = pads.ParquetFileFormat()
             fragment = parquet.make_fragment(pa.BufferReader(data))
             out.append(pads.FileSystemDataset([fragment], fragment.physical_schema, parquet))
         return out
@@ -420,7 +417,7 @@ class Dump:
                 highs.append(0)
                 continue
             for g in range(parquet.num_row_groups):
-                stats = leaf(parquet.metadata.row_group(g), source).statistics
+                stats = leaf(parquet.metadata, g, source).statistics
                 if stats is None or not stats.has_min_max:
                     return None
                 lows.append(int(stats.min))
@@ -609,12 +606,12 @@ def _step_cuts(
     sizes = [
         meta.row_group(g).num_rows
         if info.layout == "token"
-        else leaf(meta.row_group(g), info.columns.source["rollout_logprob"]).num_values
+        else leaf(meta, g, info.columns.source["rollout_logprob"]).num_values
         for g in range(meta.num_row_groups)
     ]
     spans = []
     for g in range(meta.num_row_groups):
-        stats = None if source is None else leaf(meta.row_group(g), source).statistics
+        stats = None if source is None else leaf(meta, g, source).statistics
         if stats is None or not stats.has_min_max:
             return [(None, None, sum(sizes))]
         spans.append((int(stats.min), int(stats.max)))
@@ -733,18 +730,34 @@ def _union_extras(files: Sequence[DumpFile]) -> tuple[Extra, ...]:
             known = found.setdefault(extra.name, extra)
             where.setdefault(extra.name, info.path)
             if known.type != extra.type:
-                raise DumpError(
-                    f"{info.path}: column {extra.source} is {extra.type} here but "
-                    f"{known.type} in {where[extra.name]}; the files of a dump agree on it"
+                message = (
+                    f"{extra.type} here but {known.type} in {where[extra.name]}; the files of "
+                    "a dump agree on it"
                 )
+                raise DumpProblems([Problem(info.path, clip(extra.source), message)])
     return tuple(found.values())
 
 
-def _seq_id_type(files: Sequence[DumpFile]) -> pa.DataType:
-    types = {f.seq_id_type for f in files}
-    if len(types) > 1:
-        raise DumpError(
-            "files disagree on the type of seq_id: "
-            + ", ".join(f"{f.path} ({f.seq_id_type})" for f in files)
+def _check_policy(files: Sequence[DumpFile]) -> None:
+    """policy_logprob has no default: the files of a dump all have it, or none does."""
+    having = [f.path for f in files if "policy_logprob" in f.columns]
+    lacking = [f.path for f in files if "policy_logprob" not in f.columns]
+    if having and lacking:
+        others = f" (and {len(lacking) - 1:,} other files)" if len(lacking) > 1 else ""
+        message = (
+            f"missing here{others} but present in {having[0]}; the files of a dump all have "
+            "it or none does (leave it out of every file with --column policy_logprob=)"
         )
-    return types.pop()
+        raise DumpProblems([Problem(lacking[0], "policy_logprob", message)])
+
+
+def _seq_id_type(files: Sequence[DumpFile]) -> pa.DataType:
+    first = files[0]
+    for info in files:
+        if info.seq_id_type != first.seq_id_type:
+            message = (
+                f"{info.seq_id_type} here but {first.seq_id_type} in {first.path}; the files "
+                "of a dump agree on the type of seq_id"
+            )
+            raise DumpProblems([Problem(info.path, "seq_id", message)])
+    return first.seq_id_type

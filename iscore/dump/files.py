@@ -5,17 +5,21 @@ dump converted in memory."""
 from __future__ import annotations
 
 import glob
+import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iscore import footer
 from iscore.columns import resolve_columns
 from iscore.dump.schema import check_types, extras_of, is_list, scalar_type
 from iscore.dump.values import DumpFile, Layout
-from iscore.errors import DumpError
+from iscore.errors import DumpError, DumpProblems, Problem, clip, quote
 from iscore.paths import list_files
+from iscore.writer import PROVENANCE_KEY
 
 
 def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
@@ -82,13 +86,27 @@ def open_file(
             f"{path}: truncated Parquet file ({size:,} bytes, no footer); "
             "was the write interrupted?"
         )
+    footer.check(footer.tail(path) if data is None else data, path)  # before pyarrow's reading
     try:
-        parquet = pq.ParquetFile(path if data is None else pa.BufferReader(data))
-    except (pa.ArrowException, OSError) as e:
+        # Pages written with a CRC are checked against it as they are read (Parquet's
+        # checksums are optional: pages without one are read as they are).
+        parquet = pq.ParquetFile(
+            path if data is None else pa.BufferReader(data), page_checksum_verification=True
+        )
+    except (pa.ArrowException, OSError, ValueError) as e:  # a name not UTF-8: ValueError
         raise DumpError(f"{path}: unreadable Parquet footer: {e}") from e
     if parquet.metadata.num_rows == 0:
         raise DumpError(f"{path}: empty file (a Parquet schema but no rows)")
     schema = parquet.schema_arrow
+    twice = [name for name, n in Counter(schema.names).items() if n > 1]
+    if twice:
+        raise DumpProblems(
+            [
+                Problem(path, clip(name), "appears more than once; a dump names each column once")
+                for name in twice
+            ]
+        )
+    provenance = _provenance(path, schema)
     columns = resolve_columns(schema.names, mapping, path, sequence_layout=True)
     rollout_type = schema.field(columns.source["rollout_logprob"]).type
     layout: Layout = "sequence" if is_list(rollout_type) else "token"
@@ -100,15 +118,44 @@ def open_file(
     if layout == "sequence":
         # The leaf column's value counts are the token counts.
         tokens = sum(
-            leaf(meta.row_group(g), columns.source["rollout_logprob"]).num_values
+            leaf(meta, g, columns.source["rollout_logprob"]).num_values
             for g in range(meta.num_row_groups)
         )
     seq_id_type = pa.int64()
     if "seq_id" in columns:
         seq_id_type = scalar_type(schema.field(columns.source["seq_id"]).type)
     extras = extras_of(schema, columns, layout)
-    info = DumpFile(path, layout, columns, meta.num_rows, tokens, extras, seq_id_type)
+    info = DumpFile(path, layout, columns, meta.num_rows, tokens, extras, seq_id_type, provenance)
     return parquet, info
+
+
+_PROVENANCE_TYPES = {"framework": (str, type(None)), "source_files": list, "steps": list}
+"""The provenance fields shown to users, and their JSON types."""
+
+
+def _provenance(path: str, schema: pa.Schema) -> dict:
+    """The file's `iscore.provenance` record ({} when it has none), checked to be what an
+    importer writes: a JSON object whose shown fields have their types."""
+    raw = (schema.metadata or {}).get(PROVENANCE_KEY)
+    if raw is None:
+        return {}
+    try:
+        record = json.loads(raw)
+    except (ValueError, RecursionError):
+        record = None
+    expected = (
+        "a JSON object with framework (a string), source_files and steps (lists), as iscore's "
+        "importers write it; rewrite the file without this metadata key to read its data"
+    )
+    what = f"metadata {PROVENANCE_KEY.decode()}"
+    if not isinstance(record, dict):
+        found = "not JSON" if record is None else f"a JSON {type(record).__name__}"
+        raise DumpProblems([Problem(path, None, f"{what}: expected {expected}; found {found}")])
+    for key, types in _PROVENANCE_TYPES.items():
+        if key in record and not isinstance(record[key], types):
+            found = f"{key} {quote(record[key], 60)}"
+            raise DumpProblems([Problem(path, None, f"{what}: expected {expected}; found {found}")])
+    return record
 
 
 def is_framework_dump(item: str | Path) -> bool:
@@ -134,10 +181,10 @@ def import_framework_dump(
     return f"{item} ({fmt})", sink.getvalue().to_pybytes()
 
 
-def leaf(row_group: pq.RowGroupMetaData, source: str) -> pq.ColumnChunkMetaData:
-    """The column chunk of a (list) column's leaf values."""
-    for i in range(row_group.num_columns):
-        column = row_group.column(i)
-        if column.path_in_schema.split(".")[0] == source:
-            return column
+def leaf(meta: pq.FileMetaData, group: int, source: str) -> pq.ColumnChunkMetaData:
+    """The column chunk of row group `group` holding a (list) column's leaf values, found by
+    the schema's paths (a chunk's own `path_in_schema` is not checked to be UTF-8)."""
+    for i in range(meta.num_columns):
+        if meta.schema.column(i).path.split(".")[0] == source:
+            return meta.row_group(group).column(i)
     raise KeyError(source)

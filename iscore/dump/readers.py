@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 from iscore.columns import LOGPROB_COLUMNS, PER_SEQUENCE, PER_TOKEN, ColumnMap
 from iscore.dump.files import leaf
 from iscore.dump.schema import column_label, is_list
-from iscore.dump.values import DumpFile, DumpProblems, Extra, Problem, StepRange
-from iscore.errors import counted, quote
+from iscore.dump.values import DumpFile, Extra, StepRange
+from iscore.errors import DumpProblems, Problem, counted, quote
 
 READ_TOKENS = 262_144
 """Tokens per Parquet read (rows in token layout); chunks are assembled from these."""
@@ -184,10 +184,9 @@ class _Reader:
         groups = list(range(self.parquet.num_row_groups))
         if (self.steps.lo is None and self.steps.hi is None) or "step" not in self.source:
             return groups
-        index = self.parquet.schema_arrow.get_field_index(self.source["step"])
         keep = []
         for g in groups:
-            stats = self.parquet.metadata.row_group(g).column(index).statistics
+            stats = leaf(self.parquet.metadata, g, self.source["step"]).statistics
             if (
                 stats is None
                 or not stats.has_min_max
@@ -200,9 +199,9 @@ class _Reader:
         """Rows per read so that a read holds about `READ_TOKENS` tokens."""
         if self.info.layout == "token":
             return READ_TOKENS
-        meta = self.parquet.metadata.row_group(group)
-        tokens = leaf(meta, self.source["rollout_logprob"]).num_values
-        mean_length = max(tokens / max(meta.num_rows, 1), 1.0)
+        meta = self.parquet.metadata
+        tokens = leaf(meta, group, self.source["rollout_logprob"]).num_values
+        mean_length = max(tokens / max(meta.row_group(group).num_rows, 1), 1.0)
         return max(1, int(READ_TOKENS / mean_length))
 
     def _record_batches(self) -> Iterator[tuple[int, pa.Table]]:
@@ -262,15 +261,17 @@ class _Reader:
             # Null log-probs of token layout are reported with the invalid values (as NaN),
             # so that --drop-invalid can drop their sequences; so are those inside lists.
             if column.null_count and not (name in LOGPROB_COLUMNS and self.info.layout == "token"):
-                problems.append(self._problem(label, "null values", column.is_null(), rows))
+                nulls = ("null value", "null values")
+                problems.append(self._problem(label, nulls, column.is_null(), rows))
             values = pc.list_flatten(column) if is_list(column.type) else column
             if values is not column and values.null_count and name not in LOGPROB_COLUMNS:
-                what = "null values inside its lists"
+                what = ("null value inside its lists", "null values inside its lists")
                 problems.append(self._problem(label, what, values.is_null(), rows, column))
-            if name in ("step", "pos") and values.type == pa.uint64():
+            if name in ("step", "pos", "seq_id") and values.type == pa.uint64():
                 above = pc.greater(values, pa.scalar(_INT64_MAX, pa.uint64()))
                 if pc.any(above).as_py():
-                    what = f"values above {_INT64_MAX:,} (2^63 - 1), which int64 cannot hold"
+                    above_max = f"above {_INT64_MAX:,} (2^63 - 1), which int64 cannot hold"
+                    what = (f"value {above_max}", f"values {above_max}")
                     lists = column if values is not column else None
                     problems.append(self._problem(label, what, above, rows, lists))
         return problems
@@ -278,18 +279,19 @@ class _Reader:
     def _problem(
         self,
         label: str,
-        what: str,
+        what: tuple[str, str],
         bad: pa.Array,
         rows: np.ndarray,
         lists: pa.Array | None = None,
     ) -> Problem:
-        """A problem at the rows where `bad` is true; with `lists`, `bad` is over their
-        flattened values and each value is mapped back to the row of its list."""
+        """A problem at the rows where `bad` is true (`what`: singular, plural); with `lists`,
+        `bad` is over their flattened values and each value is mapped back to the row of its
+        list."""
         if lists is not None:
             lengths = pc.list_value_length(lists).fill_null(0)
             rows = np.repeat(rows, lengths.to_numpy(zero_copy_only=False))
         r, count = _first_rows(bad.fill_null(False).to_numpy(zero_copy_only=False), rows)
-        return Problem(self.info.path, label, f"{count:,} {what}", tuple(dict.fromkeys(r)), count)
+        return Problem(self.info.path, label, counted(count, *what), tuple(dict.fromkeys(r)), count)
 
     def _extra(
         self,
@@ -404,7 +406,9 @@ class _TokenReader(_Reader):
             if "step" in table.column_names
             else np.zeros(starts.size, dtype=np.int64)
         ).astype(np.int64)
-        seq_id = table["seq_id"].chunk(0).take(pa.array(starts))
+        # As the sequence table types it (int64 or string): files and reads of one dump may
+        # store it as any integer or string type.
+        seq_id = table["seq_id"].chunk(0).take(pa.array(starts)).cast(self.info.seq_id_type)
         self._mark_seen(step, seq_id, rows[starts])
         extra = self._extra({e.name: table[e.name].chunk(0) for e in self.extras}, lengths, rows)
         per_token = {n: table[n].chunk(0) for n in PER_TOKEN if n in table.column_names}
@@ -458,19 +462,22 @@ def _order_by_pos(
     batch carries no redundant int64 per token.
     """
     pos = per_token["pos"].to_numpy(zero_copy_only=False)
-    step = np.diff(pos)  # in pos's own dtype: no int64 copy of a sorted column
-    first = np.cumsum(lengths)[:-1] - 1  # index into `step` of each sequence boundary
-    step[first[first < step.size]] = 1
-    if (step <= 0).any():
+    # Where a sequence begins, the next token starts over: it need not follow the last one.
+    # (The end of an empty sequence is where the next begins: no entry of its own.)
+    ends = np.cumsum(lengths)[:-1] - 1
+    boundary = np.zeros(max(pos.size - 1, 0), dtype=bool)
+    boundary[ends[(ends >= 0) & (ends < boundary.size)]] = True
+    # Comparisons, not differences: a difference wraps in narrow or unsigned dtypes (uint64
+    # 0 - 1 is 2^64 - 1, "in order"), and a copy to int64 would double a sorted column.
+    if not (boundary | (pos[1:] > pos[:-1])).all():
         seq = np.repeat(np.arange(lengths.size), lengths)
         order = np.lexsort((pos, seq))
         index = pa.array(order)
         per_token = {k: v.take(index) for k, v in per_token.items()}
         pos, rows = pos[order], rows[order]
-        step = np.diff(pos)
-        step[first[first < step.size]] = 1
-    if (step == 0).any():
-        dup = np.concatenate([[False], step == 0])
+    repeated = ~boundary & (pos[1:] == pos[:-1])
+    if repeated.any():
+        dup = np.concatenate([[False], repeated])
         r, count = _first_rows(dup, rows)
         message = f"duplicate (seq_id, pos): {count:,} tokens repeat a position of their sequence"
         raise DumpProblems(
@@ -485,7 +492,7 @@ def _order_by_pos(
             ]
         )
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    if (step == 1).all() and (pos[starts[lengths > 0]] == 0).all():
+    if (boundary | (pos[1:] == pos[:-1] + 1)).all() and (pos[starts[lengths > 0]] == 0).all():
         del per_token["pos"]
     return per_token, rows
 
@@ -541,7 +548,7 @@ class _SequenceReader(_Reader):
                 )
         per_token = {n: pc.list_flatten(v) for n, v in lists.items()}
         seq_id = (
-            table["seq_id"].combine_chunks()
+            table["seq_id"].combine_chunks().cast(self.info.seq_id_type)
             if "seq_id" in table.column_names
             else pa.array(rows.astype(np.int64))
         )
@@ -588,15 +595,27 @@ def _means(values: pa.Array, counts: np.ndarray) -> pa.Array:
 def _concat_chunks(chunks: list[Chunk]) -> Chunk:
     if len(chunks) == 1:
         return chunks[0]
+    names = dict.fromkeys(name for c in chunks for name in c.per_token)
     return Chunk(
         chunks[0].file,
-        {k: pa.concat_arrays([c.per_token[k] for c in chunks]) for k in chunks[0].per_token},
+        {k: pa.concat_arrays([_token_values(c, k) for c in chunks]) for k in names},
         pa.concat_arrays([c.seq_id for c in chunks]),
         np.concatenate([c.step for c in chunks]),
         np.concatenate([c.lengths for c in chunks]),
         np.concatenate([c.rows for c in chunks]),
         None if chunks[0].extra is None else pa.concat_tables([c.extra for c in chunks]),
     )
+
+
+def _token_values(chunk: Chunk, name: str) -> pa.Array:
+    """A chunk's per-token column, to be joined with other chunks': `pos` as int64, and
+    0..T-1 where `_order_by_pos` dropped it as just that (another read may keep it)."""
+    if name != "pos":
+        return chunk.per_token[name]
+    if "pos" in chunk.per_token:
+        return chunk.per_token["pos"].cast(pa.int64())
+    starts = np.repeat(np.cumsum(chunk.lengths) - chunk.lengths, chunk.lengths)
+    return pa.array(np.arange(int(chunk.lengths.sum()), dtype=np.int64) - starts)
 
 
 def plain(values: pa.Array, dtype: pa.DataType) -> pa.Array:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from iscore.columns import COMPUTED, PER_TOKEN, ColumnMap
-from iscore.dump.values import DumpProblems, Extra, Layout, Problem
-from iscore.errors import quote
+from iscore.dump.values import Extra, Layout
+from iscore.errors import DumpProblems, Problem, quote
 
 _CARRIED = ("group_id", "reward", "advantage", "entropy")
 """The canonical extra columns the sequence table holds (token_id is per token)."""

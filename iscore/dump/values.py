@@ -1,9 +1,8 @@
-"""The values a dump is described in: its files, their extra columns, the steps selected,
-what was dropped, and the problems found, each naming the file, column and rows."""
+"""The values a dump is described in: its files, their extra columns, the steps selected and
+what was dropped (the problems found, `Problem`, are in `iscore.errors`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,46 +14,6 @@ from iscore.columns import ColumnMap
 from iscore.errors import DumpError, quote
 
 Layout = Literal["token", "sequence"]
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong with a dump.
-
-    Attributes:
-        file: the file it is in.
-        column: the canonical column it concerns (with its source name), if any.
-        message: what is wrong and what was expected.
-        rows: the first offending rows, 0-based row numbers within the file.
-        count: how many rows (or tokens, where the message says so) are affected.
-    """
-
-    file: str
-    column: str | None
-    message: str
-    rows: tuple[int, ...] = ()
-    count: int = 0
-
-    def __str__(self) -> str:
-        where = self.file if self.column is None else f"{self.file}, column {self.column}"
-        text = f"{where}: {self.message}"
-        if self.rows:
-            shown = ", ".join(str(r) for r in self.rows)
-            more = (
-                f" (first {len(self.rows)} of {self.count:,})"
-                if self.count > len(self.rows)
-                else ""
-            )
-            text += f" at row{'s' if len(self.rows) > 1 else ''} {shown}{more}"
-        return text
-
-
-class DumpProblems(DumpError):
-    """A dump has problems; `problems` lists every one found."""
-
-    def __init__(self, problems: Sequence[Problem]):
-        self.problems = tuple(problems)
-        super().__init__("\n".join(str(p) for p in self.problems))
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +103,8 @@ class DumpFile:
     num_tokens: int
     extras: tuple[Extra, ...]
     seq_id_type: pa.DataType
+    provenance: dict = field(default_factory=dict)
+    """Where an imported file came from (`iscore.provenance`), or {}."""
 
 
 @dataclass(slots=True)

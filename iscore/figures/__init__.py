@@ -1,6 +1,8 @@
 """Figures as plotly JSON specs (plain dicts): of an analysis (`analysis`), shared by the HTML
 report and the app, and the app's own (`pages`: lengths, one sequence's tokens, a threshold's
-read-outs), drawn with the shared `style`, `axes` and `binning`.
+read-outs), a run's per-step figures (`trends`: each diagnostic and each setting's statistics
+per step, smoothed, with the run's events), drawn with the shared `style`, `axes` and
+`binning`.
 
 The engine never imports plotly: a figure here is the `{"data": [...], "layout": {...}}` dict
 that plotly.js renders (and `plotly.graph_objects.Figure` accepts). Every figure is built from
@@ -39,7 +41,6 @@ from iscore.figures.analysis import (
     mismatch_figures,
     setting_figures,
     signed_diff_histogram,
-    trend_figure,
     weight_histogram,
 )
 from iscore.figures.binning import rebin, widths
@@ -56,13 +57,26 @@ from iscore.figures.style import (
     symbol,
     text,
 )
+from iscore.figures.trends import (
+    DIAGNOSTICS,
+    SETTING_METRICS,
+    SMOOTHING,
+    log_axis,
+    setting_trend_figure,
+    smooth,
+    trend_figure,
+    trend_figures,
+)
 
 __all__ = [
     "DASHES",
+    "DIAGNOSTICS",
     "LABEL_ROW",
     "MASK_RATES",
     "PALETTE",
     "READOUTS",
+    "SETTING_METRICS",
+    "SMOOTHING",
     "SYMBOLS",
     "Figure",
     "abs_diff_histogram",
@@ -72,6 +86,7 @@ __all__ = [
     "dash",
     "joint_histogram",
     "length_figure",
+    "log_axis",
     "lr_scale_by_step",
     "mask_rate_by_length",
     "mask_rates",
@@ -81,11 +96,14 @@ __all__ = [
     "sequence_figure",
     "setting_figures",
     "setting_name",
+    "setting_trend_figure",
     "signed_diff_histogram",
+    "smooth",
     "style",
     "symbol",
     "text",
     "trend_figure",
+    "trend_figures",
     "tune_figure",
     "weight_histogram",
     "widths",

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from iscore.analysis import Analysis
-from iscore.figures.axes import figure_layout, hline, panel_axes, panel_grid, vline
+from iscore.figures.axes import figure_layout, hline, panel_axes, panel_grid, step_axis, vline
 from iscore.figures.binning import bin_data, decade_label, rebin, regroup, step_outline, widths
 from iscore.figures.style import (
     ACCENT,
@@ -21,8 +21,8 @@ from iscore.figures.style import (
     color,
     legend_label,
     style,
-    text,
 )
+from iscore.figures.trends import trend_figure
 
 
 def weight_histogram(analysis: Analysis, kind: str = "weight") -> Figure:
@@ -317,13 +317,7 @@ def lr_scale_by_step(analysis: Analysis) -> Figure:
         ylog=True,
         yspan=(min([*scales, 1.0]), max([*scales, 1.0])) if scales else None,
     )
-    steps = sorted({r["step"] for s in analysis.settings for r in s["by_step"]})
-    if steps:
-        # Whole steps only, at most about 8: with 2 steps, auto ticks fall at halves and
-        # print as "-1, -1, 0, 1, 1".
-        every = max(1, math.ceil((steps[-1] - steps[0]) / 7))
-        layout["xaxis"] |= {"tickmode": "linear", "tick0": steps[0], "dtick": every}
-    layout["xaxis"]["tickformat"] = "d"
+    step_axis(layout["xaxis"], sorted({r["step"] for s in analysis.settings for r in s["by_step"]}))
     layout["shapes"] = [hline(1.0, "uncorrected")]
     layout["showlegend"] = True
     return {"data": data, "layout": layout}
@@ -566,66 +560,6 @@ def mismatch_by(analysis: Analysis, key: str) -> Figure:
     return {"data": data, "layout": layout}
 
 
-def trend_figure(analysis: Analysis) -> Figure:
-    """k3 per training step (over the sequences not called broken; log y-axis) against the
-    early steps' band, with each event marked at its step and the steps that hold broken
-    sequences drawn in the accent color."""
-    trend = analysis.trend
-    rows = [r for r in trend.rows if r.get("healthy_k3")]
-    broken = [r for r in rows if r.get("broken_sequences")]
-    hover = (
-        "training step %{x}<br>k3 %{y:.3g} (KL estimate over the sequences not called "
-        "broken, nats)<br>%{customdata} broken sequences<extra></extra>"
-    )
-    data = [
-        {
-            "type": "scatter",
-            "mode": "lines+markers",
-            "x": [r["step"] for r in rows],
-            "y": [r["healthy_k3"] for r in rows],
-            "customdata": [r.get("broken_sequences") or 0 for r in rows],
-            "name": "k3",
-            "line": {"color": DATA, "width": 2},
-            "marker": {"color": DATA, "size": 6},
-            "hovertemplate": hover,
-        },
-        {
-            "type": "scatter",
-            "mode": "markers",
-            "x": [r["step"] for r in broken],
-            "y": [r["healthy_k3"] for r in broken],
-            "customdata": [r["broken_sequences"] for r in broken],
-            "name": "steps with broken sequences",
-            "marker": {"color": ACCENT, "size": 10, "symbol": "x"},
-            "hovertemplate": hover,
-        },
-    ]
-    values = [r["healthy_k3"] for r in rows]
-    band = trend.band
-    if band is not None:
-        values += [band.median, band.upper]
-    layout = figure_layout(
-        "The mismatch per step, and when it changed",
-        "training step",
-        "k3 (KL estimate, nats)",
-        ylog=True,
-        yspan=(min(values), max(values)) if values else None,
-    )
-    layout["xaxis"]["tickformat"] = "d"
-    shapes = []
-    if band is not None:
-        shapes += [
-            hline(band.median, f"median of {band.early}"),
-            hline(band.upper, "the early band's edge"),
-        ]
-    for step, kinds in itertools.groupby(trend.events, key=lambda e: e.step):
-        label = ", ".join(dict.fromkeys(e.kind.replace("_", " ") for e in kinds))
-        shapes.append(vline(step, text(label), position="start"))
-    layout["shapes"] = shapes
-    layout["showlegend"] = bool(broken)
-    return {"data": data, "layout": layout}
-
-
 def joint_histogram(analysis: Analysis) -> Figure:
     """2-D histogram of train vs rollout log-prob (log color scale), with the diagonal.
 
@@ -681,7 +615,7 @@ def mismatch_figures(analysis: Analysis) -> dict[str, Figure]:
     }
     if _steps(analysis) >= 2:
         figures["by_step"] = mismatch_by(analysis, "by_step")
-        figures["trend"] = trend_figure(analysis)
+        figures["trend"] = trend_figure(analysis.trend)
     return figures
 
 

@@ -119,6 +119,15 @@ def figure_layout(
     }
 
 
+def step_axis(axis: dict[str, Any], steps: Sequence[int]) -> None:
+    """Ticks of a training-step axis at whole steps only, at most about 8 (with 2 steps, auto
+    ticks fall at halves and print as "-1, -1, 0, 1, 1")."""
+    if steps:
+        every = max(1, math.ceil((max(steps) - min(steps)) / 7))
+        axis |= {"tickmode": "linear", "tick0": min(steps), "dtick": every}
+    axis["tickformat"] = "d"
+
+
 def hline(y: float, label: str = "", yref: str = "y") -> dict[str, Any]:
     return {
         "type": "line",
@@ -134,6 +143,11 @@ def hline(y: float, label: str = "", yref: str = "y") -> dict[str, Any]:
 
 
 def vline(x: float, label: str = "", position: str = "end") -> dict[str, Any]:
+    """A dotted vertical line at x; its label along it, at its top (`position` "end") or
+    running up from its bottom ("start": clear of the tick labels under the axis)."""
+    label_ = {"text": label, "textposition": position, "font": {"size": 10}}
+    if position == "start":
+        label_["xanchor"] = "left"
     return {
         "type": "line",
         "yref": "paper",
@@ -142,7 +156,7 @@ def vline(x: float, label: str = "", position: str = "end") -> dict[str, Any]:
         "x0": x,
         "x1": x,
         "line": {"dash": "dot", "color": NEUTRAL, "width": 1},
-        "label": {"text": label, "textposition": position, "font": {"size": 10}} if label else {},
+        "label": label_ if label else {},
     }
 
 

@@ -16,6 +16,7 @@ import argparse
 import difflib
 import math
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -138,11 +139,13 @@ def check_number(
     the bounds, or None where `nullable`."""
     if value is None and nullable:
         return
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and _real(value) is not None
     if not ok or (gt is not None and not value > gt) or (ge is not None and not value >= ge):
         bound = f" > {gt}" if gt is not None else f" >= {ge}" if ge is not None else ""
         null = " or null" if nullable else ""
-        raise ConfigError(f"Expected `{key}` to be a float{bound}{null}, but got {quote(value)}")
+        raise ConfigError(
+            f"Expected `{key}` to be a float{bound}{null}, but got {quote(value)}{_unheld(value)}"
+        )
 
 
 def check_bool(key: str, value: Any) -> None:
@@ -163,17 +166,34 @@ def nearest(value: Any, options: Any, cutoff: float = 0.6) -> str:
 def as_float(value: Any, key: str, *, gt: float | None = None, ge: float | None = None) -> float:
     """`value` as a float, checked against the bounds; the message names `key`."""
     bound = f" > {gt}" if gt is not None else f" >= {ge}" if ge is not None else ""
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        number = float(value)
-    except (TypeError, ValueError):
+    number = None if isinstance(value, bool) else _real(value)
+    if number is None or not (gt is None or number > gt) or not (ge is None or number >= ge):
         raise ConfigError(
-            f"Expected `{key}` to be a float{bound}, but got {quote(value)}"
-        ) from None
-    if (gt is not None and not number > gt) or (ge is not None and not number >= ge):
-        raise ConfigError(f"Expected `{key}` to be a float{bound}, but got {quote(value)}")
+            f"Expected `{key}` to be a float{bound}, but got {quote(value)}{_unheld(value)}"
+        )
     return number
+
+
+def _unheld(value: Any) -> str:
+    """ ", which no float holds" for an integer beyond float64's range, else ""."""
+    if type(value) is int and abs(value) > sys.float_info.max:
+        return ", an integer no float holds"
+    return ""
+
+
+def _real(value: Any) -> float | None:
+    """`value` as the float a framework's `float(value)` gives, or None where that raises or
+    gives NaN (every bound check a framework makes is false for NaN).
+
+    Infinity is a number (`.inf`, 1e999 and "inf" all read as it, and a cap there never
+    binds, as iscore's own exports spell "no cap"); an integer no float holds (10**400) is
+    not: `float()` raises on it.
+    """
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return None if math.isnan(number) else number
 
 
 def top_level(config: Mapping[str, Any], framework: str) -> tuple[Section, str]:

@@ -75,6 +75,97 @@ class Upstream:
 
 
 @dataclass(frozen=True, slots=True)
+class Source:
+    """Where a published number comes from: a name a reader recognizes and a link to it.
+
+    >>> print(Source("verl docs, Rollout Correction", "https://example.org/rollout_corr"))
+    verl docs, Rollout Correction (https://example.org/rollout_corr)
+    """
+
+    name: str
+    url: str
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.url.startswith("https://"):
+            raise ValueError(f"Expected a source name and an https link, but got {self!r}")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.url})"
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """A published health band on one of iscore's mismatch statistics: a value inside it is
+    what its source calls normal, one outside it is elevated (`iscore.health`).
+
+    Attributes:
+        statistic: the `iscore.mismatch` statistic it bounds (`mismatch.METRIC_NAMES` keys).
+        low: the lowest healthy value, or None for no lower limit.
+        high: the highest healthy value, or None for no upper limit.
+        logged_as: the metric the source states the band for, as the framework logs it.
+        meaning: what a value outside the band means, as the source says it.
+        source: where the band is published.
+
+    >>> band = Band("k3", None, 1e-3, "gen_kl_error", "investigate", Source("x", "https://x"))
+    >>> band.describe(), band.contains(4e-4), band.contains(0.05)
+    ('<= 0.001', True, False)
+    """
+
+    statistic: str
+    low: float | None
+    high: float | None
+    logged_as: str
+    meaning: str
+    source: Source
+
+    def __post_init__(self) -> None:
+        if self.low is None and self.high is None:
+            raise ValueError(f"Expected a band with at least one limit, but got {self!r}")
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"Expected low <= high, but got {self.low} > {self.high}")
+
+    def contains(self, value: float) -> bool:
+        """Whether `value` is healthy by this band (limits included, as the sources write
+        them: "below", "at most")."""
+        above = self.low is None or value >= self.low
+        return above and (self.high is None or value <= self.high)
+
+    def describe(self) -> str:
+        """The healthy range in symbols: "<= 1.05", ">= 0.3" or "in [0.5, 2]"."""
+        if self.low is None:
+            return f"<= {self.high:g}"
+        if self.high is None:
+            return f">= {self.low:g}"
+        return f"in [{self.low:g}, {self.high:g}]"
+
+
+@dataclass(frozen=True, slots=True)
+class ReferencePoint:
+    """A published measurement of the mismatch in one setting, to place a dump among
+    (`iscore.reference`).
+
+    Attributes:
+        setting: what was measured, in words ("bf16 rollout", "FP8 rollout").
+        model: the model, as the source names it.
+        precision: the rollout's precision (and the trainer's where it differs).
+        statistic: the `iscore.mismatch` statistic the value is compared with.
+        value: the published value.
+        logged_as: the metric the source reports, as it names it.
+        source: where it is published.
+        note: what differs between the source's metric and iscore's statistic, if anything.
+    """
+
+    setting: str
+    model: str
+    precision: str
+    statistic: str
+    value: float
+    logged_as: str
+    source: Source
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Trap:
     """A way a framework's setting surprises its users, in plain words.
 
@@ -152,7 +243,9 @@ class Framework:
         aggregation: a spec -> the loss aggregation it trains with.
         families: the `iscore.tune.FAMILIES` it expresses exactly.
         metrics: per iscore mismatch statistic, the name(s) it logs it under.
-        bands: per iscore mismatch statistic, what its docs call healthy, in words.
+        bands: the health bands its docs publish on iscore's mismatch statistics.
+        references: mismatch measurements published in its own repository (issues, pull
+            requests, docs), to place a dump among (`iscore.reference`).
         columns: per canonical dump column, the names it writes for it (its batch's keys),
             found in a dump file as aliases (`iscore.columns.aliases`).
         traps: its traps.
@@ -183,7 +276,8 @@ class Framework:
     aggregation: Callable[[Any], Aggregation] = lambda spec: Aggregation()
     families: frozenset[str] = frozenset()
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    bands: Mapping[str, str] = field(default_factory=dict)
+    bands: tuple[Band, ...] = ()
+    references: tuple[ReferencePoint, ...] = ()
     columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     traps: tuple[Trap, ...] = ()
     comments: Callable[[Any], tuple[str, ...]] = lambda spec: ()

@@ -99,9 +99,12 @@ from iscore.frameworks import _batch
 from iscore.frameworks._config import Section, as_float, check_choice, top_level
 from iscore.frameworks.base import (
     Aggregation,
+    Band,
     BatchFields,
     Framework,
     Measure,
+    ReferencePoint,
+    Source,
     Trap,
     Upstream,
 )
@@ -615,6 +618,64 @@ def _overflow(batch: TokenBatch, measure: Measure) -> str | None:
     )
 
 
+_TP_ACCURACY = Source(
+    "NeMo-RL docs, DTensor Tensor Parallel Accuracy Issue",
+    "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/guides/dtensor-tp-accuracy.md",
+)
+_KL_ERROR = Source(
+    "NeMo-RL docs, GRPO guide: KL Divergence Error",
+    "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/guides/grpo.md#kl-divergence-error",
+)
+_KL_MEANING = "above 1e-3: investigate (the guide calls values below 1e-3 acceptable)"
+BANDS = (
+    Band(
+        "token_mult_prob_error",
+        None,
+        1.05,
+        "token_mult_prob_error",
+        "above 1.05: a potential framework issue; isolated spikes that return to about 1.0 "
+        "are acceptable, an upward trend is not",
+        _TP_ACCURACY,
+    ),
+    Band("k3", None, 1e-3, "gen_kl_error", _KL_MEANING, _KL_ERROR),
+    Band("js", None, 1e-3, "js_divergence_error", _KL_MEANING, _KL_ERROR),
+)
+"""The bands NeMo-RL's docs publish: token_mult_prob_error near 1.0, a framework issue above
+1.05 (the DTensor accuracy guide); gen_kl_error and js_divergence_error below 1e-3 (the GRPO
+guide). The guide holds policy_kl_error to the same 1e-3, but shows it driven to 22,015 by a
+single token the trainer finds much less likely than the sampler: as a verdict it would judge
+one token (a bf16 dump of 60k tokens crosses it with one), which the mismatch flags report as
+a heavy tail instead."""
+
+_ISSUE_1801 = Source(
+    "NeMo-RL issue #1801 (a bisect of a Megatron crash)",
+    "https://github.com/NVIDIA-NeMo/RL/issues/1801",
+)
+REFERENCES = (
+    ReferencePoint(
+        "DTensor trainer, GRPO, 109 steps (median over steps)",
+        "DeepSeek-R1-Distill-Qwen-1.5B",
+        "bf16",
+        "token_mult_prob_error",
+        1.0121,
+        "token_mult_prob_error",
+        _ISSUE_1801,
+    ),
+    ReferencePoint(
+        "Megatron trainer with its default fused kernels, a crashing run (median over steps)",
+        "DeepSeek-R1-Distill-Qwen-1.5B",
+        "bf16",
+        "token_mult_prob_error",
+        38565.0,
+        "token_mult_prob_error",
+        _ISSUE_1801,
+        "rope and bias-activation fusions keep bf16 intermediates that the rollout engine "
+        "computes in fp32; with both off the median is 1.0116",
+    ),
+)
+"""Measurements published in NeMo-RL's issues."""
+
+
 FRAMEWORK = Framework(
     name=NAME,
     title="NeMo-RL",
@@ -644,7 +705,8 @@ FRAMEWORK = Framework(
         "token_mult_prob_error": ("token_mult_prob_error",),
         "js": ("js_divergence_error",),
     },
-    bands={"token_mult_prob_error": "about 1.0 is healthy; above 1.05, look closer"},
+    bands=BANDS,
+    references=REFERENCES,
     traps=(
         Trap(
             "float32-overflow-to-zero",

@@ -95,6 +95,8 @@ from iscore.frameworks.base import (
     BatchFields,
     Framework,
     Measure,
+    ReferencePoint,
+    Source,
     Trap,
     Upstream,
 )
@@ -486,6 +488,34 @@ def _default_mask(batch: TokenBatch, measure: Measure) -> str:
     )
 
 
+_PR_7269 = Source(
+    "TRL pull request #7269 (vLLM's truncated-sampling log-probs)",
+    "https://github.com/huggingface/trl/pull/7269",
+)
+REFERENCES = (
+    ReferencePoint(
+        "vLLM rollout, top_p 1.0 (control)",
+        "Qwen2.5-1.5B-Instruct",
+        "bf16",
+        "ratio_mean",
+        0.995,
+        "importance-sampling ratio, mean",
+        _PR_7269,
+    ),
+    ReferencePoint(
+        "vLLM rollout at top_p 0.8, its processed log-probs against the trainer's full vocabulary",
+        "Qwen2.5-1.5B-Instruct",
+        "bf16",
+        "ratio_mean",
+        0.896,
+        "importance-sampling ratio, mean",
+        _PR_7269,
+        "the mean equals the probability mass the nucleus kept (0.895): a bias, not noise",
+    ),
+)
+"""Measurements published in TRL's pull requests."""
+
+
 FRAMEWORK = Framework(
     name=NAME,
     title="TRL",
@@ -509,6 +539,7 @@ FRAMEWORK = Framework(
         "abs_diff_mean": ("sampling/sampling_logp_difference/mean",),
         "abs_diff_max": ("sampling/sampling_logp_difference/max",),
     },
+    references=REFERENCES,
     traps=(
         Trap(
             "default-sequence-mask",

@@ -98,7 +98,15 @@ from iscore.canonical import (
 from iscore.errors import ConfigError, DumpError, quote
 from iscore.frameworks import _batch
 from iscore.frameworks._config import as_float, check_number, top_level
-from iscore.frameworks.base import Aggregation, BatchFields, Framework, Trap, Upstream
+from iscore.frameworks.base import (
+    Aggregation,
+    Band,
+    BatchFields,
+    Framework,
+    Source,
+    Trap,
+    Upstream,
+)
 from iscore.spec import Replay, per_token
 
 NAME = "verl"
@@ -1184,6 +1192,52 @@ def _aggregation(spec: VerlSpec) -> Aggregation:
     return Aggregation("token-mean", shrinks=not spec.bypass)
 
 
+_HEALTH = Source(
+    "verl docs, Rollout Correction: check_rollout_correction_health",
+    "https://github.com/verl-project/verl/blob/main/docs/algo/rollout_corr.md",
+)
+BANDS = (
+    Band(
+        "ratio_mean",
+        0.5,
+        2.0,
+        "rollout_corr/rollout_is_mean",
+        "far from 1.0: a significant off-policy gap (verl measures it on its capped weights; "
+        "iscore on the raw ratios)",
+        _HEALTH,
+    ),
+    Band(
+        "ess",
+        0.3,
+        None,
+        "rollout_corr/rollout_is_eff_sample_size",
+        "too low: the weight is concentrated on few tokens (verl measures it on its capped "
+        "weights; iscore on the raw ratios)",
+        _HEALTH,
+    ),
+    Band(
+        "k1",
+        -0.1,
+        0.1,
+        "rollout_corr/kl",
+        "|kl| above 0.1: a significant off-policy gap",
+        _HEALTH,
+    ),
+    Band(
+        "chi2_token",
+        None,
+        1.0,
+        "rollout_corr/chi2_token",
+        "above 1: a severe distribution shift",
+        _HEALTH,
+    ),
+)
+"""The health checks of verl's Rollout Correction guide (its example
+`check_rollout_correction_health`): mean IS weight in [0.5, 2], ESS >= 0.3, |kl| <= 0.1,
+chi2_token <= 1. The guide's IS-weight std <= 1 is left out: with a mean of 1 it is
+sqrt(chi2_token), the same check."""
+
+
 FRAMEWORK = Framework(
     name=NAME,
     title="verl",
@@ -1217,7 +1271,10 @@ FRAMEWORK = Framework(
         "ppl_ratio": ("rollout_corr/ppl_ratio",),
         "training_ppl": ("rollout_corr/training_ppl",),
         "rollout_ppl": ("rollout_corr/rollout_ppl",),
+        "ratio_mean": ("rollout_corr/rollout_is_mean (of its capped weights)",),
+        "ess": ("rollout_corr/rollout_is_eff_sample_size (of its capped weights)",),
     },
+    bands=BANDS,
     traps=(
         Trap(
             "k1-reciprocal-bounds",

@@ -42,8 +42,10 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import math
 import re
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from types import ModuleType
@@ -52,10 +54,10 @@ from typing import BinaryIO
 import numpy as np
 import pyarrow as pa
 
-from iscore.errors import DumpError, quote
+from iscore.errors import DumpError, DumpProblems, Problem, quote
 from iscore.output import output_path
 from iscore.paths import list_files
-from iscore.writer import PROVENANCE_KEY, DumpWriter, exact_cast, schema_mismatch
+from iscore.writer import PROVENANCE_KEY, DumpWriter, schema_mismatch
 
 __all__ = [
     "FORMATS",
@@ -308,7 +310,7 @@ def _table(source: str, fmt: str, files: list[File], allow_pickle: bool) -> pa.T
     parts = list(_parts(fmt, files, allow_pickle))
     tables = [part.table for part in parts if part.table is not None]
     if not tables:
-        raise DumpError(f"{source}: no sequences in {len(files)} {fmt} file(s)")
+        raise file_problem(source, f"no sequences in {len(files)} {fmt} file(s)")
     table = pa.concat_tables(tables)
     steps = np.unique(table["step"].to_numpy()).tolist()
     record = {"framework": fmt, "source_files": [str(f) for f in files], "steps": steps}
@@ -347,7 +349,7 @@ def convert(
                     writer.write_table(part.table)
                 parts.append(replace(part, table=None))  # keep the notes, not the data
             if not writer.sequences:
-                raise DumpError(f"{source}: no sequences in {len(files)} {fmt} file(s)")
+                raise file_problem(source, f"no sequences in {len(files)} {fmt} file(s)")
             summary = _summary(parts)
             writer.close({"source_files": [str(f) for f in files], **summary})
         finally:
@@ -364,17 +366,33 @@ def convert(
 
 
 def _parts(fmt: str, files: list[File], allow_pickle: bool) -> Iterator[Part]:
-    """The format's parts, checked to share the first table's columns (a file has one schema)."""
+    """The format's parts, checked to share the first table's columns (a file has one schema).
+
+    What is wrong with a file is a problem of the dump, naming the file, as a Parquet file's
+    are (`DumpProblems`: the CLI exits 1).
+    """
     first: Part | None = None
-    for part in _module(fmt).read_parts(files, allow_pickle=allow_pickle):
+    parts = iter(_module(fmt).read_parts(files, allow_pickle=allow_pickle))
+    for file in files:  # each format yields one part per file, in their order
+        try:
+            part = next(parts)
+        except DumpProblems:
+            raise
+        except DumpError as e:
+            raise file_problem(file, str(e)) from None
         if part.table is not None:
             if first is None:
                 first = part
             else:
                 why = schema_mismatch(first.table.schema, part.table.schema)
                 if why:
-                    raise DumpError(f"{part.path}: {why} compared with {first.path}")
+                    raise file_problem(file, f"{why} compared with {first.path}")
         yield part
+
+
+def file_problem(file: File | str, message: str) -> DumpProblems:
+    """`message` as the one problem of `file` (its leading `file: ` left out)."""
+    return DumpProblems([Problem(str(file), None, message.removeprefix(f"{file}: "))])
 
 
 def _summary(parts: list[Part]) -> dict[str, object]:
@@ -408,6 +426,11 @@ def jsonl_records(path: File) -> Iterator[tuple[int, dict]]:
                 why = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else e
                 cut = "" if line.endswith(b"\n") else "; the file ends mid-line: was it cut off?"
                 raise DumpError(f"{path}: line {number}: not valid JSON ({why}){cut}") from None
+            except RecursionError:
+                raise DumpError(
+                    f"{path}: line {number}: nests too deeply to parse; a record is an object "
+                    "of numbers and flat lists"
+                ) from None
             if not isinstance(record, dict):
                 raise DumpError(
                     f"{path}: line {number}: expected a JSON object, found {type(record).__name__}"
@@ -423,38 +446,113 @@ def first_record(path: File) -> dict | None:
                 if line.strip():
                     record = json.loads(line)
                     return record if isinstance(record, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return None
 
 
-def as_floats(values: object, where: str, key: str) -> np.ndarray:
-    """A 1-D float64 array; JSON nulls become NaN (for `iscore validate` to report)."""
-    try:
-        array = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise DumpError(f"{where}: {quote(key)} must be a list of numbers") from None
-    if array.ndim != 1:
+def _flat(values: object, where: str, key: str, what: str, ok: Callable[[object], bool]) -> None:
+    """Raise unless `values` is a list whose every item is `ok` (`what`, in the message),
+    quoting the first item that is not (or `values` itself, when it is no list)."""
+    bad = next((v for v in values if not ok(v)), _NONE) if isinstance(values, list) else values
+    if bad is not _NONE:
         raise DumpError(
-            f"{where}: {quote(key)} must be a flat list, found shape {list(array.shape)}"
+            f"{where}: {quote(key)} must be a flat list of {what}, found {quote(bad, 60)}"
         )
-    return array
+
+
+_NONE = object()
+"""No bad item: `_flat`'s sentinel (None is an item a list can hold)."""
+
+
+def _real(value: object) -> float:
+    """A JSON number as a float: null is NaN, an integer beyond float64's range infinite (as
+    JSON's 1e400 is); either is an invalid log-prob `iscore validate` reports."""
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def as_number(value: object, where: str, key: str) -> float:
+    """One JSON number (not a boolean) as a float; an integer beyond float64's range is
+    infinite, as JSON's 1e400 is."""
+    if type(value) not in (int, float):
+        raise DumpError(f"{where}: {quote(key)} must be a number, found {quote(value, 60)}")
+    return _real(value)
+
+
+def _numpy_kind(values: np.ndarray, where: str, key: str, kinds: str, what: str) -> np.ndarray:
+    if values.ndim != 1 or (values.size and values.dtype.kind not in kinds):
+        found = f"shape {list(values.shape)}" if values.ndim != 1 else str(values.dtype)
+        raise DumpError(f"{where}: {quote(key)} must be a flat array of {what}, found {found}")
+    return values
+
+
+def as_floats(values: object, where: str, key: str) -> np.ndarray:
+    """A 1-D float64 array of a list of numbers or nulls (NaN, for `iscore validate` to
+    report), or of a numpy array of real numbers. Booleans, strings and complex numbers are
+    refused, never converted."""
+    if isinstance(values, np.ndarray):
+        return _numpy_kind(values, where, key, "iuf", "real numbers").astype(np.float64)
+    _flat(values, where, key, "numbers", lambda v: v is None or type(v) in (int, float))
+    try:
+        return np.array(values, dtype=np.float64)
+    except OverflowError:
+        return np.array([_real(v) for v in values], dtype=np.float64)
 
 
 def as_mask(values: object, where: str, key: str) -> np.ndarray:
-    """A 1-D bool array from booleans or numbers (non-zero is true)."""
-    array = np.asarray(values)
-    if array.ndim != 1 or (array.size and array.dtype.kind not in "biuf"):
-        raise DumpError(f"{where}: {quote(key)} must be a flat list of booleans or 0/1")
+    """A 1-D bool array from booleans or 0/1 (a list, or a numpy array)."""
+    if not isinstance(values, np.ndarray):
+        _flat(values, where, key, "booleans or 0/1", lambda v: type(v) in _MASK and v in (0, 1))
+        return np.array(values, dtype=bool)
+    array = _numpy_kind(values, where, key, "biuf", "booleans or 0/1")
+    odd = array[(array != 0) & (array != 1)]
+    if odd.size:
+        raise DumpError(f"{where}: {quote(key)} must hold booleans or 0/1, found {odd[0].item()}")
     return array != 0
 
 
-def as_ints(values: object, where: str, key: str) -> np.ndarray:
-    """A 1-D int64 array."""
-    array = np.asarray(values)
-    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise DumpError(f"{where}: {quote(key)} must be a flat list of integers")
-    return exact_cast(f"{where}: {key}", array, np.dtype(np.int64))
+_MASK = (bool, int, float)
+
+
+def as_ints(values: object, where: str, key: str, dtype: type = np.int64) -> np.ndarray:
+    """A 1-D array of `dtype` from a list of integers or a numpy integer array, refusing
+    values `dtype` cannot hold (a token id of 2^40 would wrap in int32)."""
+    if isinstance(values, np.ndarray):
+        _numpy_kind(values, where, key, "iu", "integers")
+    else:
+        _flat(values, where, key, "integers", lambda v: type(v) is int)
+    if len(values):
+        info = np.iinfo(dtype)
+        lo, hi = min(values), max(values)
+        if lo < info.min or hi > info.max:
+            bad = lo if lo < info.min else hi
+            raise DumpError(
+                f"{where}: {quote(key)} holds {bad}, outside the {np.dtype(dtype)} range "
+                f"({info.min:,} to {info.max:,})"
+            )
+    return np.asarray(values, dtype=dtype)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def as_index(value: object, where: str, key: str) -> int:
+    """One integer from 0 to 2^63 - 1 (a step, an index, a length): a JSON integer, a numpy
+    integer or an integer array of one element."""
+    if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "iu":
+        value = value.item()
+    elif isinstance(value, np.integer):
+        value = int(value)
+    if type(value) is not int or not 0 <= value <= _INT64_MAX:
+        raise DumpError(
+            f"{where}: {quote(key)} must be an integer from 0 to 2^63 - 1, found {quote(value, 60)}"
+        )
+    return value
 
 
 def require_lengths(where: str, arrays: dict[str, np.ndarray], reference: str) -> None:
@@ -466,6 +564,17 @@ def require_lengths(where: str, arrays: dict[str, np.ndarray], reference: str) -
                 f"{where}: {quote(key)} has {array.size} values but {quote(reference)} has {n}; "
                 "per-token fields must align"
             )
+
+
+def load_weights_only(file: BinaryIO, allowed: Sequence = ()) -> object:
+    """`torch.load(file, weights_only=True, map_location="cpu")`, with the `allowed` globals
+    besides torch's own, and without torch's warnings about the file (its pickle protocol,
+    say): whether it loads is what matters, and a refusal says why."""
+    import torch  # here: only the pickled formats need it, and it takes seconds to import
+
+    with warnings.catch_warnings(), torch.serialization.safe_globals(list(allowed)):
+        warnings.simplefilter("ignore")
+        return torch.load(file, weights_only=True, map_location="cpu")
 
 
 def _refused_global(error: Exception) -> str | None:

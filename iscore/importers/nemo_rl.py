@@ -42,8 +42,10 @@ from iscore.importers import (
     File,
     Part,
     as_floats,
+    as_index,
     as_ints,
     as_mask,
+    as_number,
     first_record,
     jsonl_records,
     require_lengths,
@@ -79,7 +81,7 @@ def _read(path: File) -> Part:
         raise DumpError(
             f"{path}: cannot tell the step: NeMo-RL names its files train_data_step{{N}}.jsonl"
         )
-    step = int(match.group(1))
+    step = as_index(int(match.group(1)), str(path), "the step in its name")
     ids: list[int] = []
     lengths: list[int] = []
     tokens: dict[str, list[np.ndarray]] = {}
@@ -98,7 +100,8 @@ def _read(path: File) -> Part:
         if "advantages" in present:
             rows["advantages"] = as_floats(_row(record, "advantages", where), where, "advantages")
         if "token_ids" in present:
-            rows["token_ids"] = as_ints(_row(record, "token_ids", where), where, "token_ids")
+            token_ids = _row(record, "token_ids", where)
+            rows["token_ids"] = as_ints(token_ids, where, "token_ids", np.int32)
         require_lengths(where, rows, "token_loss_mask")
         selected = rows.pop("token_loss_mask")
         n = int(selected.sum())
@@ -106,14 +109,12 @@ def _read(path: File) -> Part:
             tokens.setdefault(_COLUMNS[key], []).append(values[selected])
         keep = True
         if "sample_loss_mask" in present:
-            keep = _scalar(record, "sample_loss_mask", where) != 0
+            flag = [_scalar(record, "sample_loss_mask", where)]
+            keep = bool(as_mask(flag, where, "sample_loss_mask")[0])
         tokens.setdefault("loss_mask", []).append(np.full(n, keep))
         if "rewards" in present:
             sequences["reward"].append(_scalar(record, "rewards", where))
-        idx = record.get("idx", count)
-        if isinstance(idx, bool) or not isinstance(idx, int):
-            raise DumpError(f"{where}: 'idx' must be an integer, found {quote(idx)}")
-        ids.append(idx)
+        ids.append(as_index(record.get("idx", count), where, "idx"))
         lengths.append(n)
     if not ids:
         return Part(str(path), None, notes=(f"{path}: no records",))
@@ -161,6 +162,4 @@ def _scalar(record: dict, key: str, where: str) -> float:
     value = record[key]
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
-    if not isinstance(value, int | float):
-        raise DumpError(f"{where}: {quote(key)} must be one number ([x]), found {quote(value)}")
-    return float(value)
+    return as_number(value, where, key)

@@ -46,6 +46,7 @@ from iscore.importers import (
     File,
     Part,
     as_floats,
+    as_index,
     as_ints,
     as_mask,
     first_record,
@@ -78,7 +79,10 @@ def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Par
 
 def _read(path: File) -> Part:
     match = _FILE.search(path.as_posix())
-    folder_step, file_rank = (int(match[1]), int(match[2])) if match else (None, None)
+    folder_step = file_rank = None
+    if match:
+        folder_step = as_index(int(match[1]), str(path), "the step of its folder")
+        file_rank = as_index(int(match[2]), str(path), "the rank in its name")
     notes = []
     # On disk, the step's folder says whether prime-rl finished it; an upload has no folder.
     if match and isinstance(path, Path) and not (path.parent / "STABLE").exists():
@@ -97,14 +101,19 @@ def _read(path: File) -> Part:
         if not first_line:
             present, first_line = tuple(k for k in _OPTIONAL if k in record), line
             version = record.get("schema_version")
+            if version is not None and type(version) is not int:
+                found = quote(version, 60)
+                raise DumpError(f"{where}: 'schema_version' must be an integer, found {found}")
         for key in ("loss_mask", *_LOGPROBS, *present):
             if key not in record:
                 also = f", which line {first_line} has" if key in present else ""
                 raise DumpError(f"{where}: missing key {quote(key)}{also}")
         rows = {"loss_mask": as_mask(record["loss_mask"], where, "loss_mask")}
         for key in (*_LOGPROBS, *present):
-            convert = as_ints if key == "token_ids" else as_floats
-            rows[key] = convert(record[key], where, key)
+            if key == "token_ids":
+                rows[key] = as_ints(record[key], where, key, np.int32)
+            else:
+                rows[key] = as_floats(record[key], where, key)
         require_lengths(where, rows, "loss_mask")
         selected = rows.pop("loss_mask")
         for key, values in rows.items():
@@ -128,9 +137,7 @@ def _step(record: dict, folder_step: int | None, where: str) -> int:
     for key in ("export_step", "step"):
         value = record.get(key)
         if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise DumpError(f"{where}: {quote(key)} must be an integer, found {quote(value)}")
-            return value
+            return as_index(value, where, key)
     if folder_step is None:
         raise DumpError(f"{where}: no 'export_step' or 'step', and the file is not in step_{{N}}/")
     return folder_step
@@ -140,6 +147,9 @@ def _seq_id(record: dict, file_rank: int | None, count: int, where: str) -> str:
     rank = record.get("rank", file_rank)
     if rank is None:
         raise DumpError(f"{where}: no 'rank', and the file is not named rank_{{R}}.jsonl")
-    index = record.get("export_sequence_idx", count)
+    rank = as_index(rank, where, "rank")
+    index = as_index(record.get("export_sequence_idx", count), where, "export_sequence_idx")
     run_id = record.get("run_id")
+    if run_id is not None and not isinstance(run_id, str):
+        raise DumpError(f"{where}: 'run_id' must be a string or null, found {quote(run_id, 60)}")
     return f"{rank}:{index}" if run_id is None else f"{run_id}/{rank}:{index}"

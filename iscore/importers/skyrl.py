@@ -60,7 +60,14 @@ import pyarrow as pa
 import torch
 
 from iscore.errors import DumpError, quote
-from iscore.importers import File, Part, open_binary, unpickling_detail
+from iscore.importers import (
+    File,
+    Part,
+    as_index,
+    load_weights_only,
+    open_binary,
+    unpickling_detail,
+)
 from iscore.writer import canonical_table
 
 DESCRIPTION = "SkyRL global_step_{N}_training_input.pkl"
@@ -97,15 +104,19 @@ def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Par
         DumpError: `allow_pickle` is false (the files are pickles), or a file is malformed
             or names a global the restricted unpickler refuses.
     """
-    for path in paths:
-        if not allow_pickle:
-            raise DumpError(
-                f"{path}: a pickle (SkyRL's TrainingInputBatch); loading a pickle can run "
-                "code, so iscore reads one only when asked: pass --allow-pickle (Python: "
-                "allow_pickle=True). Even then it rebuilds only SkyRL's batch, torch tensors "
-                "and plain containers"
-            )
-        yield Part(str(path), _table(path, _unpickle(path)))
+    if paths and not allow_pickle:  # before reading: no file is at fault
+        raise DumpError(
+            f"{paths[0]}: a pickle (SkyRL's TrainingInputBatch); loading a pickle can run "
+            "code, so iscore reads one only when asked: pass --allow-pickle (Python: "
+            "allow_pickle=True). Even then it rebuilds only SkyRL's batch, torch tensors "
+            "and plain containers"
+        )
+    return (_part(path) for path in paths)
+
+
+def _part(path: File) -> Part:
+    table, notes = _table(path, _unpickle(path))
+    return Part(str(path), table, notes=notes)
 
 
 class _Batch(dict):
@@ -159,7 +170,7 @@ def _torch_bytes(data: object, key: str) -> object:
     if not isinstance(data, bytes):
         raise pickle.UnpicklingError(f"field {quote(key)}: tensor bytes expected")
     try:
-        value = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        value = load_weights_only(io.BytesIO(data))
     except pickle.UnpicklingError as e:
         raise pickle.UnpicklingError(
             f"field {quote(key)}: torch.load(weights_only=True) refused its bytes "
@@ -167,7 +178,22 @@ def _torch_bytes(data: object, key: str) -> object:
         ) from None
     if value is not None and not isinstance(value, torch.Tensor):
         raise pickle.UnpicklingError(f"field {quote(key)}: {type(value).__name__}, not a tensor")
-    return value
+    return value if value is None else _own_values(value)
+
+
+def _own_values(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, unless it claims more values than its storage holds (a stride of 0 repeats
+    one value over any shape: a [2^20, 2^20] tensor over 4 bytes, which numpy would then
+    allocate in full). SkyRL saves tensors that hold their own values."""
+    needed = tensor.numel() * tensor.element_size()
+    held = tensor.untyped_storage().nbytes()
+    if needed > held:
+        raise pickle.UnpicklingError(
+            f"a tensor of shape {list(tensor.shape)} ({needed:,} bytes) over a storage of "
+            f"{held:,} bytes: its values repeat (a stride of 0); iscore reads tensors that "
+            "hold their own values"
+        )
+    return tensor
 
 
 def _rebuild_tensor(
@@ -184,7 +210,8 @@ def _rebuild_tensor(
         raise pickle.UnpicklingError(f"a tensor over {type(storage).__name__}, not a storage")
     if hooks:
         raise pickle.UnpicklingError("a tensor with backward hooks")
-    return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, False, OrderedDict())
+    tensor = torch._utils._rebuild_tensor_v2(storage, offset, size, stride, False, OrderedDict())
+    return _own_values(tensor)
 
 
 def _load_storage(data: object) -> object:
@@ -192,7 +219,7 @@ def _load_storage(data: object) -> object:
     if not isinstance(data, bytes):
         raise pickle.UnpicklingError("tensor storage bytes expected")
     try:
-        storage = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        storage = load_weights_only(io.BytesIO(data))
     except pickle.UnpicklingError as e:
         raise pickle.UnpicklingError(f"tensor storage refused ({unpickling_detail(e)})") from None
     if not isinstance(storage, torch.TypedStorage | torch.UntypedStorage):
@@ -231,8 +258,10 @@ def _unpickle(path: File) -> _Batch:
             batch = _Unpickler(f).load()
     except (pickle.UnpicklingError, EOFError) as e:
         raise DumpError(f"{path}: {e}") from None
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
-        # A malformed stream: wrong arguments to an allowed callable, a bad memo index, ...
+    except Exception as e:
+        # Only the allowed callables ran, on hostile input: a malformed stream (wrong arguments
+        # to an allowed callable, a bad memo index, a damaged torch.save inside: struct.error,
+        # ..., a size beyond memory).
         raise DumpError(f"{path}: not a readable pickle ({type(e).__name__}: {e})") from None
     if not isinstance(batch, _Batch):
         raise DumpError(
@@ -241,15 +270,19 @@ def _unpickle(path: File) -> _Batch:
     return batch
 
 
-def _array(value: object) -> np.ndarray:
+def _array(value: object, path: File, key: str) -> np.ndarray:
+    """A [B, R] or [B, S] field as numpy: a tensor, or an array SkyRL's numpy format held."""
     if isinstance(value, torch.Tensor):
         if value.is_floating_point() and value.dtype not in (torch.float32, torch.float64):
             value = value.float()  # bf16: numpy has none
         return value.numpy()
-    return np.asarray(value)
+    if not isinstance(value, np.ndarray):  # a tensor list, say: SkyRL's fields are tensors
+        raise DumpError(f"{path}: {quote(key)} must be a tensor, found {type(value).__name__}")
+    return value
 
 
-def _table(path: File, batch: _Batch) -> pa.Table:
+def _table(path: File, batch: _Batch) -> tuple[pa.Table, tuple[str, ...]]:
+    """The batch's canonical table, and notes on what was left out."""
     match = _FILE.match(path.name)
     if match is None:
         raise DumpError(
@@ -264,7 +297,7 @@ def _table(path: File, batch: _Batch) -> pa.Table:
                 else ""
             )
             raise DumpError(f"{path}: the batch has no {quote(key)}{hint}")
-    fields = {k: _array(batch[k]) for k in _RESPONSE if batch.get(k) is not None}
+    fields = {k: _array(batch[k], path, k) for k in _RESPONSE if batch.get(k) is not None}
     shape = fields["rollout_logprobs"].shape
     if len(shape) != 2:
         raise DumpError(f"{path}: 'rollout_logprobs' must be [B, R], found {list(shape)}")
@@ -277,9 +310,13 @@ def _table(path: File, batch: _Batch) -> pa.Table:
     selector = "response_mask" if "response_mask" in fields else "loss_mask"
     if selector not in fields:
         raise DumpError(f"{path}: the batch has neither 'response_mask' nor 'loss_mask'")
+    for key in ("response_mask", "loss_mask"):
+        odd = fields[key][(fields[key] != 0) & (fields[key] != 1)] if key in fields else ()
+        if len(odd):
+            raise DumpError(f"{path}: {quote(key)} must hold 0 or 1, found {odd[0].item()}")
     metadata = batch.metadata or {}
     pad = metadata.get("pad_size") or 0
-    if not isinstance(pad, int) or not 0 <= pad <= shape[0]:
+    if type(pad) is not int or not 0 <= pad <= shape[0]:
         raise DumpError(f"{path}: metadata pad_size {quote(pad)} is not a row count <= {shape[0]}")
     rows = shape[0] - pad
     selected = fields[selector][:rows] != 0
@@ -292,30 +329,42 @@ def _table(path: File, batch: _Batch) -> pa.Table:
     if "advantages" in fields:
         tokens["advantage"] = fields["advantages"][:rows][selected]
     if batch.get("sequences") is not None:
-        sequences = _array(batch["sequences"])
+        sequences = _array(batch["sequences"], path, "sequences")
         if sequences.ndim != 2 or sequences.shape[0] != shape[0] or sequences.shape[1] < shape[1]:
             raise DumpError(
                 f"{path}: 'sequences' has shape {list(sequences.shape)}; expected "
                 f"[{shape[0]}, S] with S >= {shape[1]}"
             )
         tokens["token_id"] = sequences[:rows, sequences.shape[1] - shape[1] :][selected]
-    groups = _groups(metadata.get("policy_prompt_boundaries"), rows)
-    return canonical_table(
-        step=int(match.group(1)),
+    groups, notes = _groups(metadata.get("policy_prompt_boundaries"), rows, shape[0])
+    table = canonical_table(
+        step=as_index(int(match.group(1)), str(path), "the step in its name"),
         seq_id=np.arange(rows, dtype=np.int64),
         lengths=selected.sum(axis=1),
         tokens=tokens,
         sequences={} if groups is None else {"group_id": groups},
     )
+    return table, tuple(f"{path}: {note}" for note in notes)
 
 
-def _groups(boundaries: object, rows: int) -> np.ndarray | None:
-    """Each row's prompt index from SkyRL's (start, end) prompt boundaries, if they cover all."""
+def _groups(boundaries: object, rows: int, size: int) -> tuple[np.ndarray | None, list[str]]:
+    """Each row's prompt index from SkyRL's (start, end) prompt boundaries, if they cover all;
+    else None, with a note when they are there but malformed (group_id is optional: the
+    log-probs are read without it)."""
+    if boundaries is None:
+        return None, []
+    left_out = "group_id not imported: metadata policy_prompt_boundaries"
     if not isinstance(boundaries, list | tuple):
-        return None
+        return None, [f"{left_out} is a {type(boundaries).__name__}, not a list"]
     group = np.full(rows, -1, dtype=np.int64)
     for index, bounds in enumerate(boundaries):
-        if not isinstance(bounds, list | tuple) or len(bounds) != 2:
-            return None
-        group[int(bounds[0]) : int(bounds[1])] = index
-    return group if (group >= 0).all() else None
+        if not (
+            isinstance(bounds, list | tuple)
+            and len(bounds) == 2
+            and all(type(b) is int for b in bounds)
+            and 0 <= bounds[0] <= bounds[1] <= size
+        ):
+            found = quote(bounds, 60)
+            return None, [f"{left_out}[{index}] is {found}, not (start, end) rows within {size}"]
+        group[bounds[0] : bounds[1]] = index
+    return (group if (group >= 0).all() else None), []

@@ -44,8 +44,10 @@ cover the response only, so every position is a token):
 
 from __future__ import annotations
 
+import math
 import pickle
 import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,13 +55,15 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iscore.errors import DumpError, quote
+from iscore.errors import DumpError, counted, quote
 from iscore.importers import (
     File,
     Part,
     as_floats,
+    as_index,
     as_ints,
     as_mask,
+    load_weights_only,
     open_binary,
     unpickling_detail,
 )
@@ -115,8 +119,16 @@ def _head(path: File) -> bytes:
                         return member.read(size)
             f.seek(0)
             return f.read(size)  # the legacy format pickles the structure first
-    except (OSError, zipfile.BadZipFile):
-        return b""
+    except (
+        OSError,
+        EOFError,
+        ValueError,
+        RuntimeError,
+        NotImplementedError,
+        zipfile.BadZipFile,
+        zlib.error,
+    ):
+        return b""  # a damaged archive claims nothing; reading it says what is wrong
 
 
 def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Part]:
@@ -144,8 +156,8 @@ def _load(path: File, *, rollout_dump: bool = False) -> object:
     if magic not in (b"PK", b"\x80\x02"):
         raise DumpError(f"{path}: not a file torch.save wrote (neither a zip archive nor a pickle)")
     try:
-        with open_binary(path) as f, torch.serialization.safe_globals(allowed):
-            return torch.load(f, weights_only=True, map_location="cpu")
+        with open_binary(path) as f:
+            return load_weights_only(f, allowed)
     except pickle.UnpicklingError as e:
         if rollout_dump:
             raise DumpError(
@@ -157,8 +169,12 @@ def _load(path: File, *, rollout_dump: bool = False) -> object:
             "never unpickles arbitrary objects from a train dump. Save it again holding only "
             "tensors, lists, dicts, strings and numbers"
         ) from None
-    except (RuntimeError, OSError, EOFError, ValueError) as e:
-        raise DumpError(f"{path}: not a file torch.save wrote ({e or type(e).__name__})") from None
+    except Exception as e:
+        # A damaged file fails torch.load in any way (IndexError, KeyError, struct.error, ...
+        # from its legacy format); nothing of iscore's runs inside it, and the weights-only
+        # unpickler calls no arbitrary code.
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise DumpError(f"{path}: not a file torch.save wrote ({why})") from None
 
 
 def _numpy_globals() -> list:
@@ -205,20 +221,34 @@ def _samples(payload: object, path: File) -> tuple[list[dict], object, int | Non
 
 def _transpose(data: object, path: File) -> tuple[list[dict], object]:
     """The older layout's {key: list over samples} as one dict per sample, v2's names."""
-    if not isinstance(data, dict) or "response_lengths" not in data:
-        raise DumpError(f"{path}: 'rollout_data' must be a dict with 'response_lengths'")
+    if not isinstance(data, dict) or not _per_sample(data.get("response_lengths")):
+        raise DumpError(f"{path}: 'rollout_data' must be a dict with a 'response_lengths' list")
     count = len(data["response_lengths"])
     renamed = {"sample_indices": "sample_index", "partition": "rollout_position"}
     samples: list[dict] = [{} for _ in range(count)]
     for key, values in data.items():
-        per_sample = isinstance(values, list | tuple) or (
-            isinstance(values, torch.Tensor) and values.dim() >= 1
-        )
         # raw_reward spans the whole rollout (indexed by position), not this rank's samples.
-        if key != "raw_reward" and per_sample and len(values) == count:
+        if key == "raw_reward" or not _per_sample(values):
+            continue
+        if len(values) == count:
             for sample, value in zip(samples, values, strict=True):
                 sample[renamed.get(key, key)] = value
+        elif key in _READ:  # a record cut short: its samples would be read without it
+            raise DumpError(
+                f"{path}: rollout_data {quote(key)} has {counted(len(values), 'entry', 'entries')} "
+                f"but 'response_lengths' has {count}; every field holds one per sample"
+            )
     return samples, data.get("raw_reward")
+
+
+_READ = {*_COLUMNS, "response_lengths", "sample_indices", "partition", "local_raw_reward"}
+"""The older layout's per-sample fields iscore reads."""
+
+
+def _per_sample(values: object) -> bool:
+    return isinstance(values, list | tuple) or (
+        isinstance(values, torch.Tensor) and values.dim() >= 1
+    )
 
 
 def _numpy(value: object) -> object:
@@ -233,9 +263,7 @@ def _read(path: File, allow_pickle: bool, seen: set[tuple[int, int]]) -> Part:
         raise DumpError(_ROLLOUT_DUMP.format(path=path))
     payload = _load(path)
     samples, raw_reward, version, older = _samples(payload, path)
-    rollout_id = payload.get("rollout_id")
-    if isinstance(rollout_id, bool) or not isinstance(rollout_id, int):
-        raise DumpError(f"{path}: 'rollout_id' must be an integer, found {quote(rollout_id)}")
+    rollout_id = as_index(_numpy(payload.get("rollout_id")), str(path), "rollout_id")
     notes: list[str] = []
     if older and samples and all("log_probs" not in s for s in samples):
         notes.append(
@@ -246,22 +274,27 @@ def _read(path: File, allow_pickle: bool, seen: set[tuple[int, int]]) -> Part:
     columns = _Columns(older)
     repeats = 0
     for i, sample in enumerate(samples):
+        where = f"{path}: sample {i}"
         index, position = sample.get("sample_index"), sample.get("rollout_position")
-        where = f"{path}: sample {i}" + (f" (sample_index {index})" if index is not None else "")
+        if index is not None:
+            index = as_index(_numpy(index), where, "sample_index")
+            where += f" (sample_index {index})"
+        if position is not None:
+            position = as_index(_numpy(position), where, "rollout_position")
         seq_id = index if index is not None else position
         if seq_id is None:
             raise DumpError(f"{where}: neither 'sample_index' nor 'rollout_position' is set")
-        key = (rollout_id, int(seq_id))
+        key = (rollout_id, seq_id)
         if key in seen:
             if not older:
                 raise DumpError(f"{where}: sample {seq_id} of rollout {rollout_id} read twice")
             repeats += 1  # a tensor-parallel replica's copy
             continue
         seen.add(key)
-        columns.add(sample, int(seq_id), where)
+        columns.add(sample, seq_id, where)
         columns.reward.append(_reward(sample, raw_reward, position, joined))
         if joined is not None:
-            columns.group.append(_group(joined, sample, position, where))
+            columns.group.append(_group(joined, index, position, where))
     if repeats:
         notes.append(f"{path}: {repeats} samples already read from another rank's file; skipped")
     table = columns.table(rollout_id, notes)
@@ -289,7 +322,7 @@ class _Columns:
             if sample.get(key) is None:
                 also = f", which {self.first} has" if key in self.optional else ""
                 raise DumpError(f"{where}: no {quote(key)}{also}")
-        n = int(sample["response_lengths"])
+        n = as_index(_numpy(sample["response_lengths"]), where, "response_lengths")
         floats = ("rollout_log_probs", "log_probs", *(k for k in _PER_TOKEN if k in self.optional))
         rows = {key: as_floats(_numpy(sample[key]), where, key) for key in floats}
         if "loss_masks" in sample:
@@ -309,7 +342,7 @@ class _Columns:
                     f"{n}{cp}"
                 )
         if "tokens" in self.optional:
-            tokens = as_ints(_numpy(sample["tokens"]), where, "tokens")
+            tokens = as_ints(_numpy(sample["tokens"]), where, "tokens", np.int32)
             if tokens.size < n:
                 raise DumpError(
                     f"{where}: 'tokens' has {tokens.size} ids, fewer than response_lengths {n}"
@@ -364,11 +397,16 @@ def _rollout_samples(
 
 
 def _scalar(value: object) -> float | None:
+    """A reward as a float (an integer beyond float64's range infinite); None if it is not
+    one real number."""
     if isinstance(value, torch.Tensor | np.ndarray | np.generic) and np.size(value) == 1:
         value = np.asarray(_numpy(value)).item()
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _reward(
@@ -383,23 +421,25 @@ def _reward(
         return _scalar(sample["local_raw_reward"])
     if not isinstance(position, int) or position < 0:
         return None
-    if isinstance(raw_reward, list | tuple | torch.Tensor) and position < len(raw_reward):
+    if _per_sample(raw_reward) and position < len(raw_reward):
         return _scalar(raw_reward[position])
     if joined is not None and position < len(joined):
         return _scalar(joined[position].get("reward"))
     return None
 
 
-def _group(joined: list[dict], sample: dict, position: object, where: str) -> object:
+def _group(joined: list[dict], index: int | None, position: int | None, where: str) -> object:
     """The sample's group_index in the rollout dump, checking the two dumps belong together."""
-    if not isinstance(position, int) or not 0 <= position < len(joined):
+    if position is None or not position < len(joined):
         raise DumpError(
             f"{where}: rollout_position {quote(position)} is not a sample of the rollout dump "
             f"({len(joined)} samples)"
         )
     other = joined[position]
-    index, expected = sample.get("sample_index"), other.get("index")
-    if index is not None and expected is not None and int(index) != int(expected):
+    expected = other.get("index")
+    if expected is not None:
+        expected = as_index(_numpy(expected), f"{where}: the rollout dump's sample", "index")
+    if index is not None and expected is not None and index != expected:
         raise DumpError(
             f"{where}: the rollout dump's sample {position} has index {expected}, not "
             f"{index}: the two dumps are not of the same rollout"

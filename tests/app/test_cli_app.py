@@ -81,6 +81,11 @@ def test_iscore_options_go_to_the_script(launched: dict, tmp_path) -> None:
         (["app", "--max-upload-tokens", "-5"], "to be a positive integer, but got -5"),
         (["app", "--cache-mb", "lots"], "to be a positive integer, but got lots"),
         (["app", "--max-path-tokens", "0"], "to be a positive integer, but got 0"),
+        (["app", "data/fp8.parquet", "--follow"], "Expected a run's folder (a directory) with"),
+        (["app", "--follow"], "with --follow, but got none"),
+        (["app", "data", "--interval", "5"], "--interval is how often --follow looks"),
+        (["app", "data", "--follow", "--interval", "0"], "a positive number, but got 0"),
+        (["app", "data", "--follow", "--interval=soon"], "a positive number, but got soon"),
     ],
 )
 def test_mistakes_are_one_line_errors(launched: dict, capsys, argv: list, message: str) -> None:
@@ -92,3 +97,29 @@ def test_mistakes_are_one_line_errors(launched: dict, capsys, argv: list, messag
 def test_help(capsys) -> None:
     assert cli.main(["app", "--help"]) == 0
     assert "usage: iscore app [DUMP]" in capsys.readouterr().out
+
+
+def test_follow_a_run_folder_even_an_empty_one(launched: dict, tmp_path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    cli.main(["app", str(run), "--follow", "--interval", "2.5"])
+    argv = launched["argv"]
+    assert argv[argv.index("--") :] == ["--", "--path", str(run), "--follow", "--interval", "2.5"]
+    launched.clear()
+    cli.main(["app", str(run), "--follow"])
+    assert launched["argv"][-2:] == ["--interval", "10"]  # FOLLOW_INTERVAL_S
+
+
+def test_a_followed_runs_slice_is_checked_against_its_whole_files(
+    launched: dict, tmp_path, capsys
+) -> None:
+    run = tmp_path / "run"
+    (run / "step_000000").mkdir(parents=True)
+    data = (DATA / "drift.parquet").read_bytes()
+    (run / "step_000000" / "rank_0000.parquet").write_bytes(data[:-10])  # being written
+    assert cli.main(["app", str(run), "--follow", "--where", "nonsense > 1"]) is None
+    assert launched["argv"][-2:] == ["--where", "nonsense > 1"]  # nothing whole to check yet
+    launched.clear()
+    (run / "step_000000" / "rank_0000.parquet").write_bytes(data)
+    assert cli.main(["app", str(run), "--follow", "--where", "nonsense > 1"]) == 2
+    assert "nonsense" in capsys.readouterr().err and "argv" not in launched

@@ -14,9 +14,19 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+try:
+    from playwright.sync_api import expect
+except ImportError:  # the tests skip themselves, saying why
+    pass
+else:
+    # A loaded machine (CI beside other jobs) can take more than playwright's default 5 s
+    # between an upload and its first metrics; the assertions wait for content, never time it.
+    expect.set_options(timeout=30_000)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -48,22 +58,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The app served by `streamlit run` on a free local port, until the session ends."""
+@contextmanager
+def serving(
+    arguments: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """The app served on a free local port by `python -m ARGUMENTS --server.port PORT` (run
+    in the checkout), until the block ends: its URL, once it answers."""
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
     with open(log_path, "wb") as log:
         server = subprocess.Popen(
             [
-                sys.executable, "-m", "streamlit", "run", "app/serve.py",
+                sys.executable, "-m", *arguments,
                 "--server.address", "127.0.0.1", "--server.port", str(port),
                 "--server.headless", "true",
             ],
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"},
+            env={**os.environ, "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false", **(env or {})},
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -86,6 +98,14 @@ def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The app served by `streamlit run` on a free local port, until the session ends."""
+    log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
+    with serving(["streamlit", "run", "app/serve.py"], log_path) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

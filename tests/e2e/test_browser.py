@@ -88,7 +88,10 @@ def test_every_page_shows_content_on_first_open(
     _shoot(page, screens, f"{scheme}-1-data")
     for n, title in enumerate(PAGES, 2):
         _go(page, title)
-        shown = page.locator(".js-plotly-plot, [data-testid=stDataFrame], [data-testid=stCode]")
+        # Visible ones: the bands' and the measurements' tables open collapsed.
+        shown = page.locator(
+            ".js-plotly-plot, [data-testid=stDataFrame], [data-testid=stCode] >> visible=true"
+        )
         expect(shown.first).to_be_visible(timeout=30_000)
         expect(page.get_by_test_id("stException")).to_have_count(0)
         _shoot(page, screens, f"{scheme}-{n}-{title.lower()}")

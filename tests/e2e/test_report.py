@@ -15,7 +15,9 @@ from playwright.sync_api import Page
 from iscore.cli import main
 from tests.e2e.conftest import ROOT
 
-_MISMATCH_AXES = """() => [...document.querySelectorAll('.fig')].filter(el => el.layout.yaxis2)
+# The k3 axes: a trend figure's second y-axis is a hidden one, for its events' markers.
+_MISMATCH_AXES = """() => [...document.querySelectorAll('.fig')]
+  .filter(el => el.layout.yaxis2 && el.layout.yaxis2.visible !== false)
   .map(el => ({
     title: el.layout.title.text,
     range: el._fullLayout.yaxis2.range,

@@ -296,6 +296,32 @@ def test_a_dump_with_every_sequence_dropped_says_so(command, tmp_path, capsys):
     assert not (tmp_path / "w.parquet").exists()
 
 
+@pytest.mark.parametrize("empty", ["tokens", "loss"])
+def test_a_run_read_file_by_file_names_the_dumps_empty_sequences(empty, tmp_path, capsys):
+    """analyze reads a dump file by file through the results store, where one file without
+    a loss token is no problem of the dump's; a dump where none has one is refused as
+    validate refuses it (exit 1, the problem named), not as a selection with no sequence."""
+    values = [] if empty == "tokens" else [-1.0, -2.0]
+    table = pa.table(
+        {
+            "seq_id": [0],
+            "rollout_logprob": pa.array([values], pa.list_(pa.float32())),
+            "train_logprob": pa.array([values], pa.list_(pa.float32())),
+            "loss_mask": pa.array([[False] * len(values)], pa.list_(pa.bool_())),
+        }
+    )
+    path = write(table, tmp_path / "empty.parquet")
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    expected = {
+        "tokens": "all 1 sequences are empty (0 tokens)",
+        "loss": "no token is in the loss: loss_mask is false for all 2 tokens",
+    }[empty]
+    for command in (["validate", str(path)], ["analyze", str(path), "-q", *cache]):
+        assert main(command) == 1, command
+        said = capsys.readouterr()
+        assert expected in said.out + said.err, command
+
+
 def test_a_warning_is_one_line(dump, tmp_path, capsys):
     config = tmp_path / "cap.yaml"
     config.write_text("framework: trl\nvllm_importance_sampling_cap: 2.0\n")

@@ -136,6 +136,46 @@ class TestOrder:
             == np.concatenate([np.arange(n) for n in sequences.lengths]).tolist()
         )
 
+    def test_pos_after_an_empty_first_sequence(self, tmp_path):
+        """An empty first sequence put its boundary at index -1: an IndexError with one token
+        after it, and otherwise the last pair of positions went unchecked (a repeat passed)."""
+        lists = pa.list_(pa.float64())
+        one = {"rollout_logprob": pa.array([[], [-1.0]], lists), "pos": [[], [0]]}
+        table = pa.table({"train_logprob": pa.array([[], [-1.0]], lists), **one})
+        assert load(write(table, tmp_path / "one.parquet")).num_tokens == 1
+        lp = pa.array([[], [-1.0, -2.0, -3.0]], lists)
+        table = pa.table({"rollout_logprob": lp, "train_logprob": lp, "pos": [[], [0, 1, 1]]})
+        msg = problems_of(write(table, tmp_path / "repeat.parquet"))
+        assert "column pos: duplicate (seq_id, pos): 1 tokens repeat a position" in msg
+
+    @pytest.mark.parametrize("dtype", [pa.uint64(), pa.uint8(), pa.int8()])
+    def test_pos_order_is_compared_not_subtracted(self, tmp_path, dtype):
+        """uint64 positions [1, 0] differ by 2^64 - 1, "in order": they were read reversed
+        (and int8 [100, -100] by 56)."""
+        top = 100 if dtype == pa.int8() else 1
+        table = pa.table(
+            {
+                "seq_id": [0, 0],
+                "rollout_logprob": [-1.0, -2.0],
+                "train_logprob": [-1.0, -2.0],
+                "pos": pa.array([top, -top if dtype == pa.int8() else 0], dtype),
+            }
+        )
+        assert load(write(table, tmp_path / "p.parquet")).rollout.tolist() == [-2.0, -1.0]
+
+    def test_pos_kept_in_one_read_and_dropped_in_another(self, tmp_path):
+        """One row group's positions were 0..T-1 (dropped as redundant), the next's were not
+        (a gap): joining the two reads raised KeyError('pos')."""
+        lists = pa.list_(pa.float64())
+        lp = pa.array([[-1.0, -2.0], [-3.0, -4.0]], lists)
+        positions = pa.array([[0, 1], [2, 0]], pa.list_(pa.int32()))
+        table = pa.table({"rollout_logprob": lp, "train_logprob": lp, "pos": positions})
+        path = tmp_path / "two_groups.parquet"
+        pq.write_table(table, path, row_group_size=1)
+        batch = load(path)
+        assert batch.rollout.tolist() == [-1.0, -2.0, -4.0, -3.0]
+        assert batch.positions().tolist() == [0, 1, 0, 2]
+
     def test_without_pos_file_order_is_kept(self, tmp_path, sequences):
         path = write(sequences.token_table(pos=False), tmp_path / "nopos.parquet")
         assert same_values(load(path), expected_batch(sequences))

@@ -344,6 +344,23 @@ def test_batch_normalized_bounds_keep_their_digits(upper, option):
     assert identical(parsed, spec) and identical(parsed, spec, probe(spec))
 
 
+@pytest.mark.parametrize("metric", [None, "geometric"])
+def test_a_cap_times_a_policy_factor_keeps_its_digits(metric):
+    """Found by the round trip: under SkyRL's rollout_is loss the sequence TIS weight (float64,
+    from float64 sums) multiplies the policy ratio, so 1.32421875 and its float32-shortest
+    1.3242188 round some products to different float32 weights; the probe that decides
+    whether a bound may be shortened now pairs each log-ratio with a policy off the trainer's,
+    in one-token and long sequences."""
+    spec = skyrl.SkyRLSpec(
+        tis_ratio_type="sequence",
+        sequence_tis_ratio_clip_high=1.32421875,
+        sequence_mask_metric=metric,
+        policy_loss_type="rollout_is",
+    )
+    parsed = quiet_parse(from_snippet(spec))
+    assert identical(parsed, spec) and identical(parsed, spec, probe(spec))
+
+
 def test_file_text_is_read_by_replay_as_is(tmp_path):
     for module in (verl, skyrl, nemo_rl, slime, areal, openrlhf, trl, fireworks):
         for name, spec in module.PRESETS.items():

@@ -14,9 +14,12 @@ import torch
 
 from iscore import figures
 from iscore.analysis import Analysis, analyze
+from iscore.errors import IscoreError
 from iscore.figures import axes, binning
 from iscore.histogram import BINS_PER_DECADE
 from iscore.mismatch import MismatchStats
+from iscore.noise import Band
+from iscore.trend import Event, Trend
 from iscore.tune import TuneResult
 from tests.unit.frameworks.conftest import make_batch
 
@@ -164,10 +167,15 @@ def six() -> Analysis:
 
 
 def _every_figure(analysis: Analysis) -> dict[str, dict]:
-    return figures.all_figures(analysis) | {
-        "mask_rates": figures.mask_rates(analysis),
-        "joint": figures.joint_histogram(analysis),
-    }
+    trends = figures.trend_figures(analysis.trend, smoothing=0.6)
+    return (
+        figures.all_figures(analysis)
+        | {
+            "mask_rates": figures.mask_rates(analysis),
+            "joint": figures.joint_histogram(analysis),
+        }
+        | {f"trend_{column}": figure for column, figure in trends.items()}
+    )
 
 
 def _setting_of(trace: dict, analysis: Analysis) -> int | None:
@@ -488,3 +496,165 @@ def test_names_from_a_config_or_a_dump_are_plain_text(four) -> None:
     fig = figures.sequence_figure(tokens, f"Sequence {hostile}", {hostile: [1.0, 1.0]})
     assert "<a href" not in json.dumps(fig)
     assert "<a href" not in json.dumps(_tune(5, 1, {hostile: 3}))
+
+
+# ------------------------------------------------------------------ a run's figures per step
+
+
+def _smoothed_reference(values: list, weight: float) -> list:
+    """TensorBoard's debiased moving average in closed form, in float64: the n-th value
+    present is the average of the values present so far, the k-th of them weighted
+    (1 - w) w^(n-k), over the sum of those weights, 1 - w^n; a missing value stays missing."""
+    present = [(i, v) for i, v in enumerate(values) if v is not None and np.isfinite(v)]
+    out = list(values)
+    for n, (i, _) in enumerate(present, start=1):
+        x = np.array([v for _, v in present[:n]], dtype=np.float64)
+        w = (1 - weight) * weight ** np.arange(n - 1, -1, -1, dtype=np.float64)
+        out[i] = float((w * x).sum() / w.sum())
+    return out
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.3, 0.6, 0.9, 0.99])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_smoothing_is_tensorboards_debiased_moving_average(weight, seed) -> None:
+    rng = np.random.default_rng(seed)
+    values = rng.lognormal(-6, 2, 60).tolist()
+    values[7] = values[30] = None  # a step without the value: a gap, not a zero
+    values[31] = math.nan
+    got = figures.smooth(values, weight)
+    want = _smoothed_reference(values, weight)
+    assert [g is None for g in got] == [v is None for v in want]
+    kept = [i for i, v in enumerate(want) if v is not None and v == v]
+    assert np.allclose([got[i] for i in kept], [want[i] for i in kept], rtol=1e-12, atol=0)
+    assert math.isnan(got[31])
+    if weight == 0:
+        assert got == values
+    # The first value is itself (debiased: not pulled toward 0); a constant stays constant.
+    assert got[0] == pytest.approx(values[0], rel=1e-15)
+    assert figures.smooth([3e-4] * 5, weight) == [3e-4] * 5
+
+
+@pytest.mark.parametrize("weight", [-0.1, 1.0, 1.5])
+def test_a_smoothing_weight_outside_0_to_1_is_refused(weight) -> None:
+    with pytest.raises(IscoreError, match="smoothing weight to be in"):
+        figures.smooth([1.0, 2.0], weight)
+
+
+@pytest.mark.parametrize(
+    ("values", "log"),
+    [
+        ([1e-4, 2e-4, 3e-2], True),  # 2.5 decades
+        ([1e-4, 5e-3], False),  # 1.7 decades
+        ([1e-3, 1e-1], False),  # exactly 2: not more
+        ([1e-3, None, 2e-1, math.nan], True),  # missing values do not count
+        ([0.0, 1e-5, 0.3], False),  # a zero cannot sit on a log axis
+        ([-1e-3, 1e-5, 0.3], False),
+        ([0.5], False),
+        ([], False),
+    ],
+)
+def test_the_y_axis_is_logarithmic_where_positive_values_span_over_2_decades(values, log):
+    assert figures.log_axis(values) is log
+
+
+HOSTILE = "<a href='http://e.com'>x</a> & <b>y</b>"
+
+
+def _trend(k3: list[float], events=(), settings=("mine",)) -> Trend:
+    """A hand-made trend: k3 per step (steps 10, 11, ...), 2 broken sequences at step 12, and
+    per setting an LR scale falling from 1."""
+    prefixes = tuple(f"s{i}" for i in range(len(settings)))
+    rows = []
+    for i, value in enumerate(k3):
+        row = {"step": 10 + i, "healthy_k3": value, "k3": value, "broken_sequences": 0}
+        row["healthy_ratio_mean"] = 1.0 + 1e-3 * i
+        for j, prefix in enumerate(prefixes):
+            row[f"{prefix}_lr_scale"] = 1.0 - 0.01 * i * (j + 1)
+            row[f"{prefix}_token_masked_fraction"] = 0.0
+        rows.append(row)
+    if len(rows) > 2:
+        rows[2]["broken_sequences"] = 2
+    return Trend(tuple(rows), prefixes, tuple(settings), Band.of(k3), tuple(events))
+
+
+def test_a_metric_is_drawn_faint_behind_its_smoothing() -> None:
+    k3 = [1e-4, 1.2e-4, 0.9e-4, 1.1e-4, 3e-4, 1e-3, 4e-3, 2e-2, 5e-2]
+    fig = figures.trend_figure(_trend(k3), "healthy_k3", smoothing=0.6)
+    raw, smoothed = fig["data"][:2]
+    assert raw["x"] == list(range(10, 19)) and raw["y"] == k3
+    assert raw["opacity"] < 1 and "opacity" not in smoothed
+    assert raw["mode"] == "lines+markers" and smoothed["mode"] == "lines"  # a click: a value
+    assert smoothed["y"] == pytest.approx(_smoothed_reference(k3, 0.6), rel=1e-12)
+    assert fig["layout"]["yaxis"]["type"] == "log"  # 2.7 decades
+    # Unsmoothed (the report's): one line, as it is.
+    (line, broken, events) = figures.trend_figure(_trend(k3), "healthy_k3")["data"]
+    assert line["y"] == k3 and "opacity" not in line
+    assert broken["x"] == [12] and broken["customdata"] == [2]
+    assert events["x"] == []
+    # A flat run stays on a linear axis, the early band marked.
+    flat_trend = _trend([1e-4, 1.3e-4, 0.8e-4, 1.1e-4])
+    flat, flat_band = figures.trend_figure(flat_trend, "healthy_k3"), flat_trend.band
+    assert flat["layout"]["yaxis"]["type"] == "linear"
+    labels = [s["label"].get("text") for s in flat["layout"]["shapes"]]
+    assert labels == [f"median of {flat_band.early}", "the early band's edge"]
+
+
+def test_each_event_is_marked_where_it_begins_with_what_changed_on_hover() -> None:
+    events = (
+        Event("growth", 13, "healthy_k3", "k3 rose " + "far above the band " * 10),
+        Event("setting_degrades", 13, "s0_lr_scale", f"{HOSTILE} misses them", HOSTILE),
+        Event("offset", 15, "healthy_ratio_mean", "<e^d> = 1.01"),
+    )
+    trend = _trend([1e-4, 1.1e-4, 0.9e-4, 5e-4, 1e-3, 2e-3], events, settings=(HOSTILE,))
+    for column, fig in figures.trend_figures(trend, smoothing=0.5).items():
+        lines = [s for s in fig["layout"]["shapes"] if s.get("yref") == "paper"]
+        assert [s["x0"] for s in lines] == [13, 15], column
+        assert lines[0]["label"]["text"] == "growth, setting degrades"
+        (markers,) = [t for t in fig["data"] if t["name"] == "events"]
+        assert markers["x"] == [13, 15] and markers["yaxis"] == "y2"
+        assert fig["layout"]["yaxis2"]["overlaying"] == "y"
+        assert markers["y"] == [1.0, 1.0] and fig["layout"]["yaxis2"]["range"] == [0, 1]
+        first, second = markers["hovertext"]
+        assert first.startswith("<b>The mismatch began to grow</b> from step 13<br>found in ")
+        assert "<b>A setting stopped meeting the targets</b> from step 13" in first
+        assert "found in s0_lr_scale<br>&lt;a href=" in first  # as plain text
+        assert max(len(line) for line in first.split("<br>")) < 120  # wrapped
+        assert "&lt;e^d&gt; = 1.01" in second
+        assert "<a href" not in json.dumps(fig) and "<e^d>" not in json.dumps(fig)
+
+
+def test_each_setting_is_a_line_in_its_style_with_its_raw_values_faint() -> None:
+    names = ("first", "second", "third")
+    trend = _trend([1e-4] * 6, settings=names)
+    fig = figures.setting_trend_figure(trend, "lr_scale", smoothing=0.8)
+    drawn = [t for t in fig["data"] if t["name"] != "events"]
+    assert len(drawn) == 6
+    for i, name in enumerate(names):
+        raw, smoothed = drawn[2 * i : 2 * i + 2]
+        assert raw["name"] == smoothed["name"] == name
+        assert raw["legendgroup"] == smoothed["legendgroup"] == str(i)
+        assert raw["showlegend"] is False and "showlegend" not in smoothed
+        assert smoothed["line"] == figures.style(i, 3)["line"]
+        assert raw["line"]["color"] == figures.color(i) and raw["opacity"] < 1
+        values = [1.0 - 0.01 * k * (i + 1) for k in range(6)]
+        assert raw["y"] == values
+        assert smoothed["y"] == pytest.approx(_smoothed_reference(values, 0.8), rel=1e-12)
+    assert fig["layout"]["yaxis"]["type"] == "linear"
+    assert [s["y0"] for s in fig["layout"]["shapes"]] == [1.0]  # uncorrected
+    assert fig["layout"]["showlegend"] is True
+    # Every setting statistic, after every diagnostic; none without settings.
+    keys = list(figures.trend_figures(trend))
+    assert keys == [m.column for m in (*figures.DIAGNOSTICS, *figures.SETTING_METRICS)]
+    assert list(figures.trend_figures(_trend([1e-4] * 3, settings=()))) == [
+        m.column for m in figures.DIAGNOSTICS
+    ]
+
+
+def test_trend_figures_keep_to_the_house_style(four) -> None:
+    """Legends outside the plot, transparent backgrounds, whole steps on the step axis."""
+    for column, fig in figures.trend_figures(four.trend).items():
+        layout = fig["layout"]
+        if layout["showlegend"]:
+            assert _legend_outside(layout), column
+        assert layout["paper_bgcolor"] == layout["plot_bgcolor"] == "rgba(0,0,0,0)", column
+        assert layout["xaxis"]["tickformat"] == "d" and layout["xaxis"]["dtick"] >= 1, column

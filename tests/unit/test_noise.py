@@ -9,8 +9,8 @@ import pytest
 from iscore import load, noise
 from iscore.dump import Dump, readers
 from iscore.mismatch import MismatchStats
+from iscore.mismatch import broken_sequences as broken_of
 from iscore.noise import Noise, outside, segment_medians
-from iscore.recommendation import broken_sequences as recommend_broken
 from iscore.simulate import SimConfig, broken_sequences, write_simulated
 
 
@@ -59,7 +59,7 @@ def test_a_growing_mismatch_is_not_taken_for_broken_sequences(tmp_path, seed) ->
     judged against its own noise."""
     path = tmp_path / "drift.parquet"
     write_simulated(path, SimConfig(regime="drift", sequences=64, steps=10, seed=seed))
-    assert not recommend_broken(load(path)).any()
+    assert not broken_of(load(path)).any()
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -68,7 +68,7 @@ def test_a_stale_replica_is_found_in_a_growing_run(tmp_path, seed) -> None:
     config = SimConfig(regime="drift", sequences=64, steps=6, broken_share=0.1, seed=seed)
     write_simulated(path, config)
     truth = np.concatenate([broken_sequences(config, step) for step in range(6)])
-    np.testing.assert_array_equal(recommend_broken(load(path)), truth)
+    np.testing.assert_array_equal(broken_of(load(path)), truth)
 
 
 def test_the_analysis_and_the_recommendation_call_the_same_sequences_broken(
@@ -85,7 +85,7 @@ def test_the_analysis_and_the_recommendation_call_the_same_sequences_broken(
     assert len(chunks) > 2
     for chunk in chunks:
         stats.update(chunk)
-    whole = recommend_broken(load(path))
+    whole = broken_of(load(path))
     np.testing.assert_array_equal(stats.broken(), whole)
     np.testing.assert_array_equal(whole, broken_sequences(config, 0))
     assert whole.sum() > 0

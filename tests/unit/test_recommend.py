@@ -13,6 +13,7 @@ import torch
 from iscore import TokenBatch, load, ops, simulate
 from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
+from iscore.mismatch import broken_sequences as broken_of
 from iscore.recommendation import (
     CAPS,
     OBJECTIVE_STEP,
@@ -22,7 +23,6 @@ from iscore.recommendation import (
     _preference,
     recommend,
 )
-from iscore.recommendation import broken_sequences as recommend_broken
 from iscore.settings import parse_config
 from iscore.simulate import SimConfig, broken_sequences, write_simulated
 from tests.unit.frameworks.conftest import edge_batch
@@ -202,7 +202,7 @@ def test_a_context_dependent_offset_is_not_taken_for_broken_sequences(tmp_path_f
     standard errors alone, seed 0 had 2 of 256). Stale replicas in a benign dump are still
     found (`test_broken_sequences_are_masked_where_the_framework_can`)."""
     batch = _simulated(tmp_path_factory, "offset_bug", seed, sequences=256)
-    assert not recommend_broken(batch).any()
+    assert not broken_of(batch).any()
 
 
 @pytest.fixture(scope="module")
@@ -217,7 +217,7 @@ def test_broken_sequences_leave_the_token_bounds_to_the_healthy_tokens(broken_te
     cap is placed on the healthy tokens alone; the geometric mask drops the broken
     sequences."""
     rec = recommend(broken_tenth, "verl")
-    broken = recommend_broken(broken_tenth)
+    broken = broken_of(broken_tenth)
     assert broken.any()
     lengths = broken_tenth.lengths.numpy()
     healthy = broken_tenth.loss_mask.numpy() & ~np.repeat(broken, lengths)

@@ -354,6 +354,10 @@ def test_read_truth_needs_simulation_metadata(tmp_path):
             {"policy_sigma": True},
             "Expected argument `policy_sigma` to be a float in [0, 2], but got True",
         ),
+        (
+            {"policy_growth": 0.1},
+            "Expected argument `policy_growth` to be a float in [0.5, 4], but got 0.1",
+        ),
     ],
 )
 def test_bad_config_raises(kwargs, message):
@@ -439,3 +443,17 @@ def test_a_run_folder_holds_one_file_per_step_and_rank_with_its_truth(tmp_path, 
     assert "is a directory; expected a file name to write, or" in capsys.readouterr().err
     assert main(["simulate", str(tmp_path / "one.parquet"), "--ranks", "2"]) == 2
     assert "--ranks is an option of a run folder" in capsys.readouterr().err
+
+
+def test_a_growing_policy_lags_more_each_step_and_leaves_the_rest_unchanged(tmp_path):
+    config = {"regime": "dense_bf16", "sequences": 16, "steps": 3, "seed": 8, "policy_sigma": 0.1}
+    steady = write_simulated(tmp_path / "steady.parquet", SimConfig(**config))
+    growing = write_simulated(tmp_path / "growing.parquet", SimConfig(**config, policy_growth=2))
+    a, b = pq.read_table(tmp_path / "steady.parquet"), pq.read_table(tmp_path / "growing.parquet")
+    assert all(a[n].equals(b[n]) for n in a.column_names if n != "policy_logprob")
+    assert steady.steps[0].kl_train_policy == growing.steps[0].kl_train_policy
+    lag = [s.kl_train_policy for s in growing.steps]
+    assert lag[1] > 3 * lag[0] and lag[2] > 3 * lag[1]  # KL ~ sigma^2: x4 per step
+    assert read_truth(tmp_path / "growing.parquet") == growing
+    # Unset, the field is not written: dumps simulated before it existed keep their bytes.
+    assert "policy_growth" not in steady.to_dict()["config"]

@@ -147,7 +147,7 @@ def test_the_report_shows_the_trend_and_its_events(tmp_path_factory):
     from iscore.report import render_html
 
     _, a = _run(tmp_path_factory, steps=14, seed=14, broken_from=9, broken_share=0.06)
-    figure = trend_figure(a)
+    figure = trend_figure(a.trend)
     marks = [s["label"]["text"] for s in figure["layout"]["shapes"] if s["type"] == "line"]
     assert marks[:2] == ["median of the first 4 steps", "the early band's edge"]
     # At step 9, where the geometric mask drops them, beyond its 5% of sequences.

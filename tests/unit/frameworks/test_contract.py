@@ -71,6 +71,9 @@ def test_registered_under_its_name(fw) -> None:
     assert fw.presets(), "at least one preset"
     assert fw.default in fw.presets(), "the default (the app's starting point) is a preset"
     assert set(fw.metrics) <= set(METRIC_NAMES), "metrics keyed by iscore's statistics"
+    for cited in (*fw.bands, *fw.references):
+        assert cited.statistic in METRIC_NAMES, "bands and references on iscore's statistics"
+        assert cited.source.name and cited.source.url.startswith("https://"), "cited with a link"
     assert fw.snippet_formats and set(fw.snippet_formats) <= {"yaml", "flags"}
     assert set(fw.families) <= set(FAMILIES)
     for trap in fw.traps:

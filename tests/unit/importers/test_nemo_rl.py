@@ -232,7 +232,8 @@ class TestMalformed:
 
     def test_not_numbers(self, tmp_path):
         path = self.write(tmp_path, self.GOOD.replace("[[0.0, -1.0]]", '[["a", -1.0]]'))
-        with pytest.raises(DumpError, match="'generation_logprobs' must be a list of numbers"):
+        expected = "'generation_logprobs' must be a flat list of numbers, found 'a'"
+        with pytest.raises(DumpError, match=expected):
             read(path)
 
     def test_step_needs_the_file_name(self, tmp_path):

@@ -1,0 +1,124 @@
+"""Trends: the run step by step, each diagnostic and each setting in Compare per training
+step, smoothed, with the run's events; a click on a step opens its worst sequences on Explore.
+With `iscore app DIR --follow`, new steps appear as they land, without a reload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import common
+import streamlit as st
+
+from iscore import figures
+from iscore.errors import IscoreError
+from iscore.trend import EVENT_KINDS, Trend
+
+ws = common.require_workspace()
+specs = common.settings()
+folder = common.followed()
+state = st.session_state
+
+st.title("Trends")
+common.notice()
+st.caption(
+    "Each diagnostic, and each setting in Compare, per training step: faint the step's own "
+    "value, solid its smoothing (an exponential moving average, as TensorBoard smooths). A "
+    "dotted line marks the step where the run changed; hover its triangle for the evidence. "
+    "Click a step to open its worst sequences on Explore."
+)
+if common.selected_steps() is not None:
+    st.caption(
+        "Trends shows the whole run: the selected steps and the slice apply to the other pages."
+    )
+
+
+def _clicked(key: str) -> None:
+    """A click on a step's point: open its worst sequences (in the page's next run, where a
+    page can be switched)."""
+    points = state[key].selection.points
+    if points:
+        state.trends_step = int(points[0]["x"])
+
+
+def _chart(column: str, figure: dict[str, Any]) -> None:
+    """A figure whose points open their step; its key changes with each click handled, so
+    that a chart shown again starts without a selection."""
+    key = f"trends_{column}_{state.get('trends_clicks', 0)}"
+    st.plotly_chart(
+        figure,
+        width="stretch",
+        config=common.PLOT_CONFIG,
+        theme="streamlit",
+        key=key,
+        on_select=lambda: _clicked(key),
+        selection_mode="points",
+    )
+
+
+def _events(trend: Trend) -> None:
+    if not trend.events:
+        st.success(
+            "No event: the mismatch stays within its early steps' band, no step has broken "
+            "sequences or an offset, and no setting stops meeting the targets."
+        )
+        return
+    st.markdown(
+        "\n".join(
+            f"- **Step {e.step}: {common.escape(EVENT_KINDS[e.kind])}**: "
+            f"{common.escape(e.evidence)}"
+            for e in trend.events
+        )
+    )
+
+
+@st.fragment(run_every=common.options().interval if folder is not None else None)
+def trends() -> None:
+    step = state.pop("trends_step", None)
+    if step is not None:
+        state.trends_clicks = state.get("trends_clicks", 0) + 1
+        common.open_worst_sequences(step)
+    try:
+        if folder is None:
+            trend = common.compute("Computing each step's figures…", ws.analysis, specs).trend
+        else:
+            trend = common.run_trend(folder, specs)
+    except IscoreError as e:
+        common.show_error(e)
+        return
+    if not trend.rows:
+        st.info("No step yet.")
+        return
+    cols = st.columns(3)
+    cols[0].metric("Steps", len(trend.rows), border=True)
+    cols[1].metric("Latest step", trend.rows[-1]["step"], border=True)
+    cols[2].metric("Events", len(trend.events), border=True)
+    if folder is not None:
+        st.caption(
+            f"Following {common.escape(folder)}: new steps appear here as they land (looked "
+            f"for every {common.options().interval:g} s)."
+        )
+    _events(trend)
+    smoothing = st.slider(
+        "Smoothing (0: none)",
+        min_value=0.0,
+        max_value=0.99,
+        step=0.01,
+        **common.persist("trends_smoothing", figures.SMOOTHING),
+    )
+    drawn = figures.trend_figures(trend, smoothing)
+    st.subheader("The mismatch")
+    first, *shown = [m.column for m in figures.DIAGNOSTICS]
+    _chart(first, drawn[first])  # k3 against the early band: across the page
+    for pair in range(0, len(shown), 2):
+        for cell, column in zip(st.columns(2), shown[pair : pair + 2], strict=False):
+            with cell:
+                _chart(column, drawn[column])
+    if not trend.settings:
+        st.info("Add settings on Compare to follow what each does, step by step.")
+        return
+    st.subheader("The settings in Compare")
+    for metric in figures.SETTING_METRICS:
+        _chart(metric.column, drawn[metric.column])
+
+
+trends()

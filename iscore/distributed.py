@@ -1,12 +1,13 @@
 """Work spread over a Ray cluster: `--engine ray` (`engine="ray"` in Python) of `analyze`,
-`sequences` and `watch` (docs/performance.md#ray).
+`sequences`, `recommend` (its dump read, `Dump.load`) and `watch` (docs/performance.md#ray).
 
 The caller cuts its work into tasks (for a dump: its files, and a large file into ranges of its
 steps, `Dump.pieces`); each task runs a module-level function of iscore on a worker and returns
 plain values (for an analysis, the accumulators' states of each part, as the results store
-keeps them). `ordered` hands the results back in the order of the tasks, so the caller merges
-them exactly as one process would, and keeps at most a window of tasks in flight or waiting to
-be merged: the driver holds a window's results, never a run's.
+keeps them; for a load, the piece's batch). `ordered` hands the results back in the order of
+the tasks, so the caller merges them exactly as one process would, and keeps at most a window
+of tasks in flight or waiting to be merged: the driver holds a window's results, never a
+run's.
 
 A task that fails for the system's sake (its worker or node died, its result was lost) is run
 again, `RETRIES` times; one that raises is not (a dump's problem is the same the second

@@ -84,14 +84,15 @@ CONDITIONAL_RATIO = 2.0
 is over this many times the other tokens',"""
 
 CONDITIONAL_Z = 3.0
-"""this many standard errors above it (a few far-off tokens in one group raise its mean and
-its standard error together: z stays near the square root of their number),"""
+"""and their mean |d| this many standard errors above the others' (|d|, not k3: k3's tail is
+so heavy that a few far-off tokens make its standard error, while |d| keeps the test's
+power; a few far-off tokens in one group raise its mean and standard error together),"""
 
 CONDITIONAL_TOKENS = 100
 """and both groups hold at least this many loss tokens."""
 
 _K3_CLAMP = 20.0
-"""d is clamped to +-this many nats before its k3 is summed (and squared) per group."""
+"""d is clamped to +-this many nats before its k3 is summed per group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,18 +152,21 @@ class AttributionStats:
         steps = batch.step.cpu().numpy().astype(np.int64)
         d = ops.log_ratio(batch)
         absd = torch.abs(d if every else d[m]).cpu().numpy()
-        self.span.append(_span_ratios(absd, T, steps))
-        if batch.routing_agrees is not None or batch.turn is not None:
-            fields = _fields(d if every else d[m], absd)
-            token_step = np.repeat(steps, T)
-            mask = m.cpu().numpy()
-            if batch.routing_agrees is not None:
-                differ = ~batch.routing_agrees.cpu().numpy()[mask]
-                _add(self.routing, _group_sums(fields, differ, token_step))
-            if batch.turn is not None:
-                lengths = batch.lengths.cpu().numpy()
-                boundary = turn_boundary(batch.turn.cpu().numpy(), lengths, mask)[mask]
-                _add(self.turns, _group_sums(fields, boundary, token_step))
+        token_step = np.repeat(steps, T)
+        mask = m.cpu().numpy()
+        grouped = batch.routing_agrees is not None or batch.turn is not None
+        fields = _fields(d if every else d[m], absd) if grouped else None
+        if batch.routing_agrees is not None:
+            differ = ~batch.routing_agrees.cpu().numpy()[mask]
+            _add(self.routing, _group_sums(fields, differ, token_step))
+        spanned = absd
+        if batch.turn is not None:
+            lengths = batch.lengths.cpu().numpy()
+            boundary = turn_boundary(batch.turn.cpu().numpy(), lengths, mask)[mask]
+            _add(self.turns, _group_sums(fields, boundary, token_step))
+            # The boundaries' mismatch is re-tokenization's: it makes no span of a routing flip.
+            spanned = np.where(boundary, 0.0, absd)
+        self.span.append(_span_ratios(spanned, T, steps))
         if batch.policy is None:
             return
         lag = ops.log_ratio(batch, "policy") - d  # policy - train, exact in float64
@@ -178,7 +182,6 @@ class AttributionStats:
             ],
             axis=1,
         )
-        token_step = np.repeat(steps, T)
         _add(
             self.policy, {int(s): sums[token_step == s].sum(axis=0) for s in np.unique(token_step)}
         )
@@ -331,15 +334,15 @@ def _span_ratios(absd: np.ndarray, T: np.ndarray, steps: np.ndarray) -> np.ndarr
     return out
 
 
-_GROUP = ("tokens", "k3", "k3_squared", "abs_diff")
-"""The sums kept of each group of loss tokens: count, k3, k3 squared (for its standard
-error) and |d|."""
+_GROUP = ("tokens", "k3", "abs_diff", "d_squared")
+"""The sums kept of each group of loss tokens: count, k3, |d| and d^2 (for the standard error
+of the mean |d|)."""
 
 
 def _fields(d: torch.Tensor, absd: np.ndarray) -> np.ndarray:
     """float64 [n, 4]: each loss token's `_GROUP` terms, from its d and |d|."""
     k3 = ops.k3(d.clamp(-_K3_CLAMP, _K3_CLAMP)).cpu().numpy()
-    return np.stack([np.ones_like(k3), k3, k3 * k3, absd], axis=1)
+    return np.stack([np.ones_like(k3), k3, absd, absd * absd], axis=1)
 
 
 def _group_sums(fields: np.ndarray, inside: np.ndarray, token_step: np.ndarray) -> dict:
@@ -396,10 +399,10 @@ def conditional(sums: np.ndarray | None, inside: str, outside: str) -> dict[str,
         `tokens`; `{inside}_share` (of the tokens); `k3_{inside}`, `k3_{outside}` and
         `abs_diff_mean_{inside}`, `abs_diff_mean_{outside}` (per token; None for an empty
         group); `k3_ratio` (the group's mean k3 over the rest's); `k3_share_{inside}` (the
-        group's share of the k3); `z` (the difference of the mean k3s over its standard
-        error), None where undefined; `{inside}_tokens` and `{outside}_tokens`.
+        group's share of the k3); `z` (the group's mean |d| less the rest's, over its
+        standard error), None where undefined; `{inside}_tokens` and `{outside}_tokens`.
 
-    >>> rest, group = [100, 1.0, 0.02, 5.0], [10, 1.0, 0.2, 2.0]  # _GROUP sums
+    >>> rest, group = [100, 1.0, 5.0, 0.5], [10, 1.0, 2.0, 0.5]  # _GROUP sums
     >>> c = conditional(np.array(rest + group), "differ", "agree")
     >>> c["differ_share"], c["k3_ratio"], c["k3_share_differ"]
     (0.09090909090909091, 10.0, 0.5)
@@ -417,7 +420,7 @@ def conditional(sums: np.ndarray | None, inside: str, outside: str) -> dict[str,
     k3_total = group[1] + rest[1]
     se = None
     if group[0] > 1 and rest[0] > 1:
-        var = [max(p[2] / p[0] - (p[1] / p[0]) ** 2, 0.0) / p[0] for p in (group, rest)]
+        var = [max(p[3] / p[0] - (p[2] / p[0]) ** 2, 0.0) / p[0] for p in (group, rest)]
         se = math.sqrt(sum(var))
     return {
         "tokens": int(n),
@@ -425,18 +428,19 @@ def conditional(sums: np.ndarray | None, inside: str, outside: str) -> dict[str,
         "k3_ratio": ratio,
         f"k3_{inside}": k3_in,
         f"k3_{outside}": k3_out,
-        f"abs_diff_mean_{inside}": mean(group, 3),
-        f"abs_diff_mean_{outside}": mean(rest, 3),
+        f"abs_diff_mean_{inside}": mean(group, 2),
+        f"abs_diff_mean_{outside}": mean(rest, 2),
         f"k3_share_{inside}": float(group[1] / k3_total) if k3_total > 0 else None,
-        "z": (k3_in - k3_out) / se if se else None,
+        "z": (group[2] / group[0] - rest[2] / rest[0]) / se if se else None,
         f"{inside}_tokens": int(group[0]),
         f"{outside}_tokens": int(rest[0]),
     }
 
 
 def _carries(stats: dict[str, Any] | None, inside: str, outside: str) -> bool:
-    """Whether the group carries the mismatch: enough tokens on both sides, and its mean k3
-    `CONDITIONAL_RATIO` times the rest's and `CONDITIONAL_Z` standard errors above it."""
+    """Whether the group carries the mismatch: enough tokens on both sides, its mean k3
+    `CONDITIONAL_RATIO` times the rest's and its mean |d| `CONDITIONAL_Z` standard errors
+    above the rest's."""
     return (
         stats is not None
         and min(stats[f"{inside}_tokens"], stats[f"{outside}_tokens"]) >= CONDITIONAL_TOKENS
@@ -574,8 +578,8 @@ def _routing(
                 f"{a['differ_share']:.1%} of the loss tokens were routed to other experts by "
                 f"the trainer than by the rollout; their k3 is {a['k3_ratio']:.1f}x that of "
                 f"the tokens whose routing agrees ({a['k3_differ']:.3g} against "
-                f"{a['k3_agree']:.3g} per token, {a['z']:.0f} standard errors; mean |d| "
-                f"{a['abs_diff_mean_differ']:.3g} against {a['abs_diff_mean_agree']:.3g}), and "
+                f"{a['k3_agree']:.3g} per token; mean |d| {a['abs_diff_mean_differ']:.3g} "
+                f"against {a['abs_diff_mean_agree']:.3g}, {a['z']:.0f} standard errors), and "
                 f"they carry {share:.0%} of the mismatch.{said}",
                 action,
             )
@@ -654,10 +658,11 @@ def _retokenization(turns: dict[str, Any] | None) -> list[Finding]:
             f"The first {TURN_TOKENS} loss tokens of each turn after the first "
             f"({t['boundary_share']:.1%} of the loss tokens) have {t['k3_ratio']:.1f}x the k3 "
             f"of the rest ({t['k3_boundary']:.3g} against {t['k3_rest']:.3g} per token, "
-            f"{t['z']:.0f} standard errors; mean |d| {t['abs_diff_mean_boundary']:.3g} against "
-            f"{t['abs_diff_mean_rest']:.3g}) and carry {share:.0%} of the mismatch: the "
-            "trainer scored other tokens at the turns' seams than the rollout sampled, as "
-            "re-tokenizing the conversation's text between turns does.",
+            f"mean |d| {t['abs_diff_mean_boundary']:.3g} against "
+            f"{t['abs_diff_mean_rest']:.3g}, {t['z']:.0f} standard errors) and carry "
+            f"{share:.0%} of the mismatch: the trainer scored other tokens at the turns' "
+            "seams than the rollout sampled, as re-tokenizing the conversation's text between "
+            "turns does.",
             "Keep the token ids across turns: build each turn's input from the rollout's own "
             "token ids (append the new turn's tokens) instead of re-tokenizing the transcript "
             "with a chat template. Until then, mask the first tokens of each turn out of the "

@@ -4,6 +4,7 @@ seeds no bundled sample uses, is named, and no other is."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -359,3 +360,20 @@ def test_routing_and_turn_sums_merge_and_round_trip_the_state():
     plain = AttributionStats()
     plain.update(dataclasses.replace(batch, turn=None, routing_agrees=None, _seq_index=[]))
     assert plain.state()["routing"].shape == (0, 9) and not plain.turns
+
+
+def test_the_command_and_the_report_carry_the_findings(tmp_path, capsys):
+    from iscore.cli import main
+
+    path, page, doc = (tmp_path / n for n in ("moe.parquet", "a.html", "a.json"))
+    sources = "--experts 4 --routing-differ 0.1 --routing-scale 8 --turns 3 --turn-scale 8"
+    code = main(["simulate", str(path), "--sequences", "48", "--seed", "92", *sources.split()])
+    assert code == 0
+    assert main(["analyze", str(path), "-q", "--html", str(page), "--json", str(doc)]) == 0
+    out = capsys.readouterr().out
+    assert "from routing: " in out and "from retokenization: " in out
+    html = page.read_text()
+    assert "Tokens routed to other experts carry the mismatch" in html
+    assert "Turn boundaries: a re-tokenized transcript" in html
+    attribution = json.loads(doc.read_text())["attribution"]
+    assert attribution["routing"]["differ_share"] > 0 and attribution["turns"]["tokens"] > 0

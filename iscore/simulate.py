@@ -52,7 +52,12 @@ Columns are `SEQUENCE_SCHEMA` (what `simulate` yields) or `TOKEN_SCHEMA`; with
 `SimConfig.policy_sigma` > 0 a `policy_logprob` column follows `train_logprob`: the log-prob of
 the sampled token under a current policy whose logits are the trainer's plus Gaussian noise of
 that size (what bypass and current-policy corrections score against), with the exact
-KL(trainer || policy) in the truth.
+KL(trainer || policy) in the truth. With `SimConfig.experts` > 0 the dump gets
+`rollout_experts` and `train_experts` (each token's expert ids; `routing_differ` of the tokens
+routed to another expert on the trainer's side, their noise times `routing_scale`), and with
+`SimConfig.turns` > 0 a `turn` column (the first `BOUNDARY_TOKENS` tokens of each turn after the
+first with their noise times `turn_scale`): the sources the attribution's `routing` and
+`retokenization` findings name, and with scale 1 the same columns without the source.
 
 Generation is vectorized numpy in chunks of bounded scratch memory: about 2.8M tokens/s on
 one core at vocab 16 (1.8M for offset_bug, which sorts for its nucleus). `write_simulated`

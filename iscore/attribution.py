@@ -556,10 +556,10 @@ def _routing(
     """Routing flips, from the expert ids where the dump has them (`agreement`), and from the
     spans of large |d| (with the agreement beside them, which may or may not support them)."""
     action = (
-        "On an MoE model, replay the rollout's routing in the trainer (routing replay, R3: "
-        "record the experts the engine chose and force them in the trainer's forward; verl, "
-        "slime, NeMo-RL, AReaL, SkyRL and Megatron ship it). Until then a token band bounds "
-        "these tokens' weights; a sequence mask drops their sequences."
+        "On an MoE model, replay the rollout's routing in the trainer (routing replay, R3 or "
+        "rollout routing replay as the RL frameworks call it: record the experts the engine "
+        "chose and force them in the trainer's forward). Until then a token band bounds these "
+        "tokens' weights; a sequence mask drops their sequences."
     )
     spans = _spans(span, steps, ids, broken)
     if _carries(agreement, "differ", "agree"):

@@ -23,6 +23,7 @@ from iscore.attribution import (
 )
 from iscore.batch import TokenBatch
 from iscore.simulate import SimConfig, read_truth, write_simulated
+from tests.conftest import DEVICES
 
 
 def _attribution(tmp_path, **config):
@@ -297,10 +298,11 @@ def _check(stats, ref, inside, outside):
     ],
     ids=["mixed", "one-token", "masked-sequence", "all-agree", "none-agree"],
 )
-def test_conditional_statistics_equal_a_float64_reference(lengths, options):
+@pytest.mark.parametrize("device", DEVICES)
+def test_conditional_statistics_equal_a_float64_reference(lengths, options, device):
     batch = _batch(lengths, seed=len(lengths), **options)
     stats = AttributionStats()
-    stats.update(batch)
+    stats.update(batch.to(device))
     summary = {"step": [0] * len(lengths), "seq_id": batch.seq_id}
     mismatch = {"by_step": [{"step": 0, "k3": 0.0}], "sequences": len(lengths)}
     result = stats.compute(mismatch, summary, np.zeros(len(lengths), bool))

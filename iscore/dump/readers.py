@@ -1,6 +1,7 @@
 """Reading one Parquet file row group by row group into chunks of whole sequences (token
 and sequence layout), and the value checks every chunk passes: invalid log-probs, masks that
-are not 0/1, nulls, duplicate or interleaved sequences, positions out of order."""
+are not 0/1, nulls, duplicate or interleaved sequences, positions out of order, bad expert ids
+and turns."""
 
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ def _as_float32(values: pa.Array) -> np.ndarray:
 
 
 def check_values(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
-    """Value problems of a chunk: invalid log-probs and loss masks other than 0/1."""
+    """Value problems of a chunk: invalid log-probs, loss masks other than 0/1, expert ids
+    that are negative, empty or of unequal length on the two sides, a turn that goes back."""
     problems = []
     token_rows = chunk.rows
     for name in LOGPROB_COLUMNS:

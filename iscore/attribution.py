@@ -16,7 +16,14 @@ rollout's log-prob) and from two small accumulators here:
   a token's probability falls: most of the k3 sits on the few low-probability tokens.
 - **routing flips** (`routing`): an MoE router that picks other experts on one side for a
   stretch of a sequence gives a span of large |d| among ordinary tokens: the sequence's worst
-  window of `WINDOW` tokens averages many times its step's mean |d|.
+  window of `WINDOW` tokens averages many times its step's mean |d|. With the expert ids of
+  both sides (`rollout_experts`, `train_experts`), the mismatch conditional on routing
+  agreement says it directly: the tokens whose experts differ carry many times the k3 of
+  those whose experts agree.
+- **re-tokenization** (`retokenization`), with a `turn` column: a multi-turn transcript
+  re-tokenized for the trainer splits the text at the turns' seams otherwise than the
+  rollout did: the first `TURN_TOKENS` loss tokens of each turn after the first carry many
+  times the k3 of the rest.
 - **staleness** (`staleness`), with `policy_logprob`: the drift from the rollout to the current
   policy splits into the engine's part (rollout to trainer recompute, d) and the policy's lag
   (trainer recompute to current policy); the lag grows with the off-policy lag, the engine
@@ -69,6 +76,24 @@ LOW_PROB_SHARE = 0.5
 GROWTH = 2.0
 """A part of the mismatch grows when its last step's k3 is this many times its first's."""
 
+TURN_TOKENS = 4
+"""The first this many loss tokens of each turn after a sequence's first are its boundary."""
+
+CONDITIONAL_RATIO = 2.0
+"""Tokens whose routing differs (or at a turn boundary) carry the mismatch when their mean k3
+is over this many times the other tokens',"""
+
+CONDITIONAL_Z = 3.0
+"""and their mean |d| this many standard errors above the others' (|d|, not k3: k3's tail is
+so heavy that a few far-off tokens make its standard error, while |d| keeps the test's
+power; a few far-off tokens in one group raise its mean and standard error together),"""
+
+CONDITIONAL_TOKENS = 100
+"""and both groups hold at least this many loss tokens."""
+
+_K3_CLAMP = 20.0
+"""d is clamped to +-this many nats before its k3 is summed per group."""
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -76,8 +101,8 @@ class Finding:
 
     Attributes:
         kind: `broken`, `nucleus`, `biased_ratio`, `temperature`, `numerics`, `routing`,
-            `staleness` (the policy's lag outweighs the engine or grows), `engine` (with a
-            current policy, the engine's part outweighs the lag) or `drift`.
+            `retokenization`, `staleness` (the policy's lag outweighs the engine or grows),
+            `engine` (with a current policy, the engine's part outweighs the lag) or `drift`.
         title: the source, in a few words.
         evidence: the numbers that support it (plain JSON values).
         summary: the evidence in words.
@@ -114,6 +139,10 @@ class AttributionStats:
     span: list[np.ndarray] = field(default_factory=list)
     # step -> [tokens, k3 of policy - train, k3 of policy - rollout, |policy - train|]
     policy: dict[int, np.ndarray] = field(default_factory=dict)
+    # step -> `_GROUP` sums of the loss tokens whose routing agrees, then of those it differs
+    routing: dict[int, np.ndarray] = field(default_factory=dict)
+    # step -> `_GROUP` sums of the loss tokens off turn boundaries, then of those on one
+    turns: dict[int, np.ndarray] = field(default_factory=dict)
 
     def update(self, batch: TokenBatch) -> None:
         """Add one chunk of whole steps."""
@@ -123,7 +152,21 @@ class AttributionStats:
         steps = batch.step.cpu().numpy().astype(np.int64)
         d = ops.log_ratio(batch)
         absd = torch.abs(d if every else d[m]).cpu().numpy()
-        self.span.append(_span_ratios(absd, T, steps))
+        token_step = np.repeat(steps, T)
+        mask = m.cpu().numpy()
+        grouped = batch.routing_agrees is not None or batch.turn is not None
+        fields = _fields(d if every else d[m], absd) if grouped else None
+        if batch.routing_agrees is not None:
+            differ = ~batch.routing_agrees.cpu().numpy()[mask]
+            _add(self.routing, _group_sums(fields, differ, token_step))
+        spanned = absd
+        if batch.turn is not None:
+            lengths = batch.lengths.cpu().numpy()
+            boundary = turn_boundary(batch.turn.cpu().numpy(), lengths, mask)[mask]
+            _add(self.turns, _group_sums(fields, boundary, token_step))
+            # The boundaries' mismatch is re-tokenization's: it makes no span of a routing flip.
+            spanned = np.where(boundary, 0.0, absd)
+        self.span.append(_span_ratios(spanned, T, steps))
         if batch.policy is None:
             return
         lag = ops.log_ratio(batch, "policy") - d  # policy - train, exact in float64
@@ -139,24 +182,30 @@ class AttributionStats:
             ],
             axis=1,
         )
-        token_step = np.repeat(steps, T)
-        for step in np.unique(token_step):
-            part = sums[token_step == step].sum(axis=0)
-            self.policy[int(step)] = self.policy.get(int(step), 0.0) + part
+        _add(
+            self.policy, {int(s): sums[token_step == s].sum(axis=0) for s in np.unique(token_step)}
+        )
 
     def merge(self, other: AttributionStats) -> None:
         """Add another accumulator's chunks after these (order is kept)."""
         self.span.extend(other.span)
-        for step, sums in other.policy.items():
-            self.policy[step] = self.policy.get(step, 0.0) + sums
+        _add(self.policy, other.policy)
+        _add(self.routing, other.routing)
+        _add(self.turns, other.turns)
 
     def state(self) -> dict[str, np.ndarray]:
         """Everything it holds as plain numpy arrays, for `from_state` (what a results store
         keeps of a part, `iscore.store`)."""
-        rows = [[step, *sums] for step, sums in self.policy.items()]
+
+        def rows(sums: dict[int, np.ndarray], width: int) -> np.ndarray:
+            table = [[step, *row] for step, row in sums.items()]
+            return np.array(table, np.float64).reshape(-1, 1 + width)
+
         return {
             "span": np.concatenate(self.span) if self.span else np.zeros(0),
-            "policy": np.array(rows, np.float64).reshape(-1, 5),
+            "policy": rows(self.policy, 4),
+            "routing": rows(self.routing, 2 * len(_GROUP)),
+            "turns": rows(self.turns, 2 * len(_GROUP)),
         }
 
     @classmethod
@@ -164,11 +213,20 @@ class AttributionStats:
         """The accumulator `state` describes (see `state`).
 
         Raises:
-            ValueError: `state` is not one `state()` wrote.
+            ValueError: `state` is not one `state()` wrote (one written before routing and
+                turns were accumulated lacks them: the store computes its part again).
         """
         span = checked(state, "span", "f", (-1,)).astype(np.float64)
-        policy = checked(state, "policy", "f", (-1, 5)).astype(np.float64)
-        return cls([span], {int(row[0]): row[1:].copy() for row in policy})
+        tables = [
+            checked(state, name, "f", (-1, 1 + width)).astype(np.float64)
+            for name, width in (
+                ("policy", 4),
+                ("routing", 2 * len(_GROUP)),
+                ("turns", 2 * len(_GROUP)),
+            )
+        ]
+        policy, routing, turns = ({int(row[0]): row[1:].copy() for row in t} for t in tables)
+        return cls([span], policy, routing, turns)
 
     def compute(
         self, mismatch: dict[str, Any], sequences: dict[str, Any], broken: np.ndarray
@@ -182,10 +240,13 @@ class AttributionStats:
         if span.size != steps.size:
             raise ValueError(f"expected {steps.size} sequences' spans, found {span.size}")
         by_step = _split(mismatch, self.policy)
+        routing = conditional(_total(self.routing), "differ", "agree")
+        turns = conditional(_total(self.turns), "boundary", "rest")
         findings = [
             *_broken(mismatch),
             *_semantics(mismatch),
-            *_routing(span, steps, ids, broken),
+            *_routing(span, steps, ids, broken, routing),
+            *_retokenization(turns),
             *_staleness(by_step),
             *_drift(mismatch, by_step),
             *_numerics(mismatch),
@@ -193,7 +254,14 @@ class AttributionStats:
         spans = (span > SPAN_RATIO) & ~broken
         for row in by_step:
             row["span_sequences"] = int(spans[steps == row["step"]].sum())
-        return Attribution(tuple(findings), tuple(by_step))
+            for name, sums, key in (
+                ("routing", self.routing, "differ"),
+                ("turn", self.turns, "boundary"),
+            ):
+                stats = conditional(sums.get(int(row["step"])), key, "rest")
+                row[f"{name}_{key}_share"] = None if stats is None else stats[f"{key}_share"]
+                row[f"{name}_k3_ratio"] = None if stats is None else stats["k3_ratio"]
+        return Attribution(tuple(findings), tuple(by_step), routing, turns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,14 +270,22 @@ class Attribution:
 
     Attributes:
         findings: what the data supports, strongest evidence first (broken sequences and
-            semantics bugs, then routing, staleness, drift, numerics).
+            semantics bugs, then routing, re-tokenization, staleness, drift, numerics).
         by_step: per step: `step`, `engine_k3` (k3 of d, rollout to trainer), `lag_k3` (k3
             of policy - train: the policy's lag) and `total_k3` (k3 of policy - rollout), null
-            without `policy_logprob`; `lag_share` (lag / (lag + engine)); `span_sequences`.
+            without `policy_logprob`; `lag_share` (lag / (lag + engine)); `span_sequences`;
+            `routing_differ_share` and `routing_k3_ratio`, `turn_boundary_share` and
+            `turn_k3_ratio` (see `conditional`), null without the columns.
+        routing: the mismatch conditional on routing agreement (`conditional`, groups
+            `differ` and `agree`), None without `rollout_experts` and `train_experts`.
+        turns: the mismatch at turn boundaries against the rest (`conditional`, groups
+            `boundary` and `rest`), None without a `turn` column.
     """
 
     findings: tuple[Finding, ...]
     by_step: tuple[dict[str, Any], ...]
+    routing: dict[str, Any] | None = None
+    turns: dict[str, Any] | None = None
 
     @property
     def kinds(self) -> list[str]:
@@ -219,6 +295,8 @@ class Attribution:
         return {
             "findings": [f.to_dict() for f in self.findings],
             "by_step": list(self.by_step),
+            "routing": self.routing,
+            "turns": self.turns,
         }
 
 
@@ -254,6 +332,123 @@ def _span_ratios(absd: np.ndarray, T: np.ndarray, steps: np.ndarray) -> np.ndarr
     has = nonempty & (mean > 0)
     out[has] = best[has] / mean[has]
     return out
+
+
+_GROUP = ("tokens", "k3", "abs_diff", "d_squared")
+"""The sums kept of each group of loss tokens: count, k3, |d| and d^2 (for the standard error
+of the mean |d|)."""
+
+
+def _fields(d: torch.Tensor, absd: np.ndarray) -> np.ndarray:
+    """float64 [n, 4]: each loss token's `_GROUP` terms, from its d and |d|."""
+    k3 = ops.k3(d.clamp(-_K3_CLAMP, _K3_CLAMP)).cpu().numpy()
+    return np.stack([np.ones_like(k3), k3, absd, absd * absd], axis=1)
+
+
+def _group_sums(fields: np.ndarray, inside: np.ndarray, token_step: np.ndarray) -> dict:
+    """Per step, the `_GROUP` sums of the tokens outside the group, then of those inside."""
+    out = {}
+    for step in np.unique(token_step):
+        mine = token_step == step
+        out[int(step)] = np.concatenate(
+            [fields[mine & ~inside].sum(axis=0), fields[mine & inside].sum(axis=0)]
+        )
+    return out
+
+
+def _add(into: dict[int, np.ndarray], sums: dict[int, np.ndarray]) -> None:
+    for step, row in sums.items():
+        into[step] = into.get(step, 0.0) + row
+
+
+def _total(sums: dict[int, np.ndarray]) -> np.ndarray | None:
+    return sum(sums.values()) if sums else None
+
+
+def turn_boundary(turn: np.ndarray, lengths: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """bool [N]: the first `TURN_TOKENS` loss tokens of each turn after its sequence's first.
+
+    A turn is a run of tokens of one `turn` value within a sequence; a sequence's first run is
+    no boundary, whatever its value.
+
+    >>> turn_boundary(np.array([0, 0, 1, 1, 1, 1, 1, 1, 0]), np.array([8, 1]),
+    ...               np.array([1, 1, 0, 1, 1, 1, 1, 1, 1], bool)).astype(int).tolist()
+    [0, 0, 0, 1, 1, 1, 1, 0, 0]
+    """
+    n = turn.size
+    if not n:
+        return np.zeros(0, dtype=bool)
+    first = np.zeros(n, dtype=bool)
+    starts = np.cumsum(lengths) - lengths
+    first[starts[lengths > 0]] = True
+    run_start = first.copy()
+    run_start[1:] |= turn[1:] != turn[:-1]
+    runs = np.flatnonzero(run_start)
+    run = np.cumsum(run_start) - 1
+    later = ~first[runs][run]
+    loss = np.cumsum(mask)
+    before = (loss - mask)[runs]  # loss tokens before each run
+    return mask & later & (loss - before[run] <= TURN_TOKENS)
+
+
+def conditional(sums: np.ndarray | None, inside: str, outside: str) -> dict[str, Any] | None:
+    """The mismatch of a group of loss tokens against the rest, from their `_GROUP` sums
+    (the rest's, then the group's); None without sums or tokens.
+
+    Returns:
+        `tokens`; `{inside}_share` (of the tokens); `k3_{inside}`, `k3_{outside}` and
+        `abs_diff_mean_{inside}`, `abs_diff_mean_{outside}` (per token; None for an empty
+        group); `k3_ratio` (the group's mean k3 over the rest's); `k3_share_{inside}` (the
+        group's share of the k3); `z` (the group's mean |d| less the rest's, over its
+        standard error), None where undefined; `{inside}_tokens` and `{outside}_tokens`.
+
+    >>> rest, group = [100, 1.0, 5.0, 0.5], [10, 1.0, 2.0, 0.5]  # _GROUP sums
+    >>> c = conditional(np.array(rest + group), "differ", "agree")
+    >>> c["differ_share"], c["k3_ratio"], c["k3_share_differ"]
+    (0.09090909090909091, 10.0, 0.5)
+    """
+    if sums is None or not sums[0] + sums[len(_GROUP)] > 0:
+        return None
+    rest, group = sums[: len(_GROUP)], sums[len(_GROUP) :]
+    n = rest[0] + group[0]
+
+    def mean(part: np.ndarray, i: int) -> float | None:
+        return float(part[i] / part[0]) if part[0] > 0 else None
+
+    k3_in, k3_out = mean(group, 1), mean(rest, 1)
+    ratio = k3_in / k3_out if k3_in is not None and k3_out else None
+    k3_total = group[1] + rest[1]
+    se = None
+    if group[0] > 1 and rest[0] > 1:
+        var = [max(p[3] / p[0] - (p[2] / p[0]) ** 2, 0.0) / p[0] for p in (group, rest)]
+        se = math.sqrt(sum(var))
+    return {
+        "tokens": int(n),
+        f"{inside}_share": float(group[0] / n),
+        "k3_ratio": ratio,
+        f"k3_{inside}": k3_in,
+        f"k3_{outside}": k3_out,
+        f"abs_diff_mean_{inside}": mean(group, 2),
+        f"abs_diff_mean_{outside}": mean(rest, 2),
+        f"k3_share_{inside}": float(group[1] / k3_total) if k3_total > 0 else None,
+        "z": (group[2] / group[0] - rest[2] / rest[0]) / se if se else None,
+        f"{inside}_tokens": int(group[0]),
+        f"{outside}_tokens": int(rest[0]),
+    }
+
+
+def _carries(stats: dict[str, Any] | None, inside: str, outside: str) -> bool:
+    """Whether the group carries the mismatch: enough tokens on both sides, its mean k3
+    `CONDITIONAL_RATIO` times the rest's and its mean |d| `CONDITIONAL_Z` standard errors
+    above the rest's."""
+    return (
+        stats is not None
+        and min(stats[f"{inside}_tokens"], stats[f"{outside}_tokens"]) >= CONDITIONAL_TOKENS
+        and stats["k3_ratio"] is not None
+        and stats["k3_ratio"] > CONDITIONAL_RATIO
+        and stats["z"] is not None
+        and stats["z"] > CONDITIONAL_Z
+    )
 
 
 def _k3_share(mismatch: dict[str, Any]) -> tuple[float, float, list[dict[str, Any]]]:
@@ -352,37 +547,126 @@ def _semantics(mismatch: dict[str, Any]) -> list[Finding]:
 
 
 def _routing(
-    span: np.ndarray, steps: np.ndarray, ids: pa.Array, broken: np.ndarray
+    span: np.ndarray,
+    steps: np.ndarray,
+    ids: pa.Array,
+    broken: np.ndarray,
+    agreement: dict[str, Any] | None,
 ) -> list[Finding]:
+    """Routing flips, from the expert ids where the dump has them (`agreement`), and from the
+    spans of large |d| (with the agreement beside them, which may or may not support them)."""
+    action = (
+        "On an MoE model, replay the rollout's routing in the trainer (routing replay, R3 or "
+        "rollout routing replay as the RL frameworks call it: record the experts the engine "
+        "chose and force them in the trainer's forward). Until then a token band bounds these "
+        "tokens' weights; a sequence mask drops their sequences."
+    )
+    spans = _spans(span, steps, ids, broken)
+    if _carries(agreement, "differ", "agree"):
+        a = agreement
+        said = (
+            f" {spans['sequences']:,} sequences also hold a span of large |d|."
+            if spans is not None
+            else ""
+        )
+        share = a["k3_share_differ"] or 0.0
+        return [
+            Finding(
+                "routing",
+                "Tokens routed to other experts carry the mismatch",
+                {**a, "spans": spans},
+                f"{a['differ_share']:.1%} of the loss tokens were routed to other experts by "
+                f"the trainer than by the rollout; their k3 is {a['k3_ratio']:.1f}x that of "
+                f"the tokens whose routing agrees ({a['k3_differ']:.3g} against "
+                f"{a['k3_agree']:.3g} per token; mean |d| {a['abs_diff_mean_differ']:.3g} "
+                f"against {a['abs_diff_mean_agree']:.3g}, {a['z']:.0f} standard errors), and "
+                f"they carry {share:.0%} of the mismatch.{said}",
+                action,
+            )
+        ]
+    if spans is None:
+        return []
+    summary = (
+        f"{spans['sequences']:,} sequences ({spans['share']:.1%}) hold a run of {WINDOW} "
+        f"tokens whose mean |d| is over {SPAN_RATIO:g}x their step's (up to "
+        f"{spans['largest_window_ratio']:.1f}x), among ordinary tokens: a stretch where the "
+        "two sides computed the tokens differently, as a router choosing other experts does."
+    )
+    if agreement is not None:
+        summary += (
+            " The dump's expert ids do not tie the mismatch to routing ("
+            + _agreement_words(agreement)
+            + "): look for another cause of a local divergence too."
+        )
+    return [
+        Finding(
+            "routing",
+            "Spans of large |d|: MoE routing flips",
+            {**spans, "agreement": agreement},
+            summary,
+            action,
+        )
+    ]
+
+
+def _agreement_words(a: dict[str, Any]) -> str:
+    """What the expert ids say, where they do not single out routing."""
+    if not a["differ_tokens"]:
+        return "every token's routing agrees"
+    if not a["agree_tokens"]:
+        return "no token's routing agrees, so there is nothing to compare with"
+    if min(a["differ_tokens"], a["agree_tokens"]) < CONDITIONAL_TOKENS:
+        return f"fewer than {CONDITIONAL_TOKENS} tokens on one side to compare"
+    ratio = a["k3_ratio"]
+    said = "no k3 on either side" if ratio is None else f"{ratio:.2g}x the k3 per token"
+    return f"the {a['differ_share']:.1%} of tokens whose routing differs carry {said}"
+
+
+def _spans(
+    span: np.ndarray, steps: np.ndarray, ids: pa.Array, broken: np.ndarray
+) -> dict[str, Any] | None:
+    """The evidence of spans of large |d|, None where too few healthy sequences hold one."""
     healthy = ~broken
     found = (span > SPAN_RATIO) & healthy
     share = float(found.sum()) / max(int(healthy.sum()), 1)
     if not found.any() or share < SPAN_SHARE:
-        return []
+        return None
     order = np.argsort(-np.where(found, span, -np.inf), kind="stable")[: min(5, found.sum())]
     worst = [
         {"step": int(steps[i]), "seq_id": ids[int(i)].as_py(), "window_ratio": float(span[i])}
         for i in order
     ]
+    return {
+        "sequences": int(found.sum()),
+        "share": share,
+        "window": WINDOW,
+        "largest_window_ratio": float(span[found].max()),
+        "worst": worst,
+    }
+
+
+def _retokenization(turns: dict[str, Any] | None) -> list[Finding]:
+    if not _carries(turns, "boundary", "rest"):
+        return []
+    t = turns
+    share = t["k3_share_boundary"] or 0.0
     return [
         Finding(
-            "routing",
-            "Spans of large |d|: MoE routing flips",
-            {
-                "sequences": int(found.sum()),
-                "share": share,
-                "window": WINDOW,
-                "largest_window_ratio": float(span[found].max()),
-                "worst": worst,
-            },
-            f"{int(found.sum()):,} sequences ({share:.1%}) hold a run of {WINDOW} tokens whose "
-            f"mean |d| is over {SPAN_RATIO:g}x their step's (up to {span[found].max():.1f}x), "
-            "among ordinary tokens: a stretch where the two sides computed the tokens "
-            "differently, as a router choosing other experts does.",
-            "On an MoE model, replay the rollout's routing in the trainer (routing replay, "
-            "R3: record the experts the engine chose and force them in the trainer's "
-            "forward). Until then a token band bounds these spans; a sequence mask drops "
-            "them.",
+            "retokenization",
+            "Turn boundaries: a re-tokenized transcript",
+            {**t, "boundary_width": TURN_TOKENS},
+            f"The first {TURN_TOKENS} loss tokens of each turn after the first "
+            f"({t['boundary_share']:.1%} of the loss tokens) have {t['k3_ratio']:.1f}x the k3 "
+            f"of the rest ({t['k3_boundary']:.3g} against {t['k3_rest']:.3g} per token, "
+            f"mean |d| {t['abs_diff_mean_boundary']:.3g} against "
+            f"{t['abs_diff_mean_rest']:.3g}, {t['z']:.0f} standard errors) and carry "
+            f"{share:.0%} of the mismatch: the trainer scored other tokens at the turns' "
+            "seams than the rollout sampled, as re-tokenizing the conversation's text between "
+            "turns does.",
+            "Keep the token ids across turns: build each turn's input from the rollout's own "
+            "token ids (append the new turn's tokens) instead of re-tokenizing the transcript "
+            "with a chat template. Until then, mask the first tokens of each turn out of the "
+            "loss.",
         )
     ]
 

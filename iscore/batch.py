@@ -25,6 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+_PER_TOKEN = ("rollout", "train", "loss_mask", "policy", "pos", "turn", "routing_agrees")
+"""The per-token tensors of a batch, [N] each."""
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class TokenBatch:
@@ -42,6 +45,10 @@ class TokenBatch:
             0..T-1 within each sequence.
         extra: Arrow table [B rows] or None, the dump's other per-sequence columns (reward,
             group_id, the mean advantage, ...) where reading was asked to carry them.
+        turn: int64 [N] or None, each token's turn in a multi-turn conversation (`turn`).
+        routing_agrees: bool [N] or None, whether the rollout's and the trainer's routers
+            picked the same experts for the token (`rollout_experts`, `train_experts`: the
+            ids themselves are compared as they are read, and not kept).
     """
 
     rollout: torch.Tensor
@@ -53,6 +60,8 @@ class TokenBatch:
     seq_id: pa.Array | None = None
     pos: torch.Tensor | None = None
     extra: pa.Table | None = None
+    turn: torch.Tensor | None = None
+    routing_agrees: torch.Tensor | None = None
     _seq_index: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -66,7 +75,7 @@ class TokenBatch:
             object.__setattr__(self, "step", torch.zeros(b, dtype=torch.int64, device=device))
         if self.seq_id is None:
             object.__setattr__(self, "seq_id", pa.array(np.arange(b, dtype=np.int64)))
-        for name in ("rollout", "train", "loss_mask", "policy", "pos"):
+        for name in _PER_TOKEN:
             tensor = getattr(self, name)
             if tensor is not None and tensor.shape != (n,):
                 raise ValueError(
@@ -105,6 +114,10 @@ class TokenBatch:
             parts.append("with policy log-probs")
         if self.pos is not None:
             parts.append("with positions")
+        if self.turn is not None:
+            parts.append("with turns")
+        if self.routing_agrees is not None:
+            parts.append("with routing agreement")
         if self.extra is not None:
             parts.append(f"extra columns {', '.join(self.extra.column_names)}")
         return f"TokenBatch({', '.join(parts)})"
@@ -150,15 +163,7 @@ class TokenBatch:
         """Copy the tensors to `device` ("cuda", "cpu"); ids stay in host memory."""
         moved = {
             name: None if getattr(self, name) is None else getattr(self, name).to(device)
-            for name in (
-                "rollout",
-                "train",
-                "cu_seqlens",
-                "loss_mask",
-                "policy",
-                "step",
-                "pos",
-            )
+            for name in (*_PER_TOKEN, "cu_seqlens", "step")
         }
         return replace(self, **moved, _seq_index=[])
 
@@ -190,6 +195,8 @@ class TokenBatch:
             seq_id=self.seq_id.filter(rows),
             pos=pick(self.pos),
             extra=None if self.extra is None else self.extra.filter(rows),
+            turn=pick(self.turn),
+            routing_agrees=pick(self.routing_agrees),
         )
 
     def slice(self, start: int, stop: int) -> TokenBatch:
@@ -216,10 +223,13 @@ class TokenBatch:
             seq_id=self.seq_id.slice(start, stop - start),
             pos=part(self.pos),
             extra=None if self.extra is None else self.extra.slice(start, stop - start),
+            turn=part(self.turn),
+            routing_agrees=part(self.routing_agrees),
         )
 
     def to_arrow(self) -> pa.Table:
-        """The batch as a canonical token-layout table, one row per token, in batch order."""
+        """The batch as a canonical token-layout table, one row per token, in batch order
+        (the expert ids are not kept, so neither is routing agreement)."""
         lengths = self.lengths.cpu().numpy()
         seq_rows = np.repeat(np.arange(self.num_sequences), lengths)
         columns = {
@@ -232,6 +242,8 @@ class TokenBatch:
         }
         if self.policy is not None:
             columns["policy_logprob"] = pa.array(self.policy.cpu().numpy())
+        if self.turn is not None:
+            columns["turn"] = pa.array(self.turn.cpu().numpy())
         return pa.table(columns)
 
     def to_parquet(self, path: str | Path) -> None:
@@ -249,14 +261,8 @@ class TokenBatch:
         return (
             all(
                 same(getattr(self, name), getattr(other, name))
-                for name in (
-                    "rollout",
-                    "train",
-                    "cu_seqlens",
-                    "loss_mask",
-                    "policy",
-                    "step",
-                )
+                for name in ("cu_seqlens", "step", *_PER_TOKEN)
+                if name != "pos"
             )
             and torch.equal(self.positions().cpu(), other.positions().cpu())
             and self.seq_id.equals(other.seq_id)

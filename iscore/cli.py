@@ -691,6 +691,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "grow_from",
         "growth",
         "policy_growth",
+        "experts",
+        "routing_differ",
+        "routing_scale",
+        "turns",
+        "turn_scale",
     )
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.broken_from is not None and args.broken_share is None:
@@ -1287,6 +1292,36 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="factor by which --policy-sigma grows per step (a policy lagging further behind "
         "each step); default 1",
+    )
+    p.add_argument(
+        "--experts",
+        type=int,
+        metavar="K",
+        help="expert ids per token (a router's top-k of 64): adds rollout_experts and "
+        "train_experts columns; default 0 (none)",
+    )
+    p.add_argument(
+        "--routing-differ",
+        type=float,
+        metavar="SHARE",
+        help="share of tokens whose routing differs between the two sides; default 0",
+    )
+    p.add_argument(
+        "--routing-scale",
+        type=float,
+        help="the trainer noise's multiplier on those tokens (1: a disagreement that carries "
+        "no extra mismatch); default 1",
+    )
+    p.add_argument(
+        "--turns",
+        type=int,
+        help="turns per sequence: adds a turn column; default 0 (none)",
+    )
+    p.add_argument(
+        "--turn-scale",
+        type=float,
+        help="the trainer noise's multiplier on the first 4 tokens of each turn after the "
+        "first (a re-tokenized transcript); default 1",
     )
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=_cmd_simulate)

@@ -27,8 +27,20 @@ REQUIRED = ("seq_id", "rollout_logprob", "train_logprob")
 LOGPROB_COLUMNS = ("rollout_logprob", "train_logprob", "policy_logprob")
 """Log-probability columns: finite and <= 0 in a valid dump."""
 
-PER_TOKEN = ("pos", "rollout_logprob", "train_logprob", "policy_logprob", "loss_mask")
-"""Per-token columns the engine reads; in sequence layout they are list columns."""
+EXPERT_COLUMNS = ("rollout_experts", "train_experts")
+"""Per-token lists of the expert ids each side's router picked: both or neither."""
+
+PER_TOKEN = (
+    "pos",
+    "rollout_logprob",
+    "train_logprob",
+    "policy_logprob",
+    "loss_mask",
+    "turn",
+    *EXPERT_COLUMNS,
+)
+"""Per-token columns the engine reads; in sequence layout they are list columns (the expert
+ids, a list per token, are lists of lists there)."""
 
 PER_SEQUENCE = ("seq_id", "step")
 """Per-sequence columns the engine reads; constant within a sequence in token layout."""
@@ -84,6 +96,9 @@ COMMON_NAMES: dict[str, tuple[str, ...]] = {
     "train_logprob": ("train_logprob", "train_logprobs", "train_log_probs", "trainer_logprobs"),
     "policy_logprob": ("policy_logprob", "policy_logprobs", "cur_log_probs"),
     "loss_mask": ("loss_mask",),
+    "turn": ("turn",),
+    "rollout_experts": ("rollout_experts",),
+    "train_experts": ("train_experts",),
     "advantage": ("advantage", "advantages"),
     "token_id": ("token_id", "token_ids"),
     "group_id": ("group_id", "prompt_id"),

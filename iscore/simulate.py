@@ -52,7 +52,12 @@ Columns are `SEQUENCE_SCHEMA` (what `simulate` yields) or `TOKEN_SCHEMA`; with
 `SimConfig.policy_sigma` > 0 a `policy_logprob` column follows `train_logprob`: the log-prob of
 the sampled token under a current policy whose logits are the trainer's plus Gaussian noise of
 that size (what bypass and current-policy corrections score against), with the exact
-KL(trainer || policy) in the truth.
+KL(trainer || policy) in the truth. With `SimConfig.experts` > 0 the dump gets
+`rollout_experts` and `train_experts` (each token's expert ids; `routing_differ` of the tokens
+routed to another expert on the trainer's side, their noise times `routing_scale`), and with
+`SimConfig.turns` > 0 a `turn` column (the first `BOUNDARY_TOKENS` tokens of each turn after the
+first with their noise times `turn_scale`): the sources the attribution's `routing` and
+`retokenization` findings name, and with scale 1 the same columns without the source.
 
 Generation is vectorized numpy in chunks of bounded scratch memory: about 2.8M tokens/s on
 one core at vocab 16 (1.8M for offset_bug, which sorts for its nucleus). `write_simulated`
@@ -74,6 +79,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Any, Literal
@@ -118,6 +124,12 @@ logit difference well inside float32 exp's range."""
 
 _FLIP_SPAN = (0.05, 0.3)
 """Uniform range of a routing-flip span's length, as a fraction of its sequence."""
+
+NUM_EXPERTS = 64
+"""Experts a simulated router picks from (`SimConfig.experts` of them per token)."""
+
+BOUNDARY_TOKENS = 4
+"""The first this many tokens of each turn after the first get `SimConfig.turn_scale`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +259,18 @@ class SimConfig:
             per step (at this step it is `growth` times the regime's); None keeps it as the
             regime has it.
         growth: the factor the trainer noise grows by per step from `grow_from`.
+        experts: expert ids per token (an MoE router's top-k, of `NUM_EXPERTS`); above 0 the
+            dump gets `rollout_experts` and `train_experts` columns (the trainer's in
+            another order: the same choice), drawn from a stream of their own.
+        routing_differ: the share of tokens whose routing differs between the two sides (the
+            trainer's router swaps one of their experts for another), drawn from that
+            stream; with `experts` 0 the columns are left out and only the noise stays.
+        routing_scale: the trainer noise's multiplier on the tokens whose routing differs;
+            1 (the default) makes a disagreement that carries no extra mismatch.
+        turns: turns per sequence; above 0 the dump gets a `turn` column, each sequence cut
+            into that many turns of equal length (a sequence shorter than that has fewer).
+        turn_scale: the trainer noise's multiplier on the first `BOUNDARY_TOKENS` tokens of
+            each turn after the first (re-tokenized seams); 1 (the default) leaves them be.
 
     Raises:
         ConfigError: a value is of the wrong type or out of range.
@@ -275,6 +299,11 @@ class SimConfig:
     grow_from: int | None = None
     growth: float = 1.5
     policy_growth: float = 1.0
+    experts: int = 0
+    routing_differ: float = 0.0
+    routing_scale: float = 1.0
+    turns: int = 0
+    turn_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.regime, str) or self.regime not in REGIMES:
@@ -292,8 +321,27 @@ class SimConfig:
             ("vocab", 2),
             ("group_size", 1),
             ("broken_from", 0),
+            ("experts", 0),
+            ("turns", 0),
         ):
             object.__setattr__(self, name, _check_int(name, getattr(self, name), low))
+        if self.experts >= NUM_EXPERTS:
+            raise ConfigError(
+                f"Expected argument `experts` to be an int < {NUM_EXPERTS} (the experts a "
+                f"simulated router picks from), but got {self.experts}"
+            )
+        for name, lo, hi in (
+            ("routing_differ", 0.0, 1.0),
+            ("routing_scale", 1.0, 30.0),
+            ("turn_scale", 1.0, 30.0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real) or not lo <= value <= hi:
+                raise ConfigError(
+                    f"Expected argument `{name}` to be a float in [{lo:g}, {hi:g}], but got "
+                    f"{quote(value)}"
+                )
+            object.__setattr__(self, name, float(value))
         object.__setattr__(
             self, "max_len", _check_int("max_len", self.max_len, self.min_len, "min_len")
         )
@@ -488,6 +536,10 @@ def _config_dict(config: SimConfig) -> dict[str, Any]:
             del fields[name]
     if config.policy_growth == 1.0:  # unset: written as before the field existed
         del fields["policy_growth"]
+    defaults = {f.name: f.default for f in dataclass_fields(SimConfig)}
+    for name in ("experts", "routing_differ", "routing_scale", "turns", "turn_scale"):
+        if fields[name] == defaults[name]:  # unset: written as before the field existed
+            del fields[name]
     return fields
 
 
@@ -680,6 +732,7 @@ def _sample_positions(
 class _Step:
     """One simulated step as flat numpy arrays, before it becomes Arrow."""
 
+    config: SimConfig
     truth: StepTruth
     lengths: np.ndarray  # int64 [S]
     offsets: np.ndarray  # int32 [S + 1]
@@ -691,6 +744,8 @@ class _Step:
     rollout: np.ndarray  # float32 [N]
     train: np.ndarray  # float32 [N]
     policy: np.ndarray | None = None  # float32 [N], with `SimConfig.policy_sigma`
+    turn: np.ndarray | None = None  # int32 [N], with `SimConfig.turns`
+    experts: tuple[np.ndarray, np.ndarray] | None = None  # int16 [N, k] each side's ids
 
 
 def _lengths(rng: np.random.Generator, config: SimConfig) -> np.ndarray:
@@ -723,6 +778,38 @@ def _flip_mask(rng: np.random.Generator, lengths: np.ndarray, fraction: float) -
     return np.repeat(np.tile(np.array([False, True, False]), lengths.size), runs)
 
 
+def _routing(
+    config: SimConfig, step: int, tokens: int
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """bool [N], the tokens whose routing differs, and int16 [N, experts] each side's expert
+    ids (None without `experts`), from a stream of their own: the trainer's are the rollout's
+    in reverse order, one of them swapped for another expert where the routing differs."""
+    rng = np.random.default_rng([config.seed, step, 3])
+    differ = rng.random(tokens) < config.routing_differ
+    if not config.experts:
+        return differ, None
+    k = config.experts
+    first = rng.integers(0, NUM_EXPERTS, tokens)
+    rollout = ((first[:, None] + np.arange(k)) % NUM_EXPERTS).astype(np.int16)
+    train = rollout[:, ::-1].copy()
+    swapped = rng.integers(0, k, tokens)
+    rows = np.flatnonzero(differ)
+    train[rows, swapped[rows]] = (first[rows] + k) % NUM_EXPERTS  # outside the rollout's k
+    return differ, (rollout, train)
+
+
+def _turns(config: SimConfig, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int32 [N] each token's turn (each sequence cut into `turns` of equal length) and bool
+    [N] the first `BOUNDARY_TOKENS` tokens of each turn after the first."""
+    pos = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    length = np.repeat(lengths, lengths)
+    turn = (pos * config.turns // length).astype(np.int32)
+    # A turn j begins at the first position p with p * turns // length == j.
+    start = -(-turn.astype(np.int64) * length // config.turns)
+    boundary = (turn > 0) & (pos - start < BOUNDARY_TOKENS)
+    return turn, boundary
+
+
 def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
     """Generate one step, in chunks of bounded scratch memory."""
     # Seeding by (seed, step) lets any step be regenerated alone; all regimes draw the same
@@ -739,6 +826,8 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
     np.cumsum(lengths, out=offsets[1:])
     reward, advantage = _rewards(rng, config)
     flips = _flip_mask(rng, lengths, regime.flip_fraction)
+    differ, experts = _routing(config, step, tokens)
+    turn, boundary = _turns(config, lengths) if config.turns else (None, None)
 
     sigma = config.sigma(step)
     token_id = np.empty(tokens, dtype=np.int32)
@@ -758,6 +847,9 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         outlier = rng.random(n, dtype=np.float32) < regime.outlier_prob
         noise[outlier] *= np.float32(regime.outlier_scale)
         noise[flips[lo:hi]] *= np.float32(regime.flip_scale)
+        noise[differ[lo:hi]] *= np.float32(config.routing_scale)
+        if boundary is not None:
+            noise[boundary[lo:hi]] *= np.float32(config.turn_scale)
         np.minimum(noise, np.float32(_MAX_NOISE), out=noise)
         policy_noise = None
         if policy_rng is not None:
@@ -793,6 +885,7 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         kl_train_policy=None if policy is None else kl_policy / tokens,
     )
     return _Step(
+        config=config,
         truth=truth,
         lengths=lengths,
         offsets=offsets,
@@ -805,6 +898,8 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         rollout=rollout,
         train=train,
         policy=policy,
+        turn=turn,
+        experts=experts,
     )
 
 
@@ -840,10 +935,36 @@ TOKEN_SCHEMA = pa.schema(
 """Columns of a simulated dump in token layout (one row per token)."""
 
 
-def _with_policy(schema: pa.Schema) -> pa.Schema:
-    """`schema` with a `policy_logprob` column after `train_logprob`, of its type."""
-    train = schema.get_field_index("train_logprob")
-    return schema.insert(train + 1, schema.field(train).with_name("policy_logprob"))
+def _schema(layout: str, config: SimConfig) -> pa.Schema:
+    """The columns of a dump of `config` in `layout`: `SEQUENCE_SCHEMA` or `TOKEN_SCHEMA`, with
+    `policy_logprob` after `train_logprob` (of its type), then `turn`, `rollout_experts` and
+    `train_experts` where the config has them."""
+    schema = SEQUENCE_SCHEMA if layout == "sequence" else TOKEN_SCHEMA
+    if config.policy_sigma:
+        train = schema.get_field_index("train_logprob")
+        schema = schema.insert(train + 1, schema.field(train).with_name("policy_logprob"))
+
+    def per_token(t: pa.DataType) -> pa.DataType:
+        return pa.list_(t) if layout == "sequence" else t
+
+    if config.turns:
+        schema = schema.append(pa.field("turn", per_token(pa.int32())))
+    if config.experts:
+        for name in ("rollout_experts", "train_experts"):
+            schema = schema.append(pa.field(name, per_token(pa.list_(pa.int16()))))
+    return schema
+
+
+def _ids(ids: np.ndarray) -> pa.Array:
+    """int16 [N, k] as a list column of N lists of k ids."""
+    n, k = ids.shape
+    return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * k), ids.ravel())
+
+
+def _optional(s: _Step) -> list[pa.Array]:
+    """The step's `turn` and expert-id columns, per token (where it has them)."""
+    out = [] if s.turn is None else [pa.array(s.turn)]
+    return out + ([] if s.experts is None else [_ids(ids) for ids in s.experts])
 
 
 def _sequence_batch(s: _Step) -> pa.RecordBatch:
@@ -865,8 +986,9 @@ def _sequence_batch(s: _Step) -> pa.RecordBatch:
         lists(s.token_id),
         s.advantage,
         s.reward,
+        *(pa.ListArray.from_arrays(offsets, column) for column in _optional(s)),
     ]
-    schema = SEQUENCE_SCHEMA if s.policy is None else _with_policy(SEQUENCE_SCHEMA)
+    schema = _schema("sequence", s.config)
     schema = schema.with_metadata({STEP_METADATA_KEY: json.dumps(_step_dict(s.truth))})
     return pa.RecordBatch.from_arrays(
         [pa.array(c) if isinstance(c, np.ndarray) else c for c in columns], schema=schema
@@ -892,9 +1014,10 @@ def _token_batch(s: _Step) -> pa.RecordBatch:
         s.token_id,
         per_token(s.advantage),
         per_token(s.reward),
+        *_optional(s),
     ]
-    schema = TOKEN_SCHEMA if s.policy is None else _with_policy(TOKEN_SCHEMA)
-    return pa.RecordBatch.from_arrays([pa.array(c) for c in columns], schema=schema)
+    columns = [pa.array(c) if isinstance(c, np.ndarray) else c for c in columns]
+    return pa.RecordBatch.from_arrays(columns, schema=_schema("token", s.config))
 
 
 def _step_dict(truth: StepTruth) -> dict[str, Any]:
@@ -965,9 +1088,7 @@ def write_simulated(
             f"Expected argument `layout` to be 'sequence' or 'token', but got {quote(layout)}"
         )
     regime = REGIMES[config.regime]
-    schema = SEQUENCE_SCHEMA if layout == "sequence" else TOKEN_SCHEMA
-    if config.policy_sigma:
-        schema = _with_policy(schema)
+    schema = _schema(layout, config)
     steps = []
     with (
         output_path(path, suffixes=(".parquet",)) as tmp,

@@ -32,7 +32,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from iscore.budget import DEFAULT_CHUNK_TOKENS
-from iscore.columns import LOGPROB_COLUMNS, dump_schema
+from iscore.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, dump_schema
 from iscore.distributed import Engine, check_engine, ordered
 from iscore.dump.files import (
     import_framework_dump,
@@ -154,7 +154,8 @@ class Dump:
             self._data.append(data)
         if problems:
             raise DumpProblems(problems)
-        _check_policy(self.files)
+        for name in ("policy_logprob", "rollout_experts", "turn"):
+            _check_everywhere(self.files, name)
         first = self.files[0]
         other = next((f for f in self.files if f.layout != first.layout), None)
         if other is not None:
@@ -738,17 +739,20 @@ def _union_extras(files: Sequence[DumpFile]) -> tuple[Extra, ...]:
     return tuple(found.values())
 
 
-def _check_policy(files: Sequence[DumpFile]) -> None:
-    """policy_logprob has no default: the files of a dump all have it, or none does."""
-    having = [f.path for f in files if "policy_logprob" in f.columns]
-    lacking = [f.path for f in files if "policy_logprob" not in f.columns]
+def _check_everywhere(files: Sequence[DumpFile], name: str) -> None:
+    """A column with no default (policy_logprob, the expert ids, turn): the files of a dump
+    all have it, or none does."""
+    having = [f.path for f in files if name in f.columns]
+    lacking = [f.path for f in files if name not in f.columns]
     if having and lacking:
         others = f" (and {len(lacking) - 1:,} other files)" if len(lacking) > 1 else ""
+        both = EXPERT_COLUMNS if name in EXPERT_COLUMNS else (name,)
         message = (
             f"missing here{others} but present in {having[0]}; the files of a dump all have "
-            "it or none does (leave it out of every file with --column policy_logprob=)"
+            f"it or none does (leave it out of every file with "
+            f"{' '.join(f'--column {n}=' for n in both)})"
         )
-        raise DumpProblems([Problem(lacking[0], "policy_logprob", message)])
+        raise DumpProblems([Problem(lacking[0], name, message)])
 
 
 def _seq_id_type(files: Sequence[DumpFile]) -> pa.DataType:

@@ -1,6 +1,7 @@
 """Reading one Parquet file row group by row group into chunks of whole sequences (token
 and sequence layout), and the value checks every chunk passes: invalid log-probs, masks that
-are not 0/1, nulls, duplicate or interleaved sequences, positions out of order."""
+are not 0/1, nulls, duplicate or interleaved sequences, positions out of order, bad expert ids
+and turns."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from iscore.columns import LOGPROB_COLUMNS, PER_SEQUENCE, PER_TOKEN, ColumnMap
+from iscore.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, PER_SEQUENCE, PER_TOKEN, ColumnMap
 from iscore.dump.files import leaf
 from iscore.dump.schema import column_label, is_list
 from iscore.dump.values import DumpFile, Extra, StepRange
@@ -27,6 +28,9 @@ _SHOW_ROWS = 5
 
 
 _INT64_MAX = 2**63 - 1
+
+_INT64_COLUMNS = ("step", "pos", "seq_id", "turn", *EXPERT_COLUMNS)
+"""Integer columns read as int64: a uint64 value above its range is a problem."""
 
 
 @dataclass(slots=True)
@@ -105,7 +109,8 @@ def _as_float32(values: pa.Array) -> np.ndarray:
 
 
 def check_values(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
-    """Value problems of a chunk: invalid log-probs and loss masks other than 0/1."""
+    """Value problems of a chunk: invalid log-probs, loss masks other than 0/1, expert ids
+    that are negative, empty or of unequal length on the two sides, a turn that goes back."""
     problems = []
     token_rows = chunk.rows
     for name in LOGPROB_COLUMNS:
@@ -145,6 +150,82 @@ def check_values(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
                     count,
                 )
             )
+    problems.extend(_expert_problems(chunk, columns))
+    turn = chunk.per_token.get("turn")
+    if turn is not None and len(turn) > 1:
+        t = turn.to_numpy(zero_copy_only=False)
+        starts = np.cumsum(chunk.lengths)[:-1]
+        back = np.concatenate([[False], t[1:] < t[:-1]])
+        back[starts[starts < t.size]] = False  # a sequence's first token starts over
+        if back.any():
+            rows, count = _first_rows(back, token_rows)
+            problems.append(
+                Problem(
+                    chunk.file,
+                    column_label(columns, "turn"),
+                    f"turn decreases within a sequence ({counted(count, 'token')}); a "
+                    "token's turn is the index of its turn in the conversation, which never "
+                    "goes back",
+                    tuple(dict.fromkeys(rows)),
+                    count,
+                )
+            )
+    return problems
+
+
+def _expert_problems(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
+    """Lists of expert ids that are empty, hold a negative id, or differ in length between
+    the two sides (nulls are found as read)."""
+    if not all(name in chunk.per_token for name in EXPERT_COLUMNS):
+        return []
+    # (column, bad, the file row of each of bad's values, (noun, plural, the rest))
+    found: list[tuple[str, np.ndarray, np.ndarray, tuple[str, str, str]]] = []
+    lengths = []
+    for name in EXPERT_COLUMNS:
+        ids = chunk.per_token[name]
+        n = pc.list_value_length(ids).fill_null(0).to_numpy(zero_copy_only=False)
+        lengths.append(n)
+        found.append(
+            (
+                name,
+                n == 0,
+                chunk.rows,
+                ("empty list", "empty lists", " of expert ids (a token lists >= 1)"),
+            )
+        )
+        values = pc.list_flatten(ids)
+        if pa.types.is_signed_integer(values.type):
+            negative = pc.less(values, 0).fill_null(False).to_numpy(zero_copy_only=False)
+            found.append(
+                (
+                    name,
+                    negative,
+                    np.repeat(chunk.rows, n),
+                    ("negative expert id", "negative expert ids", ""),
+                )
+            )
+    a, b = lengths
+    found.append(
+        (
+            "train_experts",
+            (a != b) & (a > 0) & (b > 0),
+            chunk.rows,
+            (
+                "token",
+                "tokens",
+                " whose list of expert ids differs in length from rollout_experts' (each token "
+                "lists as many ids on both sides)",
+            ),
+        )
+    )
+    problems = []
+    for name, bad, rows, what in found:
+        if bad.any():
+            r, count = _first_rows(bad, rows)
+            one, many, rest = what
+            message = counted(count, one, many) + rest
+            label = column_label(columns, name)
+            problems.append(Problem(chunk.file, label, message, tuple(dict.fromkeys(r)), count))
     return problems
 
 
@@ -250,7 +331,8 @@ class _Reader:
         return table.filter(mask), rows[mask.to_numpy(zero_copy_only=False)]
 
     def _read_problems(self, table: pa.Table, rows: np.ndarray) -> list[Problem]:
-        """Nulls (inside lists too) and steps or positions int64 cannot hold, as read."""
+        """Nulls (inside lists too, at any depth) and steps, positions, turns or expert ids
+        int64 cannot hold, as read."""
         problems = []
         carried = {e.name for e in self.extras}  # nulls there are values (no reward yet)
         for name in table.column_names:
@@ -263,33 +345,27 @@ class _Reader:
             if column.null_count and not (name in LOGPROB_COLUMNS and self.info.layout == "token"):
                 nulls = ("null value", "null values")
                 problems.append(self._problem(label, nulls, column.is_null(), rows))
-            values = pc.list_flatten(column) if is_list(column.type) else column
-            if values is not column and values.null_count and name not in LOGPROB_COLUMNS:
-                what = ("null value inside its lists", "null values inside its lists")
-                problems.append(self._problem(label, what, values.is_null(), rows, column))
-            if name in ("step", "pos", "seq_id") and values.type == pa.uint64():
+            values, value_rows, inside = column, rows, "its lists"
+            while is_list(values.type):
+                lengths = pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False)
+                values, value_rows = pc.list_flatten(values), np.repeat(value_rows, lengths)
+                if values.null_count and name not in LOGPROB_COLUMNS:
+                    what = (f"null value inside {inside}", f"null values inside {inside}")
+                    problems.append(self._problem(label, what, values.is_null(), value_rows))
+                inside = "the lists of its lists"
+            if name in _INT64_COLUMNS and values.type == pa.uint64():
                 above = pc.greater(values, pa.scalar(_INT64_MAX, pa.uint64()))
                 if pc.any(above).as_py():
                     above_max = f"above {_INT64_MAX:,} (2^63 - 1), which int64 cannot hold"
                     what = (f"value {above_max}", f"values {above_max}")
-                    lists = column if values is not column else None
-                    problems.append(self._problem(label, what, above, rows, lists))
+                    problems.append(self._problem(label, what, above, value_rows))
         return problems
 
     def _problem(
-        self,
-        label: str,
-        what: tuple[str, str],
-        bad: pa.Array,
-        rows: np.ndarray,
-        lists: pa.Array | None = None,
+        self, label: str, what: tuple[str, str], bad: pa.Array, rows: np.ndarray
     ) -> Problem:
-        """A problem at the rows where `bad` is true (`what`: singular, plural); with `lists`,
-        `bad` is over their flattened values and each value is mapped back to the row of its
-        list."""
-        if lists is not None:
-            lengths = pc.list_value_length(lists).fill_null(0)
-            rows = np.repeat(rows, lengths.to_numpy(zero_copy_only=False))
+        """A problem at the rows where `bad` is true (`what`: singular, plural); `rows` holds
+        the file row of each of `bad`'s values."""
         r, count = _first_rows(bad.fill_null(False).to_numpy(zero_copy_only=False), rows)
         return Problem(self.info.path, label, counted(count, *what), tuple(dict.fromkeys(r)), count)
 

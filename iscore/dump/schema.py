@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from iscore.columns import COMPUTED, PER_TOKEN, ColumnMap
+from iscore.columns import COMPUTED, EXPERT_COLUMNS, PER_TOKEN, ColumnMap
 from iscore.dump.values import Extra, Layout
 from iscore.errors import DumpProblems, Problem, quote
 
@@ -90,13 +90,25 @@ _COLUMN_KIND = {
     "policy_logprob": "float",
     "loss_mask": "mask",
     "pos": "int",
+    "turn": "int",
     "step": "int",
     "seq_id": "id",
+    "rollout_experts": "ids",
+    "train_experts": "ids",
 }
 
 
 def check_types(path: str, schema: pa.Schema, columns: ColumnMap, layout: Layout) -> None:
     problems = []
+    present = [name for name in EXPERT_COLUMNS if name in columns]
+    if len(present) == 1:
+        (name,) = present
+        (other,) = set(EXPERT_COLUMNS) - {name}
+        message = (
+            f"present without {other}; routing agreement compares both sides' expert ids, so "
+            f"a dump has both or neither (leave it out with --column {name}=)"
+        )
+        problems.append(Problem(path, column_label(columns, name), message))
     for name, kind in _COLUMN_KIND.items():
         if name not in columns:
             continue
@@ -104,6 +116,20 @@ def check_types(path: str, schema: pa.Schema, columns: ColumnMap, layout: Layout
         t = schema.field(source).type
         if pa.types.is_dictionary(t):
             t = t.value_type  # decoded while reading
+        if kind == "ids":
+            # A token's expert ids are a list: a list of them per sequence in sequence layout.
+            inner = t.value_type if layout == "sequence" and is_list(t) else t
+            ok = is_list(inner) and pa.types.is_integer(inner.value_type)
+            expected = "a list of integer lists" if layout == "sequence" else "an integer list"
+            if not ok:
+                problems.append(
+                    Problem(
+                        path,
+                        column_label(columns, name),
+                        f"expected {expected} column ({layout} layout), found {t}",
+                    )
+                )
+            continue
         is_kind, expected = _KIND[kind]
         per_token = name in PER_TOKEN and layout == "sequence"
         if per_token:

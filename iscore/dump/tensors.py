@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from iscore.dump.readers import Chunk, bools, plain
 from iscore.errors import DumpError
@@ -56,7 +57,40 @@ def to_batch(chunk: Chunk, carried: pa.Schema | None = None) -> TokenBatch:
         seq_id=chunk.seq_id,
         pos=_tensor(t["pos"], pa.int64(), torch.int64) if "pos" in t else None,
         extra=_conform(chunk.extra, carried, chunk.lengths.size),
+        turn=_tensor(t["turn"], pa.int64(), torch.int64) if "turn" in t else None,
+        routing_agrees=torch.from_numpy(routing_agrees(t["rollout_experts"], t["train_experts"]))
+        if "rollout_experts" in t
+        else None,
     )
+
+
+def routing_agrees(rollout: pa.Array, train: pa.Array) -> np.ndarray:
+    """bool [N]: whether each token's two lists of expert ids hold the same ids, order aside
+    (equal as multisets: the order a router reports its top-k in is not part of the choice).
+
+    The lists are compared flat (values and offsets), never padded: sorted within each token,
+    by a sort along rows where every token lists k ids, else by one sort of the ids keyed by
+    their token.
+
+    >>> routing_agrees(pa.array([[3, 1], [2, 5]]), pa.array([[1, 3], [2, 6]])).tolist()
+    [True, False]
+
+    Raises:
+        ValueError: a token's two lists differ in length (the readers report it first).
+    """
+    lengths = pc.list_value_length(rollout).fill_null(0).to_numpy(zero_copy_only=False)
+    other = pc.list_value_length(train).fill_null(0).to_numpy(zero_copy_only=False)
+    if not np.array_equal(lengths, other):
+        raise ValueError("Expected both sides to list as many expert ids for each token")
+    a, b = (pc.list_flatten(ids).cast(pa.int64()).to_numpy() for ids in (rollout, train))
+    n = lengths.size
+    if n and (lengths == lengths[0]).all():
+        k = int(lengths[0])
+        a, b = np.sort(a.reshape(n, k), axis=1), np.sort(b.reshape(n, k), axis=1)
+        return (a == b).all(axis=1)
+    token = np.repeat(np.arange(n), lengths)
+    a, b = a[np.lexsort((a, token))], b[np.lexsort((b, token))]
+    return np.bincount(token[a != b], minlength=n) == 0
 
 
 def _conform(extra: pa.Table | None, schema: pa.Schema | None, rows: int) -> pa.Table | None:
@@ -97,6 +131,10 @@ def concat_batches(parts: list[TokenBatch]) -> TokenBatch:
         raise DumpError(
             "files disagree on the type of seq_id: " + ", ".join(str(a.type) for a in ids)
         )
+    for name, column in (("turn", "turn"), ("routing_agrees", "rollout_experts")):
+        having = [getattr(p, name) is not None for p in parts]
+        if any(having) and not all(having):
+            raise DumpError(f"some files have {column} and others do not")
     extras = [p.extra for p in parts]
     return TokenBatch(
         rollout=cat("rollout"),
@@ -108,4 +146,6 @@ def concat_batches(parts: list[TokenBatch]) -> TokenBatch:
         seq_id=pa.concat_arrays(ids),
         pos=cat("pos"),
         extra=None if extras[0] is None else pa.concat_tables(extras).combine_chunks(),
+        turn=cat("turn"),
+        routing_agrees=cat("routing_agrees"),
     )

@@ -117,3 +117,29 @@ def test_a_stale_replica_is_one_verdict_on_every_page(tmp_path) -> None:
     table = compare.dataframe[0].value
     default = table[table["setting"].str.contains("decoupled_token_is")].iloc[0]
     assert default["broken gradient kept"] > 1.0  # token TIS at 2 up-weights them
+
+
+def test_routing_and_turn_findings_are_shown_with_what_to_do(tmp_path) -> None:
+    """The expert ids and the turns are read from an upload like any column, and the findings
+    they support appear under "Where it comes from" with their actions."""
+    path = tmp_path / "moe.parquet"
+    config = SimConfig(
+        sequences=64,
+        seed=91,
+        experts=8,
+        routing_differ=0.1,
+        routing_scale=8.0,
+        turns=4,
+        turn_scale=8.0,
+    )
+    write_simulated(path, config)
+    at = new_app()
+    at.file_uploader[0].upload("moe.parquet", path.read_bytes(), "application/octet-stream")
+    at.run()
+    mismatch = at.switch_page("pages/mismatch.py").run()
+    no_exception(mismatch)
+    said = [plain(m.value) for m in mismatch.markdown]
+    assert any("Tokens routed to other experts carry the mismatch" in s for s in said)
+    assert any("Turn boundaries: a re-tokenized transcript" in s for s in said)
+    assert any("routing replay, R3" in s for s in said)
+    assert any("instead of re-tokenizing the transcript" in s for s in said)

@@ -25,6 +25,8 @@ from iscore.writer import PROVENANCE_KEY
 Writer = Callable[[Path], Path]
 
 _F64 = pa.list_(pa.float64())
+_IDS = pa.array([[1], [2], [3], [4]])
+"""A token-layout file's expert ids (one per token)."""
 
 
 def _write(table: pa.Table, name: str) -> Writer:
@@ -151,6 +153,36 @@ def dumps() -> dict[str, Writer]:
         "flipped_byte_with_checksum": _flipped,
         # policy_logprob in one file of a folder but not in the other
         "policy_in_some_files": _policy_in_some_files,
+        # expert ids and turns: bad values, one side alone, in one file of a folder only
+        "experts_negative_id": _write(
+            _token(rollout_experts=pa.array([[1], [-2], [3], [4]]), train_experts=_IDS),
+            "t.parquet",
+        ),
+        "experts_uint64_above_int64": _write(
+            _token(
+                rollout_experts=pa.array([[1], [big], [3], [4]], pa.list_(pa.uint64())),
+                train_experts=_IDS,
+            ),
+            "t.parquet",
+        ),
+        "experts_null_inside_inner_list": _write(
+            _sequence(
+                rollout_experts=pa.array([[[1], [2]], [[3], [None]]]),
+                train_experts=pa.array([[[1], [2]], [[3], [4]]]),
+            ),
+            "s.parquet",
+        ),
+        "experts_one_side": _write(
+            _sequence(train_experts=pa.array([[[1], [2]], [[3], [4]]])), "s.parquet"
+        ),
+        "turn_goes_back": _write(_token(turn=pa.array([1, 0, 0, 1])), "t.parquet"),
+        "experts_in_some_files": _two_files(
+            _sequence(
+                rollout_experts=pa.array([[[1], [2]], [[3], [4]]]),
+                train_experts=pa.array([[[1], [2]], [[3], [4]]]),
+            ),
+            _sequence(seq_id=pa.array([2, 3])),
+        ),
         # files that disagree on their layout, or on the type of seq_id or an extra column
         "layouts_differ": _two_files(_token(), _sequence(seq_id=pa.array([2, 3]))),
         "seq_id_types_differ": _two_files(_sequence(), _sequence(seq_id=pa.array(["a", "b"]))),

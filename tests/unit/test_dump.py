@@ -588,3 +588,186 @@ def test_a_batch_reads_as_one_line():
         "TokenBatch(48 sequences, 41,383 tokens (41,383 in the loss), steps 0..3, cpu, "
         "extra columns group_id, reward, advantage)"
     )
+
+
+def _flat(lists: list[list]) -> list:
+    return list(itertools.chain.from_iterable(lists))
+
+
+def _routed(s: Sequences, seed: int = 0, k: int = 3) -> tuple[list[list], list[list], list]:
+    """Expert ids per token for `s` (the trainer's in shuffled order, some swapped) and each
+    token's turn, with the agreement an independent reference says they have."""
+    rng = np.random.default_rng(seed)
+    rollout, train, agrees, turns = [], [], [], []
+    for n in s.lengths:
+        ids = [rng.choice(16, k, replace=False).tolist() for _ in range(n)]
+        other = [rng.permutation(i).tolist() for i in ids]
+        for token in other:
+            if rng.random() < 0.3:
+                token[rng.integers(k)] = 16 + int(rng.integers(4))  # an expert not in ids
+        rollout.append(ids)
+        train.append(other)
+        agrees.extend(set(a) == set(b) for a, b in zip(ids, other, strict=True))
+        turns.append(np.sort(rng.integers(0, 3, n)).tolist())
+    return rollout, train, [agrees, turns]
+
+
+class TestRoutingAndTurns:
+    @pytest.mark.parametrize("layout", ["token", "sequence"])
+    def test_expert_ids_and_turns_are_read_with_their_tokens(self, tmp_path, layout):
+        s = make_sequences([5, 1, 40, 7, 3, 12], steps=[0, 0, 0, 1, 1, 1])
+        rollout, train, (agrees, turns) = _routed(s)
+        ids = pa.list_(pa.int16())
+        if layout == "token":
+            table = s.token_table()
+            table = table.append_column("rollout_experts", pa.array(_flat(rollout), ids))
+            table = table.append_column("train_experts", pa.array(_flat(train), ids))
+            table = table.append_column("turn", pa.array(_flat(turns)))
+            # Rows shuffled within each sequence: pos restores the order, ids follow tokens.
+            rng = np.random.default_rng(2)
+            starts = np.concatenate([[0], np.cumsum(s.lengths)])
+            table = table.take(
+                np.concatenate(
+                    [rng.permutation(np.arange(a, b)) for a, b in itertools.pairwise(starts)]
+                )
+            )
+        else:
+            table = s.sequence_table()
+            table = table.append_column("rollout_experts", pa.array(rollout, pa.list_(ids)))
+            table = table.append_column("train_experts", pa.array(train, pa.list_(ids)))
+            table = table.append_column("turn", pa.array(turns))
+        path = write(table, tmp_path / "r.parquet", row_group_size=7 if layout == "token" else 2)
+        batch = load(path)
+        assert batch.routing_agrees.tolist() == agrees
+        assert batch.turn.tolist() == _flat(turns)
+        assert "with turns, with routing agreement" in repr(batch)
+        # Streamed in small chunks, the same tokens keep the same values.
+        chunks = list(Dump(path).batches(max_tokens=6))
+        assert torch.cat([c.routing_agrees for c in chunks]).tolist() == agrees
+        assert torch.cat([c.turn for c in chunks]).tolist() == _flat(turns)
+        picked = batch.select(torch.tensor([False, True, True, False, False, True]))
+        assert picked.routing_agrees.tolist() == agrees[5:46] + agrees[-12:]
+        assert batch.slice(2, 3).turn.tolist() == turns[2]
+
+    @pytest.mark.parametrize("lengths", [[3] * 50, [1, 4, 2, 8, 1, 3] * 8])
+    def test_agreement_is_equality_as_multisets(self, lengths):
+        rng = np.random.default_rng(sum(lengths))
+        a = [rng.integers(0, 4, n).tolist() for n in lengths]  # repeats, as across layers
+        b = [
+            rng.permutation(x).tolist()
+            if rng.random() < 0.5
+            else rng.integers(0, 4, len(x)).tolist()
+            for x in a
+        ]
+        expected = [sorted(x) == sorted(y) for x, y in zip(a, b, strict=True)]
+        got = iscore.dump.tensors.routing_agrees(pa.array(a), pa.array(b, pa.list_(pa.int8())))
+        assert got.tolist() == expected and 0 < sum(expected) < len(expected)
+
+    @pytest.mark.parametrize(
+        ("columns", "said"),
+        [
+            (
+                {"rollout_experts": [[1, 2], [3, 4], [5, -6], [7, 8]]},
+                "column rollout_experts: 1 negative expert id at row 2",
+            ),
+            (
+                {"train_experts": [[1, 2], [3, 4], [5, 6, 7], [7, 8]]},
+                "column train_experts: 1 token whose list of expert ids differs in length from "
+                "rollout_experts' (each token lists as many ids on both sides) at row 2",
+            ),
+            (
+                {
+                    "rollout_experts": [[1, 2], [], [5, 6], [7, 8]],
+                    "train_experts": [[1, 2], [], [5, 6], [7, 8]],
+                },
+                "column rollout_experts: 1 empty list of expert ids (a token lists >= 1) at row 1",
+            ),
+            (
+                {"train_experts": [[1, 2], [3, None], [5, 6], [7, 8]]},
+                "column train_experts: 1 null value inside its lists at row 1",
+            ),
+            (
+                {"train_experts": [[1, 2], None, [5, 6], [7, 8]]},
+                "column train_experts: 1 null value at row 1",
+            ),
+            ({"turn": [1, 0, 0, 0]}, "column turn: turn decreases within a sequence (1 token)"),
+            ({"turn": [0, None, 0, 0]}, "column turn: 1 null value at row 1"),
+        ],
+        ids=["negative", "lengths", "empty", "null-id", "null-list", "turn-back", "turn-null"],
+    )
+    def test_bad_values_name_file_column_and_row(self, tmp_path, columns, said):
+        base = {
+            "seq_id": [0, 0, 1, 1],
+            "rollout_logprob": [-1.0, -0.5, -2.0, -0.1],
+            "train_logprob": [-1.1, -0.5, -2.0, -0.2],
+            "rollout_experts": [[1, 2], [3, 4], [5, 6], [7, 8]],
+            "train_experts": [[2, 1], [3, 4], [5, 6], [8, 7]],
+            "turn": [0, 0, 0, 1],
+        }
+        path = write(pa.table({**base, **columns}), tmp_path / "bad.parquet")
+        msg = problems_of(path)
+        assert f"bad.parquet, {said}" in msg
+
+    def test_sequence_layout_nulls_and_lengths_name_the_row(self, tmp_path):
+        ids = pa.list_(pa.list_(pa.int64()))
+        base = {
+            "rollout_logprob": pa.array([[-1.0, -0.5], [-2.0]]),
+            "train_logprob": pa.array([[-1.1, -0.5], [-2.0]]),
+            "rollout_experts": pa.array([[[1], [2]], [[3]]], ids),
+            "train_experts": pa.array([[[1], [2]], [[3]]], ids),
+        }
+        for column, value, said in [
+            (
+                "train_experts",
+                [[[1], [2]], [[None]]],
+                "1 null value inside the lists of its lists at row 1",
+            ),
+            ("train_experts", [[[1], None], [[3]]], "1 null value inside its lists at row 0"),
+            (
+                "rollout_experts",
+                [[[1]], [[3]]],
+                "list lengths differ from rollout_logprob's (e.g. 1 vs 2) at row 0",
+            ),
+        ]:
+            table = pa.table({**base, column: pa.array(value, ids)})
+            msg = problems_of(write(table, tmp_path / "s.parquet"))
+            assert f"s.parquet, column {column}: {said}" in msg, msg
+
+    @pytest.mark.parametrize(
+        ("table", "said"),
+        [
+            (
+                {"rollout_experts": pa.array([[1], [2]])},
+                "column rollout_experts: present without train_experts",
+            ),
+            (
+                {
+                    "rollout_experts": pa.array([[1.0], [2.0]]),
+                    "train_experts": pa.array([[1.0], [2.0]]),
+                },
+                "column rollout_experts: expected an integer list column (token layout), found "
+                "list<element: double>",
+            ),
+            (
+                {"rollout_experts": pa.array([1, 2]), "train_experts": pa.array([1, 2])},
+                "column train_experts: expected an integer list column (token layout), found int64",
+            ),
+            ({"turn": pa.array([0.5, 1.0])}, "column turn: expected an integer column"),
+        ],
+        ids=["one-side", "floats", "scalars", "turn-float"],
+    )
+    def test_column_problems(self, tmp_path, table, said):
+        base = {"seq_id": [0, 1], "rollout_logprob": [-1.0, -0.5], "train_logprob": [-1.1, -0.5]}
+        msg = problems_of(write(pa.table({**base, **table}), tmp_path / "c.parquet"))
+        assert f"c.parquet, {said}" in msg, msg
+
+    def test_the_files_of_a_dump_all_have_them_or_none_does(self, tmp_path):
+        base = {"seq_id": [0, 1], "rollout_logprob": [-1.0, -0.5], "train_logprob": [-1.1, -0.5]}
+        folder = tmp_path / "run"
+        folder.mkdir()
+        ids = {"rollout_experts": [[1], [2]], "train_experts": [[1], [3]], "turn": [0, 0]}
+        write(pa.table({**base, **ids}), folder / "a.parquet")
+        write(pa.table({**base, "seq_id": [2, 3]}), folder / "b.parquet")
+        msg = problems_of(folder)
+        assert "b.parquet, column rollout_experts: missing here but present in" in msg
+        assert "--column rollout_experts= --column train_experts=" in msg

@@ -2,7 +2,7 @@
 wrong answer, always one short line (or, for a dump's problems, one line per problem).
 
 Corpus size per class (see `tests/unit/hostile.py`), each run through every command that
-reads it: dumps 37 x 5 commands (validate, analyze, replay, recommend, export --dump),
+reads it: dumps 43 x 5 commands (validate, analyze, replay, recommend, export --dump),
 framework dumps 23 x 3 commands (validate, analyze, convert), configs 13 x 3 commands
 (replay, analyze, export), paths 6, outputs 10, Ctrl-C 8, report 1, writer casts 4, 150
 hypothesis-fuzzed tables for the reader, and 3 configs under an address-space limit. The
@@ -323,6 +323,15 @@ def test_null_inside_loss_mask_list_is_not_false(tmp_path, capsys):
         ("provenance_source_files_a_number", "; found source_files 3"),
         ("flipped_byte_with_checksum", "CRC checksum verification failed"),
         ("policy_in_some_files", "b.parquet, column policy_logprob: missing here but present in"),
+        ("experts_one_side", "s.parquet, column train_experts: present without rollout_experts"),
+        ("experts_in_some_files", "b.parquet, column rollout_experts: missing here but present"),
+        ("experts_negative_id", "t.parquet, column rollout_experts: 1 negative expert id at row 1"),
+        ("experts_uint64_above_int64", "column rollout_experts: 1 value above"),
+        ("turn_goes_back", "t.parquet, column turn: turn decreases within a sequence (1 token)"),
+        (
+            "experts_null_inside_inner_list",
+            "column rollout_experts: 1 null value inside the lists of its lists at row 1",
+        ),
     ],
 )
 def test_structure_problems_say_what_was_expected(case, said, tmp_path, capsys):

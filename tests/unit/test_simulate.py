@@ -358,6 +358,18 @@ def test_read_truth_needs_simulation_metadata(tmp_path):
             {"policy_growth": 0.1},
             "Expected argument `policy_growth` to be a float in [0.5, 4], but got 0.1",
         ),
+        ({"experts": -1}, "Expected argument `experts` to be an int >= 0, but got -1"),
+        ({"experts": 64}, "Expected argument `experts` to be an int < 64"),
+        ({"turns": 1.5}, "Expected argument `turns` to be an int >= 0, but got 1.5"),
+        (
+            {"routing_differ": 1.5},
+            "Expected argument `routing_differ` to be a float in [0, 1], but got 1.5",
+        ),
+        (
+            {"routing_scale": 0.5},
+            "Expected argument `routing_scale` to be a float in [1, 30], but got 0.5",
+        ),
+        ({"turn_scale": True}, "Expected argument `turn_scale` to be a float in [1, 30]"),
     ],
 )
 def test_bad_config_raises(kwargs, message):
@@ -457,3 +469,53 @@ def test_a_growing_policy_lags_more_each_step_and_leaves_the_rest_unchanged(tmp_
     assert read_truth(tmp_path / "growing.parquet") == growing
     # Unset, the field is not written: dumps simulated before it existed keep their bytes.
     assert "policy_growth" not in steady.to_dict()["config"]
+
+
+@pytest.mark.parametrize("layout", ["sequence", "token"])
+def test_expert_ids_and_turns_add_their_columns_and_their_noise_only_where_said(tmp_path, layout):
+    base = {"sequences": 24, "seed": 9, "median_len": 200}
+    plain_config = SimConfig(**base)
+    plain = write_simulated(tmp_path / "plain.parquet", plain_config, layout=layout)
+    benign = SimConfig(**base, experts=6, routing_differ=0.25, turns=3)
+    truth = write_simulated(tmp_path / "benign.parquet", benign, layout=layout)
+    noisy = SimConfig(
+        **base, experts=6, routing_differ=0.25, routing_scale=9.0, turns=3, turn_scale=9.0
+    )
+    write_simulated(tmp_path / "noisy.parquet", noisy, layout=layout)
+    a, b, c = (pq.read_table(tmp_path / f"{n}.parquet") for n in ("plain", "benign", "noisy"))
+    added = ["turn", "rollout_experts", "train_experts"]
+    assert b.column_names == [*a.column_names, *added] == c.column_names
+    # A disagreement or a seam that carries no extra noise changes no other column.
+    assert all(a[name].equals(b[name]) for name in a.column_names)
+    assert read_truth(tmp_path / "benign.parquet") == truth and plain.tokens == truth.tokens
+    assert {"experts", "turns"} <= set(truth.to_dict()["config"])
+    assert "experts" not in plain.to_dict()["config"]
+
+    def per_token(table, name):
+        column = table[name].combine_chunks()
+        return pc.list_flatten(column) if layout == "sequence" else column
+
+    rollout = per_token(b, "rollout_experts").to_pylist()
+    train = per_token(b, "train_experts").to_pylist()
+    assert all(len(set(ids)) == 6 and min(ids) >= 0 and max(ids) < 64 for ids in rollout)
+    differ = np.array([set(x) != set(y) for x, y in zip(rollout, train, strict=True)])
+    assert all(len(set(x) - set(y)) <= 1 for x, y in zip(rollout, train, strict=True))
+    assert abs(differ.mean() - 0.25) < Z * math.sqrt(0.25 * 0.75 / differ.size)
+    # Turns: each sequence cut into 3 of equal length; the first 4 tokens of turns 1 and 2
+    # are the seams.
+    turn = per_token(b, "turn").to_numpy()
+    lengths = (
+        pc.list_value_length(b["rollout_logprob"].combine_chunks()).to_numpy()
+        if layout == "sequence"
+        else np.bincount(b["seq_id"].to_numpy() - b["seq_id"].to_numpy().min())
+    )
+    pos = np.concatenate([np.arange(n) for n in lengths])
+    length = np.repeat(lengths, lengths)
+    assert (turn == pos * 3 // length).all()
+    first = np.r_[True, turn[1:] != turn[:-1]] | (pos == 0)
+    run_start = np.maximum.accumulate(np.where(first, np.arange(turn.size), 0))
+    seam = (turn > 0) & (np.arange(turn.size) - run_start < 4)
+    # With noise on them, only the seams' and the disagreeing tokens' train log-probs move.
+    moved = per_token(c, "train_logprob").to_numpy() != per_token(b, "train_logprob").to_numpy()
+    assert moved.any() and not (moved & ~(seam | differ)).any()
+    assert per_token(c, "rollout_logprob").equals(per_token(b, "rollout_logprob"))

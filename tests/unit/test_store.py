@@ -19,6 +19,7 @@ from iscore.dump import Dump, StepRange
 from iscore.errors import DumpError
 from iscore.simulate import SimConfig, write_run
 from iscore.store import (
+    ATTRIBUTION,
     MISMATCH,
     Context,
     FileIdentity,
@@ -212,3 +213,28 @@ def test_an_entry_holds_no_object_arrays(run, tmp_path):
         table = pa.ipc.open_file(pa.OSFile(str(path))).read_all()
         assert set(table["dtype"].to_pylist()) <= {"|u1", "<i4", "<i8", "<f8"}
     assert np.dtype("|u1").str == "|u1"
+
+
+def test_routing_and_turns_go_through_the_store_and_an_entry_without_them_is_rebuilt(tmp_path):
+    """An entry written before the attribution kept its routing and turn sums holds states
+    without them: `from_state` refuses those, and they are computed again, never misread."""
+    folder = tmp_path / "moe"
+    config = SimConfig(
+        sequences=12, steps=3, median_len=80, seed=6, experts=4, routing_differ=0.2, turns=3
+    )
+    write_run(folder, config)
+    fresh = _doc(folder)
+    assert json.loads(fresh)["attribution"]["routing"] is not None
+    store = ResultStore(tmp_path / "cache")
+    assert _doc(folder, store=store) == fresh
+    for info in Dump(folder).files:
+        identity = FileIdentity.of(info.path)
+        context = Context(tuple(sorted(info.columns.source.items())), "cpu").key
+        stored = store.load(identity, context)
+        for part in stored.parts:
+            for name in ("routing", "turns"):
+                del part.states[ATTRIBUTION][name]
+        store.save(identity, context, stored)
+    again = ResultStore(tmp_path / "cache")
+    assert _doc(folder, store=again) == fresh
+    assert (again.reads, again.writes) == (3, 3)

@@ -7,10 +7,12 @@ import math
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from iscore.cli import main
 from iscore.dump import Dump, StepRange
+from iscore.simulate import SimConfig, write_simulated
 from iscore.validation import validate
 from tests.conftest import Sequences, make_sequences, write
 
@@ -108,3 +110,29 @@ def test_the_json_of_an_invalid_dump_is_json_and_claims_no_counts(tmp_path, caps
     assert main(["validate", "data/fp8.parquet", "-q", "--json", str(good)]) == 0
     assert _strict(good.read_text())["sequences"] == 48
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("layout", ["sequence", "token"])
+def test_expert_ids_and_turns_are_checked_and_listed(tmp_path, layout):
+    path = tmp_path / "moe.parquet"
+    config = SimConfig(sequences=8, median_len=40, experts=4, routing_differ=0.2, turns=3)
+    write_simulated(path, config, layout=layout)
+    report = validate(Dump(path))
+    assert report.ok and report.tokens > 0
+    assert {"turn", "rollout_experts", "train_experts"} <= set(report.columns)
+    table = pq.read_table(path)
+    ids = table["train_experts"].combine_chunks()
+    flat = ids.flatten().flatten() if layout == "sequence" else ids.flatten()
+    negative = pa.array(np.where(np.arange(len(flat)) == 5, -1, flat.to_numpy()), pa.int16())
+    if layout == "sequence":
+        inner = pa.ListArray.from_arrays(ids.values.offsets, negative)
+        bad = pa.ListArray.from_arrays(ids.offsets, inner)
+    else:
+        bad = pa.ListArray.from_arrays(ids.offsets, negative)
+    table = table.set_column(table.schema.get_field_index("train_experts"), "train_experts", bad)
+    report = validate(Dump(write(table, tmp_path / "bad.parquet")))
+    (problem,) = report.problems
+    assert problem.column == "train_experts" and problem.rows == (
+        (0,) if layout == "sequence" else (1,)
+    )
+    assert problem.message == "1 negative expert id"

@@ -143,6 +143,27 @@ def test_analyze_on_ray_equals_one_process_on_a_run(cluster, run):
     assert [e["kind"] for e in ray_doc["trend"]["events"]] == ["broken_sequences"]
 
 
+def test_expert_ids_and_turns_on_ray_equal_one_process(cluster, tmp_path):
+    """The routing and turn-boundary attribution travels through the tasks' parts."""
+    folder = tmp_path / "moe"
+    config = SimConfig(
+        "moe_routing",
+        sequences=16,
+        steps=3,
+        median_len=300,
+        seed=5,
+        experts=2,
+        routing_differ=0.1,
+        routing_scale=3.0,
+        turns=3,
+        turn_scale=3.0,
+    )
+    write_run(folder, config, ranks=2)
+    ray_doc = _doc(Dump(folder), "ray")
+    _assert_close(ray_doc, _doc(Dump(folder)))
+    assert "routing" in {f["kind"] for f in ray_doc["attribution"]["findings"]}
+
+
 def test_a_selection_and_dropped_sequences_equal_one_process(cluster, run, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(run, bad)

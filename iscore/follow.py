@@ -368,6 +368,7 @@ class Follower:
         for step in {*mismatch, *(s for rows in settings for s in rows)}:
             self._set(step)
         self._trend = self._growing.trend()
+        self._saved_at = time.monotonic()  # the store holds these rows as of now
 
     def analysis(self) -> Analysis:
         """The whole analysis of the files read so far (`iscore.analysis.analyze`'s result,

@@ -6,8 +6,10 @@ and a footer that parses); one still being written is skipped until it is. Each 
 the new files alone (through the results store, where there is one) and recomputes the rows
 of the steps they add to, from those steps' parts only (a step written by several ranks
 merges its files' parts, in path order): one new step costs that step's analysis, not the
-run's, and memory holds the rows, not the run. A file that changes or disappears after it was
-read has its steps recomputed.
+run's, and memory holds the rows, not the run: only the folders whose modification time
+changed are listed again, and only the rows of those steps are rebuilt in the trend
+(`iscore.trend.GrowingTrend`). A file that changes or disappears after it was read has its
+steps recomputed.
 
 With a store, the rows are kept there too, keyed by the run's folder, settings and columns:
 opening a run again reads them back and checks each file's size and modification time
@@ -46,7 +48,7 @@ from iscore.recommendation import Targets
 from iscore.settings import Setting, resolve_all
 from iscore.sql import Predicate
 from iscore.store import Context, ResultStore, footer_complete, setting_key
-from iscore.trend import Event, Trend
+from iscore.trend import Event, GrowingTrend, Trend
 
 
 def ready_files(
@@ -59,12 +61,8 @@ def ready_files(
     Raises:
         IscoreError: `folder` is not a directory.
     """
-    root = Path(folder)
-    if not root.is_dir():
-        raise IscoreError(f"{folder}: expected a run's folder (a directory), but found none")
     known = known or {}
-    found: dict[str, tuple[int, int]] = {}
-    _scan(str(root), found)
+    found = _Listing(folder).scan()
     ready = {}
     for name in sorted(found):
         path = Path(name)
@@ -73,22 +71,84 @@ def ready_files(
     return ready
 
 
-def _scan(folder: str, found: dict[str, tuple[int, int]]) -> None:
-    """Every `*.parquet` file below `folder`, with its size and modification time, into
-    `found` (os.scandir: a poll of a run of thousands of files lists them in milliseconds)."""
-    try:
-        entries = list(os.scandir(folder))
-    except OSError:  # gone since it was listed
-        return
-    for entry in entries:
+SETTLED_NS = 2 * 10**9
+"""How long a folder's modification time must lie in the past before its listing is kept:
+two changes within one tick of the file system's clock leave the time as it was."""
+
+
+class _Listing:
+    """Every `*.parquet` file below a folder, with its size and modification time; a folder
+    whose modification time has not changed is not listed again (adding, removing or renaming
+    a file changes its folder's time; rewriting one in place does not, so every file is
+    still stat'ed). A run of a thousand step folders is polled in a few milliseconds.
+
+    Args:
+        folder: the run's folder.
+    """
+
+    def __init__(self, folder: str | Path):
+        self.folder = folder
+        self._root = str(Path(folder))
+        # folder -> (its modification time, its subfolders, its *.parquet files)
+        self._kept: dict[str, tuple[int, list[str], list[str]]] = {}
+
+    def scan(self) -> dict[str, tuple[int, int]]:
+        """Path -> (size, mtime_ns) of each file, in no particular order.
+
+        Raises:
+            IscoreError: the folder is not a directory.
+        """
+        if not os.path.isdir(self._root):
+            raise IscoreError(
+                f"{self.folder}: expected a run's folder (a directory), but found none"
+            )
+        found: dict[str, tuple[int, int]] = {}
+        self._scan(self._root, found, time.time_ns() - SETTLED_NS)
+        return found
+
+    def _scan(self, folder: str, found: dict[str, tuple[int, int]], settled: int) -> None:
         try:
-            if entry.is_dir():
-                _scan(entry.path, found)
-            elif entry.name.endswith(".parquet") and entry.is_file():
-                stat = entry.stat()
-                found[entry.path] = (stat.st_size, stat.st_mtime_ns)
+            mtime = os.stat(folder).st_mtime_ns
+        except OSError:  # gone since it was listed
+            self._kept.pop(folder, None)
+            return
+        kept = self._kept.get(folder)
+        if kept is not None and kept[0] == mtime:
+            subfolders, files = kept[1], kept[2]
+            for path in files:
+                try:
+                    stat = os.stat(path)
+                except OSError:
+                    continue
+                found[path] = (stat.st_size, stat.st_mtime_ns)
+        else:
+            subfolders, files = self._list(folder, found)
+            if mtime < settled:
+                self._kept[folder] = (mtime, subfolders, files)
+            else:
+                self._kept.pop(folder, None)
+        for sub in subfolders:
+            self._scan(sub, found, settled)
+
+    @staticmethod
+    def _list(folder: str, found: dict[str, tuple[int, int]]) -> tuple[list[str], list[str]]:
+        """A folder's subfolders and `*.parquet` files (those into `found`), by os.scandir."""
+        subfolders, files = [], []
+        try:
+            entries = list(os.scandir(folder))
         except OSError:
-            continue
+            return subfolders, files
+        for entry in entries:
+            try:
+                if entry.is_dir():
+                    subfolders.append(entry.path)
+                elif entry.name.endswith(".parquet") and entry.is_file():
+                    stat = entry.stat()
+                    found[entry.path] = (stat.st_size, stat.st_mtime_ns)
+                    files.append(entry.path)
+            except OSError:
+                continue
+        return subfolders, files
 
 
 SAVE_EVERY_S = 30.0
@@ -162,16 +222,18 @@ class Follower:
         self.engine = engine
         default = "cuda" if torch.cuda.is_available() and engine == "local" else "cpu"
         self.device = torch.device(device or default)
-        self._read: dict[Path, _Read] = {}
+        self._listing = _Listing(folder)
+        self._read: dict[str, _Read] = {}
         self._mismatch: dict[int, dict[str, Any]] = {}
         self._settings: list[dict[int, dict[str, Any]]] = [{} for _ in self.specs]
-        self._parts: dict[Path, list[Part]] = {}  # without a store: each file's parts
+        self._parts: dict[str, list[Part]] = {}  # without a store: each file's parts
+        self._growing = GrowingTrend(self.specs, [spec.name for spec in self.specs], self.targets)
         # The store keeps the rows under the run's folder, settings, columns, iscore's
         # version and the device: what they depend on besides the files.
         context = Context(tuple(sorted(self.columns.items())), self.device.type).key
         key = [context, os.path.realpath(folder), [setting_key(spec) for spec in self.specs]]
         self._key = hashlib.sha256(json.dumps(key).encode()).hexdigest()
-        self._trend = self._build()
+        self._trend = self._growing.trend()
         self._restored = False
         self._unsaved = False
         self._saved_at = -math.inf
@@ -184,7 +246,7 @@ class Follower:
     @property
     def files(self) -> list[Path]:
         """The files read so far, by path."""
-        return sorted(self._read)
+        return [Path(p) for p in sorted(self._read)]
 
     def poll(self) -> Update:
         """Read the files that landed (or changed) since the last poll: all of them the first
@@ -196,26 +258,26 @@ class Follower:
         """
         if not self._restored:
             self._restore()
-        current = ready_files(self.folder, {p: self._signature(p) for p in self._read})
-        gone = [p for p in self._read if current.get(p) != self._signature(p)]
+        found = self._listing.scan()
+        gone = [p for p, r in self._read.items() if found.get(p) != (r.size, r.mtime_ns)]
         touched = {step for p in gone for step in self._read[p].steps}
         for path in gone:
             del self._read[path]
             self._parts.pop(path, None)
-        new = [p for p in current if p not in self._read]
+        new = sorted(p for p in found if p not in self._read and footer_complete(p))
         before = {_identity(e) for e in self._trend.events}
-        fresh: dict[int, list[tuple[Path, Part]]] = {}
-        steps: dict[Path, list[int]] = {path: [] for path in new}
+        fresh: dict[int, list[tuple[str, Part]]] = {}
+        steps: dict[str, list[int]] = {path: [] for path in new}
         for path, part in self._parts_of(new, self.engine):
             fresh.setdefault(part.step, []).append((path, part))
             steps[path].append(part.step)
         for path in new:
-            size, mtime_ns = current[path]
+            size, mtime_ns = found[path]
             self._read[path] = _Read(size, mtime_ns, tuple(dict.fromkeys(steps[path])))
         touched |= set(fresh)
         if touched:
             self._rows(touched, fresh)
-            self._trend = self._build()
+            self._trend = self._growing.trend()
             self._unsaved = True
             # Keeping the rows rewrites them all: at most every SAVE_EVERY_S, so that a new
             # step costs its own analysis, not the run's.
@@ -224,19 +286,14 @@ class Follower:
         rows = tuple(r for r in self._trend.rows if r["step"] in touched)
         by_step = tuple(self._mismatch[s] for s in sorted(touched) if s in self._mismatch)
         events = tuple(e for e in self._trend.events if _identity(e) not in before)
-        return Update(tuple(new), rows, by_step, events, self._trend)
+        return Update(tuple(Path(p) for p in new), rows, by_step, events, self._trend)
 
-    def _signature(self, path: Path) -> tuple[int, int]:
-        read = self._read[path]
-        return read.size, read.mtime_ns
-
-    def _parts_of(self, paths: Sequence[Path], engine: Engine) -> Iterator[tuple[Path, Part]]:
+    def _parts_of(self, paths: Sequence[str], engine: Engine) -> Iterator[tuple[str, Part]]:
         """The parts of files, each with its file, through the store (kept in memory
         without one)."""
         if not paths:
             return
-        named = {str(path): path for path in paths}
-        dump = Dump(list(named), columns=self.columns)
+        dump = Dump(list(paths), columns=self.columns)
         found = parts(
             dump,
             self.specs,
@@ -245,13 +302,12 @@ class Follower:
             device=self.device,
             engine=engine,
         )
-        for name, part in found:
-            path = named[name]
+        for path, part in found:
             if self.store is None:
                 self._parts.setdefault(path, []).append(part)
             yield path, part
 
-    def _rows(self, steps: set[int], fresh: dict[int, list[tuple[Path, Part]]]) -> None:
+    def _rows(self, steps: set[int], fresh: dict[int, list[tuple[str, Part]]]) -> None:
         """Recompute the rows of `steps`: each from the parts of its files, in path order
         (those read before from the store or memory, the new ones as just read)."""
         for step in sorted(steps):
@@ -263,6 +319,7 @@ class Follower:
             for rows in self._settings:
                 rows.pop(step, None)
             if not merged:  # its files are gone
+                self._growing.set(step, None, [None] * len(self.specs))
                 continue
             mismatch = MismatchStats()
             settings = [SettingStats(spec, histograms=False) for spec in self.specs]
@@ -275,21 +332,19 @@ class Follower:
             for acc, rows in zip(settings, self._settings, strict=True):
                 for row in acc.by_step():
                     rows[row["step"]] = json_ready(row)
+            self._set(step)
 
-    def _stored(self, path: Path, step: int) -> list[Part]:
+    def _stored(self, path: str, step: int) -> list[Part]:
         """The parts of `step` of a file read before."""
         if self.store is None:
             return [p for p in self._parts.get(path, []) if p.step == step]
         # From the store, here: a file read before is held there.
         return [p for _, p in self._parts_of([path], "local") if p.step == step]
 
-    def _build(self) -> Trend:
-        mismatch = {"by_step": [self._mismatch[s] for s in sorted(self._mismatch)]}
-        settings = [
-            {"name": spec.name, "by_step": [rows[s] for s in sorted(rows)]}
-            for spec, rows in zip(self.specs, self._settings, strict=True)
-        ]
-        return Trend.of(mismatch, settings, self.specs, self.targets)
+    def _set(self, step: int) -> None:
+        """Make the trend's row of `step` that of its rows now."""
+        settings = [rows.get(step) for rows in self._settings]
+        self._growing.set(step, self._mismatch.get(step), settings)
 
     def save(self) -> None:
         """Keep the rows in the store now (`poll` keeps them at most every `SAVE_EVERY_S`:
@@ -299,7 +354,7 @@ class Follower:
             return
         self._unsaved, self._saved_at = False, time.monotonic()
         payload = {
-            "files": [[str(p), r.size, r.mtime_ns, list(r.steps)] for p, r in self._read.items()],
+            "files": [[p, r.size, r.mtime_ns, list(r.steps)] for p, r in self._read.items()],
             "mismatch": list(self._mismatch.values()),
             "settings": [list(rows.values()) for rows in self._settings],
         }
@@ -313,7 +368,7 @@ class Follower:
         payload = self.store.load_run(self._key)
         try:
             read = {
-                Path(path): _Read(int(size), int(mtime), tuple(int(s) for s in steps))
+                str(path): _Read(int(size), int(mtime), tuple(int(s) for s in steps))
                 for path, size, mtime, steps in payload["files"]
             }
             mismatch = {int(row["step"]): dict(row) for row in payload["mismatch"]}
@@ -325,7 +380,10 @@ class Follower:
         if len(settings) != len(self.specs):
             return
         self._read, self._mismatch, self._settings = read, mismatch, settings
-        self._trend = self._build()
+        for step in {*mismatch, *(s for rows in settings for s in rows)}:
+            self._set(step)
+        self._trend = self._growing.trend()
+        self._saved_at = time.monotonic()  # the store holds these rows as of now
 
     def analysis(self) -> Analysis:
         """The whole analysis of the files read so far (`iscore.analysis.analyze`'s result,
@@ -336,7 +394,7 @@ class Follower:
         """
         if not self._read:
             raise IscoreError(f"{self.folder}: no whole step file yet")
-        dump = Dump([str(p) for p in self.files], columns=self.columns)
+        dump = Dump(sorted(self._read), columns=self.columns)
         return analyze(
             dump,
             self.specs,
@@ -351,11 +409,6 @@ class Follower:
 def _identity(event: Event) -> tuple[str, int, str | None]:
     """An event as one poll and the next know it (its evidence grows with the run)."""
     return event.kind, event.step, event.setting
-
-
-def _signature(path: Path) -> tuple[int, int]:
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns
 
 
 @dataclass(frozen=True, slots=True)

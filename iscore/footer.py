@@ -37,6 +37,11 @@ def _name(kind: int) -> str:
     return _NAMES[kind] if kind < len(_NAMES) else f"type {kind}"
 
 
+_BOOLEANS = frozenset({_TRUE, _FALSE})
+_INTEGERS = frozenset({_I16, _I32, _I64})
+_FIXED = {_BYTE: 1, _DOUBLE: 8}
+"""The sizes of the fixed-size values skipped."""
+
 _MAX_DEPTH = 32
 """Nesting of Thrift structs and lists a Parquet footer needs is about 8."""
 
@@ -116,12 +121,22 @@ class _Thrift:
         self.enter()
         fields: dict[int, object] = {}
         last = 0
-        while (head := self.byte()) != _STOP:
+        data = self.data
+        while True:
+            if self.at >= len(data):  # self.byte(), inline: a footer holds hundreds of fields
+                raise _Malformed("it ends inside a value")
+            head = data[self.at]
+            self.at += 1
+            if head == _STOP:
+                break
             kind, delta = head & 0x0F, head >> 4
             last = last + delta if delta else self.zigzag()
             wanted = shape.get(last)
             if wanted is None:
-                self.skip(kind)
+                if kind in _INTEGERS:  # most of what is skipped: read inline
+                    self.varint()
+                elif kind not in _BOOLEANS:
+                    self.skip(kind)
                 continue
             # A reader skips a field of another type as if absent: pyarrow would then read
             # another footer than this one.
@@ -147,12 +162,12 @@ class _Thrift:
         return self.size(self.varint() if n == 15 else n), kind
 
     def skip(self, kind: int) -> None:
-        if kind in (_TRUE, _FALSE):
+        if kind in _BOOLEANS:
             return
-        if kind in (_I16, _I32, _I64):
+        if kind in _INTEGERS:
             self.varint()
         elif kind in (_BYTE, _DOUBLE, _BINARY):
-            n = {_BYTE: 1, _DOUBLE: 8}.get(kind) or self.varint()
+            n = _FIXED.get(kind) or self.varint()
             self.at += self.size(n)
         elif kind in (_LIST, _SET):
             n, item = self.list_head()
@@ -165,9 +180,29 @@ class _Thrift:
             kinds = self.byte() if n else 0
             self.skip_all(kinds >> 4, n, kinds & 0x0F)
         elif kind == _STRUCT:
-            self.struct({})
+            self.skip_struct()
         else:
             raise _Malformed(f"a value of unknown Thrift type {kind}")
+
+    def skip_struct(self) -> None:
+        """`struct({})` without keeping anything: most structs of a footer are skipped."""
+        self.enter()
+        data = self.data
+        while True:
+            if self.at >= len(data):
+                raise _Malformed("it ends inside a value")
+            head = data[self.at]
+            self.at += 1
+            if head == _STOP:
+                break
+            if not head >> 4:  # the field id in full, not as a delta
+                self.zigzag()
+            kind = head & 0x0F
+            if kind in _INTEGERS:
+                self.varint()
+            elif kind not in _BOOLEANS:
+                self.skip(kind)
+        self.depth -= 1
 
     def skip_all(self, kind: int, n: int, then: int | None = None) -> None:
         self.enter()

@@ -192,9 +192,7 @@ class LogHistogram:
         index, counts = bins
         # Strictly increasing bins in range, counts >= 0: checked in few numpy calls (a
         # store holds thousands of these).
-        if index.size and (
-            index[0] < 0 or index[-1] >= _BINS or (np.diff(index).min(initial=1) <= 0)
-        ):
+        if index.size and (index[0] < 0 or index[-1] >= _BINS or (index[1:] <= index[:-1]).any()):
             raise ValueError("histogram bins out of range or out of order")
         if index.size and counts.min() < 0:
             raise ValueError("negative histogram counts")
@@ -262,14 +260,18 @@ def checked(
         ValueError: it is missing, or of another kind or shape.
     """
     value = state.get(name)
-    kinds = {"i": "iu", "f": "f", "u": "u"}[kind]
-    if not isinstance(value, np.ndarray) or value.dtype.kind not in kinds:
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in _KINDS[kind]:
         raise ValueError(f"{name}: expected a numpy array of kind {kind!r}")
-    if value.ndim != len(shape) or any(
-        e not in (-1, v) for e, v in zip(shape, value.shape, strict=True)
+    found = value.shape
+    if len(found) != len(shape) or not all(
+        e == -1 or e == v for e, v in zip(shape, found, strict=True)
     ):
-        raise ValueError(f"{name}: expected shape {shape}, found {value.shape}")
+        raise ValueError(f"{name}: expected shape {shape}, found {found}")
     return value
+
+
+_KINDS = {"i": "iu", "f": "f", "u": "u"}
+"""The numpy dtype kinds each kind of `checked` takes."""
 
 
 _BINS = int((LOG10_RANGE[1] - LOG10_RANGE[0]) * BINS_PER_DECADE)

@@ -174,16 +174,17 @@ class SettingStats:
             ValueError: `state` is not one `state()` wrote (an array missing, of another
                 type or length).
         """
-        stats = cls(spec, histograms)
         steps = checked(state, "step", "i", (-1,))
-        stats.steps = [steps.astype(np.int64)]
         seq = checked(state, "seq", "f", (len(_SEQ_FIELDS), steps.size)).astype(np.float64)
-        stats.seq = {name: [seq[i]] for i, name in enumerate(_SEQ_FIELDS)}
+        hists = {}  # passed in, not made empty and replaced: a store loads thousands of them
         if histograms:
             for name in ("raw_hist", "weight_hist"):
                 prefix = f"{name}."
                 part = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
-                setattr(stats, name, LogHistogram.from_state(part))
+                hists[name] = LogHistogram.from_state(part)
+        stats = cls(spec, histograms, **hists)
+        stats.steps = [steps.astype(np.int64)]
+        stats.seq = {name: [seq[i]] for i, name in enumerate(_SEQ_FIELDS)}
         return stats
 
     def sequences(self) -> dict[str, np.ndarray]:

@@ -392,7 +392,7 @@ class MismatchStats:
             ValueError: `state` is not one `state()` wrote: an array missing, of another
                 type or length, or ids that do not decode.
         """
-        stats = cls()
+        stats = cls(neg_hist=LogHistogram.from_state(_prefixed(state, "neg_hist")))
         steps = checked(state, "step", "i", (-1,))
         b = steps.size
         seq = checked(state, "seq", "f", (len(_SEQ_FIELDS), b)).astype(np.float64)
@@ -406,7 +406,6 @@ class MismatchStats:
         stats.by_pos = checked(state, "by_pos", "f", stats.by_pos.shape).astype(np.float64)
         stats.regression = checked(state, "regression", "f", (6,)).astype(np.float64)
         stats.signs = checked(state, "signs", "i", (3,)).astype(np.int64)
-        stats.neg_hist = LogHistogram.from_state(_prefixed(state, "neg_hist"))
         stats.joint.load_state(_prefixed(state, "joint"))
         index = checked(state, "worst.index", "i", (-1, 2))
         values = checked(state, "worst.values", "f", (index.shape[0], 3))

@@ -170,8 +170,18 @@ def outside_parts(
     for step, part in parts:
         by_step.setdefault(step, []).append(part)
     out = np.zeros(T.size, dtype=bool)
-    for step, rows in by_step.items():
-        chosen = steps == step
+    if not out.size:
+        return out
+    # Each step's sequences, in their order, by one stable sort: a selection per step would
+    # cost steps x sequences.
+    order = np.argsort(steps, kind="stable")
+    ordered = steps[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    for a, b in zip(starts.tolist(), [*starts[1:].tolist(), order.size], strict=True):
+        rows = by_step.get(int(ordered[a]))
+        if rows is None:
+            continue
+        chosen = order[a:b]
         out[chosen] = outside(
             medians[chosen], T[chosen], positive[chosen], negative[chosen], Noise.combine(rows)
         )

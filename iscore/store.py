@@ -1,20 +1,20 @@
 """The results store: what an analysis computed of each step of each file, kept on disk so that
 analyzing a run again reads and computes only what changed (docs/runs.md#the-results-store).
 
-One Arrow IPC file per dump file (`<folder>/iscore-results-v1/<key[:2]>/<key>.arrow`), keyed by
+One Arrow IPC file per dump file (`<folder>/iscore-results-v2/<key[:2]>/<key>.arrow`), keyed by
 the file's identity (its resolved path, size, modification time and a digest of its Parquet
 footer), iscore's version, the column mapping and the device. It holds, for each part of the
 file (a run of one step's sequences, in the order read), the state of the mismatch's, the
 attribution's and each setting's accumulators (`MismatchStats.state`, `AttributionStats.state`,
-`SettingStats.state`: plain arrays, one row each, never pickled), every group with its
-SHA-256. A setting is known by its config (`framework` and the framework's own keys; the
+`SettingStats.state`: plain arrays, one row each, never pickled), and a BLAKE2b checksum of
+them all. A setting is known by its config (`framework` and the framework's own keys; the
 display name is not part of it).
 
-Nothing read is trusted: an entry of another version, file or mapping, one whose checksum
-fails, or whose arrays do not make an accumulator (`from_state` refuses it) is ignored, and
-what it held is computed again and written anew. Files are written whole under a temporary
-name and renamed, so a reader never sees half of one, and two writers lose at most each
-other's newest parts, never a file.
+Nothing read is trusted: an entry of another version, file or mapping, or one whose checksum
+fails, is ignored whole, and a state whose arrays do not make an accumulator (`from_state`
+refuses it) is left out; what they held is computed again and written anew. Files are
+written whole under a temporary name and renamed, so a reader never sees half of one, and
+two writers lose at most each other's newest parts, never a file.
 
 >>> store = ResultStore(tmp_path)                                 # doctest: +SKIP
 >>> analyze("run/", ["verl:decoupled_geo_rs"], store=store)        # doctest: +SKIP
@@ -44,8 +44,9 @@ from iscore.impact import SettingStats
 from iscore.mismatch import MismatchStats
 from iscore.spec import Spec
 
-FORMAT = 1
-"""The layout of the entries; a store of another format is never read."""
+FORMAT = 2
+"""The layout of the entries; a store of another format is never read (1 had a SHA-256 per
+part's state, checked much more slowly than one checksum per entry)."""
 
 MISMATCH = "mismatch"
 """The `what` of the mismatch's accumulator (a setting's is its `setting_key`)."""
@@ -65,7 +66,6 @@ _SCHEMA = pa.schema(
         ("dtype", pa.string()),
         ("shape", pa.list_(pa.int64())),
         ("data", pa.large_binary()),
-        ("checksum", pa.string()),
     ]
 )
 _DTYPES = frozenset({"|u1", "<i4", "<i8", "<f8"})
@@ -241,8 +241,10 @@ class ResultStore:
         it holds nothing that checks out."""
         key = _entry_key(file, context)
         try:
-            with pa.OSFile(str(self._path(key))) as source:
-                table = pa.ipc.open_file(source).read_all()
+            # Read whole, in one call: Arrow's many small reads each give up the GIL, and
+            # wait for it, while the analysis' main thread merges what was read before.
+            data = self._path(key).read_bytes()
+            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
         except (OSError, pa.ArrowException):
             return None
         self.reads += 1
@@ -255,7 +257,11 @@ class ResultStore:
             return None
         if not table.schema.remove_metadata().equals(_SCHEMA):
             return None
-        return _parts(table, key, header.get("complete") is True)
+        complete = header.get("complete") is True
+        columns = {name: table.column(name).to_pylist() for name in _SCHEMA.names}
+        if header.get("checksum") != _checksum(key, complete, columns):
+            return None
+        return _parts(columns, complete)
 
     def save(self, file: FileIdentity, context: str, stored: StoredFile) -> None:
         """Write what is known of `file` in `context`, replacing the entry whole.
@@ -267,7 +273,6 @@ class ResultStore:
         columns: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names}
         for index, part in enumerate(stored.parts):
             for what, state in sorted(part.states.items()):
-                checksum = _checksum(key, index, part, what, state)
                 for name, array in sorted(state.items()):
                     array = np.ascontiguousarray(array)
                     columns["part"].append(index)
@@ -279,9 +284,14 @@ class ResultStore:
                     columns["dtype"].append(array.dtype.str)
                     columns["shape"].append(list(array.shape))
                     columns["data"].append(array.tobytes())
-                    columns["checksum"].append(checksum)
-        header = json.dumps({"key": key, "complete": stored.complete, "format": FORMAT})
-        table = pa.table(columns, schema=_SCHEMA.with_metadata({"iscore.store": header}))
+        table = pa.table(columns, schema=_SCHEMA)
+        # Of the rows as a reader gets them back, so that both compute it from the same values.
+        read = {name: table.column(name).to_pylist() for name in _SCHEMA.names}
+        checksum = _checksum(key, stored.complete, read)
+        header = json.dumps(
+            {"key": key, "complete": stored.complete, "format": FORMAT, "checksum": checksum}
+        )
+        table = table.replace_schema_metadata({"iscore.store": header})
         path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -354,41 +364,38 @@ def _entry_key(file: FileIdentity, context: str) -> str:
     return _digest(file.key + context)
 
 
-def _checksum(
-    key: str, index: int, part: StoredPart, what: str, state: dict[str, np.ndarray]
-) -> str:
-    digest = hashlib.sha256(f"{key}|{index}|{part.step}|{part.run}|{what}".encode())
-    for name, array in sorted(state.items()):
-        digest.update(f"|{name}|{array.dtype.str}|{array.shape}|".encode())
-        digest.update(np.ascontiguousarray(array).tobytes())
+def _checksum(key: str, complete: bool, columns: dict[str, list[Any]]) -> str | None:
+    """The BLAKE2b of an entry's rows (`_SCHEMA`'s columns as lists), its key and whether it
+    is complete; None where a row has no data."""
+    data = columns["data"]
+    if any(d is None for d in data):
+        return None
+    rows = [columns[name] for name in _SCHEMA.names if name != "data"]
+    digest = hashlib.blake2b(
+        json.dumps([key, complete, rows, [len(d) for d in data]]).encode(), digest_size=32
+    )
+    digest.update(b"".join(data))
     return digest.hexdigest()
 
 
-def _parts(table: pa.Table, key: str, complete: bool) -> StoredFile | None:
-    """The parts an entry's rows describe, each state checked against its checksum (a state
-    that fails is left out: computed again)."""
-    columns = {name: table.column(name).to_pylist() for name in _SCHEMA.names}
-    rows = len(columns["part"])
+def _parts(columns: dict[str, list[Any]], complete: bool) -> StoredFile | None:
+    """The parts an entry's rows (checked against its checksum) describe; None where they
+    do not describe any."""
     parts: list[StoredPart] = []
-    groups: dict[tuple[int, str], tuple[str, dict[str, np.ndarray]]] = {}
-    for i in range(rows):
-        index = columns["part"][i]
-        if index is None or index < 0 or index > len(parts) or columns["what"][i] is None:
+    for index, step, run, tokens, what, name, dtype, shape, data in zip(
+        *(columns[name] for name in _SCHEMA.names), strict=True
+    ):
+        if index is None or index < 0 or index > len(parts) or what is None:
             return None
         if index == len(parts):
-            parts.append(StoredPart(columns["step"][i], columns["run"][i], columns["tokens"][i]))
-        dtype, shape, data = columns["dtype"][i], columns["shape"][i], columns["data"][i]
-        if dtype not in _DTYPES or shape is None or data is None:
+            parts.append(StoredPart(step, run, tokens))
+        if dtype not in _DTYPES or shape is None:
             return None
         try:
             array = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
         except (ValueError, TypeError):
             return None
-        group = groups.setdefault((index, columns["what"][i]), (columns["checksum"][i], {}))
-        group[1][columns["name"][i]] = array
-    for (index, what), (checksum, state) in groups.items():
-        if _checksum(key, index, parts[index], what, state) == checksum:
-            parts[index].states[what] = state
+        parts[index].states.setdefault(what, {})[name] = array
     return StoredFile(parts, complete)
 
 

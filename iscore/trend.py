@@ -133,40 +133,16 @@ class Trend:
         """The trend of an analysis: its `mismatch` and `settings` (the dicts of
         `iscore.analysis.Analysis`, computed for `specs`), with the `setting_degrades`
         events judged against `targets`."""
-        prefixes = setting_columns(specs, number_repeats=True)
-        columns = _columns(prefixes)
-        rows: dict[int, dict[str, Any]] = {}
+        run = GrowingTrend(specs, [s["name"] for s in settings], targets)
+        by_step: dict[int, tuple[dict[str, Any] | None, list[dict[str, Any] | None]]] = {}
         for r in mismatch["by_step"]:
-            rows[r["step"]] = row = dict.fromkeys(columns)
-            row["step"] = r["step"]
-            for k in MISMATCH_COLUMNS:
-                row[k] = r.get(k)
-        for prefix, setting in zip(prefixes, settings, strict=True):
-            names = [(f"{prefix}_{k}", k) for k in SETTING_COLUMNS]
+            by_step[r["step"]] = (r, [None] * len(settings))
+        for i, setting in enumerate(settings):
             for r in setting["by_step"]:
-                row = rows.get(r["step"])
-                if row is None:
-                    rows[r["step"]] = row = dict.fromkeys(columns)
-                    row["step"] = r["step"]
-                values = r | {"truncated_fraction": _truncated(r)}
-                for name, k in names:
-                    row[name] = values.get(k)
-        table = tuple(rows[step] for step in sorted(rows))
-        k3 = [r["healthy_k3"] for r in table if r["healthy_k3"] is not None]
-        band = Band.of(k3) if len(k3) >= 3 else None
-        events = [
-            *_growth(table, band),
-            *_broken(table),
-            *_offset(table),
-            *_degrades(settings, prefixes, targets),
-        ]
-        return cls(
-            table,
-            tuple(prefixes),
-            tuple(s["name"] for s in settings),
-            band,
-            tuple(sorted(events, key=lambda e: (e.step, list(EVENT_KINDS).index(e.kind)))),
-        )
+                by_step.setdefault(r["step"], (None, [None] * len(settings)))[1][i] = r
+        for step, (row, rows) in by_step.items():
+            run.set(step, row, rows)
+        return run.trend()
 
     @property
     def columns(self) -> list[str]:
@@ -201,6 +177,84 @@ class Trend:
             },
             "events": [e.to_dict() for e in self.events],
         }
+
+
+class GrowingTrend:
+    """The trend of a run whose steps come (and change) one at a time: `set` rebuilds the
+    row of one step, and `trend` judges the events over the rows kept, so that a followed
+    run's new step costs its own row, not the run's (`iscore.follow`). `Trend.of` is one
+    built whole.
+
+    Args:
+        specs: the settings, in the analysis' order.
+        names: their names, in the same order.
+        targets: what the `setting_degrades` events hold each setting to.
+    """
+
+    def __init__(self, specs: Sequence[Spec], names: Sequence[str], targets: Targets):
+        self.prefixes = setting_columns(specs, number_repeats=True)
+        self.names = tuple(names)
+        self.targets = targets
+        self._columns = _columns(self.prefixes)
+        self._rows: dict[int, dict[str, Any]] = {}
+        # Per setting, each step's by_step row that has tokens, and the targets it misses.
+        self._judged: list[dict[int, tuple[dict[str, Any], list[str]]]] = [
+            {} for _ in self.prefixes
+        ]
+        self._steps: list[int] | None = []  # sorted steps; None when a step came or went
+
+    def set(
+        self,
+        step: int,
+        mismatch: dict[str, Any] | None,
+        settings: Sequence[dict[str, Any] | None],
+    ) -> None:
+        """Make `step`'s row that of its `mismatch.by_step` row and each setting's
+        `by_step` row (None where there is none; all None removes the step)."""
+        had = step in self._rows
+        for judged in self._judged:
+            judged.pop(step, None)
+        if mismatch is None and all(r is None for r in settings):
+            self._rows.pop(step, None)
+            if had:
+                self._steps = None
+            return
+        self._rows[step] = row = dict.fromkeys(self._columns)
+        row["step"] = step
+        if mismatch is not None:
+            for k in MISMATCH_COLUMNS:
+                row[k] = mismatch.get(k)
+        for prefix, r, judged in zip(self.prefixes, settings, self._judged, strict=True):
+            if r is None:
+                continue
+            values = r | {"truncated_fraction": _truncated(r)}
+            for k in SETTING_COLUMNS:
+                row[f"{prefix}_{k}"] = values.get(k)
+            if r.get("tokens"):
+                judged[step] = (r, self.targets.violations(r))
+        if not had:
+            self._steps = None
+
+    def trend(self) -> Trend:
+        """The trend of the rows set so far."""
+        if self._steps is None:
+            self._steps = sorted(self._rows)
+        table = tuple(self._rows[step] for step in self._steps)
+        k3 = [r["healthy_k3"] for r in table if r["healthy_k3"] is not None]
+        band = Band.of(k3) if len(k3) >= 3 else None
+        events = [
+            *_growth(table, band),
+            *_broken(table),
+            *_offset(table),
+            *_degrades(self._judged, self.names, self.prefixes, self.targets),
+        ]
+        return Trend(
+            table,
+            tuple(self.prefixes),
+            self.names,
+            band,
+            tuple(sorted(events, key=lambda e: (e.step, list(EVENT_KINDS).index(e.kind)))),
+        )
 
 
 def degrades_from(misses: Sequence[bool]) -> int | None:
@@ -306,24 +360,27 @@ def _missing(row: dict[str, Any], targets: Targets) -> list[str]:
 
 
 def _degrades(
-    settings: Sequence[dict[str, Any]], prefixes: Sequence[str], targets: Targets
+    judged: Sequence[dict[int, tuple[dict[str, Any], list[str]]]],
+    names: Sequence[str],
+    prefixes: Sequence[str],
+    targets: Targets,
 ) -> list[Event]:
     events = []
-    for setting, prefix in zip(settings, prefixes, strict=True):
-        steps = [r for r in setting["by_step"] if r.get("tokens")]
-        misses = [targets.violations(r) for r in steps]
-        t = degrades_from([bool(m) for m in misses])
+    for by_step, name, prefix in zip(judged, names, prefixes, strict=True):
+        steps = [by_step[step] for step in sorted(by_step)]
+        t = degrades_from([bool(misses) for _, misses in steps])
         if t is None:
             continue
+        (row, misses), before, last = steps[t], steps[t - 1][0], steps[-1][0]
         events.append(
             Event(
                 "setting_degrades",
-                steps[t]["step"],
-                ", ".join(f"{prefix}_{k}" for k in _missing(steps[t], targets)),
-                f"{setting['name']} met the targets until step {steps[t - 1]['step']} and misses "
-                f"them at every step from {steps[t]['step']} to {steps[-1]['step']} (at step "
-                f"{steps[t]['step']}: {'; '.join(misses[t])})",
-                setting["name"],
+                row["step"],
+                ", ".join(f"{prefix}_{k}" for k in _missing(row, targets)),
+                f"{name} met the targets until step {before['step']} and misses "
+                f"them at every step from {row['step']} to {last['step']} (at step "
+                f"{row['step']}: {'; '.join(misses)})",
+                name,
             )
         )
     return events

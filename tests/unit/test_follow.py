@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from iscore import follow
 from iscore.analysis import analyze
 from iscore.cli import main
 from iscore.dump import Dump
@@ -91,6 +92,27 @@ def test_a_file_still_being_written_is_skipped_until_whole(source, tmp_path):
         assert name not in ready_files(run)
     name.write_bytes(data)
     assert [r["step"] for r in follower.poll().rows] == [1]
+
+
+def test_kept_listings_still_see_files_that_land_or_change(source, tmp_path, monkeypatch):
+    """A folder whose listing is kept (its time settled) is listed again when a file lands
+    in it, and a file rewritten in place (its folder's time unchanged) is read again."""
+    monkeypatch.setattr(follow, "SETTLED_NS", 0)  # every folder listed is kept
+    run = tmp_path / "run"
+    for step in range(3):
+        _land(source, run, step, ranks=(0,))
+    for folder in [run, *run.iterdir()]:
+        os.utime(folder, ns=(10**18, 10**18))  # settled long ago
+    follower = Follower(run, SETTINGS)
+    assert [r["step"] for r in follower.poll().rows] == [0, 1, 2]
+    _land(source, run, 1, ranks=(1,))
+    assert [r["step"] for r in follower.poll().rows] == [1]
+    path = run / "step_000002" / "rank_0000.parquet"
+    shutil.copy(source / "step_000002" / "rank_0001.parquet", path)
+    os.utime(path.parent, ns=(10**18, 10**18))
+    assert [r["step"] for r in follower.poll().rows] == [2]
+    assert follower.poll().files == ()
+    assert _trend(follower.trend) == _fresh(run)
 
 
 def test_a_run_opens_again_from_the_stored_rows(source, tmp_path):

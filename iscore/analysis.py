@@ -44,6 +44,7 @@ from iscore.dump import (
     open_data,
 )
 from iscore.errors import ConfigError, DumpError, IscoreError
+from iscore.footer import Passed
 from iscore.health import assess
 from iscore.impact import SettingStats
 from iscore.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, MismatchStats
@@ -58,6 +59,7 @@ from iscore.store import (
     Context,
     FileIdentity,
     ResultStore,
+    RunKey,
     StoredFile,
     StoredPart,
     setting_key,
@@ -207,7 +209,7 @@ def analyze(
         and all(isinstance(chunk, TokenBatch) for chunk in source)
     ):
         chunks: Any = list(source)
-    elif isinstance(opened := open_data(source), Dump):
+    elif isinstance(opened := open_data(source, footers=_footers(source, store)), Dump):
         dump = opened
         chunks = dump.batches(max_tokens=max_tokens, whole_steps=True)
     else:
@@ -226,8 +228,13 @@ def analyze(
         engine == "ray" or (store is not None and storable(dump) and sequences is None)
     )
     tick = progress
-    if engine == "ray":
-        kept = store if storable(dump) and sequences is None else None
+    kept = store if by_file and storable(dump) and sequences is None else None
+    run = None if kept is None else _run_key(dump, device)
+    merged = None if run is None else kept.load_merged(run)
+    held = None if merged is None else _part_of(merged, specs)
+    if held is not None:
+        parts: Iterable[Part] = [held]  # no file changed since: their merge, in one entry
+    elif engine == "ray":
         parts = _ray_parts(dump, specs, kept, max_tokens, sequences, progress, owners)
         tick = None  # said as each task finishes
     elif by_file:
@@ -236,12 +243,14 @@ def analyze(
         parts = _fresh_parts(chunks, specs, sequences, device)
     # The accumulators' per-token temporaries are allocated once for the whole pass.
     heap = _HeapGuard()
+    tokens = 0
     with ops.reused_buffers():
         for part in parts:
             mismatch.merge(part.mismatch)
             for acc, done in zip(stats, part.settings, strict=True):
                 acc.merge(done)
             attribution.merge(part.attribution)
+            tokens += part.tokens
             if tick is not None:
                 tick(part.tokens)
             heap.check()
@@ -264,6 +273,12 @@ def analyze(
             f"{where}: no token is in the loss (loss_mask false everywhere, or no tokens); "
             "nothing to analyze"
         )
+    if run is not None and held is None:
+        total = Part(-1, tokens, mismatch, stats, attribution)
+        try:
+            kept.save_merged(run, _to_store(total, 0, specs, merged))
+        except IscoreError as e:
+            warnings.warn(f"{e}; going on without keeping the results", stacklevel=2)
     settings_done = [acc.compute(broken) for acc in stats]
     result = Analysis(
         source={
@@ -359,6 +374,25 @@ def _device(device: str | torch.device | None, engine: Engine) -> torch.device:
     if engine == "ray":
         return torch.device("cpu")
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _run_key(dump: Dump, device: torch.device) -> RunKey | None:
+    """The key of the merge of every file of `dump` in the store (None where a file has no
+    identity: it is still being written, or cannot be read)."""
+    files = []
+    for info in dump.files:
+        identity = FileIdentity.of(info.path)
+        if identity is None:
+            return None
+        files.append(
+            (identity, Context(tuple(sorted(info.columns.source.items())), device.type).key)
+        )
+    return RunKey.of(files, repr(dump.steps), device.type)
+
+
+def _footers(source: Data | Sequence[TokenBatch], store: ResultStore | None) -> Passed | None:
+    """The footers `store` knows to pass the check, for a dump opened here from its path."""
+    return None if store is None or isinstance(source, Dump | TokenBatch) else store.footers
 
 
 def storable(dump: Dump) -> bool:

@@ -197,10 +197,15 @@ def _distinct_outputs(args: argparse.Namespace, *flags: str) -> None:
 
 
 def _open_dump(
-    args: argparse.Namespace, *, extras: bool = False, outputs: tuple[str, ...] = ()
+    args: argparse.Namespace,
+    *,
+    extras: bool = False,
+    outputs: tuple[str, ...] = (),
+    store: ResultStore | None = None,
 ) -> Dump:
-    """The dump the arguments name, opened; each output option of `outputs` is checked
-    before any work (a missing folder, a directory, a file of the dump itself)."""
+    """The dump the arguments name, opened (the footers `store` knows to be sound not
+    parsed again); each output option of `outputs` is checked before any work (a missing
+    folder, a directory, a file of the dump itself)."""
     from iscore.columns import parse_mapping
     from iscore.dump import Dump
 
@@ -213,6 +218,7 @@ def _open_dump(
         allow_pickle=args.allow_pickle,
         where=args.where,
         extras=extras,
+        footers=None if store is None else store.footers,
     )
     inputs = [f.path for f in dump.files]
     for flag in outputs:
@@ -319,11 +325,14 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     _distinct_outputs(args, "--json", "--html", "--sequences")
     specs = [resolve(s) for s in args.settings]
+    store = _store(args)
     dump = _open_dump(
-        args, extras=args.sequences is not None, outputs=("--json", "--html", "--sequences")
+        args,
+        extras=args.sequences is not None,
+        outputs=("--json", "--html", "--sequences"),
+        store=store,
     )
     table = None if args.sequences is None else SequenceTable(read_schema(dump), specs)
-    store = _store(args)
     with _progress(dump, "analyze", args) as bar:
         result = analyze(
             dump,

@@ -215,6 +215,7 @@ class Follower:
         self.folder = Path(folder)
         self.specs = resolve_all(settings)
         self.store = store
+        self._footers = None if store is None else store.footers
         self.columns = dict(columns or {})
         self.targets = targets or Targets()
         self.max_tokens = max_tokens
@@ -293,7 +294,7 @@ class Follower:
         without one)."""
         if not paths:
             return
-        dump = Dump(list(paths), columns=self.columns)
+        dump = Dump(list(paths), columns=self.columns, footers=self._footers)
         found = parts(
             dump,
             self.specs,
@@ -394,7 +395,7 @@ class Follower:
         """
         if not self._read:
             raise IscoreError(f"{self.folder}: no whole step file yet")
-        dump = Dump(sorted(self._read), columns=self.columns)
+        dump = Dump(sorted(self._read), columns=self.columns, footers=self._footers)
         return analyze(
             dump,
             self.specs,

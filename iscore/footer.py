@@ -19,7 +19,9 @@ iscore.errors.DumpError: x.parquet: unreadable Parquet footer: a value of unknow
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from iscore.errors import DumpError
 
@@ -264,12 +266,13 @@ def tail(path: str) -> bytes:
         return f.read()
 
 
-def check(data: bytes, name: str) -> None:
+def check(data: bytes, name: str, passed: Passed | None = None) -> None:
     """Raise unless the footer of the Parquet file `data` (the whole file, or its tail from
     the footer on) is one pyarrow reads without aborting: every row group holds a column
     chunk per schema column, with metadata of the column's physical type, and level
     histograms (where it has them) the size its schema's levels give. Stricter than that
-    where a field has another Thrift type than its own (only damage does that).
+    where a field has another Thrift type than its own (only damage does that). A footer
+    `passed` holds is not parsed again; one that passes is added to it.
 
     Raises:
         DumpError: "NAME: unreadable Parquet footer: ...", saying what does not fit.
@@ -278,9 +281,44 @@ def check(data: bytes, name: str) -> None:
     try:
         if len(data) < 8 + length or data[-4:] != b"PAR1":
             raise _Malformed("it claims more bytes than the file has")
-        _check(_Thrift(data[-8 - length : -8]).struct(_FILE))
+        footer = data[-8 - length :]
+        if passed is not None and footer in passed:
+            return
+        _check(_Thrift(footer[:-8]).struct(_FILE))
     except _Malformed as e:
         raise DumpError(f"{name}: unreadable Parquet footer: {e}") from None
+    if passed is not None:
+        passed.add(footer)
+
+
+class Passed:
+    """Footers that passed `check`, each an empty file in `folder` named by the SHA-256 of
+    the footer (its metadata and last 8 bytes, as `iscore.store.FileIdentity` digests it):
+    a results store keeps them, so that a run analyzed again does not parse every file's
+    footer again (the parse is most of what opening a small step file costs).
+
+    Whoever can write `folder` can make a footer pass unchecked, as they can make the
+    store's results say anything: a store is trusted as the user's own files are
+    (docs/security.md). A folder that cannot be written checks every footer each time.
+    """
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+
+    def _marker(self, footer: bytes) -> Path:
+        digest = hashlib.sha256(footer).hexdigest()
+        return self.folder / digest[:2] / digest
+
+    def __contains__(self, footer: bytes) -> bool:
+        return self._marker(footer).is_file()
+
+    def add(self, footer: bytes) -> None:
+        marker = self._marker(footer)
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:
+            pass  # not kept: checked again next time
 
 
 def _check(meta: dict[int, object]) -> None:

@@ -32,6 +32,11 @@ BINS_PER_DECADE = 200
 class LogHistogram:
     """Counts of positive values in log-spaced bins, plus exact zeros, tails, min and max.
 
+    A histogram loaded from a state, and one merged only from such, keeps the bins in use
+    alone (`_used`, `_used_counts`) until it is updated or its dense `counts` are asked for: a
+    results store loads thousands of them (one per setting, per step and file), most of whose
+    4,000 bins are empty.
+
     Attributes:
         counts: int64 [bins], values in [edges[i], edges[i + 1]).
         zeros: values == 0 (weights zeroed by a mask).
@@ -42,11 +47,6 @@ class LogHistogram:
         min_positive: the smallest positive value seen (what an underflow quantile reports).
     """
 
-    counts: np.ndarray = field(
-        default_factory=lambda: np.zeros(
-            int((LOG10_RANGE[1] - LOG10_RANGE[0]) * BINS_PER_DECADE), dtype=np.int64
-        )
-    )
     zeros: int = 0
     underflow: int = 0
     overflow: int = 0
@@ -54,6 +54,31 @@ class LogHistogram:
     min: float = float("inf")
     max: float = float("-inf")
     min_positive: float = float("inf")
+    _dense: np.ndarray | None = field(default=None, repr=False)
+    # The bins in use (strictly increasing) and their counts (> 0), while `_dense` is None;
+    # never written to in place (a merge may share them).
+    _used: np.ndarray = field(default_factory=lambda: _NONE, repr=False)
+    _used_counts: np.ndarray = field(default_factory=lambda: _NONE, repr=False)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """int64 [bins]: the dense counts (made from the bins in use on first access)."""
+        if self._dense is None:
+            self._dense = np.zeros(_BINS, dtype=np.int64)
+            self._dense[self._used] = self._used_counts
+            self._used = self._used_counts = _NONE
+        return self._dense
+
+    @counts.setter
+    def counts(self, value: np.ndarray) -> None:
+        self._dense = value
+
+    def bins_used(self) -> tuple[np.ndarray, np.ndarray]:
+        """The bins in use, increasing, and their counts (each > 0)."""
+        if self._dense is None:
+            return self._used, self._used_counts
+        used = np.flatnonzero(self._dense)
+        return used, self._dense[used]
 
     @staticmethod
     def edges() -> np.ndarray:
@@ -64,7 +89,8 @@ class LogHistogram:
     @property
     def total(self) -> int:
         """Every value counted, NaN included."""
-        return int(self.counts.sum()) + self.zeros + self.underflow + self.overflow + self.nan
+        binned = int(self.bins_used()[1].sum())
+        return binned + self.zeros + self.underflow + self.overflow + self.nan
 
     def update(self, values: torch.Tensor) -> None:
         """Count `values` (any shape, any device; negative values are not expected)."""
@@ -106,7 +132,12 @@ class LogHistogram:
 
     def merge(self, other: LogHistogram) -> None:
         """Add `other`'s counts to these."""
-        self.counts += other.counts
+        if other._dense is not None:
+            self.counts += other._dense
+        elif self._dense is None and not self._used.size:
+            self._used, self._used_counts = other._used, other._used_counts  # shared, unwritten
+        elif other._used.size:
+            self.counts[other._used] += other._used_counts
         self.zeros += other.zeros
         self.underflow += other.underflow
         self.overflow += other.overflow
@@ -131,13 +162,14 @@ class LogHistogram:
         if rank < self.underflow:
             return self.min_positive
         rank -= self.underflow
-        cumulative = np.cumsum(self.counts)
-        if rank >= cumulative[-1]:
+        used, counts = self.bins_used()
+        cumulative = np.cumsum(counts)
+        if not cumulative.size or rank >= cumulative[-1]:
             return self.max
         i = int(np.searchsorted(cumulative, rank, side="right"))
         before = cumulative[i - 1] if i else 0
-        frac = (rank - before + 0.5) / self.counts[i]
-        log_value = LOG10_RANGE[0] + (i + frac) / BINS_PER_DECADE
+        frac = (rank - before + 0.5) / counts[i]
+        log_value = LOG10_RANGE[0] + (int(used[i]) + frac) / BINS_PER_DECADE
         return float(np.clip(10.0**log_value, self.min, self.max))
 
     def coarse(self, per_decade: int = 10) -> dict[str, list[float] | int]:
@@ -169,8 +201,7 @@ class LogHistogram:
         >>> LogHistogram.from_state(h.state()) == h
         True
         """
-        used = np.flatnonzero(self.counts)
-        return {"bins": np.stack([used, self.counts[used]]), "scalars": self._scalars()}
+        return {"bins": np.stack(self.bins_used()), "scalars": self._scalars()}
 
     def _scalars(self) -> np.ndarray:
         names = ("zeros", "underflow", "overflow", "nan", "min", "max", "min_positive")
@@ -200,7 +231,9 @@ class LogHistogram:
         tallies = (zeros, underflow, overflow, nan)
         if min(tallies) < 0 or any(t != int(t) for t in tallies):
             raise ValueError("negative or fractional histogram counts")
-        self.counts[index] = counts
+        kept = counts > 0
+        self._dense = None
+        self._used, self._used_counts = index[kept].astype(np.int64), counts[kept].astype(np.int64)
         self.zeros, self.underflow, self.overflow, self.nan = (int(t) for t in tallies)
         self.min, self.max, self.min_positive = low, high, positive
 
@@ -209,7 +242,7 @@ class LogHistogram:
         scalars = ("zeros", "underflow", "overflow", "nan", "min", "max", "min_positive")
         return (
             isinstance(other, LogHistogram)
-            and np.array_equal(self.counts, other.counts)
+            and all(map(np.array_equal, self.bins_used(), other.bins_used()))
             and all(getattr(self, k) == getattr(other, k) for k in scalars)
         )
 
@@ -219,9 +252,9 @@ def keyed_state(hists: Mapping[int, LogHistogram]) -> dict[str, np.ndarray]:
     `bins`, int64 [3, k] (key, bin, count of each bin in use) and `scalars`, float64 [n, 8]
     (the key, then `LogHistogram.state`'s scalars)."""
     bins = [
-        np.stack([np.full(used.size, key), used, hist.counts[used]])
+        np.stack([np.full(used.size, key), used, counts])
         for key, hist in hists.items()
-        for used in (np.flatnonzero(hist.counts),)
+        for used, counts in (hist.bins_used(),)
     ]
     scalars = [np.r_[key, hist._scalars()] for key, hist in hists.items()]
     return {
@@ -238,13 +271,18 @@ def from_keyed_state(state: Mapping[str, np.ndarray]) -> dict[int, LogHistogram]
     """
     bins = checked(state, "bins", "i", (3, -1))
     scalars = checked(state, "scalars", "f", (-1, 8))
+    # Each key's bins found by bisection in the bins sorted by key (a run's merge holds
+    # thousands of steps).
+    order = np.argsort(bins[0], kind="stable")
+    keys, sorted_bins = bins[0, order], bins[1:, order]
     out: dict[int, LogHistogram] = {}
     for row in scalars:
         key = int(row[0])
         if key in out or key != row[0]:
             raise ValueError("histogram keys repeated or not integers")
         out[key] = hist = LogHistogram()
-        hist._load(bins[1:, bins[0] == key], row[1:])
+        lo, hi = (int(np.searchsorted(keys, key, side=side)) for side in ("left", "right"))
+        hist._load(sorted_bins[:, lo:hi], row[1:])
     if not np.isin(bins[0], list(out)).all():
         raise ValueError("histogram bins of no histogram")
     return out
@@ -275,6 +313,7 @@ _KINDS = {"i": "iu", "f": "f", "u": "u"}
 
 
 _BINS = int((LOG10_RANGE[1] - LOG10_RANGE[0]) * BINS_PER_DECADE)
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -830,9 +830,10 @@ def _step_noise(
     ratio = float(group["rho"][~broken].sum()) / n if n else math.nan
     spread = float(group["rho2"][~broken].sum()) / n - ratio * ratio if n else math.nan
     binned = hist.total - hist.nan
+    used, counts = hist.bins_used()
     return {
         "abs_diff_p99": hist.quantile(0.99),
-        "tail_share": (int(hist.counts[_TAIL_BIN:].sum()) + hist.overflow) / binned,
+        "tail_share": (int(counts[used >= _TAIL_BIN].sum()) + hist.overflow) / binned,
         "d_median": noise.center,
         "d_spread": noise.spread,
         "broken_sequences": int(broken.sum()),

@@ -10,9 +10,16 @@ attribution's and each setting's accumulators (`MismatchStats.state`, `Attributi
 them all. A setting is known by its config (`framework` and the framework's own keys; the
 display name is not part of it).
 
-Nothing read is trusted: an entry of another version, file or mapping, or one whose checksum
-fails, is ignored whole, and a state whose arrays do not make an accumulator (`from_state`
-refuses it) is left out; what they held is computed again and written anew. Files are
+Beside them, the merge of every part of a dump's files (`RunKey`:
+`<folder>/iscore-results-v2/merged/<slot>.arrow`, one per folder, step selection and device,
+keyed by the files' own entries), so that a run of thousands of unchanged step files
+is read back in one entry; and the footers that passed `iscore.footer.check`
+(`<folder>/iscore-results-v2/footers/<version>/`), which are not parsed again.
+
+Nothing read is trusted (but the footers' marks: whoever can write the folder can skip a
+footer's check, docs/security.md): an entry of another version, file or mapping, or one whose
+checksum fails, is ignored whole, and a state whose arrays do not make an accumulator
+(`from_state` refuses it) is left out; what they held is computed again and written anew. Files are
 written whole under a temporary name and renamed, so a reader never sees half of one, and
 two writers lose at most each other's newest parts, never a file.
 
@@ -28,7 +35,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -40,6 +47,7 @@ import pyarrow.parquet as pq
 
 from iscore.attribution import AttributionStats
 from iscore.errors import IscoreError
+from iscore.footer import Passed
 from iscore.impact import SettingStats
 from iscore.mismatch import MismatchStats
 from iscore.spec import Spec
@@ -224,12 +232,17 @@ class ResultStore:
             user's cache).
 
     Attributes:
-        reads, writes: entries read and written (the bench and tests count them).
+        reads, writes: entries read (that checked out) and written (the bench and tests
+            count them).
+        footers: the footers of the files analyzed through it that passed `footer.check`
+            (for this version of iscore), which a `Dump` opened with them does not parse
+            again.
     """
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
         self.root = self.folder / f"iscore-results-v{FORMAT}"
+        self.footers = Passed(self.root / "footers" / _version())
         self.reads = 0
         self.writes = 0
 
@@ -240,14 +253,26 @@ class ResultStore:
         """What the store holds of `file` analyzed in `context` (`Context.key`); None where
         it holds nothing that checks out."""
         key = _entry_key(file, context)
+        return self._load(self._path(key), key)
+
+    def load_merged(self, run: RunKey) -> StoredPart | None:
+        """The merge of every part of a dump's files (`RunKey`) that `save_merged` kept, or
+        None where the store holds none that checks out for exactly those files."""
+        stored = self._load(self._merged_path(run), run.key)
+        return stored.parts[0] if stored is not None and len(stored.parts) == 1 else None
+
+    def _merged_path(self, run: RunKey) -> Path:
+        return self.root / "merged" / f"{run.slot}.arrow"
+
+    def _load(self, path: Path, key: str) -> StoredFile | None:
+        """The entry at `path` if it is the entry of `key` and checks out."""
         try:
             # Read whole, in one call: Arrow's many small reads each give up the GIL, and
             # wait for it, while the analysis' main thread merges what was read before.
-            data = self._path(key).read_bytes()
+            data = path.read_bytes()
             table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
         except (OSError, pa.ArrowException):
             return None
-        self.reads += 1
         meta = (table.schema.metadata or {}).get(b"iscore.store")
         try:
             header = json.loads(meta) if meta else None
@@ -261,7 +286,9 @@ class ResultStore:
         columns = {name: table.column(name).to_pylist() for name in _SCHEMA.names}
         if header.get("checksum") != _checksum(key, complete, columns):
             return None
-        return _parts(columns, complete)
+        stored = _parts(columns, complete)
+        self.reads += stored is not None
+        return stored
 
     def save(self, file: FileIdentity, context: str, stored: StoredFile) -> None:
         """Write what is known of `file` in `context`, replacing the entry whole.
@@ -270,6 +297,19 @@ class ResultStore:
             IscoreError: the folder cannot be written (named, with the reason).
         """
         key = _entry_key(file, context)
+        self._save(self._path(key), key, stored)
+
+    def save_merged(self, run: RunKey, merged: StoredPart) -> None:
+        """Keep the merge of every part of a dump's files (`RunKey`), replacing the one kept
+        for an earlier state of the same folders.
+
+        Raises:
+            IscoreError: the folder cannot be written.
+        """
+        self._save(self._merged_path(run), run.key, StoredFile([merged], complete=True))
+
+    def _save(self, path: Path, key: str, stored: StoredFile) -> None:
+        """Write `stored` as the entry of `key` at `path`, replacing what was there whole."""
         columns: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names}
         for index, part in enumerate(stored.parts):
             for what, state in sorted(part.states.items()):
@@ -292,7 +332,6 @@ class ResultStore:
             {"key": key, "complete": stored.complete, "format": FORMAT, "checksum": checksum}
         )
         table = table.replace_schema_metadata({"iscore.store": header})
-        path = self._path(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with _beside(path) as tmp:
@@ -353,6 +392,35 @@ class Context:
     @property
     def key(self) -> str:
         return _digest(json.dumps([_version(), FORMAT, self.columns, self.device]))
+
+
+@dataclass(frozen=True, slots=True)
+class RunKey:
+    """Where the store keeps the merge of every part of a dump's files, and what it must be
+    the merge of: a dump of unchanged files is then read back in one entry, not one per file
+    (docs/runs.md#the-results-store).
+
+    Attributes:
+        slot: the entry's place, one per folder (the files' deepest common one), step
+            selection and device: a run that grows replaces its merge, it does not pile
+            them up.
+        key: the files' own entries' keys (their identities and contexts), in order, and the
+            step selection.
+    """
+
+    slot: str
+    key: str
+
+    @classmethod
+    def of(cls, files: Sequence[tuple[FileIdentity, str]], steps: str, device: str) -> RunKey:
+        """The key of the files (`FileIdentity`, `Context.key`), in the order read, with the
+        steps selected (as text) and the device."""
+        folder = os.path.commonpath([os.path.dirname(file.path) for file, _ in files])
+        entries = [_entry_key(file, context) for file, context in files]
+        return cls(
+            _digest(json.dumps(["merged", folder, steps, device])),
+            _digest(json.dumps(["merged", entries, steps])),
+        )
 
 
 @functools.cache

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
+from iscore import footer
 from iscore.budget import DEFAULT_CHUNK_TOKENS
 from iscore.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, dump_schema
 from iscore.distributed import Engine, check_engine, ordered
@@ -66,6 +67,8 @@ class Dump:
             and mismatch columns holds (`iscore.sequences`), judged chunk by chunk as they are read.
         extras: carry every per-sequence column of the dump (`Extra`) into the batches'
             `extra` table; without it only those `where` reads are carried.
+        footers: footers known to pass `footer.check` (a results store's `footers`): a
+            file's footer found there is not parsed again, one that passes is added.
 
     Raises:
         DumpProblems: files that cannot be opened or have the wrong columns (all listed).
@@ -83,6 +86,7 @@ class Dump:
         allow_pickle: bool = False,
         where: str | None = None,
         extras: bool = False,
+        footers: footer.Passed | None = None,
     ):
         sources = [source] if isinstance(source, str | Path) else list(source)
         files: list[tuple[str, bytes | None]] = []
@@ -93,7 +97,7 @@ class Dump:
                 imported = True
             else:
                 files.extend((path, None) for path in resolve_files(item))
-        self._setup(files, columns, steps, drop_invalid, where, extras, imported)
+        self._setup(files, columns, steps, drop_invalid, where, extras, imported, footers=footers)
 
     @classmethod
     def from_buffers(
@@ -128,6 +132,7 @@ class Dump:
         extras: bool = False,
         imported: bool = False,
         piece: Piece | None = None,
+        footers: footer.Passed | None = None,
     ) -> None:
         self.imported = imported  # a framework's own dump, converted to Parquet in memory
         self._mapping = dict(columns or {})
@@ -142,7 +147,7 @@ class Dump:
             # A piece is opened by its absolute path and named as its dump names it.
             name = path if piece is None else piece.path
             try:
-                parquet, info = open_file(path, self._mapping, data)
+                parquet, info = open_file(path, self._mapping, data, footers)
             except DumpProblems as e:
                 problems.extend(replace(p, file=name) for p in e.problems)
                 continue

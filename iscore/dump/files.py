@@ -53,7 +53,10 @@ Source = str | bytes
 
 
 def open_file(
-    path: str, mapping: Mapping[str, str], data: bytes | None = None
+    path: str,
+    mapping: Mapping[str, str],
+    data: bytes | None = None,
+    passed: footer.Passed | None = None,
 ) -> tuple[pq.ParquetFile, DumpFile]:
     """Open one file, telling an empty, truncated or non-Parquet file apart.
 
@@ -61,6 +64,7 @@ def open_file(
         path: the file's path, or for `data` the name that stands for it in messages.
         mapping: explicit canonical -> source column names.
         data: the file's bytes when it is held in memory.
+        passed: footers known to pass `footer.check` (a results store's), not parsed again.
     """
     if data is None:
         size = Path(path).stat().st_size
@@ -86,7 +90,7 @@ def open_file(
             f"{path}: truncated Parquet file ({size:,} bytes, no footer); "
             "was the write interrupted?"
         )
-    footer.check(footer.tail(path) if data is None else data, path)  # before pyarrow's reading
+    footer.check(footer.tail(path) if data is None else data, path, passed)  # before pyarrow
     try:
         # Pages written with a CRC are checked against it as they are read (Parquet's
         # checksums are optional: pages without one are read as they are).

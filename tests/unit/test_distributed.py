@@ -187,18 +187,23 @@ def test_the_store_is_filled_by_ray_and_serves_both_engines(cluster, run, tmp_pa
     fresh = _doc(Dump(run))
     store = ResultStore(tmp_path / "cache")
     _assert_close(_doc(Dump(run), "ray", store=store), fresh)
-    assert (store.reads, store.writes) == (0, 12)  # 6 steps x 2 ranks
-    # Served here from what Ray kept (computed on CPUs: the key's device).
+    assert (store.reads, store.writes) == (0, 13)  # 6 steps x 2 ranks, and their merge
+    # Served here from what Ray kept (computed on CPUs: the key's device): their merge, and
+    # without it, each file's entry.
     again = ResultStore(tmp_path / "cache")
     served = _doc(Dump(run), store=again, device="cpu")
     assert served == _doc(Dump(run), "ray", store=ResultStore(again.folder))
-    assert (again.reads, again.writes) == (12, 0)
+    assert (again.reads, again.writes) == (1, 0)
+    shutil.rmtree(again.root / "merged")
+    files = ResultStore(tmp_path / "cache")
+    assert _doc(Dump(run), store=files, device="cpu") == served
+    assert (files.reads, files.writes) == (12, 1)
     # A setting added: each file's entry is read, and only the new setting computed on Ray.
     more = ResultStore(tmp_path / "cache")
     specs = [*SETTINGS, "trl:trl_default"]
     analysis = analyze(Dump(run), specs, max_tokens=PIECE, engine="ray", store=more)
     _assert_close(analysis.to_dict(), analyze(Dump(run), specs).to_dict())
-    assert (more.reads, more.writes) == (12, 12)
+    assert (more.reads, more.writes) == (13, 13)  # the merge, lacking the setting, too
 
 
 def test_sequences_on_ray_equal_one_process(cluster, run):

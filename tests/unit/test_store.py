@@ -3,6 +3,7 @@ one to the last digit; whatever in the store does not check out is computed agai
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -12,11 +13,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from iscore import footer
 from iscore.analysis import analyze
 from iscore.cli import main
 from iscore.dump import Dump, StepRange
 from iscore.errors import DumpError
+from iscore.histogram import LogHistogram, from_keyed_state, keyed_state
 from iscore.simulate import SimConfig, write_run
 from iscore.store import (
     ATTRIBUTION,
@@ -46,21 +50,55 @@ def _doc(data, settings=SETTINGS, store=None, **options) -> str:
 
 
 def _entries(store: ResultStore) -> list[Path]:
-    return sorted(store.root.rglob("*.arrow"))
+    """The files' entries (not the merges of a run's files)."""
+    return sorted(p for p in store.root.rglob("*.arrow") if p.parent.name != "merged")
+
+
+def _forget_merges(store: ResultStore) -> None:
+    """Remove the merges of a run's files, so that the next analysis goes through the
+    files' own entries."""
+    shutil.rmtree(store.root / "merged", ignore_errors=True)
 
 
 def test_a_second_analysis_reads_the_store_and_equals_a_fresh_one(run, tmp_path):
     fresh = _doc(run)
     store = ResultStore(tmp_path / "cache")
     assert _doc(run, store=store) == fresh
-    assert (store.reads, store.writes) == (0, 8)  # 4 steps x 2 ranks, one entry each
+    # 4 steps x 2 ranks, one entry each, and their merge.
+    assert (store.reads, store.writes) == (0, 9)
     again = ResultStore(tmp_path / "cache")
     assert _doc(run, store=again) == fresh
-    assert (again.reads, again.writes) == (8, 0)
-    # A selection of steps is served from the store, and equals its fresh analysis.
+    assert (again.reads, again.writes) == (1, 0)  # the merge alone
+    _forget_merges(again)
+    files = ResultStore(tmp_path / "cache")
+    assert _doc(run, store=files) == fresh
+    assert (files.reads, files.writes) == (8, 1)  # each file's entry, the merge written again
+    # A selection of steps is served from the files' entries (its merge is its own), and
+    # equals its fresh analysis.
     steps = ResultStore(tmp_path / "cache")
     assert _doc(run, store=steps, steps=StepRange(1, 2)) == _doc(run, steps=StepRange(1, 2))
-    assert steps.writes == 0
+    assert (steps.reads, steps.writes) == (8, 1)
+    assert len(list((steps.root / "merged").iterdir())) == 2
+
+
+def test_a_merge_is_replaced_as_the_run_grows_and_rebuilt_when_damaged(tmp_path):
+    folder = tmp_path / "run"
+    write_run(folder, SimConfig(sequences=6, steps=4, median_len=40, seed=3))
+    staged = folder.parent / "late"
+    shutil.move(folder / "step_000003", staged)
+    store = ResultStore(tmp_path / "cache")
+    _doc(folder, store=store)
+    (merge,) = (store.root / "merged").iterdir()
+    shutil.move(staged, folder / "step_000003")
+    grown = ResultStore(tmp_path / "cache")
+    assert _doc(folder, store=grown) == _doc(folder)
+    assert (grown.reads, grown.writes) == (3, 2)  # the old merge is not this run's
+    assert list((store.root / "merged").iterdir()) == [merge]  # replaced, not piled up
+    for damage in (b"", merge.read_bytes()[:-100], b"PAR1 not an Arrow file"):
+        merge.write_bytes(damage)
+        again = ResultStore(tmp_path / "cache")
+        assert _doc(folder, store=again) == _doc(folder)
+        assert (again.reads, again.writes) == (4, 1)
 
 
 def test_only_what_changed_is_computed(run, tmp_path):
@@ -79,16 +117,20 @@ def test_only_what_changed_is_computed(run, tmp_path):
         )
     store = ResultStore(tmp_path / "cache")
     assert _doc(run, store=store) == _doc(run)
-    assert (store.reads, store.writes) == (8, 2)
+    assert (store.reads, store.writes) == (8, 3)  # and the run's merge
     # A setting added: every file is read again for it alone, the rest kept.
     store = ResultStore(tmp_path / "cache")
     assert _doc(run, [*SETTINGS, "nemo_rl:nemo_icepop"], store) == _doc(
         run, [*SETTINGS, "nemo_rl:nemo_icepop"]
     )
-    assert store.writes == 10
+    assert store.writes == 11
     store = ResultStore(tmp_path / "cache")
     assert _doc(run, SETTINGS[:1], store) == _doc(run, SETTINGS[:1])  # a subset: all stored
-    assert store.writes == 0
+    assert (store.reads, store.writes) == (1, 0)
+    _forget_merges(store)
+    store = ResultStore(tmp_path / "cache")
+    assert _doc(run, SETTINGS[:1], store) == _doc(run, SETTINGS[:1])
+    assert (store.reads, store.writes) == (10, 1)
 
 
 @pytest.mark.parametrize(
@@ -104,6 +146,7 @@ def test_a_damaged_or_foreign_entry_is_ignored_and_rebuilt(run, tmp_path, damage
     fresh = _doc(run)
     store = ResultStore(tmp_path / "cache")
     _doc(run, store=store)
+    _forget_merges(store)
     entries = _entries(store)
     victim = entries[0]
     data = bytearray(victim.read_bytes())
@@ -120,7 +163,7 @@ def test_a_damaged_or_foreign_entry_is_ignored_and_rebuilt(run, tmp_path, damage
     damaged = victim.read_bytes()
     again = ResultStore(tmp_path / "cache")
     assert _doc(run, store=again) == fresh
-    assert again.writes == 1 and victim.read_bytes() not in (damaged, b"")
+    assert again.writes == 2 and victim.read_bytes() not in (damaged, b"")  # and the merge
 
 
 def test_a_state_that_does_not_make_an_accumulator_is_recomputed(run, tmp_path):
@@ -135,9 +178,10 @@ def test_a_state_that_does_not_make_an_accumulator_is_recomputed(run, tmp_path):
         for part in stored.parts:
             del part.states[MISMATCH]["noise"]
         store.save(identity, context, stored)  # with checksums of what is left
+    _forget_merges(store)
     again = ResultStore(tmp_path / "cache")
     assert _doc(run, store=again) == fresh
-    assert (again.reads, again.writes) == (8, 8)
+    assert (again.reads, again.writes) == (8, 9)
 
 
 def test_a_file_changed_in_place_is_read_again(run, tmp_path):
@@ -148,7 +192,7 @@ def test_a_file_changed_in_place_is_read_again(run, tmp_path):
     pq.write_table(table.slice(0, table.num_rows - 1), path)
     again = ResultStore(tmp_path / "cache")
     assert _doc(run, store=again) == _doc(run)
-    assert again.writes == 1
+    assert again.writes == 2  # its entry and the run's merge
 
 
 def test_a_sequence_in_two_files_is_refused_through_the_store_too(run, tmp_path):
@@ -197,7 +241,7 @@ def test_the_command_keeps_its_results_in_the_users_cache_unless_told(
     argv = ["analyze", str(run), "-q", "--preset", "verl:decoupled_geo_rs"]
     assert main(argv) == 0
     assert len(_entries(ResultStore(tmp_path / "xdg" / "iscore"))) == 8
-    assert "wrote 8 entries" in capsys.readouterr().err
+    assert "wrote 9 entries" in capsys.readouterr().err  # and the run's merge
     assert main([*argv, "--cache-dir", str(tmp_path / "mine")]) == 0
     assert len(_entries(ResultStore(tmp_path / "mine"))) == 8
     capsys.readouterr()
@@ -209,7 +253,7 @@ def test_the_command_keeps_its_results_in_the_users_cache_unless_told(
 def test_an_entry_holds_no_object_arrays(run, tmp_path):
     store = ResultStore(tmp_path / "cache")
     _doc(run, store=store)
-    for path in _entries(store):
+    for path in store.root.rglob("*.arrow"):
         table = pa.ipc.open_file(pa.OSFile(str(path))).read_all()
         assert set(table["dtype"].to_pylist()) <= {"|u1", "<i4", "<i8", "<f8"}
     assert np.dtype("|u1").str == "|u1"
@@ -235,6 +279,67 @@ def test_routing_and_turns_go_through_the_store_and_an_entry_without_them_is_reb
             for name in ("routing", "turns"):
                 del part.states[ATTRIBUTION][name]
         store.save(identity, context, stored)
+    _forget_merges(store)
     again = ResultStore(tmp_path / "cache")
     assert _doc(folder, store=again) == fresh
-    assert (again.reads, again.writes) == (3, 3)
+    assert (again.reads, again.writes) == (3, 4)
+
+
+def test_a_footer_that_passed_is_not_parsed_again_through_the_store(run, tmp_path, monkeypatch):
+    parsed = []
+    check = footer._check
+    monkeypatch.setattr(footer, "_check", lambda meta: (parsed.append(1), check(meta))[1])
+    store = ResultStore(tmp_path / "cache")
+    analyze(str(run), SETTINGS, store=store)
+    assert len(parsed) >= 8  # each file's footer parsed (and marked) once at least
+    fresh = _doc(run)
+    parsed.clear()
+    again = analyze(str(run), SETTINGS, store=store).to_dict()
+    assert parsed == []
+    assert json.dumps(again, sort_keys=True) == fresh
+    # Without the store, from memory, or a footer changed: parsed.
+    Dump(run)
+    assert len(parsed) == 8
+    path = next(run.rglob("*.parquet"))
+    Dump.from_buffers([("up.parquet", path.read_bytes())])
+    assert len(parsed) == 9
+    # A footer that fails is never marked: refused every time.
+    bad = tmp_path / "bad.parquet"
+    data = path.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    bad.write_bytes(data[: -8 - length] + b"\xff" * length + data[-8:])
+    for _ in range(2):
+        with pytest.raises(DumpError, match="unreadable Parquet footer"):
+            Dump(bad, footers=store.footers)
+    marks = {p.name for p in store.footers.folder.rglob("*") if p.is_file()}
+    assert len(marks) == 8
+    assert hashlib.sha256(bad.read_bytes()[-8 - length :]).hexdigest() not in marks
+
+
+def test_a_histogram_read_back_sparse_merges_and_reads_as_the_dense_one():
+    rng = np.random.default_rng(0)
+    dense = [LogHistogram() for _ in range(3)]
+    for hist in dense:
+        hist.update(torch.from_numpy(np.exp(rng.normal(0, 3, 500))))
+    sparse = [LogHistogram.from_state(h.state()) for h in dense]
+    assert all(s._dense is None for s in sparse) and sparse == dense
+    total_dense, total_sparse = LogHistogram(), LogHistogram()
+    for d, s in zip(dense, sparse, strict=True):
+        total_dense.merge(d)
+        total_sparse.merge(s)
+    assert total_sparse == total_dense
+    np.testing.assert_array_equal(total_sparse.counts, total_dense.counts)
+    for q in (0.0, 0.01, 0.5, 0.99, 1.0):
+        assert sparse[0].quantile(q) == dense[0].quantile(q)
+    assert sparse[1].total == dense[1].total
+    # Merging into a sparse one leaves the other's arrays as they were.
+    kept = sparse[2]._used_counts.copy()
+    first = LogHistogram.from_state(dense[0].state())
+    first.merge(sparse[2])
+    first.merge(sparse[2])
+    np.testing.assert_array_equal(sparse[2]._used_counts, kept)
+    assert first.total == dense[0].total + 2 * dense[2].total
+    # Steps read back by key from a merge of many.
+    steps = {k: dense[k % 3] for k in (7, 1, 4, 2)}
+    back = from_keyed_state(keyed_state(steps))
+    assert back == steps

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iscore import footer
+from iscore import footer, storage
 from iscore.errors import DumpError, clip
 from iscore.importers import SUFFIXES
 from iscore.writer import is_tensor
@@ -58,7 +58,10 @@ def parquet_tokens(source: bytes | str) -> int | None:
     """
     try:
         footer.check(source if isinstance(source, bytes) else footer.tail(source), "")
-        meta = pq.read_metadata(pa.BufferReader(source) if isinstance(source, bytes) else source)
+        if isinstance(source, bytes):
+            meta = pq.read_metadata(pa.BufferReader(source))
+        else:
+            meta = pq.read_metadata(storage.readable(source))
     except (DumpError, pa.ArrowException, OSError, ValueError):  # a name not UTF-8: ValueError
         return None
     longest = 0
@@ -133,7 +136,8 @@ def check_paths(paths: Sequence[str], limit: int) -> int:
         DumpError: more than `limit` tokens, or framework dumps larger than that bound.
     """
     holds = f"{paths[0]} holds" if len(paths) == 1 else f"the dump's {len(paths):,} files hold"
-    return _check(((p, p, os.path.getsize(p)) for p in paths), limit, holds, "--max-path-tokens")
+    sizes = ((p, p, storage.stat(p)[0] if storage.is_uri(p) else os.path.getsize(p)) for p in paths)
+    return _check(sizes, limit, holds, "--max-path-tokens")
 
 
 def footprint(value: Any) -> int:

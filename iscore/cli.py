@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from iscore import storage
 from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS
 from iscore.distributed import ENGINES
 from iscore.errors import ConfigError, IscoreError, clip, counted, quote
@@ -830,11 +831,16 @@ def _cmd_app(args: argparse.Namespace) -> int:
 
         if not follow:  # a run's folder may be empty yet
             resolve_files(paths[0])  # a typo fails here, not later in the browser
-        script_args += ["--path", str(Path(paths[0]).absolute()), *following]
+        where = paths[0] if storage.is_uri(paths[0]) else str(Path(paths[0]).absolute())
+        script_args += ["--path", where, *following]
     for predicate in own["--where"][-1:]:
         _check_where(paths, predicate, follow)
         script_args += ["--where", predicate]
     for folder in own["--data-dir"]:
+        if storage.is_uri(folder):
+            storage.split(folder)  # a prefix with `..` is refused here
+            script_args += ["--data-dir", folder]
+            continue
         if not Path(folder).is_dir():
             raise IscoreError(f"Expected --data-dir to be a directory, but got {folder}")
         script_args += ["--data-dir", str(Path(folder).absolute())]
@@ -862,7 +868,9 @@ def _follow_args(paths: Sequence[str], intervals: Sequence[str]) -> list[str]:
     Raises:
         IscoreError: no DUMP, not a folder, or an interval that is not a positive number.
     """
-    if not paths or not Path(paths[0]).is_dir():
+    if not paths or not (
+        storage.is_prefix(paths[0]) if storage.is_uri(paths[0]) else Path(paths[0]).is_dir()
+    ):
         found = f"got {paths[0]}" if paths else "got none"
         raise IscoreError(f"Expected a run's folder (a directory) with --follow, but {found}")
     interval = FOLLOW_INTERVAL_S

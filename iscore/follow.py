@@ -37,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from iscore import paths, storage
 from iscore.analysis import Analysis, Part, analyze, parts
 from iscore.distributed import Engine, check_engine
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
@@ -65,10 +66,15 @@ def ready_files(
     found = _Listing(folder).scan()
     ready = {}
     for name in sorted(found):
-        path = Path(name)
+        path = _path(name)
         if known.get(path) == found[name] or footer_complete(path):
             ready[path] = found[name]
     return ready
+
+
+def _path(name: str | Path) -> Path:
+    """A local file's Path; an object's URI as it is (a Path would fold its `//`)."""
+    return name if storage.is_uri(name) else Path(name)  # type: ignore[return-value]
 
 
 SETTLED_NS = 2 * 10**9
@@ -98,6 +104,8 @@ class _Listing:
         Raises:
             IscoreError: the folder is not a directory.
         """
+        if storage.is_uri(self.folder):
+            return self._objects()
         if not os.path.isdir(self._root):
             raise IscoreError(
                 f"{self.folder}: expected a run's folder (a directory), but found none"
@@ -105,6 +113,16 @@ class _Listing:
         found: dict[str, tuple[int, int]] = {}
         self._scan(self._root, found, time.time_ns() - SETTLED_NS)
         return found
+
+    def _objects(self) -> dict[str, tuple[int, int]]:
+        """The `*.parquet` objects under a URI's prefix: one listing each poll (a store's
+        listing has no folder times to skip unchanged folders by)."""
+        uri = str(self.folder)
+        if not storage.is_prefix(uri):
+            raise IscoreError(f"{uri}: expected a run's prefix holding objects, but found none")
+        return storage.listing(
+            uri, (".parquet",), max_listed=paths.MAX_LISTED, seconds=paths.LIST_SECONDS
+        )
 
     def _scan(self, folder: str, found: dict[str, tuple[int, int]], settled: int) -> None:
         try:
@@ -212,7 +230,7 @@ class Follower:
         device: str | torch.device | None = None,
         engine: Engine = "local",
     ):
-        self.folder = Path(folder)
+        self.folder = _path(folder)
         self.specs = resolve_all(settings)
         self.store = store
         self._footers = None if store is None else store.footers
@@ -232,7 +250,8 @@ class Follower:
         # The store keeps the rows under the run's folder, settings, columns, iscore's
         # version and the device: what they depend on besides the files.
         context = Context(tuple(sorted(self.columns.items())), self.device.type).key
-        key = [context, os.path.realpath(folder), [setting_key(spec) for spec in self.specs]]
+        where = str(folder) if storage.is_uri(folder) else os.path.realpath(folder)
+        key = [context, where, [setting_key(spec) for spec in self.specs]]
         self._key = hashlib.sha256(json.dumps(key).encode()).hexdigest()
         self._trend = self._growing.trend()
         self._restored = False
@@ -247,7 +266,7 @@ class Follower:
     @property
     def files(self) -> list[Path]:
         """The files read so far, by path."""
-        return [Path(p) for p in sorted(self._read)]
+        return [_path(p) for p in sorted(self._read)]
 
     def poll(self) -> Update:
         """Read the files that landed (or changed) since the last poll: all of them the first
@@ -287,7 +306,7 @@ class Follower:
         rows = tuple(r for r in self._trend.rows if r["step"] in touched)
         by_step = tuple(self._mismatch[s] for s in sorted(touched) if s in self._mismatch)
         events = tuple(e for e in self._trend.events if _identity(e) not in before)
-        return Update(tuple(Path(p) for p in new), rows, by_step, events, self._trend)
+        return Update(tuple(_path(p) for p in new), rows, by_step, events, self._trend)
 
     def _parts_of(self, paths: Sequence[str], engine: Engine) -> Iterator[tuple[str, Part]]:
         """The parts of files, each with its file, through the store (kept in memory

@@ -22,8 +22,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from iscore import storage
 from iscore.errors import DumpError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _STOP, _TRUE, _FALSE, _BYTE, _I16, _I32, _I64, _DOUBLE, _BINARY, _LIST, _SET, _MAP, _STRUCT = range(
     13
@@ -255,9 +260,16 @@ def _children(element: dict) -> int:
     return n
 
 
-def tail(path: str) -> bytes:
+def tail(path: str | pa.NativeFile) -> bytes:
     """The end of the Parquet file at `path` from its footer on (all of it if that is
-    shorter than the footer claims), without reading the rest."""
+    shorter than the footer claims), without reading the rest. `path` may be an object's
+    URI, or a random-access file already open (an object's, `iscore.storage.open_input`)."""
+    if not isinstance(path, str) or storage.is_uri(path):
+        f = storage.open_input(path) if isinstance(path, str) else path
+        size = f.size()
+        length = int.from_bytes(f.read_at(8, max(size - 8, 0))[:4], "little")
+        start = max(size - 8 - length, 0)
+        return f.read_at(size - start, start)
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         f.seek(max(size - 8, 0))

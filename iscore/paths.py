@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from iscore import storage
 from iscore.errors import DumpError
 
 MAX_LISTED = 100_000
@@ -39,12 +40,18 @@ def list_files(
     after looking at `max_listed` directory entries or running `seconds` (by default
     `MAX_LISTED` and `LIST_SECONDS`, read when called).
 
+    An object-storage URI (`s3://bucket/run/`, `s3://bucket/run/step_*.parquet`) is listed
+    by `iscore.storage.list_files`, within the same budget.
+
     Raises:
         DumpError: `item` does not exist and is no glob, or the budget ran out.
     """
-    path = Path(item)
     max_listed = MAX_LISTED if max_listed is None else max_listed
     seconds = LIST_SECONDS if seconds is None else seconds
+    if storage.is_uri(item):
+        yield from storage.list_files(str(item), suffixes, max_listed=max_listed, seconds=seconds)
+        return
+    path = Path(item)
     if path.is_file():
         yield str(path)
     elif path.is_dir():

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iscore import storage
 from iscore.columns import match_columns
 from iscore.errors import DumpError, clip
 
@@ -100,7 +101,10 @@ def preview_parquet(name: str, source: str | bytes) -> Preview:
         DumpError: not a readable Parquet file.
     """
     try:
-        parquet = pq.ParquetFile(source if isinstance(source, str) else pa.BufferReader(source))
+        if isinstance(source, bytes):
+            parquet = pq.ParquetFile(pa.BufferReader(source))
+        else:
+            parquet = pq.ParquetFile(storage.readable(source))
         batch = next(parquet.iter_batches(batch_size=ROWS), None)
     except (pa.ArrowException, OSError) as e:
         raise DumpError(f"{name}: not a readable Parquet file ({e})") from None

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from iscore import storage
 from iscore.errors import DumpError
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -52,9 +53,18 @@ def host_allowed(host: str | None, allowed: Iterable[str]) -> bool:
     return False
 
 
-def dump_folder(dump: str | Path) -> Path:
+def dump_folder(dump: str | Path) -> Path | str:
     """The folder a dump named on the command line lies in: a directory itself, a file's
-    parent, or the fixed part of a glob (`runs/step_*.parquet` -> `runs`)."""
+    parent, or the fixed part of a glob (`runs/step_*.parquet` -> `runs`); for an
+    object-storage URI, the prefix (`s3://bucket/run/step_*.parquet` -> `s3://bucket/run/`)."""
+    if storage.is_uri(dump):
+        parts = str(dump).split("/")
+        fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), None)
+        if fixed is not None:
+            return "/".join(parts[:fixed]) + "/"
+        if parts[-1] == "" or storage.is_prefix(str(dump)):
+            return str(dump).rstrip("/") + "/"
+        return "/".join(parts[:-1]) + "/"
     path = Path(dump)
     if path.is_dir():
         return path
@@ -70,6 +80,22 @@ def _glob_base(pattern: Path) -> tuple[Path, tuple[str, ...]]:
     return Path(*parts[:fixed]) if fixed else Path("."), parts[fixed:]
 
 
+def _root(folder: str | Path) -> Path | str:
+    """A data root resolved: a local folder's real path, or a prefix ending in `/`."""
+    if storage.is_uri(folder):
+        return str(folder).rstrip("/") + "/"
+    return Path(folder).resolve()
+
+
+def _prefix(root: str) -> tuple[str, str] | None:
+    """(kind, `bucket/prefix/`) of a URI root; None for one that is no valid URI (it holds
+    nothing)."""
+    try:
+        return storage.split(root)
+    except DumpError:
+        return None
+
+
 class DataRoots:
     """The folders whose files the dashboard may read by path (its server-path box).
 
@@ -78,18 +104,31 @@ class DataRoots:
     the roots, never climbing out of it with `..`. What is missing and what is not allowed
     get the same message, so the box tells nothing about the server's other files.
 
+    A root may be an object-storage prefix (`s3://bucket/run/`): it holds the objects whose
+    keys start with it, and a URI with a `.` or `..` component is refused (keys are not
+    resolved, so none climbs out of its prefix).
+
     Args:
         folders: the operator's folders (`iscore app --data-dir`), the folder of the dump
-            named on the command line, the bundled samples. Missing folders are left out.
+            named on the command line, the bundled samples. Missing folders are left out
+            (a prefix is kept unlisted: an empty one holds nothing).
     """
 
     def __init__(self, folders: Iterable[str | Path]):
-        resolved = (Path(f).resolve() for f in folders)
-        self.folders = tuple(dict.fromkeys(f for f in resolved if f.is_dir()))
+        resolved = (_root(f) for f in folders)
+        kept = (f for f in resolved if isinstance(f, str) or f.is_dir())
+        self.folders: tuple[Path | str, ...] = tuple(dict.fromkeys(kept))
 
     def __contains__(self, path: str | Path) -> bool:
+        if storage.is_uri(path):
+            try:
+                kind, key = storage.split(str(path))
+            except DumpError:
+                return False
+            prefixes = (_prefix(f) for f in self.folders if isinstance(f, str))
+            return any(p is not None and (kind, key[: len(p[1])]) == p for p in prefixes)
         real = Path(path).resolve()
-        return any(real.is_relative_to(folder) for folder in self.folders)
+        return any(isinstance(f, Path) and real.is_relative_to(f) for f in self.folders)
 
     def refusal(self, text: str) -> DumpError:
         """The one error for a path that is missing or outside the roots."""
@@ -108,6 +147,11 @@ class DataRoots:
         Raises:
             DumpError: missing, outside the roots, or a glob that climbs out with `..`.
         """
+        if storage.is_uri(text):
+            base = dump_folder(text) if glob.has_magic(text) else text
+            if text not in self or base not in self:
+                raise self.refusal(text)
+            return text
         path = Path(text)
         if os.path.lexists(path):
             if not path.exists() or path not in self:

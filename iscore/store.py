@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iscore import storage
 from iscore.attribution import AttributionStats
 from iscore.errors import IscoreError
 from iscore.footer import Passed
@@ -91,8 +92,11 @@ class FileIdentity:
     """What a dump file is, as far as the store is concerned: a file changed in place gets
     another identity.
 
+    An object in object storage is known by its URI, size, the store's modification time
+    (an object is replaced whole, never changed in place) and its footer's digest.
+
     Attributes:
-        path: its resolved path.
+        path: its resolved path, or an object's URI.
         size: its size in bytes.
         mtime_ns: its modification time.
         footer: the SHA-256 of its Parquet footer (hex).
@@ -108,6 +112,8 @@ class FileIdentity:
         """The identity of a complete Parquet file; None where the file cannot be read or
         its footer is not complete yet (a file still being written: see `footer_complete`).
         """
+        if storage.is_uri(path):
+            return cls._of_object(str(path))
         real = os.path.realpath(path)
         try:
             with open(real, "rb") as f:
@@ -119,9 +125,37 @@ class FileIdentity:
             return None
         return cls(real, stat.st_size, stat.st_mtime_ns, hashlib.sha256(footer).hexdigest())
 
+    @classmethod
+    def _of_object(cls, uri: str) -> FileIdentity | None:
+        try:
+            size, mtime_ns = storage.stat(uri)
+            footer = _footer(_Reader(storage.open_input(uri)), size)
+        except IscoreError:
+            return None
+        if footer is None:
+            return None
+        return cls(uri, size, mtime_ns, hashlib.sha256(footer).hexdigest())
+
     @property
     def key(self) -> str:
         return _digest(json.dumps([self.path, self.size, self.mtime_ns, self.footer]))
+
+
+class _Reader:
+    """An object's random-access file read as `_footer` reads an open file: by `read` and
+    `seek`, each read one ranged request."""
+
+    def __init__(self, f: pa.NativeFile):
+        self._f = f
+        self._at = 0
+
+    def read(self, n: int) -> bytes:
+        data = self._f.read_at(n, self._at)
+        self._at += len(data)
+        return data
+
+    def seek(self, at: int) -> None:
+        self._at = at
 
 
 def _footer(f: Any, size: int) -> bytes | None:
@@ -146,8 +180,8 @@ def footer_complete(path: str | Path) -> bool:
     if FileIdentity.of(path) is None:
         return False
     try:
-        pq.read_metadata(path)
-    except (OSError, pa.ArrowException):
+        pq.read_metadata(storage.readable(str(path)))
+    except (OSError, pa.ArrowException, IscoreError):
         return False
     return True
 

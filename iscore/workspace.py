@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from iscore import importers, ops
+from iscore import importers, ops, storage
 from iscore.analysis import Analysis, analyze
 from iscore.batch import TokenBatch
 from iscore.budget import check_paths, check_upload
@@ -564,6 +564,9 @@ def fingerprint(source: str) -> tuple[tuple[str, int, int], ...]:
         paths = resolve_files(source)
     out = []
     for path in paths:
+        if storage.is_uri(path):
+            out.append((path, *storage.stat(path)))
+            continue
         stat = Path(path).stat()
         out.append((str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns))
     return tuple(out)

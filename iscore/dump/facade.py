@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from iscore import footer
+from iscore import footer, storage
 from iscore.budget import DEFAULT_CHUNK_TOKENS
 from iscore.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, dump_schema
 from iscore.distributed import Engine, check_engine, ordered
@@ -362,7 +362,7 @@ class Dump:
             )
         return Piece(
             path=info.path,
-            location=os.path.abspath(info.path),
+            location=info.path if storage.is_uri(info.path) else os.path.abspath(info.path),
             columns=self.columns,
             steps=self.steps if steps is None else steps,
             drop_invalid=self.drop_invalid,
@@ -522,7 +522,7 @@ class Piece:
 
     Attributes:
         path: the file as its dump names it (in messages).
-        location: its absolute path, which is opened.
+        location: its absolute path or its object's URI, which is opened.
         columns: the dump's explicit canonical -> source column names.
         steps: the steps read.
         drop_invalid, where: as the dump was opened with them.

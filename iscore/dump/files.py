@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iscore import footer
+from iscore import footer, storage
 from iscore.columns import resolve_columns
 from iscore.dump.schema import check_types, extras_of, is_list, scalar_type
 from iscore.dump.values import DumpFile, Layout
@@ -39,10 +39,13 @@ def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
     for item in sources:
         found = sorted(list_files(item, (".parquet",)))
         if not found:
-            is_dir = Path(item).is_dir()
-            what = (
-                "directory holds no *.parquet files" if is_dir else "the pattern matches no files"
-            )
+            if storage.is_uri(item):
+                is_dir = storage.is_prefix(str(item))
+                holder = "prefix holds"
+            else:
+                is_dir = Path(item).is_dir()
+                holder = "directory holds"
+            what = f"{holder} no *.parquet files" if is_dir else "the pattern matches no files"
             raise DumpError(f"{item}: {what}")
         files.extend(found)
     return files
@@ -66,7 +69,12 @@ def open_file(
         data: the file's bytes when it is held in memory.
         passed: footers known to pass `footer.check` (a results store's), not parsed again.
     """
-    if data is None:
+    remote = storage.open_input(path) if data is None and storage.is_uri(path) else None
+    if remote is not None:
+        size = remote.size()
+        head = remote.read_at(4, 0) if size else b""
+        tail = remote.read_at(4, max(size - 4, 0)) if size else b""
+    elif data is None:
         size = Path(path).stat().st_size
         with open(path, "rb") as f:
             head = f.read(4)
@@ -90,13 +98,13 @@ def open_file(
             f"{path}: truncated Parquet file ({size:,} bytes, no footer); "
             "was the write interrupted?"
         )
-    footer.check(footer.tail(path) if data is None else data, path, passed)  # before pyarrow
+    end = footer.tail(remote if remote is not None else path) if data is None else data
+    footer.check(end, path, passed)  # before pyarrow
     try:
         # Pages written with a CRC are checked against it as they are read (Parquet's
         # checksums are optional: pages without one are read as they are).
-        parquet = pq.ParquetFile(
-            path if data is None else pa.BufferReader(data), page_checksum_verification=True
-        )
+        held = remote if remote is not None else path if data is None else pa.BufferReader(data)
+        parquet = pq.ParquetFile(held, page_checksum_verification=True)
     except (pa.ArrowException, OSError, ValueError) as e:  # a name not UTF-8: ValueError
         raise DumpError(f"{path}: unreadable Parquet footer: {e}") from e
     if parquet.metadata.num_rows == 0:
@@ -163,7 +171,10 @@ def _provenance(path: str, schema: pa.Schema) -> dict:
 
 
 def is_framework_dump(item: str | Path) -> bool:
-    """Whether `item` is a framework's own dump (JSONL, .pt, .pkl) rather than Parquet."""
+    """Whether `item` is a framework's own dump (JSONL, .pt, .pkl) rather than Parquet (an
+    object-storage URI is read as Parquet)."""
+    if storage.is_uri(item):
+        return False
     path = Path(item)
     if path.is_dir():
         return not any(list_files(path, (".parquet",)))

@@ -741,7 +741,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 APP_OPTIONS = {
-    "--data-dir": "a folder whose dumps the server-path box may open (repeatable; the DUMP's "
+    "--data-dir": "a folder, or an object-storage prefix (s3://bucket/run/), whose dumps the "
+    "server-path box may open (repeatable; the DUMP's "
     "folder and the bundled samples always may be)",
     "--allowed-host": "a Host name the server answers besides the loopback names, e.g. the "
     "name a proxy serves it under (repeatable; `*` for any)",

@@ -70,18 +70,20 @@ def split(uri: str) -> tuple[str, str]:
 
 def filesystem(kind: str) -> pafs.FileSystem:
     """The filesystem of a scheme's kind (`s3`, `gs`, `az`), made once per process and
-    environment: a change of `AWS_ENDPOINT_URL` or the region makes another."""
+    environment: a change of `AWS_ENDPOINT_URL`, the region, the access key or the profile
+    makes another (the credential chain is resolved when one is made)."""
     if kind == "s3":
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        return _s3(endpoint, region)
+        env = os.environ.get
+        endpoint = env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL")
+        region = env("AWS_REGION") or env("AWS_DEFAULT_REGION")
+        return _s3(endpoint, region, (env("AWS_ACCESS_KEY_ID"), env("AWS_PROFILE")))
     if kind == "gs":
         return _gcs()
     return _azure(os.environ.get("AZURE_STORAGE_ACCOUNT_NAME") or "")
 
 
 @functools.lru_cache(maxsize=8)
-def _s3(endpoint: str | None, region: str | None) -> pafs.FileSystem:
+def _s3(endpoint: str | None, region: str | None, _who: tuple) -> pafs.FileSystem:
     options: dict = {
         "connect_timeout": TIMEOUT_S,
         "request_timeout": TIMEOUT_S,

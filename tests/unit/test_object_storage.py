@@ -83,6 +83,21 @@ def test_a_sample_read_from_s3_equals_the_local_file(server, tmp_path, command):
     assert b == a
 
 
+def test_replay_and_export_read_from_s3_equal_the_local_files(server, tmp_path, capsys):
+    local, uri = str(server), f"s3://{BUCKET}/run/"
+    tables, told = [], []
+    for source in (local, uri):
+        out = tmp_path / f"{len(tables)}.parquet"
+        preset = ["--config", "verl:decoupled_token_is"]
+        assert main(["replay", source, "-q", *preset, "--out", str(out)]) == 0
+        tables.append(pq.read_table(out))
+        capsys.readouterr()
+        assert main(["export", *preset, "--to", "skyrl", "--dump", source, "-q"]) == 0
+        told.append(capsys.readouterr().out.replace(source, "DUMP"))
+    assert tables[1].equals(tables[0])
+    assert told[1] == told[0]
+
+
 def test_a_sequence_table_read_from_s3_equals_the_local_files(server, tmp_path):
     tables = []
     for source in (str(server), f"s3://{BUCKET}/run/"):
@@ -156,6 +171,16 @@ def test_an_object_that_is_no_parquet_is_told_as_a_local_file_is(server, capsys)
         out = capsys.readouterr()
         told.append((out.out + out.err).replace(source, "FILE"))
     assert told[1] == told[0] and "not a Parquet file" in told[0]
+
+
+def test_credentials_the_server_refuses_are_one_line(server, monkeypatch, capsys):
+    settings = pytest.importorskip("moto.settings")
+    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the server checks keys
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG0")
+    uri = f"s3://{BUCKET}/run/"
+    assert main(["validate", uri, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "access denied" in err and uri in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_dead_endpoint_fails_within_its_timeouts(server, monkeypatch, capsys):

@@ -221,6 +221,18 @@ def test_an_app_root_on_s3_holds_its_prefix_only(server):
     assert dump_folder(f"s3://{BUCKET}/data/drift.parquet") == f"s3://{BUCKET}/data/"
 
 
+def test_the_server_path_opens_a_prefix_within_its_token_bound(server):
+    from iscore.workspace import fingerprint, open_path
+
+    roots = DataRoots([f"s3://{BUCKET}/run/"])
+    files = [path for path, _, _ in roots.files(f"s3://{BUCKET}/run/**/*.parquet", fingerprint)]
+    remote = open_path(files, max_tokens=10**8)
+    local = open_path(str(server), max_tokens=10**8)
+    assert remote.summary() == local.summary() and remote.batch().num_tokens > 0
+    with pytest.raises(DumpError, match="more than the 10 one session may load"):
+        open_path(files, max_tokens=10)
+
+
 def test_a_local_root_does_not_hold_a_uri(tmp_path):
     roots = DataRoots([tmp_path])
     assert "s3://bucket/x.parquet" not in roots
@@ -269,3 +281,16 @@ def test_the_s3_endpoint_comes_from_the_environment(monkeypatch):
     fs = storage.filesystem("s3")
     assert fs.region == "eu-west-1"
     assert "127.0.0.1:19000" in repr(fs.__reduce__())  # what pickles to Ray's workers
+
+
+def test_ray_tasks_reopen_the_objects_on_their_workers(server, tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")  # env as set here
+    try:
+        uri, argv = f"s3://{BUCKET}/run/", ["analyze", "--no-cache", "--engine", "ray"]
+        local = _json([*argv, str(server)], tmp_path / "a.json", str(server), uri.rstrip("/"))
+        remote = _json([*argv, uri], tmp_path / "b.json", str(server), uri.rstrip("/"))
+    finally:
+        ray.shutdown()
+    assert remote == local

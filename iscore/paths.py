@@ -41,7 +41,7 @@ def list_files(
     `MAX_LISTED` and `LIST_SECONDS`, read when called).
 
     An object-storage URI (`s3://bucket/run/`, `s3://bucket/run/step_*.parquet`) is listed
-    by `iscore.storage.list_files`, within the same budget.
+    by `iscore.storage.listing`, within the same budget.
 
     Raises:
         DumpError: `item` does not exist and is no glob, or the budget ran out.
@@ -49,7 +49,7 @@ def list_files(
     max_listed = MAX_LISTED if max_listed is None else max_listed
     seconds = LIST_SECONDS if seconds is None else seconds
     if storage.is_uri(item):
-        yield from storage.list_files(str(item), suffixes, max_listed=max_listed, seconds=seconds)
+        yield from storage.listing(str(item), suffixes, max_listed=max_listed, seconds=seconds)
         return
     path = Path(item)
     if path.is_file():

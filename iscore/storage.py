@@ -22,7 +22,6 @@ import functools
 import glob
 import os
 import time
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -110,6 +109,17 @@ def _azure(account: str) -> pafs.FileSystem:
     return pafs.AzureFileSystem(account)
 
 
+def locate(uri: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, `bucket/key`) of a URI, for what pyarrow opens by filesystem and path (a
+    dataset): pyarrow's own URI resolution would not read `AWS_ENDPOINT_URL`.
+
+    Raises:
+        DumpError: as `split`.
+    """
+    kind, path = split(uri)
+    return filesystem(kind), path
+
+
 def _fail(uri: str, e: Exception) -> DumpError:
     """One line for what went wrong reading `uri`: no such bucket or object, access denied,
     no credentials, an endpoint that does not answer, else the store's own first line."""
@@ -151,9 +161,9 @@ def info(uri: str) -> pafs.FileInfo:
     Raises:
         DumpError: the store cannot be reached or refuses (one line, naming `uri`).
     """
-    kind, path = split(uri)
+    fs, path = locate(uri)
     try:
-        return filesystem(kind).get_file_info(path)
+        return fs.get_file_info(path)
     except (OSError, pa.ArrowException) as e:
         raise _fail(uri, e) from None
 
@@ -164,9 +174,9 @@ def open_input(uri: str) -> pa.NativeFile:
     Raises:
         DumpError: missing, or the store cannot be reached or refuses.
     """
-    kind, path = split(uri)
+    fs, path = locate(uri)
     try:
-        return filesystem(kind).open_input_file(path)
+        return fs.open_input_file(path)
     except (OSError, pa.ArrowException) as e:
         raise _fail(uri, e) from None
 
@@ -245,13 +255,6 @@ def listing(
             continue
         files[f"{scheme}://{entry.path}"] = (entry.size, entry.mtime_ns or 0)
     return files
-
-
-def list_files(
-    uri: str, suffixes: tuple[str, ...], *, max_listed: int, seconds: float
-) -> Iterator[str]:
-    """The objects `uri` names, as `listing` finds them (see `iscore.paths.list_files`)."""
-    yield from listing(uri, suffixes, max_listed=max_listed, seconds=seconds)
 
 
 def _matches(parts: tuple[str, ...], pattern: tuple[str, ...]) -> bool:

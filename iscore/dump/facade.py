@@ -223,6 +223,10 @@ class Dump:
         checked = pads.ParquetFragmentScanOptions(page_checksum_verification=True)
         parquet = pads.ParquetFileFormat(default_fragment_scan_options=checked)
         for info, data in zip(self.files, self._data, strict=True):
+            if data is None and storage.is_uri(info.path):
+                fs, path = storage.locate(info.path)
+                out.append(pads.dataset(path, format=parquet, filesystem=fs))
+                continue
             if data is None:
                 out.append(pads.dataset(info.path, format=parquet))
                 continue

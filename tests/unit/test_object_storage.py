@@ -83,6 +83,16 @@ def test_a_sample_read_from_s3_equals_the_local_file(server, tmp_path, command):
     assert b == a
 
 
+def test_a_query_over_the_tokens_of_s3_objects_equals_the_local_files(server, tmp_path):
+    sql = "SELECT step, count(*) AS n, sum(d) AS d FROM tokens GROUP BY step ORDER BY step"
+    tables = []
+    for source in (str(server), f"s3://{BUCKET}/run/"):
+        out = tmp_path / f"{len(tables)}.parquet"
+        assert main(["sequences", source, "-q", "--sql", sql, "--out", str(out)]) == 0
+        tables.append(pq.read_table(out))
+    assert tables[1].equals(tables[0]) and tables[0].num_rows == 3
+
+
 def test_replay_and_export_read_from_s3_equal_the_local_files(server, tmp_path, capsys):
     local, uri = str(server), f"s3://{BUCKET}/run/"
     tables, told = [], []

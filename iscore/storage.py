@@ -99,7 +99,7 @@ def _s3(endpoint: str | None, region: str | None, _who: tuple) -> pafs.FileSyste
 
 @functools.lru_cache(maxsize=1)
 def _gcs() -> pafs.FileSystem:
-    return pafs.GcsFileSystem(retry_time_limit=datetime.timedelta(seconds=TIMEOUT_S * ATTEMPTS))
+    return pafs.GcsFileSystem(retry_time_limit=datetime.timedelta(seconds=TIMEOUT_S))
 
 
 @functools.lru_cache(maxsize=4)

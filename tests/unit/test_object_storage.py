@@ -304,3 +304,18 @@ def test_ray_tasks_reopen_the_objects_on_their_workers(server, tmp_path, monkeyp
     finally:
         ray.shutdown()
     assert remote == local
+
+
+def test_the_app_takes_a_followed_prefix_and_a_uri_data_root(server, monkeypatch, capsys):
+    seen: dict = {}
+    monkeypatch.setattr("os.execv", lambda path, argv: seen.setdefault("argv", argv))
+    run, data = f"s3://{BUCKET}/run/", f"s3://{BUCKET}/data/"
+    main(["app", run, "--follow", "--data-dir", data])
+    argv = seen["argv"]
+    assert argv[argv.index("--") :] == [
+        "--", "--path", run, "--follow", "--interval", "10", "--data-dir", data,
+    ]  # fmt: skip
+    assert main(["app", "--data-dir", f"s3://{BUCKET}/data/../run/"]) == 2
+    assert "without `.` or `..` components" in capsys.readouterr().err
+    assert main(["app", f"s3://{BUCKET}/nothing-here/", "--follow"]) == 2
+    assert "expected a run's folder" in capsys.readouterr().err.lower()

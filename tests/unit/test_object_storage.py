@@ -319,3 +319,20 @@ def test_the_app_takes_a_followed_prefix_and_a_uri_data_root(server, monkeypatch
     assert "without `.` or `..` components" in capsys.readouterr().err
     assert main(["app", f"s3://{BUCKET}/nothing-here/", "--follow"]) == 2
     assert "expected a run's folder" in capsys.readouterr().err.lower()
+
+
+def test_a_followed_prefix_reads_a_new_step_object_once(server, tmp_path):
+    boto3 = pytest.importorskip("boto3")
+    from iscore.follow import Follower
+    from iscore.settings import resolve
+
+    client = boto3.client("s3")
+    first = sorted(server.rglob("*.parquet"))
+    for path in first[:2]:
+        client.upload_file(str(path), BUCKET, f"growing/{path.relative_to(server).as_posix()}")
+    follower = Follower(f"s3://{BUCKET}/growing/", [resolve("verl:decoupled_token_is")])
+    assert len(follower.poll().files) == 2
+    assert follower.poll().files == ()
+    last = first[2].relative_to(server).as_posix()
+    client.upload_file(str(first[2]), BUCKET, f"growing/{last}")
+    assert follower.poll().files == (f"s3://{BUCKET}/growing/{last}",)

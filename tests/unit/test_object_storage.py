@@ -336,3 +336,28 @@ def test_a_followed_prefix_reads_a_new_step_object_once(server, tmp_path):
     last = first[2].relative_to(server).as_posix()
     client.upload_file(str(first[2]), BUCKET, f"growing/{last}")
     assert follower.poll().files == (f"s3://{BUCKET}/growing/{last}",)
+
+
+def test_hostile_files_read_from_s3_are_told_as_the_local_ones(server, tmp_path, capsys):
+    """The footer's check runs on an object's footer too (a footer pyarrow aborts on would
+    end this process), and every answer is the local file's."""
+    boto3 = pytest.importorskip("boto3")
+    from tests.unit.hostile import dumps
+
+    client = boto3.client("s3")
+    checked = 0
+    for name, write in dumps().items():
+        (tmp_path / name).mkdir()
+        path = write(tmp_path / name)
+        if not path.is_file() or path.suffix != ".parquet":
+            continue
+        uri = f"s3://{BUCKET}/hostile/{name}/{path.name}"
+        client.upload_file(str(path), BUCKET, uri.split(f"{BUCKET}/", 1)[1])
+        told = []
+        for source in (str(path), uri):
+            code = main(["validate", source, "-q"])
+            out = capsys.readouterr()
+            told.append((code, (out.out + out.err).replace(source, "FILE")))
+        assert told[1] == told[0], name
+        checked += 1
+    assert checked > 20

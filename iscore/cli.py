@@ -109,7 +109,12 @@ def _chunk_tokens(text: str) -> int:
 
 
 def _add_dump_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dump", nargs="+", help="Parquet file(s), directory or glob")
+    parser.add_argument(
+        "dump",
+        nargs="+",
+        help="Parquet file(s), directory or glob; or s3://, gs://, az:// URIs of objects, "
+        "prefixes or globs (docs/storage.md)",
+    )
     _add_dump_options(parser)
     _add_quiet(parser)
 
@@ -1006,7 +1011,11 @@ def build_parser() -> argparse.ArgumentParser:
         "that stops meeting the targets; docs/runs.md). Exit 0, 3 for --exit-on-alert, 130 "
         "on Ctrl-C.",
     )
-    p.add_argument("folder", metavar="DIR", help="the run's folder (step files below it)")
+    p.add_argument(
+        "folder",
+        metavar="DIR",
+        help="the run's folder (step files below it), or its s3://, gs:// or az:// prefix",
+    )
     p.add_argument(
         "--config",
         action="append",

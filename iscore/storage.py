@@ -122,7 +122,7 @@ def locate(uri: str) -> tuple[pafs.FileSystem, str]:
 
 def _fail(uri: str, e: Exception) -> DumpError:
     """One line for what went wrong reading `uri`: no such bucket or object, access denied,
-    no credentials, an endpoint that does not answer, else the store's own first line."""
+    no credentials, an endpoint that does not answer, else the store's message on one line."""
     text = str(e)
     upper = text.upper()
     if "NO_SUCH_BUCKET" in upper or "NOSUCHBUCKET" in upper:

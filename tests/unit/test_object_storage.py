@@ -282,6 +282,8 @@ def test_the_gcs_filesystem_is_made_and_azure_asks_for_its_account(monkeypatch):
     monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_NAME", raising=False)
     with pytest.raises(DumpError, match="AZURE_STORAGE_ACCOUNT_NAME"):
         storage.filesystem("az")
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "iscoreaccount")
+    assert isinstance(storage.filesystem("az"), pafs.AzureFileSystem)
 
 
 def test_the_s3_endpoint_comes_from_the_environment(monkeypatch):

@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
         "--regimes", default=",".join(REGIMES), help=f"comma separated, of {', '.join(REGIMES)}"
     )
     sweep.add_argument(
-        "--noise", choices=NOISES, help="draw every regime's engine noise so (default: its own)"
+        "--noise",
+        choices=NOISES,
+        help="how every regime's engine draws its noise (default: the regime's own)",
     )
     sweep.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 (default 8)")
     sweep.add_argument("--steps", type=int, default=Training().steps, help="updates per run")

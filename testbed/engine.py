@@ -5,15 +5,16 @@ of logits) plus noise: Gaussian on every logit (bf16-like), plus rare large outl
 (FP8-like heavy tails). `Regime.noise` says how the noise is drawn:
 
 - `"fresh"`: afresh for every token of every step, as a nondeterministic kernel whose error
-  does not depend on the context would. The mismatch is zero-mean across steps: uncorrected,
-  the policy gradient stays unbiased on average, and a correction only adds variance.
+  does not depend on the context would. The mismatch is zero-mean across steps: its effect on
+  the uncorrected gradient averages out over training, and a correction mostly adds variance.
 - `"per_context"`: a deterministic function of the context, the same at every step: the
   engine's logits are the policy's plus a fixed table of noise per (x_t, y_{t-1}) pair (the
   policy's whole context), drawn once per seed from its own stream (`context_noise`). This is
   what bf16 kernels do, batch-invariant or not: their error is a function of the weights and
   the context, so the same prompt and prefix get the same perturbation, and the uncorrected
   gradient is biased the same way step after step. The table is fixed across steps, as the
-  rounding of weights that move by less than their bf16 step is.
+  rounding of weights that move by less than their bf16 step is; a stale replica gets the
+  same table.
 
 A share of the sequences may come from a stale replica, whose table is the policy of
 `Regime.stale_lag` steps ago (or the initial policy when it never syncs): each sample is its own

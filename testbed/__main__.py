@@ -8,6 +8,7 @@ import shlex
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -16,7 +17,7 @@ from tqdm import tqdm
 from iscore import frameworks
 from iscore.errors import IscoreError
 from iscore.settings import load_config_text, parse_config, resolve
-from testbed.engine import REGIMES
+from testbed.engine import NOISES, REGIMES
 from testbed.sweep import Cache, Candidate, Sweep, candidates, train_regime
 from testbed.table import markdown, summarize, to_json
 from testbed.training import Training
@@ -34,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--framework", default="verl", choices=frameworks.NAMES)
     sweep.add_argument(
         "--regimes", default=",".join(REGIMES), help=f"comma separated, of {', '.join(REGIMES)}"
+    )
+    sweep.add_argument(
+        "--noise",
+        choices=NOISES,
+        help="how every regime's engine draws its noise (default: the regime's own)",
     )
     sweep.add_argument("--seeds", type=int, default=8, help="seeds 0..N-1 (default 8)")
     sweep.add_argument("--steps", type=int, default=Training().steps, help="updates per run")
@@ -74,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     config = Sweep(
         framework=args.framework,
-        regimes=tuple(REGIMES[n] for n in names),
+        regimes=tuple(replace(REGIMES[n], noise=args.noise or REGIMES[n].noise) for n in names),
         seeds=tuple(range(args.seeds)),
         training=Training(steps=args.steps),
         extra=extra,

@@ -2,8 +2,21 @@
 
 At every position the engine's logits are the policy's log-probs for the context (a valid set
 of logits) plus noise: Gaussian on every logit (bf16-like), plus rare large outliers
-(FP8-like heavy tails), drawn afresh for every token as a nondeterministic kernel would. A
-share of the sequences may come from a stale replica, whose table is the policy of
+(FP8-like heavy tails). `Regime.noise` says how the noise is drawn:
+
+- `"fresh"`: afresh for every token of every step, as a nondeterministic kernel whose error
+  does not depend on the context would. The mismatch is zero-mean across steps: its effect on
+  the uncorrected gradient averages out over training, and a correction mostly adds variance.
+- `"per_context"`: a deterministic function of the context, the same at every step: the
+  engine's logits are the policy's plus a fixed table of noise per (x_t, y_{t-1}) pair (the
+  policy's whole context), drawn once per seed from its own stream (`context_noise`). This is
+  what bf16 kernels do, batch-invariant or not: their error is a function of the weights and
+  the context, so the same prompt and prefix get the same perturbation, and the uncorrected
+  gradient is biased the same way step after step. The table is fixed across steps, as the
+  rounding of weights that move by less than their bf16 step is; a stale replica gets the
+  same table.
+
+A share of the sequences may come from a stale replica, whose table is the policy of
 `Regime.stale_lag` steps ago (or the initial policy when it never syncs): each sample is its own
 request (verl's agent loop sends them one by one), so the replica serves single sequences, not
 whole prompt groups. Tokens are sampled from the engine's
@@ -21,6 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
+NOISES = ("fresh", "per_context")
+"""How the engine's noise is drawn (module docstring)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Regime:
@@ -36,6 +52,7 @@ class Regime:
         stale_share: the share of sequences a stale replica samples.
         stale_lag: how many steps behind the stale replica is; None: it never syncs and
             samples from the initial policy.
+        noise: `"fresh"` or `"per_context"` (module docstring).
     """
 
     name: str
@@ -46,8 +63,11 @@ class Regime:
     tail_sigma: float = 0.0
     stale_share: float = 0.0
     stale_lag: int | None = None
+    noise: str = "fresh"
 
     def __post_init__(self) -> None:
+        if self.noise not in NOISES:
+            raise ValueError(f"Expected `noise` of {NOISES}, but got {self.noise!r}")
         if self.length < 1:
             raise ValueError(f"Expected `length` to be an int >= 1, but got {self.length!r}")
         for name in ("sigma", "tail_share", "tail_sigma", "stale_share"):
@@ -62,7 +82,12 @@ class Regime:
 REGIMES = {
     r.name: r
     for r in (
-        Regime("bf16", "Gaussian noise, sd 0.05, on every logit", sigma=0.05),
+        Regime(
+            "bf16",
+            "Gaussian noise, sd 0.05, on every logit, fixed per context",
+            sigma=0.05,
+            noise="per_context",
+        ),
         Regime(
             "fp8",
             "Gaussian noise, sd 0.1, and an outlier of sd 4 on 1% of the logits",
@@ -76,10 +101,18 @@ REGIMES = {
             sigma=0.05,
             stale_share=0.125,
         ),
-        Regime("long", "bf16 noise, 1024-token sequences", length=1024, sigma=0.05),
+        Regime(
+            "long",
+            "bf16 noise (fixed per context), 1024-token sequences",
+            length=1024,
+            sigma=0.05,
+            noise="per_context",
+        ),
     )
 }
-"""The regimes of the sweep."""
+"""The regimes of the sweep. bf16 and long draw their noise per context, as bf16 kernels err
+(docs/recommend.md: under fresh noise no correction beat every token-level one in long, an
+artefact of noise that averages out over steps); fp8 and stale still draw it fresh."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +139,14 @@ def sample(
     generators: Sequence[torch.Generator],
     groups: int,
     group_size: int,
+    context: torch.Tensor | None = None,
 ) -> Rollouts:
     """Sample a batch for every run through the perturbed engine.
 
     Each seed draws, from its own generator and in this order, its groups' prompts, which
-    sequences the stale replica serves, the logit noise and the sampling noise; so the runs of
-    one seed (the candidates) see the same draws (common random numbers), and a run's draws do
-    not depend on the other seeds.
+    sequences the stale replica serves, the logit noise (fresh noise only) and the sampling
+    noise; so the runs of one seed (the candidates) see the same draws (common random numbers),
+    and a run's draws do not depend on the other seeds.
 
     Args:
         regime: the engine's perturbation.
@@ -121,13 +155,20 @@ def sample(
         generators: S generators, one per seed.
         groups: prompt groups per batch.
         group_size: sequences per group; B = groups x group_size.
+        context: float32 [S, V, V + 1, V], each seed's `context_noise`: required with
+            per-context noise, added to the tables of both the policy and the stale replica.
     """
     c, s, v, rows, _ = log_probs.shape
     length = regime.length
     draws = [_draws(regime, gen, v, groups, group_size) for gen in generators]
     inputs, stale, noise, gumbel = (torch.stack(x) for x in zip(*draws, strict=True))
     b = inputs.shape[1]
-    table = torch.stack([log_probs, stale_log_probs]).detach().reshape(-1, v)
+    table = torch.stack([log_probs, stale_log_probs]).detach()
+    if regime.noise == "per_context":
+        if context is None:
+            raise ValueError("Expected the seeds' `context` noise with per-context noise")
+        table = table + context
+    table = table.reshape(-1, v)
     run = torch.arange(c * s).view(c, s, 1, 1)
     # Row of each position's context in `table`, before adding its previous token; time
     # first, so that each position's slices are contiguous.
@@ -161,14 +202,32 @@ _CHUNK_ELEMENTS = 1 << 22
 def _draws(
     regime: Regime, gen: torch.Generator, vocab: int, groups: int, group_size: int
 ) -> tuple[torch.Tensor, ...]:
-    """One seed's draws for a step: inputs [B, L], stale [B], noise [B, L, V] and Gumbel
-    noise [B, L, V] for sampling."""
+    """One seed's draws for a step: inputs [B, L], stale [B], fresh noise [B, L, V] (zeros,
+    not drawn, with per-context noise) and Gumbel noise [B, L, V] for sampling."""
     b, length = groups * group_size, regime.length
     inputs = torch.randint(vocab, (groups, length), generator=gen).repeat_interleave(group_size, 0)
     stale = torch.rand(b, generator=gen) < regime.stale_share
-    noise = torch.randn(b, length, vocab, generator=gen) * regime.sigma
-    if regime.tail_share > 0:
-        hit = torch.rand(b, length, vocab, generator=gen) < regime.tail_share
-        noise += hit * torch.randn(b, length, vocab, generator=gen) * regime.tail_sigma
+    if regime.noise == "fresh":
+        noise = _noise(regime, gen, (b, length, vocab))
+    else:
+        noise = torch.zeros(()).expand(b, length, vocab)
     uniform = torch.rand(b, length, vocab, generator=gen).clamp_(min=1e-12)
     return inputs, stale, noise, uniform.log_().neg_().log_().neg_()
+
+
+def context_noise(
+    regime: Regime, vocab: int, generators: Sequence[torch.Generator]
+) -> torch.Tensor:
+    """float32 [S, V, V + 1, V]: each seed's per-context noise, one set of logit noise (the
+    regime's Gaussian and outliers) per (x, prev) context, drawn from that seed's generator."""
+    shape = (vocab, vocab + 1, vocab)
+    return torch.stack([_noise(regime, gen, shape) for gen in generators])
+
+
+def _noise(regime: Regime, gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    """The regime's logit noise of `shape`: Gaussian, plus outliers on `tail_share` of it."""
+    noise = torch.randn(shape, generator=gen) * regime.sigma
+    if regime.tail_share > 0:
+        hit = torch.rand(shape, generator=gen) < regime.tail_share
+        noise += hit * torch.randn(shape, generator=gen) * regime.tail_sigma
+    return noise

@@ -61,7 +61,8 @@ class Task:
 
 def seed_generator(seed: int, stream: int) -> torch.Generator:
     """A CPU generator for one seed's stream (0: the rule and the initial policy, 1: the
-    rollouts, 2: the recommendation's dump run), the same whatever else runs beside it."""
+    rollouts, 2: the recommendation's dump run, 3: the engine's per-context noise), the same
+    whatever else runs beside it."""
     return torch.Generator().manual_seed(1_000_003 * stream + seed)
 
 

@@ -27,7 +27,7 @@ from iscore.batch import TokenBatch
 from iscore.frameworks.base import Aggregation
 from iscore.impact import SettingStats
 from iscore.spec import Replay, Spec
-from testbed.engine import Regime, sample
+from testbed.engine import Regime, context_noise, sample
 from testbed.task import Policy, Task, expected_reward, rewards, seed_generator, targets
 
 STATS = ("lr_scale", "token_masked_fraction", "seq_masked_fraction", "ess", "weight_mean")
@@ -183,6 +183,9 @@ def train(
     policy = Policy(task, c, seeds)
     optimizer = torch.optim.Adam(policy.parameters(), lr=training.lr)
     gens = [seed_generator(seed, stream) for seed in seeds]
+    context = None
+    if regime.noise == "per_context":
+        context = context_noise(regime, task.vocab, [seed_generator(s, 3) for s in seeds])
     aggregations = [frameworks.of(spec).aggregation(spec) for spec in specs]
     initial = policy.log_probs().detach()
     history: deque[torch.Tensor] = deque(maxlen=(regime.stale_lag or 0) + 1)
@@ -196,7 +199,7 @@ def train(
         current = log_probs.detach()
         history.append(current)
         stale = initial if regime.stale_lag is None else history[0]
-        batch = sample(regime, current, stale, gens, training.groups, training.group_size)
+        batch = sample(regime, current, stale, gens, training.groups, training.group_size, context)
         logp = _gather(log_probs, batch.inputs, batch.tokens)
         reward = rewards(batch.tokens, batch.inputs, rule)
         group = reward.unflatten(-1, (training.groups, training.group_size))

@@ -14,7 +14,7 @@ from iscore import frameworks
 from iscore.canonical import Canonical, mask_component
 from iscore.frameworks.base import Aggregation
 from iscore.frameworks.verl import VerlSpec
-from testbed.engine import REGIMES, Regime, _draws, sample
+from testbed.engine import REGIMES, Regime, _draws, context_noise, sample
 from testbed.task import Policy, Task, expected_reward, rewards, seed_generator, targets
 from testbed.training import Training, _gather, policy_loss, token_batch, train
 
@@ -50,6 +50,59 @@ def test_engine_reports_its_own_log_probs():
                     want = torch.log_softmax(logits, -1)[y]
                     assert math.isclose(float(batch.rollout[c, s, b, t]), want, abs_tol=1e-5)
                     prev = y
+
+
+def _per_context_log_probs(regime: Regime, table: torch.Tensor, stream: int) -> dict:
+    """{(seed, x, prev, y): the engine's log-prob of y} over one batch of the two seeds."""
+    context = context_noise(regime, TASK.vocab, [seed_generator(s, 3) for s in (0, 1)])
+    gens = [seed_generator(s, stream) for s in (0, 1)]
+    batch = sample(regime, table, table, gens, 4, 4, context)
+    found = {}
+    for s in (0, 1):
+        for b in range(16):
+            prev = TASK.bos
+            for t in range(regime.length):
+                x, y = int(batch.inputs[s, b, t]), int(batch.tokens[0, s, b, t])
+                found[s, x, prev, y] = float(batch.rollout[0, s, b, t])
+                prev = y
+    return found
+
+
+def test_per_context_noise_is_a_function_of_the_context():
+    """Per-context noise: the same (seed, x, prev) context gets the same perturbation in every
+    batch and at every position, so the engine's log-prob of a token is the same wherever the
+    context recurs; it is log softmax(policy + that context's noise), and the noise differs
+    from one context, and one seed, to the next."""
+    regime = Regime("t", "", length=6, sigma=0.3, tail_share=0.1, tail_sigma=2.0)
+    regime = replace(regime, noise="per_context")
+    table = _table(candidates=1)
+    first = _per_context_log_probs(regime, table, stream=1)
+    second = _per_context_log_probs(regime, table, stream=2)  # other prompts and draws
+    shared = first.keys() & second.keys()
+    assert len(shared) > 10
+    for key in shared:
+        assert math.isclose(first[key], second[key], abs_tol=1e-6)
+    context = context_noise(regime, TASK.vocab, [seed_generator(s, 3) for s in (0, 1)])
+    for (s, x, prev, y), got in first.items():
+        want = torch.log_softmax(table[0, s, x, prev].double() + context[s, x, prev].double(), -1)
+        assert math.isclose(got, float(want[y]), abs_tol=1e-5)
+    again = context_noise(regime, TASK.vocab, [seed_generator(s, 3) for s in (0, 1)])
+    assert torch.equal(context, again)
+    rows = context.flatten(1, 2)  # [S, contexts, V]
+    assert torch.cdist(rows[0], rows[0]).add(torch.eye(rows.shape[1])).min() > 0
+    assert not torch.equal(context[0], context[1])
+
+
+def test_fresh_noise_changes_with_every_draw():
+    """Fresh noise: the same context gets a different perturbation at each position."""
+    regime = Regime("t", "", length=64, sigma=0.3)
+    _, _, noise, _ = _draws(regime, seed_generator(0, 1), TASK.vocab, 1, 1)
+    assert torch.cdist(noise[0], noise[0]).add(torch.eye(64)).min() > 0
+    with pytest.raises(ValueError, match="noise"):
+        Regime("t", "", noise="sometimes")
+    one = _table(1, (0,))
+    with pytest.raises(ValueError, match="context"):
+        sample(replace(regime, noise="per_context"), one, one, [seed_generator(0, 1)], 1, 1)
 
 
 def test_engine_samples_from_its_distribution():

@@ -197,7 +197,9 @@ def log_ratio(batch: TokenBatch, numerator: str = "train") -> torch.Tensor:
         raise ValueError(f"the batch has no {numerator} log-probs")
 
     def compute() -> torch.Tensor:
-        return top.double().sub_(batch.rollout)
+        # A copy even of float64 log-probs (`double()` would return them, and `sub_` overwrite
+        # the batch's own).
+        return top.to(torch.float64, copy=True).sub_(batch.rollout)
 
     return _cached(batch, ("log_ratio", numerator), (), compute)
 

@@ -239,3 +239,21 @@ def test_a_bad_chunk_read_ahead_raises_in_the_caller(tmp_path):
             w.write_table(pa.table({**part, "train_logprob": [-0.1, -0.1]}))
     with pytest.raises(DumpProblems, match="NaN"):
         analyze(path, ["trl:trl_default"], max_tokens=1, device="cpu")
+
+
+def test_float64_log_probs_are_never_overwritten():
+    """`log_ratio` subtracted the rollout in place from `train.double()`, which is `train`
+    itself when it is float64 already: a batch built in Python from float64 tensors had its
+    train log-probs replaced by d, and every later d was off by the rollout (a batch of 256
+    short sequences had 30 of them called broken before `recommend` and 1 inside it)."""
+    rng = np.random.default_rng(0)
+    rollout = torch.from_numpy(np.log(rng.uniform(0.01, 1.0, 400)))
+    train = rollout + torch.from_numpy(rng.normal(0.0, 0.05, 400)).clamp(max=0.0)
+    batch = TokenBatch(rollout=rollout, train=train, cu_seqlens=torch.arange(0, 401, 20))
+    kept = train.clone()
+    expected = (train - rollout).numpy().copy()
+    for _ in range(2):
+        np.testing.assert_array_equal(ops.log_ratio(batch).numpy(), expected)
+        with ops.shared(batch):
+            np.testing.assert_array_equal(ops.log_ratio(batch).numpy(), expected)
+    assert torch.equal(batch.train, kept)

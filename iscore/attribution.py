@@ -477,8 +477,8 @@ def _broken(mismatch: dict[str, Any]) -> list[Finding]:
             "A broken replica or rank",
             {"sequences": count, "share": share, "steps": steps},
             f"{count:,} sequences ({share:.1%}) in {len(steps)} step(s) lie far outside their "
-            "step's noise: every token off, as a replica with stale weights or a bad rank "
-            "scores them.",
+            "step's noise: their log-probs off, or far more spread than noise, as a replica "
+            "with stale weights or a bad rank scores them.",
             "Mask them with a sequence-level mask (`iscore recommend` places its bound between "
             "them and the noise); then find the replica or rank that scored them (a weight "
             "sync that failed or lagged).",

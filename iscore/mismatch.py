@@ -44,6 +44,7 @@ from iscore.histogram import (
 from iscore.noise import (
     Band,
     Noise,
+    deviations,
     first_rise,
     outside,
     outside_by_step,
@@ -138,6 +139,7 @@ _SEQ_FIELDS = (
     "median",
     "positive",
     "negative",
+    "scale",
 )
 # Token-level sums kept per probability / position bucket.
 _BUCKET_FIELDS = ("tokens", "abs", "k3", "d")
@@ -240,6 +242,18 @@ class MismatchStats:
         loss_d = (d if every else d[m]).cpu().numpy()
         loss_T = sums["T"].astype(np.int64)
         sums["median"] = segment_medians(loss_d, loss_T)
+        # Each step's noise, |d| histogram and the deviations of its tokens from the noise
+        # of their probability bin (`noise.outside`'s spread test).
+        loss_abs = absd if every else absd[m]
+        loss_rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
+        deviation = np.zeros(loss_d.size)
+        for step, tokens in _loss_tokens_by_step(batch.step.cpu().numpy(), loss_T):
+            hist = self.step_hists.setdefault(step, LogHistogram())
+            hist.update(loss_abs if tokens is None else loss_abs[torch.from_numpy(tokens)])
+            at = slice(None) if tokens is None else tokens
+            self.noise.append((step, Noise.of(loss_d[at])))
+            deviation[at] = deviations(loss_d[at], loss_rollout[at])
+        sums["scale"] = segment_medians(deviation, loss_T)
         # Loss tokens on either side of 0 (dm is 0 outside the loss): the sign test of
         # `noise.outside`, and the sign balance of the `constant_offset` flag.
         below = ops.compare("lt", dm, 0.0, buf("below", torch.bool))
@@ -271,11 +285,6 @@ class MismatchStats:
         self.by_pos += _position_sums(batch, masked_out, fields, self.by_pos.shape[0])
 
         loss = int(sums["T"].sum())
-        loss_abs = absd if every else absd[m]
-        for step, tokens in _loss_tokens_by_step(batch.step.cpu().numpy(), loss_T):
-            hist = self.step_hists.setdefault(step, LogHistogram())
-            hist.update(loss_abs if tokens is None else loss_abs[torch.from_numpy(tokens)])
-            self.noise.append((step, Noise.of(loss_d if tokens is None else loss_d[tokens])))
         self.joint.update(
             batch.rollout if every else batch.rollout[m], batch.train if every else batch.train[m]
         )
@@ -444,7 +453,7 @@ class MismatchStats:
         (`iscore.noise.outside`, as `by_step` counts them)."""
         s = sequences if sequences is not None else self.sequences()
         return outside_parts(
-            s["median"], s["T"], s["positive"], s["negative"], s["step"], self.noise
+            s["median"], s["T"], s["positive"], s["negative"], s["scale"], s["step"], self.noise
         )
 
     @np.errstate(over="ignore")  # a finite but extreme d: e^d is inf, written as null
@@ -824,7 +833,9 @@ def _step_noise(
     if hist is None or parts is None or not T.sum():
         return {}
     noise = Noise.combine(parts)
-    broken = outside(group["median"], T, group["positive"], group["negative"], noise)
+    broken = outside(
+        group["median"], T, group["positive"], group["negative"], group["scale"], noise
+    )
     n = float(T[~broken].sum())
     k3 = float(group["k3"][~broken].sum()) / n if n else math.nan
     ratio = float(group["rho"][~broken].sum()) / n if n else math.nan
@@ -960,10 +971,10 @@ def _flags(
         flags.append(
             _flag(
                 "broken_sequences",
-                f"{int(broken.sum()):,} sequences ({broken.mean():.1%}) lie more than "
-                f"{noise.Z_BROKEN:g} standard errors from their step's noise ({where}): every "
-                "token off, as a stale replica or a bad rank gives, not numerical noise. A "
-                "sequence-level mask removes them; token caps only bound them.",
+                f"{int(broken.sum()):,} sequences ({broken.mean():.1%}) "
+                f"{noise.BROKEN_WORDS} ({where}): as a stale replica or a bad rank gives, not "
+                "numerical noise. A sequence-level mask removes them; token caps only bound "
+                "them.",
             )
         )
     healthy = ~broken & (s["T"] > 0)
@@ -1056,5 +1067,7 @@ def broken_sequences(batch: TokenBatch) -> np.ndarray:
     positive, negative = (
         ops.segment_count(batch, m & side).double().cpu().numpy() for side in (d > 0, d < 0)
     )
-    loss = (d if ops.mask_is_all(batch, m) else d[m]).cpu().numpy()
-    return outside_by_step(loss, T, positive, negative, batch.step.cpu().numpy())
+    every = ops.mask_is_all(batch, m)
+    loss = (d if every else d[m]).cpu().numpy()
+    rollout = (batch.rollout if every else batch.rollout[m]).double().cpu().numpy()
+    return outside_by_step(loss, rollout, T, positive, negative, batch.step.cpu().numpy())

@@ -1,13 +1,23 @@
 """What numerical noise looks like in a dump, robustly, and what stands out of it.
 
 Noise is described by medians and MADs (1.4826 MAD estimates a normal's standard deviation),
-so that a few broken sequences cannot move the estimate. A sequence is *broken* when the
-median log-ratio d of its loss tokens lies more than `Z_BROKEN` standard errors from the
-noise's centre: the median of T noisy tokens errs by about 1.2533 spread / sqrt(T), so a stale
-replica (every token off by ~1 nat) is hundreds of errors away, while noise, even with a few
-outlier tokens or a routing-flip span in a sequence, moves a median very little. Where the
-sequences' medians spread wider than their tokens' noise explains (a bug whose size varies
-with the context), the test widens by their own spread.
+so that a few broken sequences cannot move the estimate. A sequence is *broken* when its loss
+tokens stand out of the noise in either of two ways (`outside`):
+
+- **shifted**: the median log-ratio d of its tokens lies more than `Z_BROKEN` standard errors
+  from the noise's centre, and its tokens lean to one side of 0 (a sign test): a replica whose
+  log-probs are all off by ~1 nat is hundreds of errors away, while noise, even with a few
+  outlier tokens or a routing-flip span in a sequence, moves a median very little;
+- **spread**: its typical token deviates from the centre `SCALE_BROKEN` times more than the
+  noise does at the same rollout probability (`deviations`), by more than `Z_BROKEN` standard
+  errors: a replica that samples from another policy (stale weights) moves the uncertain
+  tokens of a sequence both ways, by far more than numerical noise, while its median barely
+  moves and, over 16 tokens, no sign test can reach 4 standard errors. Comparing each token
+  with the noise of tokens of its own probability keeps a sequence of uncertain tokens, whose
+  log-ratios are larger by nature, from being taken for one.
+
+Where the sequences' medians spread wider than their tokens' noise explains (a bug whose size
+varies with the context), the shift test widens by their own spread.
 
 Each step's sequences are judged against that step's own noise (`outside_by_step`), so that a
 mismatch growing over the steps is never taken for broken sequences: the one definition the
@@ -16,11 +26,14 @@ mismatch flags and per-step table (`iscore.mismatch`), each setting's broken gra
 
 >>> rng = np.random.default_rng(0)
 >>> T = np.full(20, 100)
->>> d = rng.normal(0.0, 0.05, 2000)
->>> d[:100] += 1.0  # the first sequence: a stale replica's
+>>> d, rollout = rng.normal(0.0, 0.05, 2000), np.full(2000, -1.0)
+>>> d[:100] += 1.0  # the first sequence: every log-prob off by 1 nat
+>>> d[100:200] *= 10.0  # the second: ten times the noise, both ways
 >>> positive, negative = (np.add.reduceat(x, np.arange(0, 2000, 100)) for x in (d > 0, d < 0))
->>> np.flatnonzero(outside(segment_medians(d, T), T, positive, negative, Noise.of(d))).tolist()
-[0]
+>>> scales = segment_medians(deviations(d, rollout), T)
+>>> medians = segment_medians(d, T)
+>>> np.flatnonzero(outside(medians, T, positive, negative, scales, Noise.of(d))).tolist()
+[0, 1]
 """
 
 from __future__ import annotations
@@ -42,6 +55,36 @@ MEDIAN_STDERR = 1.2533
 
 _IID_MEDIAN_Z = 0.6745
 """The median of |z| for standard normal z: what the sequences' z give when they are noise."""
+
+ABS_MEDIAN_STDERR = 0.7867
+"""The median of T independent |z| (z standard normal) errs by ABS_MEDIAN_STDERR / sqrt(T):
+1 / (2 f sqrt(T)), f = 2 phi(0.6745) the density of |z| at its median."""
+
+SCALE_BROKEN = 3.0
+"""A sequence whose tokens' median |z| (`deviations`) exceeds this many times the noise's own
+(0.6745) is spread wider than noise: a median |z| above 2.02 means that over half of its
+tokens lie more than two of the noise's standard deviations from the centre, which noise gives
+to 4.6% of its tokens, and a routing-flip span or an outlier token, both in a minority of a
+sequence's tokens, cannot do."""
+
+BROKEN_WORDS = (
+    f"lie outside their step's noise (a median log-ratio more than {Z_BROKEN:g} standard errors "
+    f"off its centre, or tokens {SCALE_BROKEN:g}x as far off it as noise at their probability)"
+)
+"""The test of `outside`, in words, for every message that reports broken sequences."""
+
+SCALE_EDGES = (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
+"""The inner edges of the rollout probability bins whose noise each token is compared with
+(`deviations`): the buckets of the Mismatch page's `by_prob` table, with the last split by
+decades of 1 - p, as a near-certain token's log-ratio shrinks with 1 - p (one bin from 0.99
+to 1 put a 43-token sequence of tokens at p ~ 0.99 at 2.3 of the noise of tokens at
+p ~ 0.99999, in a run under growing noise)."""
+
+_LOG_SCALE_EDGES = np.log(SCALE_EDGES)
+
+SPREAD_FLOOR = 1e-5
+"""Nats below which a bin's spread is not trusted (`deviations`): where most tokens of a bin
+have d exactly 0 (both sides report log-prob 0), its MAD is 0 and would make any d infinite."""
 
 
 def median_mad(x: np.ndarray) -> tuple[float, float]:
@@ -133,26 +176,62 @@ class Noise:
         return np.abs(medians - self.center) / stderr
 
 
+def deviations(d: np.ndarray, rollout: np.ndarray) -> np.ndarray:
+    """float64 [N]: each token's |d - centre| / spread, the centre and spread (`median_mad`,
+    floored at `SPREAD_FLOOR`) those of the tokens given in the same bin of rollout
+    probability (`SCALE_EDGES`): how far it lies from the noise of tokens as likely as it.
+    Pass one step's loss tokens (or one part of a step), with their rollout log-probs.
+
+    A log-ratio of 0.5 on a token of probability 0.05, among others of its probability, is
+    ordinary; on a token of probability 0.999, among near-zero log-ratios, it is not:
+
+    >>> d = np.array([0.001, -0.001, 0.002, 0.5, -0.4, 0.3, 0.5])
+    >>> rollout = np.array([-0.001, -0.001, -0.001, -3.0, -3.0, -3.0, -0.001])
+    >>> deviations(d, rollout).round(2).tolist()
+    [0.22, 1.12, 0.22, 0.67, 2.36, 0.0, 224.16]
+    """
+    z = np.zeros(d.size)
+    bins = np.searchsorted(_LOG_SCALE_EDGES, rollout, side="right")
+    for b in np.unique(bins):
+        chosen = bins == b
+        values = d[chosen]
+        center, spread = median_mad(values)
+        z[chosen] = np.abs(values - center) / max(spread, SPREAD_FLOOR)
+    return z
+
+
 def outside(
-    medians: np.ndarray, T: np.ndarray, positive: np.ndarray, negative: np.ndarray, noise: Noise
+    medians: np.ndarray,
+    T: np.ndarray,
+    positive: np.ndarray,
+    negative: np.ndarray,
+    scales: np.ndarray,
+    noise: Noise,
 ) -> np.ndarray:
     """bool [B]: the sequences (of T loss tokens, median log-ratio `medians`, `positive` and
-    `negative` of them with d > 0 and d < 0) outside `noise`: broken, not noise.
+    `negative` of them with d > 0 and d < 0, their tokens' median `deviations` `scales`)
+    outside `noise`: broken, not noise. Either test suffices (module docstring).
 
-    Two tests, both to pass. The median lies more than `Z_BROKEN` standard errors from the
-    noise's centre; where the sequences differ by more than their tokens' noise explains (a
-    bug whose size varies with the context), their own spread widens the test: |z| of noise
-    has median 0.6745, and a few broken sequences cannot move the median. And the tokens lean
-    to one side of 0 by more than `Z_SIGNS` standard errors of a fair coin (the sign test):
-    a stale replica moves every token, while a short sequence of uncertain tokens, whose
-    median sits among the larger log-ratios of such tokens, is as balanced as any.
+    Shifted: the median lies more than `Z_BROKEN` standard errors from the noise's centre
+    (where the sequences differ by more than their tokens' noise explains, a bug whose size
+    varies with the context, their own spread widens the test: |z| of noise has median
+    0.6745, and a few broken sequences cannot move the median), and the tokens lean to one
+    side of 0 by more than `Z_SIGNS` standard errors of a fair coin (the sign test): a short
+    sequence of uncertain tokens, whose median sits among the larger log-ratios of such
+    tokens, is as balanced as any.
+
+    Spread: the median deviation lies above `SCALE_BROKEN` x 0.6745 and more than `Z_BROKEN`
+    standard errors (`ABS_MEDIAN_STDERR` / sqrt(T)) above 0.6745.
     """
     has = T > 0
     z = noise.z(medians, T)
     widen = max(1.0, float(np.median(z[has])) / _IID_MEDIAN_Z) if has.any() else 1.0
     signed = positive + negative
     lean = np.abs(positive - negative) / np.sqrt(np.maximum(signed, 1.0))
-    return has & (z > Z_BROKEN * widen) & (lean > Z_SIGNS)
+    shifted = (z > Z_BROKEN * widen) & (lean > Z_SIGNS)
+    excess = (scales - _IID_MEDIAN_Z) * np.sqrt(np.maximum(T, 1.0)) / ABS_MEDIAN_STDERR
+    spread = (scales > SCALE_BROKEN * _IID_MEDIAN_Z) & (excess > Z_BROKEN)
+    return has & (shifted | spread)
 
 
 def outside_parts(
@@ -160,12 +239,14 @@ def outside_parts(
     T: np.ndarray,
     positive: np.ndarray,
     negative: np.ndarray,
+    scales: np.ndarray,
     steps: np.ndarray,
     parts: Sequence[tuple[int, Noise]],
 ) -> np.ndarray:
     """bool [B]: `outside`, each step's sequences judged against the noise of that step's
     `parts` ((step, noise) of each chunk or file it was read in, `Noise.combine`d): what an
-    accumulator that never holds a whole step's tokens at once calls broken."""
+    accumulator that never holds a whole step's tokens at once calls broken. Its `scales`
+    were measured against the bins of the part each sequence was read in (`deviations`)."""
     by_step: dict[int, list[Noise]] = {}
     for step, part in parts:
         by_step.setdefault(step, []).append(part)
@@ -183,7 +264,12 @@ def outside_parts(
             continue
         chosen = order[a:b]
         out[chosen] = outside(
-            medians[chosen], T[chosen], positive[chosen], negative[chosen], Noise.combine(rows)
+            medians[chosen],
+            T[chosen],
+            positive[chosen],
+            negative[chosen],
+            scales[chosen],
+            Noise.combine(rows),
         )
     return out
 
@@ -194,39 +280,45 @@ Z_SIGNS = 4.0
 
 def outside_by_step(
     d: np.ndarray,
+    rollout: np.ndarray,
     T: np.ndarray,
     positive: np.ndarray,
     negative: np.ndarray,
     steps: np.ndarray,
-    medians: np.ndarray | None = None,
 ) -> np.ndarray:
     """bool [B]: `outside`, each step's sequences judged against that step's own noise
-    (`Noise.of` its tokens), so that a mismatch growing over the steps is never taken for
-    broken sequences. What an analysis reports per step (`by_step[].broken_sequences`).
+    (`Noise.of` its tokens, `deviations` against its bins), so that a mismatch growing over
+    the steps is never taken for broken sequences. What an analysis reports per step
+    (`by_step[].broken_sequences`).
 
     Args:
         d: float [N]: the loss tokens' log-ratios, sequence after sequence.
+        rollout: float [N]: their rollout log-probs.
         T: [B] loss tokens of each sequence; `positive`, `negative`: [B] of them with d > 0,
             d < 0; steps: [B] each sequence's step.
-        medians: [B] each sequence's median d (`segment_medians(d, T)`), where at hand.
 
     >>> rng = np.random.default_rng(0)
     >>> T, steps = np.full(40, 100), np.repeat([0, 1], 20)
     >>> d = rng.normal(0.0, 0.05, 4000) * np.repeat([1.0, 10.0], 2000)  # step 1: 10x noise
     >>> d[2000:2100] += 1.0  # and one stale replica's sequence there
     >>> signs = [np.add.reduceat(x, np.arange(0, 4000, 100)) for x in (d > 0, d < 0)]
-    >>> np.flatnonzero(outside_by_step(d, T, *signs, steps)).tolist()
+    >>> np.flatnonzero(outside_by_step(d, np.full(4000, -1.0), T, *signs, steps)).tolist()
     [20]
     """
     T = np.asarray(T)
-    medians = segment_medians(d, T) if medians is None else medians
+    medians = segment_medians(d, T)
     token_step = np.repeat(steps, T.astype(np.int64))
+    scales = np.zeros(d.size)
+    for step in np.unique(steps):
+        tokens = token_step == step
+        scales[tokens] = deviations(d[tokens], rollout[tokens])
+    scales = segment_medians(scales, T)
     broken = np.zeros(T.size, dtype=bool)
     for step in np.unique(steps):
         chosen = steps == step
         noise = Noise.of(d[token_step == step])
         broken[chosen] = outside(
-            medians[chosen], T[chosen], positive[chosen], negative[chosen], noise
+            medians[chosen], T[chosen], positive[chosen], negative[chosen], scales[chosen], noise
         )
     return broken
 

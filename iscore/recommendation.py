@@ -1,15 +1,16 @@
 """Recommend a correction setting for your framework from your own dump (docs/recommend.md).
 
-First, what numerical noise looks like in this dump, robustly (medians and MADs), and what
-stands out of it: broken sequences (a stale replica: every token off), a global offset,
-long-sequence collapse, drift over steps. Thresholds are then placed where the data stops
-looking like noise: token bounds at the healthy tokens' extreme 0.1% tails, sequence bounds
-just outside the healthy sequences (none is dropped), or just inside the nearest broken one.
+First, what numerical noise looks like in this dump, robustly (medians and MADs, per step), and
+what stands out of it: broken sequences (`iscore.noise.outside`: a stale replica, a bad rank),
+a global offset, long-sequence collapse, drift over steps. Thresholds are then placed by the
+objective: the loosest token cap within a variance budget, sequence bounds just outside the
+healthy sequences (none is dropped) or just inside the nearest broken one beyond them.
 Candidates are framework-neutral kinds (token TIS, IcePop, token and geometric masks, k3 masks,
 sequence-level weights) kept where the framework expresses them; each is replayed exactly as
 the framework would (`iscore.impact.quick_stats`), held to the targets (and, with broken
-sequences, to removing them), and ranked: meeting the targets, then reweighting, then the least
-healthy data dropped, then the LR scale nearest 1, then ESS.
+sequences, to removing them), and ranked: the fewest targets missed, then the objective (the
+bias left plus the variance added, in units of one token's gradient), then the setting to
+beat, then the fewer components.
 
 >>> rec = recommend(iscore.load("data/long_collapse.parquet"), "verl")  # doctest: +SKIP
 >>> rec.best.spec.name, rec.regimes, rec.pick                          # doctest: +SKIP
@@ -414,12 +415,11 @@ class _Thresholds:
         g_dev = normal.G - normal.g_center
         cap = _loosest_cap(rho)
         # Sequence bounds keep every healthy sequence, pulled in to just inside the nearest
-        # broken one where it lies closer.
-        g_half = max(_MARGIN * float(np.abs(g_dev[healthy]).max(initial=0.0)), 1e-4)
-        k3_cap = max(_MARGIN * float(normal.k3[healthy].max(initial=0.0)), 1e-6)
-        if normal.broken.any():
-            g_half = min(g_half, _INSIDE * float(np.abs(g_dev[normal.broken]).min()))
-            k3_cap = min(k3_cap, _INSIDE * float(normal.k3[normal.broken].min()))
+        # broken one beyond them where it lies closer. A broken sequence among the healthy
+        # ones on a statistic (spread wider than noise, its mean d no further off) cannot be
+        # dropped by a bound on it without dropping them: it stays, and counts against it.
+        g_half = _sequence_bound(np.abs(g_dev), healthy, normal.broken, 1e-4)
+        k3_cap = _sequence_bound(normal.k3, healthy, normal.broken, 1e-6)
         return cls(
             token_cap=cap,
             band=(_round_down(1.0 / cap), cap),
@@ -431,6 +431,29 @@ class _Thresholds:
             normal=normal,
             **_policy_thresholds(normal),
         )
+
+
+def _sequence_bound(
+    distance: np.ndarray, healthy: np.ndarray, broken: np.ndarray, floor: float
+) -> float:
+    """The bound on a sequence statistic (its distance from the healthy centre, >= 0): `_MARGIN`
+    beyond every healthy sequence's, or `_INSIDE` the nearest broken one's beyond them all
+    where that is closer; at least `floor`.
+
+    >>> d = np.array([0.1, 0.2, 0.3, 1.0, 0.05])
+    >>> broken = np.array([False, False, False, True, True])
+    >>> round(_sequence_bound(d, ~broken, broken, 1e-4), 3)  # 0.05 lies among the healthy
+    0.315
+    >>> d[3] = 0.33  # the nearest broken one beyond them: the bound just inside it
+    >>> round(_sequence_bound(d, ~broken, broken, 1e-4), 3)
+    0.297
+    """
+    reach = float(distance[healthy].max(initial=0.0))
+    bound = max(_MARGIN * reach, floor)
+    beyond = broken & (distance > reach)
+    if beyond.any():
+        bound = min(bound, _INSIDE * float(distance[beyond].min()))
+    return bound
 
 
 def _policy_thresholds(normal: _Normal) -> dict[str, Any]:
@@ -911,9 +934,9 @@ def _regimes(batch: TokenBatch, normal: _Normal) -> list[str]:
     found = []
     if normal.broken.any():
         found.append(
-            f"broken sequences: {int(normal.broken.sum())} ({normal.broken_share:.1%}) have a "
-            f"median log-ratio more than {noise.Z_BROKEN:g} standard errors from their step's "
-            "noise (a stale replica or a bad rank, not noise): the pick must mask them"
+            f"broken sequences: {int(normal.broken.sum())} ({normal.broken_share:.1%}) "
+            f"{noise.BROKEN_WORDS}: a stale replica or a bad rank, not noise: the pick must "
+            "mask them"
         )
     if normal.offset:
         found.append(

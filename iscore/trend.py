@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
-from iscore.noise import SUSTAIN_STEPS, Z_BROKEN, Band, early_steps, first_rise, ratio_bias
+from iscore.noise import BROKEN_WORDS, SUSTAIN_STEPS, Band, early_steps, first_rise, ratio_bias
 from iscore.sequences import setting_columns
 from iscore.spec import Spec
 
@@ -319,10 +319,9 @@ def _broken(rows: Sequence[dict[str, Any]]) -> list[Event]:
                     "broken_sequences",
                     r["step"],
                     "broken_sequences",
-                    f"{r['broken_sequences']:,} of the step's {r['sequences']:,} sequences have a "
-                    f"median log-ratio more than {Z_BROKEN:g} standard errors from the step's own "
-                    f"noise (centre {r['d_median']:+.3g}, spread {r['d_spread']:.3g}): a stale "
-                    "replica or a bad rank, not noise",
+                    f"{r['broken_sequences']:,} of the step's {r['sequences']:,} sequences "
+                    f"{BROKEN_WORDS} (centre {r['d_median']:+.3g}, spread "
+                    f"{r['d_spread']:.3g}): a stale replica or a bad rank, not noise",
                 )
             ]
     return []

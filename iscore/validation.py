@@ -198,18 +198,19 @@ def validate(
         lengths.append(chunk["lengths"])
         steps.update(np.unique(chunk["step"]).tolist())
         d = chunk["train"].astype(np.float64) - chunk["rollout"]  # exact, as ops.log_ratio
+        rollout = chunk["rollout"]
         T = chunk["lengths"]
         if "loss_mask" in chunk and not chunk["loss_mask"].all():
             mask = chunk["loss_mask"]
             T = np.bincount(np.repeat(np.arange(T.size), T), weights=mask, minlength=T.size)
-            d = d[mask]
+            d, rollout = d[mask], rollout[mask]
         if d.size:
             absd = np.abs(d)
             abs_sum += float(absd.sum())
             abs_max = max(abs_max, float(absd.max()))
             with np.errstate(over="ignore"):  # |d| > 709: k3 is inf, as in the engine
                 k3_sum += float((np.expm1(d) - d).sum())
-        health.update(d, T.astype(np.int64), chunk["step"])
+        health.update(d, rollout, T.astype(np.int64), chunk["step"])
         report.loss_tokens += d.size
         if progress is not None:
             progress(int(chunk["lengths"].sum()))
@@ -247,7 +248,7 @@ class _HealthSums:
     seq: list[tuple[np.ndarray, ...]] = field(default_factory=list)
     noise: list[tuple[int, noise.Noise]] = field(default_factory=list)
 
-    def update(self, d: np.ndarray, T: np.ndarray, step: np.ndarray) -> None:
+    def update(self, d: np.ndarray, rollout: np.ndarray, T: np.ndarray, step: np.ndarray) -> None:
         with np.errstate(over="ignore"):  # as the engine: an overflow is inf
             rho, mult = np.exp(d), np.exp(np.abs(d))
             chi = np.exp(2.0 * np.clip(d, -20.0, 20.0))
@@ -261,10 +262,13 @@ class _HealthSums:
                 for row, values in enumerate((rho, rho * rho, d > 0, d < 0)):
                     per_seq[row, has] = np.add.reduceat(values, starts[has])
         token_step = np.repeat(step, T)
+        deviation = np.zeros(d.size)
         for s in np.unique(step):
-            self.noise.append((int(s), noise.Noise.of(d[token_step == s])))
-        median = noise.segment_medians(d, T)
-        self.seq.append((step.astype(np.int64), T, median, *per_seq))
+            tokens = token_step == s
+            self.noise.append((int(s), noise.Noise.of(d[tokens])))
+            deviation[tokens] = noise.deviations(d[tokens], rollout[tokens])
+        median, scale = (noise.segment_medians(x, T) for x in (d, deviation))
+        self.seq.append((step.astype(np.int64), T, median, scale, *per_seq))
 
     def verdict(self, k3: float) -> dict:
         with np.errstate(all="ignore"):  # a ratio past float64 (|d| > 709) is inf, as k3
@@ -272,10 +276,10 @@ class _HealthSums:
 
     def _verdict(self, k3: float) -> dict:
         n, d, rho, mult, chi, js = self.sums
-        step, T, median, rho_seq, rho2_seq, positive, negative = (
+        step, T, median, scale, rho_seq, rho2_seq, positive, negative = (
             np.concatenate(parts) for parts in zip(*self.seq, strict=True)
         )
-        broken = noise.outside_parts(median, T, positive, negative, step, self.noise)
+        broken = noise.outside_parts(median, T, positive, negative, scale, step, self.noise)
         healthy = ~broken & (T > 0)
         tokens = float(T[healthy].sum())
         ratio = float(rho_seq[healthy].sum()) / tokens if tokens else 1.0

@@ -3,6 +3,8 @@ outside the noise, each step judged against its own, against direct computations
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from iscore import load, noise
 from iscore.dump import Dump, readers
 from iscore.mismatch import MismatchStats
 from iscore.mismatch import broken_sequences as broken_of
-from iscore.noise import Noise, outside, segment_medians
+from iscore.noise import Noise, deviations, outside, segment_medians
 from iscore.simulate import SimConfig, broken_sequences, write_simulated
 
 
@@ -39,8 +41,102 @@ def test_a_stale_replica_is_outside_the_noise_and_noise_is_not(seed) -> None:
     for i in stale:
         d[starts[i] : starts[i] + T[i]] += 1.0
     positive, negative = (np.add.reduceat(x, starts) for x in (d > 0, d < 0))
-    found = outside(segment_medians(d, T), T.astype(float), positive, negative, Noise.of(d))
+    scales = segment_medians(deviations(d, np.full(d.size, -1.0)), T)
+    medians = segment_medians(d, T)
+    found = outside(medians, T.astype(float), positive, negative, scales, Noise.of(d))
     assert set(np.flatnonzero(found)) == set(stale)
+
+
+def _signs(d: np.ndarray, T: np.ndarray) -> list[np.ndarray]:
+    starts = np.cumsum(T) - T
+    return [np.add.reduceat(x, starts) for x in (d > 0, d < 0)]
+
+
+def _outside(d: np.ndarray, rollout: np.ndarray, T: np.ndarray) -> np.ndarray:
+    """`outside` for one step, every statistic computed from the tokens."""
+    medians, scales = (segment_medians(x, T) for x in (d, deviations(d, rollout)))
+    return outside(medians, T.astype(float), *_signs(d, T), scales, Noise.of(d))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_deviations_match_a_direct_computation(seed) -> None:
+    """Each token's |d - median| / (1.4826 MAD) among the tokens of its probability bin, in
+    float64, written out; a bin whose MAD is 0 uses the floor."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    rollout = np.log(rng.uniform(1e-6, 1.0, n))
+    rollout[:50] = np.log(0.1)  # a token exactly on an edge goes to the bin above it
+    rollout[50:700] = -1e-5  # a bin whose MAD is 0: most of its log-ratios are exactly 0
+    d = rng.standard_t(3, n) * 0.1 * (1.0 - np.exp(rollout))
+    d[50:500] = 0.0
+    d[600] = 0.05
+    edges = [0.0, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999, np.inf]
+    p = np.exp(rollout)
+    expected = np.empty(n)
+    for low, high in itertools.pairwise(edges):
+        inside = (p >= low) & (p < high)
+        if inside.any():
+            center = np.median(d[inside])
+            spread = max(1.4826 * np.median(np.abs(d[inside] - center)), noise.SPREAD_FLOOR)
+            expected[inside] = np.abs(d[inside] - center) / spread
+    np.testing.assert_allclose(deviations(d, rollout), expected, rtol=1e-12, atol=0)
+    # The floor, not a division by 0.
+    assert deviations(d[50:700], rollout[50:700])[550] == 0.05 / noise.SPREAD_FLOOR
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_replica_sampling_another_policy_is_found_in_short_sequences(seed) -> None:
+    """A stale replica samples from another policy: its valid log-probs differ from the
+    trainer's both ways, by far more than noise (d ~ N(-s^2/2, s), E[e^d] = 1), so its median
+    barely moves, and at 16 tokens the sign test can never pass (at most 16 / sqrt(16) = 4
+    standard errors). Its spread finds it: every such sequence, and no other (the testbed's
+    stale regime, where the geometric mask trained best, had all of its stale sequences
+    missed)."""
+    rng = np.random.default_rng(seed)
+    B, L = 256, 16
+    T = np.full(B, L)
+    rollout = np.log(rng.uniform(0.02, 1.0, B * L))
+    d = rng.normal(0.0, 0.05, B * L)
+    stale = rng.choice(B, 32, replace=False)
+    tokens = (stale[:, None] * L + np.arange(L)).ravel()
+    s = rng.uniform(0.3, 1.0, stale.size).repeat(L)
+    d[tokens] = rng.normal(-(s**2) / 2, s)
+    found = _outside(d, rollout, T)
+    assert set(np.flatnonzero(found)) == set(stale.tolist())
+    positive, negative = _signs(d, T)
+    assert (np.abs(positive - negative) / np.sqrt(positive + negative) <= noise.Z_SIGNS).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_uncertain_tokens_are_judged_against_tokens_as_likely(seed) -> None:
+    """Noise grows as the rollout's probability falls: a sequence made of uncertain tokens has
+    larger log-ratios than most, both ways, and is no broken sequence. Against the noise of
+    tokens of its own probability it is ordinary; against that of the whole step (one bin),
+    the spread test would call it broken."""
+    rng = np.random.default_rng(seed)
+    B, L = 200, 16
+    T = np.full(B, L)
+    uncertain = np.zeros(B * L, dtype=bool)
+    uncertain[rng.random(B * L) < 0.2] = True
+    chosen = rng.choice(B, 10, replace=False)
+    uncertain[(chosen[:, None] * L + np.arange(L)).ravel()] = True  # 10 wholly uncertain
+    rollout = np.where(uncertain, np.log(0.05), np.log(0.999))
+    d = rng.normal(0.0, np.where(uncertain, 0.3, 0.003))
+    assert not _outside(d, rollout, T).any()
+    assert set(np.flatnonzero(_outside(d, np.full(d.size, -1.0), T))) >= set(chosen.tolist())
+
+
+def test_the_spread_test_holds_its_bounds_exactly() -> None:
+    """A median deviation exactly at SCALE_BROKEN x 0.6745 is not broken, a hair above is;
+    so is one exactly Z_BROKEN standard errors above 0.6745; a sequence without loss tokens
+    never is."""
+    T = np.array([10_000.0, 10_000.0, 4.0, 4.0, 0.0])
+    bound = noise.SCALE_BROKEN * 0.6745
+    at_z = 0.6745 + noise.Z_BROKEN * noise.ABS_MEDIAN_STDERR / 2.0  # T = 4: sqrt(T) = 2
+    scales = np.array([bound, np.nextafter(bound, np.inf), at_z, at_z + 1e-9, 50.0])
+    zeros = np.zeros(T.size)
+    found = outside(zeros, T, zeros, zeros, scales, Noise(0.0, 0.05, 100))
+    assert found.tolist() == [False, True, False, True, False]
 
 
 def test_a_step_spread_over_ranks_takes_the_median_of_their_noise() -> None:

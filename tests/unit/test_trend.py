@@ -195,7 +195,8 @@ def test_a_loaded_batch_judged_step_by_step_finds_what_the_analysis_reports(tmp_
     d = ops.log_ratio(batch).numpy()
     T = batch.lengths.numpy()
     signs = [np.add.reduceat(x, batch.cu_seqlens.numpy()[:-1]) for x in (d > 0, d < 0)]
-    broken = outside_by_step(d, T, *signs, batch.step.numpy())
+    rollout = batch.rollout.double().numpy()
+    broken = outside_by_step(d, rollout, T, *signs, batch.step.numpy())
     per_step = np.bincount(batch.step.numpy()[broken], minlength=8).tolist()
     assert per_step == [row["broken_sequences"] for row in a.mismatch["by_step"]]
     assert per_step[:5] == [0] * 5 and min(per_step[5:]) >= 1

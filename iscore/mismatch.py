@@ -42,6 +42,7 @@ from iscore.histogram import (
     plot_resolution,
 )
 from iscore.noise import (
+    FAR,
     Band,
     Noise,
     deviations,
@@ -50,6 +51,7 @@ from iscore.noise import (
     outside_by_step,
     outside_parts,
     ratio_bias,
+    segment_counts,
     segment_medians,
 )
 
@@ -139,7 +141,7 @@ _SEQ_FIELDS = (
     "median",
     "positive",
     "negative",
-    "scale",
+    "far",
 )
 # Token-level sums kept per probability / position bucket.
 _BUCKET_FIELDS = ("tokens", "abs", "k3", "d")
@@ -253,7 +255,7 @@ class MismatchStats:
             at = slice(None) if tokens is None else tokens
             self.noise.append((step, Noise.of(loss_d[at])))
             deviation[at] = deviations(loss_d[at], loss_rollout[at])
-        sums["scale"] = segment_medians(deviation, loss_T)
+        sums["far"] = segment_counts(deviation > FAR, loss_T)
         # Loss tokens on either side of 0 (dm is 0 outside the loss): the sign test of
         # `noise.outside`, and the sign balance of the `constant_offset` flag.
         below = ops.compare("lt", dm, 0.0, buf("below", torch.bool))
@@ -453,7 +455,7 @@ class MismatchStats:
         (`iscore.noise.outside`, as `by_step` counts them)."""
         s = sequences if sequences is not None else self.sequences()
         return outside_parts(
-            s["median"], s["T"], s["positive"], s["negative"], s["scale"], s["step"], self.noise
+            s["median"], s["T"], s["positive"], s["negative"], s["far"], s["step"], self.noise
         )
 
     @np.errstate(over="ignore")  # a finite but extreme d: e^d is inf, written as null
@@ -833,9 +835,7 @@ def _step_noise(
     if hist is None or parts is None or not T.sum():
         return {}
     noise = Noise.combine(parts)
-    broken = outside(
-        group["median"], T, group["positive"], group["negative"], group["scale"], noise
-    )
+    broken = outside(group["median"], T, group["positive"], group["negative"], group["far"], noise)
     n = float(T[~broken].sum())
     k3 = float(group["k3"][~broken].sum()) / n if n else math.nan
     ratio = float(group["rho"][~broken].sum()) / n if n else math.nan

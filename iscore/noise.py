@@ -8,12 +8,12 @@ tokens stand out of the noise in either of two ways (`outside`):
   from the noise's centre, and its tokens lean to one side of 0 (a sign test): a replica whose
   log-probs are all off by ~1 nat is hundreds of errors away, while noise, even with a few
   outlier tokens or a routing-flip span in a sequence, moves a median very little;
-- **spread**: its typical token deviates from the centre `SCALE_BROKEN` times more than the
-  noise does at the same rollout probability (`deviations`), by more than `Z_BROKEN` standard
-  errors: a replica that samples from another policy (stale weights) moves the uncertain
-  tokens of a sequence both ways, by far more than numerical noise, while its median barely
-  moves and, over 16 tokens, no sign test can reach 4 standard errors. Comparing each token
-  with the noise of tokens of its own probability keeps a sequence of uncertain tokens, whose
+- **spread**: over half of its tokens lie far from the centre (`FAR` spreads of the noise at
+  their own rollout probability, `deviations`), `Z_BROKEN` standard errors more than noise
+  puts there: a replica that samples from another policy (stale weights) moves the tokens
+  of a sequence both ways, by far more than numerical noise, while its median barely moves
+  and, over 16 tokens, no sign test can reach 4 standard errors. Comparing each token with
+  the noise of tokens of its own probability keeps a sequence of uncertain tokens, whose
   log-ratios are larger by nature, from being taken for one.
 
 Where the sequences' medians spread wider than their tokens' noise explains (a bug whose size
@@ -30,9 +30,9 @@ mismatch flags and per-step table (`iscore.mismatch`), each setting's broken gra
 >>> d[:100] += 1.0  # the first sequence: every log-prob off by 1 nat
 >>> d[100:200] *= 10.0  # the second: ten times the noise, both ways
 >>> positive, negative = (np.add.reduceat(x, np.arange(0, 2000, 100)) for x in (d > 0, d < 0))
->>> scales = segment_medians(deviations(d, rollout), T)
+>>> far = segment_counts(deviations(d, rollout) > FAR, T)
 >>> medians = segment_medians(d, T)
->>> np.flatnonzero(outside(medians, T, positive, negative, scales, Noise.of(d))).tolist()
+>>> np.flatnonzero(outside(medians, T, positive, negative, far, Noise.of(d))).tolist()
 [0, 1]
 """
 
@@ -56,20 +56,18 @@ MEDIAN_STDERR = 1.2533
 _IID_MEDIAN_Z = 0.6745
 """The median of |z| for standard normal z: what the sequences' z give when they are noise."""
 
-ABS_MEDIAN_STDERR = 0.7867
-"""The median of T independent |z| (z standard normal) errs by ABS_MEDIAN_STDERR / sqrt(T):
-1 / (2 f sqrt(T)), f = 2 phi(0.6745) the density of |z| at its median."""
+FAR = 3.0 * _IID_MEDIAN_Z
+"""A token lies far from the noise's centre beyond this many spreads (`deviations`): 3 times
+the median |z| of noise, which puts `FAR_SHARE` of its tokens there. A sequence with over half
+of its tokens far has a median |z| 3 times noise's: what a routing-flip span or outlier tokens,
+a minority of a sequence's tokens, cannot do."""
 
-SCALE_BROKEN = 3.0
-"""A sequence whose tokens' median |z| (`deviations`) exceeds this many times the noise's own
-(0.6745) is spread wider than noise: a median |z| above 2.02 means that over half of its
-tokens lie more than two of the noise's standard deviations from the centre, which noise gives
-to 4.6% of its tokens, and a routing-flip span or an outlier token, both in a minority of a
-sequence's tokens, cannot do."""
+FAR_SHARE = 0.0430
+"""The share of a normal noise's tokens beyond `FAR`: 2 (1 - Phi(2.0235))."""
 
 BROKEN_WORDS = (
     f"lie outside their step's noise (a median log-ratio more than {Z_BROKEN:g} standard errors "
-    f"off its centre, or tokens {SCALE_BROKEN:g}x as far off it as noise at their probability)"
+    "off its centre, or most tokens 3x as far off it as noise at their probability)"
 )
 """The test of `outside`, in words, for every message that reports broken sequences."""
 
@@ -200,17 +198,33 @@ def deviations(d: np.ndarray, rollout: np.ndarray) -> np.ndarray:
     return z
 
 
+def segment_counts(flags: np.ndarray, T: np.ndarray) -> np.ndarray:
+    """float64 [B]: how many of each segment's `flags` are true; segment i holds the next
+    `T[i]` of them.
+
+    >>> segment_counts(np.array([True, False, True, True]), np.array([2, 0, 2])).tolist()
+    [1.0, 0.0, 2.0]
+    """
+    T = np.asarray(T).astype(np.int64)
+    counts = np.zeros(T.size)
+    has = T > 0
+    if flags.size:
+        counts[has] = np.add.reduceat(flags, (np.cumsum(T) - T)[has])
+    return counts
+
+
 def outside(
     medians: np.ndarray,
     T: np.ndarray,
     positive: np.ndarray,
     negative: np.ndarray,
-    scales: np.ndarray,
+    far: np.ndarray,
     noise: Noise,
 ) -> np.ndarray:
     """bool [B]: the sequences (of T loss tokens, median log-ratio `medians`, `positive` and
-    `negative` of them with d > 0 and d < 0, their tokens' median `deviations` `scales`)
-    outside `noise`: broken, not noise. Either test suffices (module docstring).
+    `negative` of them with d > 0 and d < 0, `far` of them farther than `FAR` from the noise
+    of their probability, `deviations`) outside `noise`: broken, not noise. Either test
+    suffices (module docstring).
 
     Shifted: the median lies more than `Z_BROKEN` standard errors from the noise's centre
     (where the sequences differ by more than their tokens' noise explains, a bug whose size
@@ -220,8 +234,9 @@ def outside(
     sequence of uncertain tokens, whose median sits among the larger log-ratios of such
     tokens, is as balanced as any.
 
-    Spread: the median deviation lies above `SCALE_BROKEN` x 0.6745 and more than `Z_BROKEN`
-    standard errors (`ABS_MEDIAN_STDERR` / sqrt(T)) above 0.6745.
+    Spread: over half of the tokens are far, and `Z_BROKEN` binomial standard errors more than
+    the `FAR_SHARE` of noise (which keeps a sequence of a few tokens from being called broken
+    by chance: one far token of one is 4.7 standard errors).
     """
     has = T > 0
     z = noise.z(medians, T)
@@ -229,8 +244,9 @@ def outside(
     signed = positive + negative
     lean = np.abs(positive - negative) / np.sqrt(np.maximum(signed, 1.0))
     shifted = (z > Z_BROKEN * widen) & (lean > Z_SIGNS)
-    excess = (scales - _IID_MEDIAN_Z) * np.sqrt(np.maximum(T, 1.0)) / ABS_MEDIAN_STDERR
-    spread = (scales > SCALE_BROKEN * _IID_MEDIAN_Z) & (excess > Z_BROKEN)
+    expected = FAR_SHARE * T
+    excess = (far - expected) / np.sqrt(np.maximum(expected * (1.0 - FAR_SHARE), 1e-12))
+    spread = (far > 0.5 * T) & (excess > Z_BROKEN)
     return has & (shifted | spread)
 
 
@@ -239,14 +255,14 @@ def outside_parts(
     T: np.ndarray,
     positive: np.ndarray,
     negative: np.ndarray,
-    scales: np.ndarray,
+    far: np.ndarray,
     steps: np.ndarray,
     parts: Sequence[tuple[int, Noise]],
 ) -> np.ndarray:
     """bool [B]: `outside`, each step's sequences judged against the noise of that step's
     `parts` ((step, noise) of each chunk or file it was read in, `Noise.combine`d): what an
-    accumulator that never holds a whole step's tokens at once calls broken. Its `scales`
-    were measured against the bins of the part each sequence was read in (`deviations`)."""
+    accumulator that never holds a whole step's tokens at once calls broken. Its `far` tokens
+    were judged against the bins of the part each sequence was read in (`deviations`)."""
     by_step: dict[int, list[Noise]] = {}
     for step, part in parts:
         by_step.setdefault(step, []).append(part)
@@ -268,7 +284,7 @@ def outside_parts(
             T[chosen],
             positive[chosen],
             negative[chosen],
-            scales[chosen],
+            far[chosen],
             Noise.combine(rows),
         )
     return out
@@ -308,17 +324,17 @@ def outside_by_step(
     T = np.asarray(T)
     medians = segment_medians(d, T)
     token_step = np.repeat(steps, T.astype(np.int64))
-    scales = np.zeros(d.size)
+    deviation = np.zeros(d.size)
     for step in np.unique(steps):
         tokens = token_step == step
-        scales[tokens] = deviations(d[tokens], rollout[tokens])
-    scales = segment_medians(scales, T)
+        deviation[tokens] = deviations(d[tokens], rollout[tokens])
+    far = segment_counts(deviation > FAR, T)
     broken = np.zeros(T.size, dtype=bool)
     for step in np.unique(steps):
         chosen = steps == step
         noise = Noise.of(d[token_step == step])
         broken[chosen] = outside(
-            medians[chosen], T[chosen], positive[chosen], negative[chosen], scales[chosen], noise
+            medians[chosen], T[chosen], positive[chosen], negative[chosen], far[chosen], noise
         )
     return broken
 

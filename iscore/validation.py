@@ -240,7 +240,8 @@ def validate(
 class _HealthSums:
     """What the health verdict needs, summed chunk by chunk in numpy: the bands' statistics
     over the loss tokens; per step and chunk, the noise (`iscore.noise.Noise`); and per
-    sequence its median d, its tokens either side of 0 and the sums of e^d and e^2d, for the
+    sequence its median d, its tokens either side of 0, those far from the noise of their
+    probability bin (`iscore.noise.FAR`) and the sums of e^d and e^2d, for the
     sequences outside their step's noise and the test of E_rollout[e^d] = 1 on the rest (as
     `iscore.mismatch` decides both)."""
 
@@ -267,8 +268,9 @@ class _HealthSums:
             tokens = token_step == s
             self.noise.append((int(s), noise.Noise.of(d[tokens])))
             deviation[tokens] = noise.deviations(d[tokens], rollout[tokens])
-        median, scale = (noise.segment_medians(x, T) for x in (d, deviation))
-        self.seq.append((step.astype(np.int64), T, median, scale, *per_seq))
+        median = noise.segment_medians(d, T)
+        far = noise.segment_counts(deviation > noise.FAR, T)
+        self.seq.append((step.astype(np.int64), T, median, far, *per_seq))
 
     def verdict(self, k3: float) -> dict:
         with np.errstate(all="ignore"):  # a ratio past float64 (|d| > 709) is inf, as k3
@@ -276,10 +278,10 @@ class _HealthSums:
 
     def _verdict(self, k3: float) -> dict:
         n, d, rho, mult, chi, js = self.sums
-        step, T, median, scale, rho_seq, rho2_seq, positive, negative = (
+        step, T, median, far, rho_seq, rho2_seq, positive, negative = (
             np.concatenate(parts) for parts in zip(*self.seq, strict=True)
         )
-        broken = noise.outside_parts(median, T, positive, negative, scale, step, self.noise)
+        broken = noise.outside_parts(median, T, positive, negative, far, step, self.noise)
         healthy = ~broken & (T > 0)
         tokens = float(T[healthy].sum())
         ratio = float(rho_seq[healthy].sum()) / tokens if tokens else 1.0

@@ -41,9 +41,9 @@ def test_a_stale_replica_is_outside_the_noise_and_noise_is_not(seed) -> None:
     for i in stale:
         d[starts[i] : starts[i] + T[i]] += 1.0
     positive, negative = (np.add.reduceat(x, starts) for x in (d > 0, d < 0))
-    scales = segment_medians(deviations(d, np.full(d.size, -1.0)), T)
+    far = noise.segment_counts(deviations(d, np.full(d.size, -1.0)) > noise.FAR, T)
     medians = segment_medians(d, T)
-    found = outside(medians, T.astype(float), positive, negative, scales, Noise.of(d))
+    found = outside(medians, T.astype(float), positive, negative, far, Noise.of(d))
     assert set(np.flatnonzero(found)) == set(stale)
 
 
@@ -54,8 +54,8 @@ def _signs(d: np.ndarray, T: np.ndarray) -> list[np.ndarray]:
 
 def _outside(d: np.ndarray, rollout: np.ndarray, T: np.ndarray) -> np.ndarray:
     """`outside` for one step, every statistic computed from the tokens."""
-    medians, scales = (segment_medians(x, T) for x in (d, deviations(d, rollout)))
-    return outside(medians, T.astype(float), *_signs(d, T), scales, Noise.of(d))
+    far = noise.segment_counts(deviations(d, rollout) > noise.FAR, T)
+    return outside(segment_medians(d, T), T.astype(float), *_signs(d, T), far, Noise.of(d))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -127,16 +127,29 @@ def test_uncertain_tokens_are_judged_against_tokens_as_likely(seed) -> None:
 
 
 def test_the_spread_test_holds_its_bounds_exactly() -> None:
-    """A median deviation exactly at SCALE_BROKEN x 0.6745 is not broken, a hair above is;
-    so is one exactly Z_BROKEN standard errors above 0.6745; a sequence without loss tokens
-    never is."""
-    T = np.array([10_000.0, 10_000.0, 4.0, 4.0, 0.0])
-    bound = noise.SCALE_BROKEN * 0.6745
-    at_z = 0.6745 + noise.Z_BROKEN * noise.ABS_MEDIAN_STDERR / 2.0  # T = 4: sqrt(T) = 2
-    scales = np.array([bound, np.nextafter(bound, np.inf), at_z, at_z + 1e-9, 50.0])
+    """Exactly half of a sequence's tokens far is not broken, one more is; a sequence all of
+    whose few tokens are far is broken only from Z_BROKEN binomial standard errors above
+    noise's share; a sequence without loss tokens never is."""
+    q = noise.FAR_SHARE
+    # T far tokens of T lie (T - q T) / sqrt(q (1 - q) T) = sqrt(T (1 - q) / q) standard
+    # errors above noise: Z_BROKEN at T = Z_BROKEN^2 q / (1 - q), 2.88 tokens.
+    at_z = noise.Z_BROKEN**2 * q / (1.0 - q)
+    below, above = at_z * (1 - 1e-9), at_z * (1 + 1e-9)
+    T = np.array([100.0, 100.0, below, above, 1.0, 4.0, 0.0])
+    far = np.array([50.0, 51.0, below, above, 1.0, 4.0, 0.0])
     zeros = np.zeros(T.size)
-    found = outside(zeros, T, zeros, zeros, scales, Noise(0.0, 0.05, 100))
-    assert found.tolist() == [False, True, False, True, False]
+    found = outside(zeros, T, zeros, zeros, far, Noise(0.0, 0.05, 100))
+    # One far token of one is 4.7 standard errors: not broken; four of four are 9.4.
+    assert found.tolist() == [False, True, False, True, False, True, False]
+
+
+def test_far_counts_per_segment_match_a_loop() -> None:
+    rng = np.random.default_rng(0)
+    T = np.concatenate([[0, 1, 0], rng.integers(0, 50, 200), [0]])
+    flags = rng.random(int(T.sum())) < 0.3
+    starts = np.cumsum(T) - T
+    expected = [flags[a : a + n].sum() for a, n in zip(starts, T, strict=True)]
+    np.testing.assert_array_equal(noise.segment_counts(flags, T), expected)
 
 
 def test_a_step_spread_over_ranks_takes_the_median_of_their_noise() -> None:

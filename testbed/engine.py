@@ -90,16 +90,18 @@ REGIMES = {
         ),
         Regime(
             "fp8",
-            "Gaussian noise, sd 0.1, and an outlier of sd 4 on 1% of the logits",
+            "Gaussian noise, sd 0.1, and an outlier of sd 4 on 1% of the logits, fixed per context",
             sigma=0.1,
             tail_share=0.01,
             tail_sigma=4.0,
+            noise="per_context",
         ),
         Regime(
             "stale",
-            "bf16 noise; a replica that never syncs samples 1 sequence in 8",
+            "bf16 noise (fixed per context); a replica that never syncs samples 1 sequence in 8",
             sigma=0.05,
             stale_share=0.125,
+            noise="per_context",
         ),
         Regime(
             "long",
@@ -110,9 +112,9 @@ REGIMES = {
         ),
     )
 }
-"""The regimes of the sweep. bf16 and long draw their noise per context, as bf16 kernels err
+"""The regimes of the sweep. Each draws its noise per context, as bf16 and FP8 kernels err
 (docs/recommend.md: under fresh noise no correction beat every token-level one in long, an
-artefact of noise that averages out over steps); fp8 and stale still draw it fresh."""
+artefact of noise that averages out over steps)."""
 
 
 @dataclass(frozen=True, slots=True)

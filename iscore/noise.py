@@ -79,6 +79,16 @@ to 1 put a 43-token sequence of tokens at p ~ 0.99 at 2.3 of the noise of tokens
 p ~ 0.99999, in a run under growing noise)."""
 
 _LOG_SCALE_EDGES = np.log(SCALE_EDGES)
+# The smallest float32 at or above each log edge: a float32 log-prob v >= it exactly when v >=
+# the float64 edge, so float32 log-probs are binned by float32 comparisons (14x faster than a
+# search in float64).
+_LOG_SCALE_EDGES_32 = np.array(
+    [
+        np.float32(e) if float(np.float32(e)) >= e else np.nextafter(np.float32(e), np.inf)
+        for e in _LOG_SCALE_EDGES
+    ],
+    dtype=np.float32,
+)
 
 SPREAD_FLOOR = 1e-5
 """Nats below which a bin's spread is not trusted (`deviations`): where most tokens of a bin
@@ -188,7 +198,7 @@ def deviations(d: np.ndarray, rollout: np.ndarray) -> np.ndarray:
     >>> deviations(d, rollout).round(2).tolist()
     [0.22, 1.12, 0.22, 0.67, 2.36, 0.0, 224.16]
     """
-    bins = np.searchsorted(_LOG_SCALE_EDGES, rollout, side="right").astype(np.uint8)
+    bins = _bins(rollout)
     # The tokens bin after bin, by one stable (radix) sort: a selection per bin would cost
     # bins x tokens.
     order = np.argsort(bins, kind="stable")
@@ -219,6 +229,22 @@ def segment_counts(flags: np.ndarray, T: np.ndarray) -> np.ndarray:
     if flags.size:
         counts[has] = np.add.reduceat(flags, (np.cumsum(T) - T)[has])
     return counts
+
+
+def _bins(rollout: np.ndarray) -> np.ndarray:
+    """uint8 [N]: each log-prob's bin, the number of `SCALE_EDGES` at or below its probability.
+
+    >>> _bins(np.log(np.array([0.005, 0.05, 0.7, 0.99995]))).tolist()
+    [0, 1, 3, 7]
+    >>> _bins(np.log(np.array([0.005, 0.05, 0.7, 0.99995], dtype=np.float32))).tolist()
+    [0, 1, 3, 7]
+    """
+    if rollout.dtype != np.float32:
+        return np.searchsorted(_LOG_SCALE_EDGES, rollout, side="right").astype(np.uint8)
+    bins = np.zeros(rollout.size, dtype=np.uint8)
+    for edge in _LOG_SCALE_EDGES_32:
+        bins += rollout >= edge
+    return bins
 
 
 def outside(

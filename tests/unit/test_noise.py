@@ -84,6 +84,17 @@ def test_deviations_match_a_direct_computation(seed) -> None:
     assert deviations(d[50:700], rollout[50:700])[550] == 0.05 / noise.SPREAD_FLOOR
 
 
+def test_float32_log_probs_are_binned_as_their_float64_values() -> None:
+    """Float32 log-probs are binned by float32 comparisons: the same bins, so the same
+    deviations, as their exact float64 values, also one ulp either side of every edge."""
+    rng = np.random.default_rng(0)
+    edges = np.log(noise.SCALE_EDGES).astype(np.float32)
+    near = np.concatenate([edges, *(np.nextafter(edges, x) for x in (-np.inf, np.inf))])
+    rollout = np.concatenate([np.log(rng.uniform(1e-6, 1.0, 5000)).astype(np.float32), near])
+    d = rng.normal(0.0, 0.1, rollout.size)
+    np.testing.assert_array_equal(deviations(d, rollout), deviations(d, rollout.astype(np.float64)))
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_a_replica_sampling_another_policy_is_found_in_short_sequences(seed) -> None:
     """A stale replica samples from another policy: its valid log-probs differ from the

@@ -310,7 +310,7 @@ def _span_ratios(absd: np.ndarray, T: np.ndarray, steps: np.ndarray) -> np.ndarr
     token_step = np.repeat(steps, T)
     mean = np.zeros(T.size)
     clipped = absd.copy()
-    for step in np.unique(token_step):
+    for step in np.unique(steps[T > 0]):  # the steps of B sequences, not of N tokens
         mine = token_step == step
         m = float(absd[mine].mean())
         np.minimum(clipped, CLIP * m, out=clipped, where=mine)

@@ -188,7 +188,10 @@ def deviations(d: np.ndarray, rollout: np.ndarray) -> np.ndarray:
     """float64 [N]: each token's |d - centre| / spread, the centre and spread (`median_mad`,
     floored at `SPREAD_FLOOR`) those of the tokens given in the same bin of rollout
     probability (`SCALE_EDGES`): how far it lies from the noise of tokens as likely as it.
-    Pass one step's loss tokens (or one part of a step), with their rollout log-probs.
+    Pass one step's loss tokens (or one part of a step), with their rollout log-probs. A bin
+    of more than `BIN_SAMPLE` tokens takes its centre and spread from an evenly strided
+    sample of `BIN_SAMPLE` to twice that many (their standard errors: under 0.5% of the
+    spread).
 
     A log-ratio of 0.5 on a token of probability 0.05, among others of its probability, is
     ordinary; on a token of probability 0.999, among near-zero log-ratios, it is not:
@@ -208,8 +211,9 @@ def deviations(d: np.ndarray, rollout: np.ndarray) -> np.ndarray:
     for n in np.bincount(bins, minlength=_LOG_SCALE_EDGES.size + 1).tolist():
         if n:
             part = values[start : start + n]
-            deviation = np.abs(part - float(np.median(part)), out=z[start : start + n])
-            deviation /= max(MAD_SD * float(np.median(deviation)), SPREAD_FLOOR)
+            center, spread = median_mad(part[:: max(1, n // BIN_SAMPLE)])
+            deviation = np.abs(part - center, out=z[start : start + n])
+            deviation /= max(spread, SPREAD_FLOOR)
             start += n
     out = np.empty(d.size)
     out[order] = z
@@ -229,6 +233,11 @@ def segment_counts(flags: np.ndarray, T: np.ndarray) -> np.ndarray:
     if flags.size:
         counts[has] = np.add.reduceat(flags, (np.cumsum(T) - T)[has])
     return counts
+
+
+BIN_SAMPLE = 1 << 16
+"""Tokens of a probability bin above which its noise is estimated on a strided sample
+(`deviations`): two exact medians of every token cost a tenth of an analysis."""
 
 
 def _bins(rollout: np.ndarray) -> np.ndarray:

@@ -111,9 +111,11 @@ def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """float64 [B]: the median of each segment's values (0 for an empty one); segment i holds
     the next `counts[i]` values.
 
-    Segments of similar length are sorted together as the rows of a block, each row padded
-    with +inf to the next power of two (so never more than twice the values, and at most
-    `MEDIAN_CELLS` at a time): 15x faster than one lexsort of (segment, value).
+    A segment of more than `LONG_SEGMENT` values is partitioned alone around its middle
+    (linear time). Shorter segments of similar length are sorted together as the rows of a
+    block, each row padded with +inf to the next power of two (so never more than twice the
+    values, and at most `MEDIAN_CELLS` at a time): 15x faster than one lexsort of (segment,
+    value), and twice as fast again with the long ones partitioned.
 
     >>> segment_medians(np.array([3.0, 1.0, 2.0, 5.0, 4.0, 7.0]), np.array([3, 0, 2, 1]))
     array([2. , 0. , 4.5, 7. ])
@@ -121,9 +123,10 @@ def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     n = counts.astype(np.int64)
     starts = np.cumsum(n) - n
     medians = np.zeros(n.size)
+    long = n > LONG_SEGMENT
     width = np.left_shift(1, np.ceil(np.log2(np.maximum(n, 1))).astype(np.int64))
-    for w in np.unique(width[n > 0]):
-        rows = np.flatnonzero((n > 0) & (width == w))
+    for w in np.unique(width[(n > 0) & ~long]):
+        rows = np.flatnonzero((n > 0) & ~long & (width == w))
         columns = np.arange(w)
         for part in np.array_split(rows, -(-rows.size * int(w) // MEDIAN_CELLS)):
             k = n[part]
@@ -133,7 +136,17 @@ def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
             block.sort(axis=1)
             r = np.arange(part.size)
             medians[part] = 0.5 * (block[r, (k - 1) // 2] + block[r, k // 2])
+    for i in np.flatnonzero(long).tolist():
+        start, k = int(starts[i]), int(n[i])
+        middle = [(k - 1) // 2, k // 2]
+        segment = np.partition(values[start : start + k], middle)
+        medians[i] = 0.5 * (segment[middle[0]] + segment[middle[1]])
     return medians
+
+
+LONG_SEGMENT = 512
+"""Values above which `segment_medians` partitions a segment alone rather than sorting it in a
+block (one call costs about what sorting 512 values in a block does)."""
 
 
 MEDIAN_CELLS = 1 << 20

@@ -29,6 +29,10 @@ def test_segment_medians_match_a_median_per_segment(seed, monkeypatch) -> None:
     np.testing.assert_array_equal(segment_medians(values, counts), expected)
     monkeypatch.setattr(noise, "MEDIAN_CELLS", 4096)
     np.testing.assert_array_equal(segment_medians(values, counts), expected)
+    # Every segment of over 2 values partitioned alone, then every one sorted in blocks.
+    for long in (2, 1 << 20):
+        monkeypatch.setattr(noise, "LONG_SEGMENT", long)
+        np.testing.assert_array_equal(segment_medians(values, counts), expected)
 
 
 @pytest.mark.parametrize("seed", range(3))

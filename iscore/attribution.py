@@ -316,19 +316,22 @@ def _span_ratios(absd: np.ndarray, T: np.ndarray, steps: np.ndarray) -> np.ndarr
         np.minimum(clipped, CLIP * m, out=clipped, where=mine)
         mean[steps == step] = m
     starts = np.cumsum(T) - T
-    width = np.minimum(T, WINDOW)
     cs = np.concatenate([[0.0], np.cumsum(clipped)])
-    owner = np.repeat(np.arange(T.size), T)
-    local = np.arange(absd.size) - starts[owner]
-    valid = local >= width[owner] - 1
-    ends = np.flatnonzero(valid)
-    w = width[owner[ends]]
-    windows = (cs[ends + 1] - cs[ends + 1 - w]) / w
-    per_token = np.full(absd.size, -np.inf)
-    per_token[ends] = windows
-    nonempty = T > 0
     best = np.zeros(T.size)
-    best[nonempty] = np.maximum.reduceat(per_token, starts[nonempty])
+    # A sequence shorter than a window: its own mean.
+    short = (T > 0) & (T < WINDOW)
+    best[short] = (cs[starts[short] + T[short]] - cs[starts[short]]) / T[short]
+    # Longer ones: every window's mean, by the window's last token, and the largest of those
+    # that end at or after the sequence's WINDOW-th token (the others cross its start).
+    long = np.flatnonzero(T >= WINDOW)
+    if long.size:
+        windows = np.empty(absd.size + 1)  # one more: reduceat's indices stay below its size
+        windows[: WINDOW - 1] = -np.inf
+        windows[WINDOW - 1 : -1] = (cs[WINDOW:] - cs[:-WINDOW]) / WINDOW
+        windows[-1] = -np.inf
+        bounds = np.stack([starts[long] + WINDOW - 1, starts[long] + T[long]], axis=1).ravel()
+        best[long] = np.maximum.reduceat(windows, bounds)[::2]
+    nonempty = T > 0
     has = nonempty & (mean > 0)
     out[has] = best[has] / mean[has]
     return out

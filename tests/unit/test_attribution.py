@@ -111,6 +111,30 @@ def test_a_span_of_large_d_is_found_and_a_lone_outlier_is_not():
     assert ratios[0] < SPAN_RATIO < ratios[1] and ratios[2] < SPAN_RATIO
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_span_ratios_match_their_definition(seed):
+    """Each sequence's largest mean of WINDOW consecutive |d| (all of them when shorter), each
+    clipped at CLIP times its step's mean, over that mean: written out window by window, on
+    empty, one-token, WINDOW - 1, WINDOW and WINDOW + 1 token sequences, several steps, one
+    of them without mismatch (ratio 0)."""
+    rng = np.random.default_rng(seed)
+    W = attribution.WINDOW
+    T = np.concatenate([[0, 1, W - 1, W, W + 1, 0], rng.integers(0, 300, 200), [W, 0]])
+    steps = np.sort(rng.integers(0, 3, T.size))
+    absd = np.abs(rng.standard_t(2, int(T.sum()))) * 0.01
+    token_step = np.repeat(steps, T)
+    absd[token_step == 2] = 0.0
+    starts = np.cumsum(T) - T
+    expected = np.zeros(T.size)
+    for i in np.flatnonzero(T):
+        mean = absd[token_step == steps[i]].mean()
+        if mean > 0:
+            x = np.minimum(absd[starts[i] : starts[i] + T[i]], attribution.CLIP * mean)
+            w = min(T[i], W)
+            expected[i] = max(x[j : j + w].mean() for j in range(T[i] - w + 1)) / mean
+    np.testing.assert_allclose(_span_ratios(absd, T, steps), expected, rtol=1e-9, atol=0)
+
+
 def test_streamed_in_steps_equals_read_whole(tmp_path):
     path = tmp_path / "sim.parquet"
     write_simulated(path, SimConfig(regime="moe_routing", sequences=24, steps=3, seed=73))

@@ -42,16 +42,14 @@ from iscore.histogram import (
     plot_resolution,
 )
 from iscore.noise import (
-    FAR,
     Band,
     Noise,
-    deviations,
+    far_counts,
     first_rise,
     outside,
     outside_by_step,
     outside_parts,
     ratio_bias,
-    segment_counts,
     segment_medians,
 )
 
@@ -248,14 +246,12 @@ class MismatchStats:
         # of their probability bin (`noise.outside`'s spread test).
         loss_abs = absd if every else absd[m]
         loss_rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
-        deviation = np.zeros(loss_d.size)
-        for step, tokens in _loss_tokens_by_step(batch.step.cpu().numpy(), loss_T):
+        steps = batch.step.cpu().numpy()
+        for step, tokens in _loss_tokens_by_step(steps, loss_T):
             hist = self.step_hists.setdefault(step, LogHistogram())
             hist.update(loss_abs if tokens is None else loss_abs[torch.from_numpy(tokens)])
-            at = slice(None) if tokens is None else tokens
-            self.noise.append((step, Noise.of(loss_d[at])))
-            deviation[at] = deviations(loss_d[at], loss_rollout[at])
-        sums["far"] = segment_counts(deviation > FAR, loss_T)
+            self.noise.append((step, Noise.of(loss_d if tokens is None else loss_d[tokens])))
+        sums["far"] = far_counts(loss_d, loss_rollout, loss_T, steps)
         # Loss tokens on either side of 0 (dm is 0 outside the loss): the sign test of
         # `noise.outside`, and the sign balance of the `constant_offset` flag.
         below = ops.compare("lt", dm, 0.0, buf("below", torch.bool))

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from iscore import kernels
+
 Z_BROKEN = 8.0
 """Standard errors from the noise's centre beyond which a sequence is called broken."""
 
@@ -96,15 +98,19 @@ have d exactly 0 (both sides report log-prob 0), its MAD is 0 and would make any
 
 
 def median_mad(x: np.ndarray) -> tuple[float, float]:
-    """(median, MAD_SD x the median absolute deviation) of `x`; (0, 0) when empty.
+    """(median, MAD_SD x the median absolute deviation) of `x`; (0, 0) when empty. By
+    selection where the compiled kernels run (`iscore.kernels`), the same values.
 
     >>> median_mad(np.array([1.0, 2.0, 4.0]))
     (2.0, 1.4826)
     """
     if not x.size:
         return 0.0, 0.0
-    center = float(np.median(x))
-    return center, MAD_SD * float(np.median(np.abs(x - center)))
+    fast = kernels.median_mad(x)
+    if fast is None:
+        center = float(np.median(x)) + 0.0  # a median of zeros is +0 on both paths
+        return center, MAD_SD * float(np.median(np.abs(x - center)))
+    return fast[0], MAD_SD * fast[1]
 
 
 def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -117,9 +123,15 @@ def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     values, and at most `MEDIAN_CELLS` at a time): 15x faster than one lexsort of (segment,
     value), and twice as fast again with the long ones partitioned.
 
+    Where the compiled kernels run (`iscore.kernels`), each segment is partitioned around its
+    middle instead, in parallel: the same values.
+
     >>> segment_medians(np.array([3.0, 1.0, 2.0, 5.0, 4.0, 7.0]), np.array([3, 0, 2, 1]))
     array([2. , 0. , 4.5, 7. ])
     """
+    fast = kernels.segment_medians(values, counts)
+    if fast is not None:
+        return fast
     n = counts.astype(np.int64)
     starts = np.cumsum(n) - n
     medians = np.zeros(n.size)
@@ -135,12 +147,12 @@ def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
             block[valid] = values[(starts[part][:, None] + columns)[valid]]
             block.sort(axis=1)
             r = np.arange(part.size)
-            medians[part] = 0.5 * (block[r, (k - 1) // 2] + block[r, k // 2])
+            medians[part] = 0.5 * (block[r, (k - 1) // 2] + block[r, k // 2]) + 0.0
     for i in np.flatnonzero(long).tolist():
         start, k = int(starts[i]), int(n[i])
         middle = [(k - 1) // 2, k // 2]
         segment = np.partition(values[start : start + k], middle)
-        medians[i] = 0.5 * (segment[middle[0]] + segment[middle[1]])
+        medians[i] = 0.5 * (segment[middle[0]] + segment[middle[1]]) + 0.0
     return medians
 
 
@@ -197,11 +209,12 @@ class Noise:
         return np.abs(medians - self.center) / stderr
 
 
-def deviations(d: np.ndarray, rollout: np.ndarray) -> np.ndarray:
+def deviations(d: np.ndarray, rollout: np.ndarray, bins: np.ndarray | None = None) -> np.ndarray:
     """float64 [N]: each token's |d - centre| / spread, the centre and spread (`median_mad`,
     floored at `SPREAD_FLOOR`) those of the tokens given in the same bin of rollout
     probability (`SCALE_EDGES`): how far it lies from the noise of tokens as likely as it.
-    Pass one step's loss tokens (or one part of a step), with their rollout log-probs. A bin
+    Pass one step's loss tokens (or one part of a step), with their rollout log-probs (and
+    their bins, `_bins(rollout)`, when at hand). A bin
     of more than `BIN_SAMPLE` tokens takes its centre and spread from an evenly strided
     sample of `BIN_SAMPLE` to twice that many (their standard errors: under 0.5% of the
     spread).
@@ -214,7 +227,7 @@ def deviations(d: np.ndarray, rollout: np.ndarray) -> np.ndarray:
     >>> deviations(d, rollout).round(2).tolist()
     [0.22, 1.12, 0.22, 0.67, 2.36, 0.0, 224.16]
     """
-    bins = _bins(rollout)
+    bins = _bins(rollout) if bins is None else bins
     # The tokens bin after bin, by one stable (radix) sort: a selection per bin would cost
     # bins x tokens.
     order = np.argsort(bins, kind="stable")
@@ -246,6 +259,38 @@ def segment_counts(flags: np.ndarray, T: np.ndarray) -> np.ndarray:
     if flags.size:
         counts[has] = np.add.reduceat(flags, (np.cumsum(T) - T)[has])
     return counts
+
+
+def far_counts(
+    d: np.ndarray, rollout: np.ndarray, T: np.ndarray, steps: np.ndarray | None = None
+) -> np.ndarray:
+    """float64 [B]: how many of each sequence's tokens lie beyond `FAR` (`deviations`), each
+    against its step's tokens (`steps` [B]; one step when None). The loss tokens' `d` and
+    `rollout` run sequence after sequence, `T[i]` of them for sequence i.
+
+    >>> d = np.array([0.01, -0.01, 0.02, 0.0, 3.0, -3.0, 0.01, -0.02])
+    >>> far_counts(d, np.full(8, -0.5), np.array([4, 4])).tolist()
+    [0.0, 2.0]
+    """
+    T = np.asarray(T).astype(np.int64)
+    if steps is None or steps.size == 0 or (steps == steps[0]).all():
+        return _far_counts(d, rollout, T)
+    counts = np.zeros(T.size)
+    token_step = np.repeat(steps, T)
+    for step in np.unique(steps):
+        tokens = token_step == step
+        chosen = steps == step
+        counts[chosen] = _far_counts(d[tokens], rollout[tokens], T[chosen])
+    return counts
+
+
+def _far_counts(d: np.ndarray, rollout: np.ndarray, T: np.ndarray) -> np.ndarray:
+    """`far_counts` of one step's tokens."""
+    bins = _bins(rollout)
+    fast = kernels.far_counts(
+        d, bins, T, _LOG_SCALE_EDGES.size + 1, FAR, SPREAD_FLOOR, BIN_SAMPLE, MAD_SD
+    )
+    return fast if fast is not None else segment_counts(deviations(d, rollout, bins) > FAR, T)
 
 
 BIN_SAMPLE = 1 << 16
@@ -380,11 +425,7 @@ def outside_by_step(
     T = np.asarray(T)
     medians = segment_medians(d, T)
     token_step = np.repeat(steps, T.astype(np.int64))
-    deviation = np.zeros(d.size)
-    for step in np.unique(steps):
-        tokens = token_step == step
-        deviation[tokens] = deviations(d[tokens], rollout[tokens])
-    far = segment_counts(deviation > FAR, T)
+    far = far_counts(d, rollout, T, steps)
     broken = np.zeros(T.size, dtype=bool)
     for step in np.unique(steps):
         chosen = steps == step

@@ -263,13 +263,10 @@ class _HealthSums:
                 for row, values in enumerate((rho, rho * rho, d > 0, d < 0)):
                     per_seq[row, has] = np.add.reduceat(values, starts[has])
         token_step = np.repeat(step, T)
-        deviation = np.zeros(d.size)
         for s in np.unique(step):
-            tokens = token_step == s
-            self.noise.append((int(s), noise.Noise.of(d[tokens])))
-            deviation[tokens] = noise.deviations(d[tokens], rollout[tokens])
+            self.noise.append((int(s), noise.Noise.of(d[token_step == s])))
         median = noise.segment_medians(d, T)
-        far = noise.segment_counts(deviation > noise.FAR, T)
+        far = noise.far_counts(d, rollout, T, step)
         self.seq.append((step.astype(np.int64), T, median, far, *per_seq))
 
     def verdict(self, k3: float) -> dict:

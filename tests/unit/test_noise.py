@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from iscore import load, noise
+from iscore import kernels, load, noise
 from iscore.dump import Dump, readers
 from iscore.mismatch import MismatchStats
 from iscore.mismatch import broken_sequences as broken_of
@@ -18,6 +18,8 @@ from iscore.simulate import SimConfig, broken_sequences, write_simulated
 
 @pytest.mark.parametrize("seed", range(4))
 def test_segment_medians_match_a_median_per_segment(seed, monkeypatch) -> None:
+    """The numpy reference (the compiled kernel: tests/unit/test_kernels.py)."""
+    monkeypatch.setenv(kernels.ENV, "reference")
     rng = np.random.default_rng(seed)
     # Empty, one-value, even and odd, and long segments; ties; with small blocks, segments
     # of one width sorted in several blocks, and a segment wider than a block.

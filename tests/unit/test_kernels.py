@@ -1,0 +1,160 @@
+"""`iscore.kernels`: the compiled selections give exactly the values of `iscore.noise`'s numpy
+reference and of medians written out from sorted values, on fresh random data and edge cases
+(ties, zeros of both signs, one value, even and odd counts, empty segments, bins above the
+sample size, non-finite values); the reference answers without numba; the first compile says
+so once."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from iscore import kernels, noise
+
+pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="numba is not installed")
+
+
+def _median(x: np.ndarray) -> float:
+    """The median from the sorted values, written out."""
+    s = np.sort(x)
+    n = s.size
+    return 0.5 * (s[(n - 1) // 2] + s[n // 2]) + 0.0
+
+
+def _reference(f, *args):
+    """`f(*args)` on the numpy path."""
+    before = os.environ.get(kernels.ENV)
+    os.environ[kernels.ENV] = "reference"
+    try:
+        return f(*args)
+    finally:
+        if before is None:
+            del os.environ[kernels.ENV]
+        else:
+            os.environ[kernels.ENV] = before
+
+
+def _values(rng: np.random.Generator, kind: int, n: int) -> np.ndarray:
+    if kind == 0:
+        return rng.normal(0.0, 0.05, n)
+    if kind == 1:  # many ties
+        return rng.normal(0.0, 0.05, n).round(2)
+    if kind == 2:  # mostly exact zeros, of both signs
+        zeros = np.where(rng.random(n) < 0.5, -0.0, 0.0)
+        return np.where(rng.random(n) < 0.7, zeros, rng.normal(0.0, 1.0, n))
+    if kind == 3:  # heavy tails and extreme values
+        x = rng.standard_cauchy(n) * 1e3
+        x[: n // 10] = rng.choice([-3.4e38, 3.4e38, 1e-300, -1e-300], n // 10)
+        return rng.permutation(x)
+    return rng.integers(-3, 3, n).astype(np.float64)  # a handful of values
+
+
+SIZES = [1, 2, 3, 4, 5, 16, 17, 1000, 1001, 70_000, 300_001]
+
+
+@pytest.mark.parametrize(("kind", "n"), list(itertools.product(range(5), SIZES)))
+def test_median_mad_equals_the_sorted_values_and_the_reference(kind, n) -> None:
+    x = _values(np.random.default_rng(n + kind), kind, n)
+    center = _median(x)
+    expected = (center, noise.MAD_SD * _median(np.abs(x - center)))
+    got = noise.median_mad(x)
+    assert got == expected == _reference(noise.median_mad, x)
+    assert np.signbit(got[0]) == np.signbit(expected[0])  # +0 for zeros
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_segment_medians_equal_the_sorted_values_and_the_reference(seed) -> None:
+    rng = np.random.default_rng(seed)
+    lengths = [0, 1, 2, 3, 0, 17, 4097, 20_000]
+    counts = np.concatenate([lengths, rng.integers(0, 700, 300)]).astype(np.int64)
+    values = _values(rng, seed % 5, int(counts.sum()))
+    starts = np.cumsum(counts) - counts
+    expected = [
+        _median(values[a : a + k]) if k else 0.0 for a, k in zip(starts, counts, strict=True)
+    ]
+    got = noise.segment_medians(values, counts)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+    np.testing.assert_array_equal(got, _reference(noise.segment_medians, values, counts))
+
+
+def test_segment_medians_of_sorted_and_constant_segments() -> None:
+    """Inputs that make a naive quickselect quadratic: sorted, reversed, organ-pipe, equal."""
+    n = 50_000
+    ramp = np.arange(n, dtype=np.float64)
+    segments = [ramp, ramp[::-1], np.r_[ramp[: n // 2], ramp[n // 2 :: -1]], np.full(n, 2.5)]
+    values = np.concatenate(segments)
+    counts = np.array([len(s) for s in segments])
+    np.testing.assert_array_equal(
+        noise.segment_medians(values, counts), [_median(s) for s in segments]
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_far_counts_equal_the_deviations_counted(seed) -> None:
+    """Per sequence, the tokens beyond FAR of their bin's noise, as `deviations` gives them
+    (itself tested against its definition): bins above BIN_SAMPLE tokens, bins on the spread
+    floor, empty bins, float32 and float64 log-probs, several steps."""
+    rng = np.random.default_rng(seed)
+    T = np.concatenate([[0, 1, 2], rng.integers(0, 3000, 150), [0]]).astype(np.int64)
+    n = int(T.sum())
+    rollout = np.log(rng.uniform(1e-6, 1.0, n))
+    rollout[rng.random(n) < 0.6] = -1e-5  # one bin above BIN_SAMPLE tokens
+    rollout = rollout.astype(np.float32 if seed % 2 else np.float64)
+    d = rng.standard_t(3, n) * 0.1 * (1.0 - np.exp(rollout.astype(np.float64)))
+    d[rng.random(n) < 0.3 * (seed % 3)] = 0.0  # a MAD of 0: the spread floor
+    steps = np.sort(rng.integers(0, 1 + seed % 3, T.size))
+    token_step = np.repeat(steps, T)
+    deviation = np.zeros(n)
+    for step in np.unique(steps):
+        at = token_step == step
+        deviation[at] = noise.deviations(d[at], rollout[at])
+    expected = noise.segment_counts(deviation > noise.FAR, T)
+    assert expected.sum() > 0
+    np.testing.assert_array_equal(noise.far_counts(d, rollout, T, steps), expected)
+    np.testing.assert_array_equal(_reference(noise.far_counts, d, rollout, T, steps), expected)
+
+
+def test_values_not_finite_are_left_to_the_reference() -> None:
+    """NaN and infinities: what numpy's median gives them, whichever path is asked."""
+    cases = [
+        np.array([1.0, np.nan, 2.0]),
+        np.array([np.inf, 1.0, np.inf]),
+        np.array([-np.inf, 0.0]),
+    ]
+    with np.errstate(invalid="ignore"):
+        for x in cases:
+            assert kernels.median_mad(x) is None
+            np.testing.assert_array_equal(noise.median_mad(x), _reference(noise.median_mad, x))
+    values, counts = np.array([1.0, np.nan, 2.0, 3.0]), np.array([3, 1])
+    assert kernels.segment_medians(values, counts) is None
+    np.testing.assert_array_equal(noise.segment_medians(values, counts), [2.0, 3.0])
+
+
+def test_without_numba_the_reference_answers(monkeypatch) -> None:
+    x = np.random.default_rng(0).normal(0.0, 0.05, 1001)
+    expected = noise.median_mad(x)
+    monkeypatch.setattr(kernels, "_compiled", lambda: None)
+    assert not kernels.enabled() and kernels.median_mad(x) is None
+    assert noise.median_mad(x) == expected
+
+
+def test_the_first_compile_says_so_once(tmp_path) -> None:
+    code = (
+        "import numpy as np; from iscore import noise; x = np.arange(5.0); "
+        "noise.median_mad(x); noise.median_mad(x)"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    env.pop(kernels.ENV, None)
+    runs = [
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        for _ in range(2)
+    ]
+    assert [r.returncode for r in runs] == [0, 0]
+    assert runs[0].stderr.count("compiling kernels") == 1
+    assert "compiling" not in runs[1].stderr

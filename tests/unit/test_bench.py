@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -22,6 +23,7 @@ import torch
 import iscore
 from iscore.analysis import analyze
 from iscore.bench import SETTINGS, format_table, goals, processes, run_bench
+from iscore.bench.baselines import dataframe, implements
 from iscore.bench.baselines.comparison import (
     KEY_STATISTICS,
     MISMATCH_STATISTICS,
@@ -169,6 +171,25 @@ def test_baselines_agree_with_the_engine(result, baseline):
     assert agreement["statistics"] == expected
     assert agreement["agrees"], agreement
     assert agreement["max_rel_diff"] <= agreement["tolerance"] == TOLERANCE[baseline]
+
+
+@pytest.mark.parametrize("regime", ["drift", "moe_routing"])
+def test_the_pandas_baseline_finds_the_same_broken_sequences_and_spans(tmp_path, regime):
+    """The noise workload: each step's median and MAD of d, the broken sequences (stale
+    replicas, 10%), the spans of large |d| (routing flips) and the broken gradient each setting
+    keeps, as iscore has them."""
+    path = tmp_path / "broken.parquet"
+    config = SimConfig(regime, sequences=64, steps=4, broken_share=0.1, seed=1)
+    write_simulated(path, config, layout="token")
+    batch = iscore.load(path)
+    specs = [resolve(s) for s in SETTINGS if implements(resolve(s))]
+    with np.errstate(all="ignore"):  # the stale sequences' ratios overflow in the baseline
+        pandas = dataframe.statistics(dataframe.frame(batch), specs)
+        agreement = check(batch, specs)["pandas"]
+    assert agreement["agrees"], agreement
+    assert pandas["mismatch"]["broken_sequences"] == 24
+    assert (pandas["mismatch"]["span_sequences"] > 0) == (regime == "moe_routing")
+    assert all(s["broken_gradient_kept"] is not None for s in pandas["settings"])
 
 
 def _rs(spec, **bounds):

@@ -29,14 +29,16 @@ PANDAS_STATISTICS = {
         *("k3_reverse", "chi2_token", "chi2_seq", "token_mult_prob_error", "js", "ratio_mean"),
         *("ratio_mean_stderr", "d_var", "abs_diff_max", "log_ppl_diff", "log_ppl_abs_diff"),
         *("ppl_ratio", "training_ppl", "rollout_ppl", "d_rollout_correlation", "d_sign_fraction"),
+        *("d_median_by_step", "d_spread_by_step", "broken_sequences", "span_sequences"),
     ),
     "settings": (
         *KEY_STATISTICS,
         *("weight_mean_seq", "token_rejected_fraction"),
-        *("truncated_high_fraction", "truncated_low_fraction"),
+        *("truncated_high_fraction", "truncated_low_fraction", "broken_gradient_kept"),
     ),
 }
-"""What the pandas baseline is also checked against: every overall statistic it computes."""
+"""What the pandas baseline is also checked against: every overall statistic it computes, and
+each step's noise (its `by_step` d_median and d_spread, value by value)."""
 
 TOLERANCE = {"padded": 2e-3, "pandas": 1e-6}
 """Largest relative difference from iscore for a baseline to agree: the padded baseline works
@@ -61,8 +63,15 @@ def check(
         {"padded": ..., "pandas": ...}, each as `agreement` returns it.
     """
     engine = analyze(chunks or [batch], specs, device="cpu")
+    steps = engine.mismatch["by_step"]
+    mismatch = {
+        **engine.mismatch,
+        "d_median_by_step": [row["d_median"] for row in steps],
+        "d_spread_by_step": [row["d_spread"] for row in steps],
+        "span_sequences": sum(row["span_sequences"] for row in engine.attribution["by_step"]),
+    }
     reference = {
-        "mismatch": {k: engine.mismatch[k] for k in PANDAS_STATISTICS["mismatch"]},
+        "mismatch": {k: mismatch[k] for k in PANDAS_STATISTICS["mismatch"]},
         "settings": [{k: s[k] for k in PANDAS_STATISTICS["settings"]} for s in engine.settings],
     }
     return {
@@ -86,7 +95,9 @@ def agreement(
     specs: list[Any],
     statistics: dict[str, tuple[str, ...]] | None = None,
 ) -> dict[str, Any]:
-    """Largest relative difference of the `statistics` (default: the key ones) from iscore's."""
+    """Largest relative difference of the `statistics` (default: the key ones) from iscore's;
+    a statistic given as a list is compared value by value, one that is None (no broken
+    sequences) must be None on both sides."""
     statistics = statistics or {"mismatch": MISMATCH_STATISTICS, "settings": KEY_STATISTICS}
     worst, where = 0.0, ""
     pairs = [
@@ -96,9 +107,18 @@ def agreement(
     for spec, g, r in zip(specs, got["settings"], reference["settings"], strict=True):
         name = f"{spec.framework}:{spec.name}"
         pairs += [(f"{name}.{k}", g[k], r[k]) for k in statistics["settings"]]
+    named = len(pairs)
+    pairs = [
+        (f"{name}[{i}]", x, y)
+        for name, a, b in pairs
+        for i, (x, y) in enumerate(zip(a, b, strict=True) if isinstance(b, list) else [(a, b)])
+    ]
     for name, a, b in pairs:
-        a, b = float(a), float(b)
-        diff = 0.0 if a == b else abs(a - b) / max(abs(a), abs(b), 1e-12)
+        if a is None or b is None:
+            diff = 0.0 if a is b else math.inf
+        else:
+            a, b = float(a), float(b)
+            diff = 0.0 if a == b else abs(a - b) / max(abs(a), abs(b), 1e-12)
         if diff > worst or math.isnan(diff):
             worst, where = diff, name
     return {
@@ -106,7 +126,7 @@ def agreement(
         "worst": where,
         "tolerance": tolerance,
         "agrees": worst <= tolerance,
-        "statistics": len(pairs),
+        "statistics": named,
     }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from iscore.attribution import CLIP, SPAN_RATIO, WINDOW
 from iscore.batch import TokenBatch
 from iscore.frameworks.areal import ArealCorrection
 from iscore.frameworks.fireworks import FireworksTIS
@@ -26,6 +27,7 @@ from iscore.frameworks.verl import VerlSpec
 from iscore.histogram import BINS_PER_DECADE, LOG10_RANGE
 from iscore.impact import TRUNCATION_TOLERANCE, aggregation_of
 from iscore.mismatch import TOP_K
+from iscore.noise import BIN_SAMPLE, FAR, MAD_SD, SCALE_EDGES, SPREAD_FLOOR, Noise, outside
 
 
 def frame(batch: TokenBatch) -> pd.DataFrame:
@@ -48,9 +50,11 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
     reports, so the workloads match: the other mismatch estimators (token and sequence
     level, overall and per step), per-probability, per-position and per-length tables, the
     histograms of |d|, of signed d and of (rollout, train) log-probs, the correlation and
-    sign balance of d, the worst tokens and sequences; per setting the truncated and rejected
-    fractions, per-step and per-length tables, and the histograms of the weights and raw
-    ratios beside their quantiles (exact, where iscore reads them off the histograms).
+    sign balance of d, the worst tokens and sequences, the noise and the broken sequences
+    and the spans of large |d| (`_noise`); per setting the truncated and rejected fractions,
+    per-step and per-length tables, the histograms of the weights and raw ratios beside their
+    quantiles (exact, where iscore reads them off the histograms), and the broken sequences'
+    gradient kept.
     """
     d = df["train"] - df["rollout"]
     m = df["mask"]
@@ -131,6 +135,7 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
         "worst_tokens": df.loc[abs_loss.nlargest(TOP_K).index],
         "worst_sequences": per_seq.nlargest(TOP_K, "k3"),
     }
+    broken = _noise(df, d, m, per_seq, mismatch)
     out = {"mismatch": mismatch, "settings": []}
     count = grouped["m"].transform("sum")
     for spec in specs:
@@ -182,6 +187,9 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
                 "by_length": length[tables].sum(),
                 "by_length_quantiles": length["seq_weight"].quantile([0.1, 0.5, 0.9]),
                 "by_length_medians": length[["T", "seq_raw"]].median(),
+                "broken_gradient_kept": s["w"][broken].sum() / s["T"][broken].sum()
+                if broken.any()
+                else None,
                 "weight_quantiles": w[m].quantile(quantiles),
                 "raw_quantiles": raw[m].quantile(quantiles),
                 "weight_hist": _log_histogram(w[m]),
@@ -189,6 +197,68 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
             }
         )
     return out
+
+
+def _noise(
+    df: pd.DataFrame, d: pd.Series, m: pd.Series, per_seq: pd.DataFrame, out: dict[str, Any]
+) -> pd.Series:
+    """The noise workload of `iscore.noise` and `iscore.attribution`, into `out`: per step the
+    median and MAD of the loss tokens' d and the histogram of |d|; per step and bin of rollout
+    probability (`SCALE_EDGES`) those of an evenly strided sample of its tokens (`BIN_SAMPLE`)
+    and each token's distance from them; per sequence its median d, its tokens either side of
+    0 and far ones (`FAR`), whether it is broken (`noise.outside`, per-sequence arithmetic on
+    those), and the span ratio of its worst window of |d|. The broken sequences, bool per
+    sequence with loss tokens."""
+    loss = d[m]
+    seq, step = df["seq"][m], df["step"][m]
+    ints = pd.DataFrame({"seq": seq, "step": step})
+    ints["bin"] = np.searchsorted(np.log(SCALE_EDGES), df["rollout"][m], side="right")
+    center = loss.groupby(step).median()
+    spread = MAD_SD * (loss - step.map(center)).abs().groupby(step).median()
+    out["step_hists"] = {s: _log_histogram(loss[step == s].abs()) for s in center.index}
+    keys = [ints["step"], ints["bin"]]
+    rank = ints.groupby(["step", "bin"]).cumcount()
+    size = ints.groupby(["step", "bin"])["seq"].transform("size")
+    sampled = rank % np.maximum(size // BIN_SAMPLE, 1) == 0
+    bin_keys = [k[sampled] for k in keys]
+    bin_center = loss[sampled].groupby(bin_keys).median()
+    at = pd.MultiIndex.from_arrays(keys)
+    token_center = bin_center.reindex(at).to_numpy()
+    bin_spread = (
+        MAD_SD * (loss[sampled] - token_center[sampled.to_numpy()]).abs().groupby(bin_keys).median()
+    )
+    scale = np.maximum(bin_spread.reindex(at).to_numpy(), SPREAD_FLOOR)
+    far = (np.abs(loss.to_numpy() - token_center) / scale > FAR).astype(float)
+    sequences = pd.DataFrame(
+        {
+            "median": loss.groupby(seq).median(),
+            "positive": (loss > 0).groupby(seq).sum(),
+            "negative": (loss < 0).groupby(seq).sum(),
+            "far": pd.Series(far, index=loss.index).groupby(seq).sum(),
+        }
+    )
+    sequences["T"] = per_seq["m"]
+    sequences["step"] = per_seq["step"]
+    broken = pd.Series(False, index=sequences.index)
+    for s, group in sequences.groupby("step"):
+        noise = Noise(center[s], spread[s], int(group["T"].sum()))
+        columns = [group[k].to_numpy(dtype=float) for k in ("median", "T", "positive", "negative")]
+        broken[group.index] = outside(*columns, group["far"].to_numpy(), noise)
+    out["d_median_by_step"], out["d_spread_by_step"] = center.tolist(), spread.tolist()
+    out["broken_sequences"] = int(broken.sum())
+    # Span ratios: each sequence's worst window of WINDOW tokens' |d| (clipped at CLIP times
+    # its step's mean), over that mean; a sequence shorter than a window, its own mean.
+    mean = loss.abs().groupby(step).mean()
+    clipped = np.minimum(loss.abs(), CLIP * step.map(mean))
+    total = clipped.groupby(seq).cumsum()
+    window = (total - total.groupby(seq).shift(WINDOW, fill_value=0.0)) / WINDOW
+    window = window[ints.groupby("seq").cumcount() >= WINDOW - 1]
+    best = window.groupby(seq[window.index]).max().reindex(sequences.index)
+    short = sequences["T"] < WINDOW
+    best[short] = clipped.groupby(seq).mean()[short]
+    ratio = best / sequences["step"].map(mean)
+    out["span_sequences"] = int(((ratio > SPAN_RATIO) & ~broken).sum())
+    return broken
 
 
 def _log_histogram(x: pd.Series) -> dict[str, Any]:

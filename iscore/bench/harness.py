@@ -10,11 +10,14 @@ result) and add it to `MEASUREMENTS`; a goal to judge it by is a function of the
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from iscore import kernels
 from iscore.bench import cluster, data, goals, interactive, processes, runs, throughput
 from iscore.bench.base import SETTINGS, Measurement, Run, loadavg, machine
 from iscore.bench.baselines.comparison import baselines
@@ -102,7 +105,8 @@ def run_bench(
         "chunk_tokens": chunk_tokens,
         "repeats": repeats,
     }
-    with data.location(path) as (dump_path, temporary):
+    with data.location(path) as (dump_path, temporary), _kernels() as mode:
+        result["kernels"] = mode
         result["dump"] = data.prepare(dump_path, tokens, say)
         if temporary:
             result["dump"]["path"] = "(temporary, deleted)"
@@ -141,6 +145,22 @@ def run_bench(
     return result
 
 
+@contextlib.contextmanager
+def _kernels() -> Iterator[str]:
+    """Inside, `iscore.kernels` run from the first token (`ISCORE_KERNELS=numba`) unless the
+    user chose otherwise: the bench times the per-token cost of a long run, where they run;
+    its start-up rows time the default (`processes.startup`). Yields the mode."""
+    chosen = os.environ.get(kernels.ENV)
+    if chosen is not None:
+        yield chosen
+        return
+    os.environ[kernels.ENV] = "numba" if kernels.available() else "reference"
+    try:
+        yield os.environ[kernels.ENV]
+    finally:
+        del os.environ[kernels.ENV]
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The bench result as a fixed-width table, then the goals with their gaps."""
     header = f"{'name':44s} {'seconds':>10s} {'Mtok/s':>9s} {'x read':>8s}  {'goal':>10s}  met"
@@ -175,6 +195,7 @@ def format_table(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines.append(
         f"machine: {m['cpus']} CPUs, torch threads {m['torch_threads']}, load average "
-        f"{m['loadavg_start']} -> {m['loadavg_end']}"
+        f"{m['loadavg_start']} -> {m['loadavg_end']}; kernels: {result['kernels']} "
+        f"({kernels.ENV})"
     )
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from iscore import kernels
 from iscore.bench.base import COLUMNS, Measured, Run, best, package_root, row
 from iscore.simulate import SimConfig, write_simulated
 
@@ -81,9 +82,9 @@ def time_marginal(path: Path, names: list[str], chunk_tokens: int, repeats: int)
     }
 
 
-def _seconds_in_fresh_process(argv: list[str]) -> float:
+def _seconds_in_fresh_process(argv: list[str], env: dict[str, str] | None = None) -> float:
     """The seconds a `-c` script prints."""
-    done = subprocess.run(argv, capture_output=True, text=True, env=_env(), check=True)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env or _env(), check=True)
     return float(done.stdout)
 
 
@@ -93,17 +94,36 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
+_KERNELS_SCRIPT = """
+import time
+import numpy as np
+import torch
+from iscore import noise
+start = time.perf_counter()
+noise.median_mad(np.arange(5.0))
+noise.segment_medians(np.arange(5.0), np.array([5]))
+noise.far_counts(np.arange(5.0), np.full(5, -1.0), np.array([5]))
+print(time.perf_counter() - start)
+"""
+
+
 def startup(run: Run) -> Measured:
     """Seconds for fresh processes to answer `iscore --help`, `iscore presets` and `iscore
-    validate` of a small dump (100 sequences), and to import the engine (the result's
-    `startup`)."""
+    validate` of a small dump (100 sequences), to import the engine, and to load numba and the
+    compiled kernels (`iscore.kernels`, once compiled; the result's `startup`). The commands
+    run as a user's do, the kernels left to start on their own (`kernels.AUTO_TOKENS`)."""
     run.say("timing start-up in fresh processes")
+    env = {**_env(), kernels.ENV: "auto"}
 
     def seconds(*args: str) -> float:
         return best(
             run.repeats,
             lambda: subprocess.run(
-                [sys.executable, *args], check=True, capture_output=True, cwd=package_root()
+                [sys.executable, *args],
+                check=True,
+                capture_output=True,
+                cwd=package_root(),
+                env=env,
             ),
         )
 
@@ -118,11 +138,23 @@ def startup(run: Run) -> Measured:
         "import_engine_s": seconds("-c", "import iscore.analysis"),
         "python_s": seconds("-c", "pass"),
     }
+    if kernels.available():
+        argv = [sys.executable, "-c", _KERNELS_SCRIPT]
+        with_kernels = {**env, kernels.ENV: "numba"}
+        subprocess.run(argv, check=True, capture_output=True, env=with_kernels)  # compiled
+        record["kernels_s"] = min(
+            _seconds_in_fresh_process(argv, with_kernels) for _ in range(max(run.repeats, 1))
+        )
     rows = (
         row("start-up: iscore --help", record["help_s"], None),
         row("start-up: iscore presets", record["presets_s"], None),
         row("start-up: iscore validate (100 sequences)", record["validate_s"], None),
         row("start-up: import the engine", record["import_engine_s"], None),
+        *(
+            [row("start-up: load numba and the kernels", record["kernels_s"], None)]
+            if "kernels_s" in record
+            else []
+        ),
     )
     return Measured(rows=rows, entries={"startup": record})
 

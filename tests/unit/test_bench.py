@@ -59,6 +59,7 @@ ROWS = {
     "start-up: iscore presets",
     "start-up: iscore validate (100 sequences)",
     "start-up: import the engine",
+    "start-up: load numba and the kernels",
     "writer: a step's loss over the same tensors",
     "writer: add_batch, time the step waits",
     "writer: background conversion and write",
@@ -149,6 +150,9 @@ def test_structure(result):
     startup = result["startup"]
     assert startup["import_engine_s"] > startup["python_s"] > 0
     assert startup["presets_s"] > 0 and startup["validate_s"] > 0
+    # The bench times the kernels a long run uses; start-up, what a user's commands do.
+    assert result["kernels"] == "numba" and startup["kernels_s"] > 0
+    assert "kernels: numba (ISCORE_KERNELS)" in format_table(result)
     assert result["cuda"] == {"available": torch.cuda.is_available(), "skipped": "device='cpu'"}
     writer = result["writer"]  # at the dump's 200k tokens, not 1M
     assert 100_000 < writer["tokens"] < 300_000

@@ -16,7 +16,12 @@ import pytest
 
 from iscore import kernels, noise
 
-pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="numba is not installed")
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _kernels_from_the_first_token(monkeypatch):
+    monkeypatch.setenv(kernels.ENV, "numba")
 
 
 def _median(x: np.ndarray) -> float:
@@ -28,15 +33,11 @@ def _median(x: np.ndarray) -> float:
 
 def _reference(f, *args):
     """`f(*args)` on the numpy path."""
-    before = os.environ.get(kernels.ENV)
     os.environ[kernels.ENV] = "reference"
     try:
         return f(*args)
     finally:
-        if before is None:
-            del os.environ[kernels.ENV]
-        else:
-            os.environ[kernels.ENV] = before
+        os.environ[kernels.ENV] = "numba"
 
 
 def _values(rng: np.random.Generator, kind: int, n: int) -> np.ndarray:
@@ -140,8 +141,25 @@ def test_without_numba_the_reference_answers(monkeypatch) -> None:
     x = np.random.default_rng(0).normal(0.0, 0.05, 1001)
     expected = noise.median_mad(x)
     monkeypatch.setattr(kernels, "_compiled", lambda: None)
-    assert not kernels.enabled() and kernels.median_mad(x) is None
+    assert not kernels.available() and kernels.median_mad(x) is None
     assert noise.median_mad(x) == expected
+
+
+def test_the_kernels_start_after_auto_tokens(monkeypatch) -> None:
+    """Unset, the reference answers until a process has analyzed AUTO_TOKENS loss tokens."""
+    monkeypatch.delenv(kernels.ENV)
+    monkeypatch.setattr(kernels, "_analyzed", [0])
+    monkeypatch.setattr(kernels, "AUTO_TOKENS", 1000)
+    x = np.random.default_rng(0).normal(0.0, 0.05, 600)
+    rollout, T = np.full(600, -0.5), np.array([600])
+    assert kernels.median_mad(x) is None
+    assert kernels.far_counts(x, noise._bins(rollout), T, 8, noise.FAR, 1e-5, 100, 1.4826) is None
+    assert (
+        kernels.far_counts(x, noise._bins(rollout), T, 8, noise.FAR, 1e-5, 100, 1.4826) is not None
+    )
+    assert kernels.median_mad(x) is not None
+    monkeypatch.setenv(kernels.ENV, "reference")
+    assert kernels.median_mad(x) is None
 
 
 def test_the_first_compile_says_so_once(tmp_path) -> None:
@@ -149,8 +167,7 @@ def test_the_first_compile_says_so_once(tmp_path) -> None:
         "import numpy as np; from iscore import noise; x = np.arange(5.0); "
         "noise.median_mad(x); noise.median_mad(x)"
     )
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    env.pop(kernels.ENV, None)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), kernels.ENV: "numba"}
     runs = [
         subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         for _ in range(2)

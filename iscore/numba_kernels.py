@@ -1,0 +1,226 @@
+"""The numba kernels of `iscore.kernels` (imported only where numba is installed, after the
+cache folder is set): module-level functions, so that numba's disk cache finds them again in
+the next process (a closure's cache key changes with each process's objects)."""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+from numba import prange
+
+DIGITS = 1 << 16
+"""Buckets of one radix pass: 16 bits of the keys at a time."""
+
+_jit = functools.partial(numba.njit, cache=True, nogil=True)
+_SIGN, _ONES = np.uint64(1 << 63), np.uint64((1 << 64) - 1)
+_TOP, _MASK = np.uint64(48), np.uint64(DIGITS - 1)
+
+
+@_jit(inline="always")
+def _ordered(u, signed):
+    """The key of a float64's bits: keys order as the values (-0 just below +0; a
+    median adds +0, which makes either +0). Branch-free: a branch on the sign costs 3x
+    the whole pass."""
+    if not signed:
+        return u
+    return u ^ ((np.uint64(0) - (u >> np.uint64(63))) | _SIGN)  # negatives: every bit
+
+
+@_jit
+def _value(key, signed):
+    if signed:
+        key = key ^ _SIGN if key >> np.uint64(63) else key ^ _ONES
+    out = np.empty(1, np.uint64)
+    out[0] = key
+    return out.view(np.float64)[0]
+
+
+@_jit
+def _gather(values, signed, k, hist, keys):
+    """Count the top 16 bits of every key; gather the keys that share those of the k-th
+    smallest into `keys`: (how many, the k-th's rank among them), (-1, 0) when a value
+    is not finite."""
+    u = values.view(np.uint64)
+    hist[:] = 0
+    for i in range(u.size):
+        if values[i] - values[i] != 0.0:  # NaN or infinite
+            return -1, 0
+        hist[_ordered(u[i], signed) >> _TOP] += 1
+    below = 0
+    digit = 0
+    while below + hist[digit] <= k:
+        below += hist[digit]
+        digit += 1
+    m = 0
+    chosen = np.uint64(digit)
+    for i in range(u.size):
+        key = _ordered(u[i], signed)
+        if key >> _TOP == chosen:
+            keys[m] = key
+            m += 1
+    return m, k - below
+
+
+@_jit
+def _narrow(keys, m, rank, hist):
+    """The rank-th smallest of keys[:m], which share their top 16 bits: the next 16
+    bits at a time, keeping those that share the wanted key's."""
+    shift = np.uint64(32)
+    for _ in range(3):
+        if m <= 1:
+            break
+        hist[:] = 0
+        for i in range(m):
+            hist[(keys[i] >> shift) & _MASK] += 1
+        below = 0
+        digit = 0
+        while below + hist[digit] <= rank:
+            below += hist[digit]
+            digit += 1
+        rank -= below
+        j = 0
+        chosen = np.uint64(digit)
+        for i in range(m):
+            if (keys[i] >> shift) & _MASK == chosen:
+                keys[j] = keys[i]
+                j += 1
+        m = j
+        shift -= np.uint64(16)
+    return keys[0]
+
+
+@_jit
+def _lower(values, signed, key, k):
+    """The (k-1)-th smallest key, knowing the k-th: the largest below it, or it."""
+    u = values.view(np.uint64)
+    less = 0
+    best = np.uint64(0)
+    for i in range(u.size):
+        other = _ordered(u[i], signed)
+        smaller = other < key
+        less += smaller
+        best = max(best, other if smaller else np.uint64(0))
+    return best if less >= k else key
+
+
+@_jit
+def _middle(values, signed, keys, hist):
+    """np.median of finite values (+0 for zeros); NaN when one is not finite."""
+    n = values.size
+    k = n // 2
+    m, rank = _gather(values, signed, k, hist, keys)
+    if m < 0:
+        return np.nan
+    upper = _narrow(keys, m, rank, hist)
+    under = _lower(values, signed, upper, k) if n % 2 == 0 else upper
+    return 0.5 * (_value(under, signed) + _value(upper, signed)) + 0.0
+
+
+@_jit
+def median_mad(x, keys, hist, dev):
+    center = _middle(x, True, keys, hist)
+    if np.isnan(center):
+        return np.nan, np.nan
+    deviation = dev[: x.size]
+    for i in range(x.size):
+        deviation[i] = abs(x[i] - center)
+    return center, _middle(deviation, False, keys, hist)
+
+
+@_jit
+def _select(a, lo, hi, k):
+    """Partition a[lo:hi] so that a[k] holds its value in sorted order, every value
+    before it no larger (Hoare's quickselect, median-of-three pivots; a sort once it
+    takes too many rounds)."""
+    rounds = 0
+    while hi - lo > 16:
+        rounds += 1
+        if rounds > 64:
+            a[lo:hi].sort()
+            return
+        mid = lo + (hi - lo) // 2
+        p, q, r = a[lo], a[mid], a[hi - 1]
+        pivot = max(min(p, q), min(max(p, q), r))
+        i, j = lo, hi - 1
+        while i <= j:
+            while a[i] < pivot:
+                i += 1
+            while a[j] > pivot:
+                j -= 1
+            if i <= j:
+                a[i], a[j] = a[j], a[i]
+                i += 1
+                j -= 1
+        if k <= j:
+            hi = j + 1
+        elif k >= i:
+            lo = i
+        else:
+            return
+    a[lo:hi].sort()
+
+
+@_jit(parallel=True)
+def segment_medians(values, starts, counts, work, out):
+    finite = np.ones(counts.size, np.bool_)
+    for s in prange(counts.size):
+        n, start = counts[s], starts[s]
+        if n == 0:
+            continue
+        for t in range(start, start + n):
+            work[t] = values[t]
+            if values[t] - values[t] != 0.0:
+                finite[s] = False
+        k = start + n // 2
+        _select(work, start, start + n, k)
+        upper = work[k]
+        under = upper
+        if n % 2 == 0:
+            under = work[start]
+            for t in range(start + 1, k):
+                under = max(under, work[t])
+        out[s] = 0.5 * (under + upper) + 0.0
+    return finite.all()
+
+
+@_jit(parallel=True)
+def far_counts(
+    d, bins, starts, counts, bin_count, far, floor, sample, mad_sd, picked, keys, hist, dev,
+    out,
+):  # fmt: skip
+    sizes = np.zeros(bin_count, np.int64)
+    for i in range(d.size):
+        sizes[bins[i]] += 1
+    stride = np.maximum(sizes // sample, 1)
+    offsets = np.zeros(bin_count + 1, np.int64)
+    for b in range(bin_count):
+        offsets[b + 1] = offsets[b] + (sizes[b] + stride[b] - 1) // stride[b]
+    # Every stride-th token of each bin, in order.
+    due = np.zeros(bin_count, np.int64)
+    fill = offsets[:-1].copy()
+    for i in range(d.size):
+        b = bins[i]
+        if due[b] == 0:
+            picked[fill[b]] = d[i]
+            fill[b] += 1
+            due[b] = stride[b]
+        due[b] -= 1
+    center = np.zeros(bin_count)
+    scale = np.ones(bin_count)
+    for b in range(bin_count):
+        if sizes[b] == 0:
+            continue
+        c, mad = median_mad(picked[offsets[b] : offsets[b + 1]], keys, hist, dev)
+        if np.isnan(c) or np.isnan(mad):
+            return False
+        center[b] = c
+        scale[b] = max(mad_sd * mad, floor)
+    for s in prange(counts.size):
+        total = 0
+        for t in range(starts[s], starts[s] + counts[s]):
+            b = bins[t]
+            total += abs(d[t] - center[b]) / scale[b] > far
+        out[s] = total
+    return True

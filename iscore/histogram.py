@@ -12,6 +12,7 @@ counts, so statistics over a dump read in chunks equal those of the dump read wh
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from iscore import ops
+from iscore import kernels, ops
 
 LOG10_RANGE = (-12.0, 8.0)
 """Values between 1e-12 and 1e8 are binned; smaller ones count as underflow, larger overflow."""
@@ -363,6 +364,12 @@ def bin_values(
     n = x.numel()
     if n == 0:
         return None
+    if x.device.type == "cpu":
+        same = like is not None and like.values.shape == x.shape and like.values.dtype == x.dtype
+        moved = (like.values.numpy(), like.counts) if same else None
+        fast = kernels.log_bins(x.numpy(), _slot_table(x.dtype), _BINS + 2, moved)
+        if fast is not None:
+            return Binned(x, None, *fast)
     low, high = (float(v) for v in torch.aminmax(x))  # NaN when any value is NaN
     if not (low >= 0.0 and math.isfinite(high)):
         return None
@@ -411,6 +418,52 @@ def _bin_counted(x: torch.Tensor, counts: np.ndarray) -> Binned | None:
         high=high,
         min_positive=float(positive.min()) if positive.numel() else math.inf,
     )
+
+
+@functools.cache
+def _slot_table(dtype: torch.dtype) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """The slot of every value of `dtype` (float32 or float64) by its bits, for
+    `kernels.log_bins`: (first cell, shift, int32 slot of each cell, the value of `dtype`
+    from which a cell's slot is one more, inf where none is).
+
+    A cell is the values sharing their exponent and top `_CELL_BITS` mantissa bits (0.1% of
+    a value wide; a bin is 1.2%, so a cell holds at most one edge), from below 1e-12 (cell 0:
+    slot 0, and every value below it) to above 1e8 (the last: overflow). Each cell's slot and
+    the threshold where the next starts are those of the float64 formula (`_log_bin`) at the
+    cell's first value, and at its edge found by bisection over the bit patterns: the
+    table gives every value the slot the formula does, by construction.
+    """
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
+    unsigned = np.uint64 if np_dtype == np.float64 else np.uint32
+    shift = np.finfo(np_dtype).nmant - _CELL_BITS
+    lowest, highest = (
+        2.0 ** (math.floor(e * math.log2(10.0)) + d)
+        for e, d in ((LOG10_RANGE[0], -1), (LOG10_RANGE[1], 1))
+    )
+    first, last = (
+        int(np.array([v], np_dtype).view(unsigned)[0]) >> shift for v in (lowest, highest)
+    )
+    cells = np.arange(first, last + 1, dtype=np.int64)
+    starts, ends = cells << shift, ((cells + 1) << shift) - 1  # each cell's first and last bits
+
+    def slot(bits: np.ndarray) -> np.ndarray:
+        values = bits.astype(unsigned).view(np_dtype).astype(np.float64)
+        return (_log_bin(torch.from_numpy(values), _BINS) + 1).numpy()
+
+    below, above = slot(starts), slot(ends)
+    edge = np.flatnonzero(above > below)
+    a, b = starts[edge], ends[edge]  # slot(a) is the cell's, slot(b) one more
+    while (b - a > 1).any():
+        middle = a + (b - a) // 2
+        up = slot(middle) > below[edge]
+        a, b = np.where(up, a, middle), np.where(up, middle, b)
+    thresholds = np.full(cells.size, np.inf, np_dtype)
+    thresholds[edge] = b.astype(unsigned).view(np_dtype)
+    return first, shift, below.astype(np.int32), thresholds
+
+
+_CELL_BITS = 10
+"""Mantissa bits of a `_slot_table` cell: 1024 cells per power of two."""
 
 
 def _slots(x: torch.Tensor, keep: bool) -> torch.Tensor:

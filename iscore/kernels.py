@@ -1,4 +1,4 @@
-"""Compiled CPU kernels for the robust statistics of `iscore.noise`: exact medians by selection.
+"""Compiled CPU kernels: exact medians by selection, and histogram bins from a table.
 
 An analysis takes, per step, the median and MAD of every loss token's log-ratio, those of each
 rollout-probability bin, each sequence's median, and each token's distance from its bin's
@@ -11,6 +11,8 @@ values:
 - `segment_medians`: a quickselect per segment, the segments in parallel.
 - `far_counts`: `noise.deviations` compared with `noise.FAR` and counted per sequence, in two
   passes over the tokens and without an argsort.
+- `log_bins`: a `LogHistogram`'s counts, extremes and zeros in one pass, each value's bin read
+  from a table of its bits (`histogram._slot_table`, exact by construction) instead of a log.
 
 The numpy functions of `iscore.noise` stay the reference and the fallback: without numba, under
 `ISCORE_KERNELS=reference`, off float64 input, and for values that are not all finite (where
@@ -133,6 +135,33 @@ def far_counts(
         out,
     )
     return out if finite else None
+
+
+def log_bins(
+    x: np.ndarray,
+    table: tuple[int, int, np.ndarray, np.ndarray],
+    slots: int,
+    like: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, int, float, float, float] | None:
+    """(int64 [slots] counts, zeros, min, max, smallest positive) of x's values (float32 or
+    float64) in the slots of `table` (`histogram._slot_table`: first cell, shift, the slot
+    of each cell and the value from which it is one more); with `like` (values of x's size
+    and dtype, and their counts), moving only the values that differ from them. None where
+    the reference must answer (a value NaN, infinite or negative, or the kernels off)."""
+    if not _wanted():
+        return None
+    k = _ready()
+    first, shift, cells, thresholds = table
+    x = np.ascontiguousarray(x)
+    signed = np.int64 if x.dtype == np.float64 else np.int32
+    if like is None:
+        counts, other = np.empty(slots, np.int64), x[:0]
+    else:
+        other, counts = np.ascontiguousarray(like[0]), like[1].copy()
+    ok, zeros, low, high, smallest = k.log_bins(
+        x, x.view(signed), first, shift, cells, thresholds, counts, other, other.view(signed)
+    )
+    return (counts, int(zeros), float(low), float(high), float(smallest)) if ok else None
 
 
 def _buffer(name: str, n: int, dtype: type = np.float64) -> np.ndarray:

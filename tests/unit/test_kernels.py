@@ -1,8 +1,9 @@
 """`iscore.kernels`: the compiled selections give exactly the values of `iscore.noise`'s numpy
 reference and of medians written out from sorted values, on fresh random data and edge cases
 (ties, zeros of both signs, one value, even and odd counts, empty segments, bins above the
-sample size, non-finite values); the reference answers without numba; the first compile says
-so once."""
+sample size, non-finite values); the histogram bins read from a table of bits give every value
+the slot of the float64 formula, at and around every edge; the reference answers without numba
+and before `AUTO_TOKENS`; the first compile says so once."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from iscore import kernels, noise
+from iscore.histogram import _BINS, LOG10_RANGE, LogHistogram, _log_bin, _slot_table, bin_values
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 
@@ -175,3 +178,84 @@ def test_the_first_compile_says_so_once(tmp_path) -> None:
     assert [r.returncode for r in runs] == [0, 0]
     assert runs[0].stderr.count("compiling kernels") == 1
     assert "compiling" not in runs[1].stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_bins_give_every_value_the_slot_of_the_float64_formula(dtype) -> None:
+    """The table of bits gives the slot of `_log_bin` (the float64 definition) to every value
+    within 40 ulps of each of the 4,001 edges, to random values over the whole range and
+    beyond it, and to zeros and extremes; the histogram's counts and extremes equal the
+    reference's."""
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    edges = (10.0 ** np.linspace(*LOG10_RANGE, _BINS + 1)).astype(np_dtype)
+    near, below, above = [edges], edges.copy(), edges.copy()
+    for _ in range(40):
+        below, above = np.nextafter(below, np_dtype(0)), np.nextafter(above, np_dtype(np.inf))
+        near += [below, above]
+    rng = np.random.default_rng(0)
+    spread = (10.0 ** rng.uniform(-14.0, 10.0, 200_000)).astype(np_dtype)
+    extremes = np.array([0.0, -0.0, np.finfo(np_dtype).tiny, np.finfo(np_dtype).max, 1.0])
+    x = np.concatenate([*near, spread, extremes.astype(np_dtype)])
+    expected = (
+        _log_bin(torch.from_numpy(x.astype(np.float64)).clamp(min=1e-300), _BINS) + 1
+    ).numpy()
+    expected[x == 0] = 0
+    first, shift, slots, thresholds = _slot_table(dtype)
+    bits = x.view(np.int32 if np_dtype == np.float32 else np.int64).astype(np.int64)
+    cell = np.clip((bits >> shift) - first, 0, slots.size - 1)
+    np.testing.assert_array_equal(slots[cell] + (x >= thresholds[cell]), expected)
+    binned = bin_values(torch.from_numpy(x))
+    np.testing.assert_array_equal(binned.counts, np.bincount(expected, minlength=_BINS + 2))
+    positive = x[x > 0]
+    assert (binned.zeros, binned.low, binned.high, binned.min_positive) == (
+        2,
+        0.0,
+        float(x.max()),
+        float(positive.min()),
+    )
+    assert binned.index is None
+
+
+def test_log_bins_leave_nan_infinite_and_negative_values_to_the_reference() -> None:
+    for bad in (np.nan, np.inf, -1.0):
+        x = np.array([0.5, bad, 2.0])
+        assert kernels.log_bins(x, _slot_table(torch.float64), _BINS + 2) is None
+        hist, expected = LogHistogram(), LogHistogram()
+        hist.update(torch.from_numpy(x))
+        os.environ[kernels.ENV] = "reference"
+        expected.update(torch.from_numpy(x))
+        os.environ[kernels.ENV] = "numba"
+        _assert_same(hist, expected)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_histograms_equal_the_reference(seed) -> None:
+    """Raw ratios, weights truncated from them (binned `like` them: only the values that
+    differ move), masks of two values, constants, float64: the same histograms on both
+    paths, with and without `like`."""
+    rng = np.random.default_rng(seed)
+    raw = torch.from_numpy(np.exp(rng.normal(0.0, 0.3, 100_000)).astype(np.float32))
+    raw[:10] = 0.0
+    weights = [
+        raw.clamp(max=2.0),
+        torch.where(raw > 1.5, 0.0, raw),
+        torch.where(raw > 1.5, 0.0, 1.0),
+    ]
+    for values in [raw, *weights, torch.full((1000,), 0.7), raw.double()]:
+        paths = []
+        for mode in ("numba", "reference"):
+            os.environ[kernels.ENV] = mode
+            like = bin_values(raw) if values.shape == raw.shape else None
+            for hist in (LogHistogram(), LogHistogram()):
+                hist.add(bin_values(values, like=like))
+                paths.append(hist)
+                like = None
+        os.environ[kernels.ENV] = "numba"
+        for other in paths[1:]:
+            _assert_same(paths[0], other)
+
+
+def _assert_same(a: LogHistogram, b: LogHistogram) -> None:
+    np.testing.assert_array_equal(a.counts, b.counts)
+    scalars = ("zeros", "underflow", "overflow", "nan", "min", "max", "min_positive")
+    assert [getattr(a, k) for k in scalars] == [getattr(b, k) for k in scalars]

@@ -364,12 +364,6 @@ def bin_values(
     n = x.numel()
     if n == 0:
         return None
-    if x.device.type == "cpu":
-        same = like is not None and like.values.shape == x.shape and like.values.dtype == x.dtype
-        moved = (like.values.numpy(), like.counts) if same else None
-        fast = kernels.log_bins(x.numpy(), _slot_table(x.dtype), _BINS + 2, moved)
-        if fast is not None:
-            return Binned(x, None, *fast)
     low, high = (float(v) for v in torch.aminmax(x))  # NaN when any value is NaN
     if not (low >= 0.0 and math.isfinite(high)):
         return None
@@ -392,6 +386,11 @@ def bin_values(
             counts -= _bincount(like.index[changed], _BINS + 2)
             counts += _bincount(_slots(x[changed], keep=False), _BINS + 2)
             return Binned(x, None, counts, zeros, low, high, min_positive)
+    if x.device.type == "cpu":
+        index = torch.empty(n, dtype=torch.int32) if keep_index else None
+        out = None if index is None else index.numpy()
+        if kernels.log_bins(x.numpy(), _slot_table(x.dtype), counts, out):
+            return Binned(x, index, counts, zeros, low, high, min_positive)
     index = _slots(x, keep=keep_index)
     counts += _bincount(index, _BINS + 2)
     return Binned(x, index if keep_index else None, counts, zeros, low, high, min_positive)

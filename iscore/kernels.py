@@ -11,8 +11,9 @@ values:
 - `segment_medians`: a quickselect per segment, the segments in parallel.
 - `far_counts`: `noise.deviations` compared with `noise.FAR` and counted per sequence, in two
   passes over the tokens and without an argsort.
-- `log_bins`: a `LogHistogram`'s counts, extremes and zeros in one pass, each value's bin read
-  from a table of its bits (`histogram._slot_table`, exact by construction) instead of a log.
+- `log_bins`: a `LogHistogram`'s slots and counts, each value's slot read from a table of its
+  bits (`histogram._slot_table`, exact by construction) instead of a float32 log10 and the
+  float64 formula again near the edges; 5x faster.
 
 The numpy functions of `iscore.noise` stay the reference and the fallback: without numba, under
 `ISCORE_KERNELS=reference`, off float64 input, and for values that are not all finite (where
@@ -140,28 +141,22 @@ def far_counts(
 def log_bins(
     x: np.ndarray,
     table: tuple[int, int, np.ndarray, np.ndarray],
-    slots: int,
-    like: tuple[np.ndarray, np.ndarray] | None = None,
-) -> tuple[np.ndarray, int, float, float, float] | None:
-    """(int64 [slots] counts, zeros, min, max, smallest positive) of x's values (float32 or
-    float64) in the slots of `table` (`histogram._slot_table`: first cell, shift, the slot
-    of each cell and the value from which it is one more); with `like` (values of x's size
-    and dtype, and their counts), moving only the values that differ from them. None where
-    the reference must answer (a value NaN, infinite or negative, or the kernels off)."""
+    counts: np.ndarray,
+    index: np.ndarray | None,
+) -> bool:
+    """Add the slots of x's values (float32 or float64, finite and >= 0) in the `LogHistogram`
+    slots of `table` (`histogram._slot_table`: first cell, shift, the slot of each cell and
+    the value from which it is one more) to `counts` (int64), and write them to `index`
+    (int32, x's size) where given; False (nothing done) where the reference must answer."""
     if not _wanted():
-        return None
+        return False
     k = _ready()
     first, shift, cells, thresholds = table
     x = np.ascontiguousarray(x)
-    signed = np.int64 if x.dtype == np.float64 else np.int32
-    if like is None:
-        counts, other = np.empty(slots, np.int64), x[:0]
-    else:
-        other, counts = np.ascontiguousarray(like[0]), like[1].copy()
-    ok, zeros, low, high, smallest = k.log_bins(
-        x, x.view(signed), first, shift, cells, thresholds, counts, other, other.view(signed)
-    )
-    return (counts, int(zeros), float(low), float(high), float(smallest)) if ok else None
+    bits = x.view(np.int64 if x.dtype == np.float64 else np.int32)
+    none = np.empty(0, np.int32)
+    k.log_bins(x, bits, first, shift, cells, thresholds, counts, none if index is None else index)
+    return True
 
 
 def _buffer(name: str, n: int, dtype: type = np.float64) -> np.ndarray:

@@ -233,28 +233,15 @@ def _slot(v, bits, first, shift, slots, thresholds):
 
 
 @_jit
-def log_bins(x, bits, first, shift, slots, thresholds, counts, like, like_bits):
-    """Count finite values >= 0 into `counts` by the slot tables of `histogram._slot_table`
-    (cell = the bits' top bits from `first` on, clipped to the table; the slot there, one
-    more from the cell's threshold on): (whether every value is finite and >= 0, zeros, min,
-    max, smallest positive). With `like` (values of the same size, `counts` holding theirs),
-    only the values that differ from them move: a weight truncated from raw ratios."""
-    moved = like.size == x.size
-    if not moved:
-        counts[:] = 0
-    bad = False
-    zeros = 0
-    low, high, smallest = np.inf, -np.inf, np.inf
+def log_bins(x, bits, first, shift, slots, thresholds, counts, index):
+    """Add the slots of finite values >= 0 to `counts` by the tables of
+    `histogram._slot_table` (cell = the bits' top bits from `first` on, clipped to the table;
+    the slot there, one more from the cell's threshold on), and write each value's slot to
+    `index` unless it is empty."""
+    keep = index.size == x.size
     for i in range(x.size):
-        v = x[i]
-        bad |= not (v >= 0.0) or v == np.inf
-        low = min(low, v)
-        high = max(high, v)
-        zeros += v == 0.0
-        smallest = min(smallest, v if v > 0.0 else np.inf)
-        if not moved:
-            counts[_slot(v, bits[i], first, shift, slots, thresholds)] += 1
-        elif v != like[i]:
-            counts[_slot(like[i], like_bits[i], first, shift, slots, thresholds)] -= 1
-            counts[_slot(v, bits[i], first, shift, slots, thresholds)] += 1
-    return not bad, zeros, low, high, smallest
+        cell = min(max((bits[i] >> shift) - first, 0), slots.size - 1)
+        slot = slots[cell] + (x[i] >= thresholds[cell])
+        counts[slot] += 1
+        if keep:
+            index[i] = slot

@@ -539,6 +539,11 @@ class Histogram2D:
         """Count the pairs (x[i], y[i]): bin floor((v - lo) * bins / (hi - lo)), clipped."""
         if x.numel() == 0:
             return
+        scale = self.bins / (self.hi - self.lo)
+        if x.device.type == "cpu" and kernels.joint_counts(
+            x.numpy(), y.numpy(), self.lo, scale, self.counts
+        ):
+            return
         flat = self._index(x, "hist2d.x").mul_(self.bins).add_(self._index(y, "hist2d.y"))
         self.counts += _bincount(flat, self.bins * self.bins).reshape(self.bins, self.bins)
 

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iscore import frameworks, noise, ops
+from iscore import frameworks, kernels, noise, ops
 from iscore.batch import TokenBatch
 from iscore.histogram import (
     BINS_PER_DECADE,
@@ -277,9 +277,18 @@ class MismatchStats:
 
         # Per-token tables: tokens outside the loss mask go to an extra last bucket.
         fields = (None, absd, token["k3"], dm)
-        prob, counts = _prob_bucket(batch.rollout, masked_out, buf)
         size = self.by_prob.shape[0]
-        self.by_prob += _bucket_sums(prob, fields if counts is None else fields[1:], size, counts)
+        by_prob = None
+        if batch.device.type == "cpu":
+            out = None if masked_out is None else masked_out.numpy()
+            values = [f.numpy() for f in fields[1:]]
+            by_prob = kernels.bucket_sums(
+                batch.rollout.numpy(), _prob_thresholds(), out, values, size
+            )
+        if by_prob is None:
+            prob, counts = _prob_bucket(batch.rollout, masked_out, buf)
+            by_prob = _bucket_sums(prob, fields if counts is None else fields[1:], size, counts)
+        self.by_prob += by_prob
         self.by_pos += _position_sums(batch, masked_out, fields, self.by_pos.shape[0])
 
         loss = int(sums["T"].sum())

@@ -245,3 +245,35 @@ def log_bins(x, bits, first, shift, slots, thresholds, counts, index):
         counts[slot] += 1
         if keep:
             index[i] = slot
+
+
+@_jit
+def joint_counts(x, y, lo, scale, bins, counts):
+    """Add each pair's cell of a `Histogram2D` (bin floor((v - lo) scale), clipped to
+    [0, bins)) to `counts` (flat, row-major); False (nothing added) where a value is NaN."""
+    for i in range(x.size):
+        if x[i] != x[i] or y[i] != y[i]:
+            return False
+    for i in range(x.size):
+        a = min(max(np.floor((np.float64(x[i]) - lo) * scale), 0.0), bins - 1.0)
+        b = min(max(np.floor((np.float64(y[i]) - lo) * scale), 0.0), bins - 1.0)
+        counts[int(a) * bins + int(b)] += 1
+    return True
+
+
+@_jit
+def bucket_sums(rollout, thresholds, masked_out, fields, out):
+    """Add, per bucket of `rollout` (float32 log-probs; the number of `thresholds` at or
+    below each), its loss tokens' count and the sums of each row of `fields` to `out`
+    [buckets, 1 + rows], token after token as `np.bincount` adds them; tokens where
+    `masked_out` (empty: none) are left out."""
+    every = masked_out.size == 0
+    for i in range(rollout.size):
+        if not every and masked_out[i]:
+            continue
+        b = 0
+        for t in thresholds:
+            b += rollout[i] >= t
+        out[b, 0] += 1.0
+        for j in range(fields.shape[0]):
+            out[b, 1 + j] += fields[j, i]

@@ -8,16 +8,29 @@ and before `AUTO_TOKENS`; the first compile says so once."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from iscore import kernels, noise
-from iscore.histogram import _BINS, LOG10_RANGE, LogHistogram, _log_bin, _slot_table, bin_values
+from iscore.analysis import analyze
+from iscore.bench.base import SETTINGS
+from iscore.histogram import (
+    _BINS,
+    LOG10_RANGE,
+    Histogram2D,
+    LogHistogram,
+    _log_bin,
+    _slot_table,
+    bin_values,
+)
+from iscore.settings import resolve
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 
@@ -258,3 +271,46 @@ def _assert_same(a: LogHistogram, b: LogHistogram) -> None:
     np.testing.assert_array_equal(a.counts, b.counts)
     scalars = ("zeros", "underflow", "overflow", "nan", "min", "max", "min_positive")
     assert [getattr(a, k) for k in scalars] == [getattr(b, k) for k in scalars]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_joint_counts_equal_the_reference(dtype) -> None:
+    """The (rollout, train) grid: random log-probs, values on every grid line and one ulp
+    either side, beyond both ends; the same cells as the float64 reference."""
+    rng = np.random.default_rng(0)
+    lines = np.linspace(-20.0, 0.0, 81)
+    np_dtype = np.float32 if dtype == torch.float32 else np.float64
+    on = lines.astype(np_dtype)
+    edges = np.concatenate(
+        [on, np.nextafter(on, np_dtype(-np.inf)), np.nextafter(on, np_dtype(np.inf))]
+    )
+    x = np.concatenate([-rng.exponential(3.0, 50_000), edges, [-1e30, -25.0, 0.5, 3e30]]).astype(
+        np_dtype
+    )
+    y = rng.permutation(x)
+    grids = []
+    for mode in ("numba", "reference"):
+        os.environ[kernels.ENV] = mode
+        grid = Histogram2D(-20.0, 0.0, 80)
+        grid.update(torch.from_numpy(x), torch.from_numpy(y))
+        grids.append(grid.counts)
+    os.environ[kernels.ENV] = "numba"
+    np.testing.assert_array_equal(grids[0], grids[1])
+    assert grids[0].sum() == x.size
+    counts = np.zeros((80, 80), np.int64)
+    assert not kernels.joint_counts(np.array([np.nan]), np.array([-1.0]), -20.0, 4.0, counts)
+    assert not counts.any()
+
+
+@pytest.mark.parametrize("sample", sorted(Path("data").glob("*.parquet")), ids=lambda p: p.stem)
+def test_an_analysis_is_the_same_on_both_paths(sample) -> None:
+    """Every number of an analysis with every framework's default setting, byte for byte:
+    the medians, far counts, histograms, grid and by-probability table of the kernels are
+    the reference's (the samples hold prompt tokens outside the loss, and one step or many)."""
+    specs = [resolve(s) for s in SETTINGS]
+    documents = []
+    for mode in ("numba", "reference"):
+        os.environ[kernels.ENV] = mode
+        documents.append(json.dumps(analyze(str(sample), specs).to_dict(), sort_keys=True))
+    os.environ[kernels.ENV] = "numba"
+    assert documents[0] == documents[1]

@@ -35,6 +35,7 @@ user's own wins); the first compile says so on stderr.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import sys
 from types import ModuleType
@@ -239,10 +240,17 @@ def _cached_on_disk(kernel: Any) -> bool:
 def _compiled() -> ModuleType | None:
     """The kernels (compiled on first call, or loaded from the disk cache), or None without
     numba."""
-    try:
-        import numba
-    except ImportError:
+    if importlib.util.find_spec("numba") is None:
         return None
+    if not os.environ.get("NUMBA_NUM_THREADS"):
+        # As many threads as torch takes (its OMP_NUM_THREADS, one in a Ray task of one
+        # CPU): numba's OpenMP threads take every core and spin after each parallel loop,
+        # and two one-CPU Ray tasks on two cores ran 2x slower.
+        import torch
+
+        os.environ["NUMBA_NUM_THREADS"] = str(torch.get_num_threads())
+    import numba
+
     if not os.environ.get("NUMBA_CACHE_DIR"):
         from iscore.store import default_folder
 

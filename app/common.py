@@ -40,6 +40,7 @@ from iscore.figures import color, setting_name
 from iscore.follow import Follower, ready_files
 from iscore.health import Health, assess
 from iscore.importers import PICKLED, SUFFIXES
+from iscore.paths import default_folder
 from iscore.preview import Preview, preview_parquet
 from iscore.recommendation import Recommendation, Targets
 from iscore.reference import point_dict, points
@@ -47,7 +48,7 @@ from iscore.report import SUMMARY_COLUMNS
 from iscore.serving import FOLLOW_INTERVAL_S, DataRoots, dump_folder
 from iscore.settings import presets
 from iscore.spec import Spec
-from iscore.store import ResultStore, default_folder
+from iscore.store import ResultStore
 from iscore.trend import Trend
 from iscore.tune import FAMILIES, family_of
 from iscore.workspace import Selection, Workspace, digest, fingerprint, open_path, open_uploads

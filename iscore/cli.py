@@ -392,7 +392,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 def _store(args: argparse.Namespace) -> ResultStore | None:
     """The results store the arguments name: --cache-dir, else the user's cache; none with
     --no-cache."""
-    from iscore.store import ResultStore, default_folder
+    from iscore.paths import default_folder
+    from iscore.store import ResultStore
 
     if args.no_cache:
         return None

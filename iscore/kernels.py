@@ -252,7 +252,7 @@ def _compiled() -> ModuleType | None:
     import numba
 
     if not os.environ.get("NUMBA_CACHE_DIR"):
-        from iscore.store import default_folder
+        from iscore.paths import default_folder
 
         numba.config.CACHE_DIR = str(default_folder() / "numba")
     from iscore import numba_kernels

@@ -1,5 +1,6 @@
 """Listing the files a path names: the file itself, the files under a directory, or a glob's
-matches, within a budget of directory entries and time, never through a symlinked directory.
+matches, within a budget of directory entries and time, never through a symlinked directory;
+and the folder iscore keeps its caches in (`default_folder`).
 
 >>> sorted(list_files("data", (".md",)))
 ['data/README.md']
@@ -146,3 +147,10 @@ def _match(budget: _Budget, directory: str, parts: tuple[str, ...]) -> Iterator[
                 yield from _match(budget, path, rest)
         elif _is_file(entry):
             yield path
+
+
+def default_folder() -> Path:
+    """Where iscore keeps its caches (the results store, the compiled kernels) unless told:
+    `$XDG_CACHE_HOME/iscore`, else `~/.cache/iscore`."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "iscore"

@@ -82,12 +82,6 @@ _DTYPES = frozenset({"|u1", "<i4", "<i8", "<f8"})
 """The array types a state holds; any other in an entry makes it foreign."""
 
 
-def default_folder() -> Path:
-    """Where the store lives unless told: `$XDG_CACHE_HOME/iscore`, else `~/.cache/iscore`."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "iscore"
-
-
 @dataclass(frozen=True, slots=True)
 class FileIdentity:
     """What a dump file is, as far as the store is concerned: a file changed in place gets
@@ -263,7 +257,7 @@ class ResultStore:
     """The per-step results of analyses, in a folder (see the module docstring).
 
     Args:
-        folder: where the entries live (made when first written; `default_folder()` is the
+        folder: where the entries live (made when first written; `paths.default_folder()` is the
             user's cache).
 
     Attributes:

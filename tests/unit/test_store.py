@@ -21,6 +21,7 @@ from iscore.cli import main
 from iscore.dump import Dump, StepRange
 from iscore.errors import DumpError
 from iscore.histogram import LogHistogram, from_keyed_state, keyed_state
+from iscore.paths import default_folder
 from iscore.simulate import SimConfig, write_run
 from iscore.store import (
     ATTRIBUTION,
@@ -28,7 +29,6 @@ from iscore.store import (
     Context,
     FileIdentity,
     ResultStore,
-    default_folder,
     footer_complete,
 )
 

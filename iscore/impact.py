@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from iscore import frameworks, ops
+from iscore import frameworks, kernels, ops
 from iscore.batch import TokenBatch
 from iscore.frameworks.base import Aggregation
 from iscore.histogram import (
@@ -90,32 +90,13 @@ class SettingStats:
 
     def update(self, batch: TokenBatch, result: Replay) -> None:
         """Add one chunk and the setting's replay of it."""
-        m = batch.loss_mask
-        every = ops.mask_is_all(batch, m)
-        w, raw = result.weight, result.raw
-        pre = w if result.pre_norm is None else result.pre_norm
-        n = batch.num_tokens
-
-        def buf(name: str, dtype: torch.dtype = torch.bool) -> torch.Tensor:
-            return ops.scratch(f"impact.{name}", n, dtype, w.device)
-
-        kept = result.keep if every else torch.logical_and(result.keep, m, out=buf("kept"))
+        every = ops.mask_is_all(batch, batch.loss_mask)
         raw_binned, raw_clean, raw_log = _raw_statistics(batch, result, every, self.histograms)
         if self.histograms:
             self._histograms(batch, result, every, raw_binned)
-        # A setting that applies no IS weight (a pure mask, bypass PPO) reports weight 1 beside
-        # the ratio it ignores: that is not truncation.
-        weighted = _any_weighted(pre, kept, buf("flag"))
-        w64 = buf("w64", torch.float64).copy_(w)
-        if not every:
-            w64.masked_fill_(torch.logical_not(m, out=buf("flag")), 0.0)
-        sums = {"w": _sums(batch, w64)}
-        sums["w2"] = _sums(batch, w64.mul_(w64))
-        sums["kept"] = _counts(batch, kept)
-        nonzero = ops.compare("gt", w, 0.0, buf("flag"))
-        sums["nonzero"] = _counts(batch, nonzero if every else nonzero.logical_and_(m))
-        sums["T"] = ops.segment_count(batch, m).cpu().numpy()
-        sums["high"], sums["low"] = _truncated(batch, pre, raw, kept, weighted, raw_clean, buf)
+        sums = _compiled_sums(batch, result, every)
+        if sums is None:
+            sums = _sequence_sums(batch, result, every, raw_clean)
         sums["raw_log"] = raw_log
         for name in _SEQ_FIELDS:
             self.seq[name].append(sums[name])
@@ -297,6 +278,63 @@ def _raw_statistics(
             )
         raw_log = entry["log"]
     return entry["binned"] if histogram else None, entry["clean"], raw_log
+
+
+def _sequence_sums(
+    batch: TokenBatch, result: Replay, every: bool, raw_clean: bool
+) -> dict[str, np.ndarray]:
+    """float64 [B] per sequence: "T" (loss tokens), "w" and "w2" (the weights' sum and sum
+    of squares over them), "kept", "nonzero" (weight > 0), and "high" / "low" (kept tokens
+    that truncation lowered / raised, see `_truncated`)."""
+    m = batch.loss_mask
+    w, raw = result.weight, result.raw
+    pre = w if result.pre_norm is None else result.pre_norm
+
+    def buf(name: str, dtype: torch.dtype = torch.bool) -> torch.Tensor:
+        return ops.scratch(f"impact.{name}", batch.num_tokens, dtype, w.device)
+
+    kept = result.keep if every else torch.logical_and(result.keep, m, out=buf("kept"))
+    # A setting that applies no IS weight (a pure mask, bypass PPO) reports weight 1 beside
+    # the ratio it ignores: that is not truncation.
+    weighted = _any_weighted(pre, kept, buf("flag"))
+    w64 = buf("w64", torch.float64).copy_(w)
+    if not every:
+        w64.masked_fill_(torch.logical_not(m, out=buf("flag")), 0.0)
+    sums = {"w": _sums(batch, w64)}
+    sums["w2"] = _sums(batch, w64.mul_(w64))
+    sums["kept"] = _counts(batch, kept)
+    nonzero = ops.compare("gt", w, 0.0, buf("flag"))
+    sums["nonzero"] = _counts(batch, nonzero if every else nonzero.logical_and_(m))
+    sums["T"] = ops.segment_count(batch, m).cpu().numpy()
+    sums["high"], sums["low"] = _truncated(batch, pre, raw, kept, weighted, raw_clean, buf)
+    return sums
+
+
+def _compiled_sums(batch: TokenBatch, result: Replay, every: bool) -> dict[str, np.ndarray] | None:
+    """`_sequence_sums` in one compiled pass (`kernels.setting_sums`, the same values); None
+    off the CPU or where the kernel does not answer."""
+    w = result.weight
+    pre = w if result.pre_norm is None else result.pre_norm
+    tensors = (w, pre, result.raw, result.keep, batch.loss_mask)
+    if any(t.device.type != "cpu" for t in tensors):
+        return None
+    found = kernels.setting_sums(
+        w.numpy(),
+        pre.numpy(),
+        result.raw.numpy(),
+        result.keep.numpy(),
+        None if every else batch.loss_mask.numpy(),
+        batch.cu_seqlens.numpy(),
+        TRUNCATION_TOLERANCE,
+    )
+    if found is None:
+        return None
+    out, weighted = found
+    sums = dict(zip(("w", "w2", "T", "kept", "nonzero", "high", "low"), out, strict=True))
+    if not weighted:
+        # As in `_sequence_sums`: weight 1 beside an ignored ratio is not truncation.
+        sums["high"] = sums["low"] = np.zeros(batch.num_sequences)
+    return sums
 
 
 def _per_sequence(x: torch.Tensor, batch: TokenBatch) -> tuple[torch.Tensor, np.ndarray] | None:

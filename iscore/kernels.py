@@ -202,6 +202,43 @@ def bucket_sums(
     return out
 
 
+def setting_sums(
+    w: np.ndarray,
+    pre: np.ndarray,
+    raw: np.ndarray,
+    keep: np.ndarray,
+    mask: np.ndarray | None,
+    cu_seqlens: np.ndarray,
+    tolerance: float,
+) -> tuple[np.ndarray, bool] | None:
+    """(float64 [7, B], weighted): per sequence (`cu_seqlens` its offsets) the sum of the
+    weights `w` over its loss tokens (`mask`, None: every token), the sum of their squares
+    (both as `np.add.reduceat` sums them, in float64), its loss tokens, those `keep` keeps,
+    those of weight > 0, and the kept ones whose `pre` (> 0) lies more than `tolerance`
+    below / above their `raw` ratio; and whether some kept token has `pre` other than 1.
+    None where the reference must answer (weights not float32 or float64)."""
+    floats = (np.float32, np.float64)
+    if w.dtype not in floats or pre.dtype not in floats or raw.dtype not in floats:
+        return None
+    if keep.dtype != np.bool_ or not _wanted():
+        return None
+    cu = cu_seqlens.astype(np.int64)
+    out = np.zeros((7, cu.size - 1))
+    weighted = _ready().setting_sums(
+        w,
+        pre,
+        raw,
+        keep,
+        np.empty(0, np.bool_) if mask is None else mask,
+        cu[:-1],
+        np.diff(cu),
+        1 - tolerance,
+        1 + tolerance,
+        out,
+    )
+    return out, bool(weighted)
+
+
 def _buffer(name: str, n: int, dtype: type = np.float64) -> np.ndarray:
     """[n] scratch memory (`ops.scratch`, reused inside `ops.reused_buffers()`)."""
     import torch  # here: `iscore.noise`, which imports this module, runs without torch

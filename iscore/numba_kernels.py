@@ -277,3 +277,89 @@ def bucket_sums(rollout, thresholds, masked_out, fields, out):
         out[b, 0] += 1.0
         for j in range(fields.shape[0]):
             out[b, 1 + j] += fields[j, i]
+
+
+@_jit
+def _pairwise(w, mask, lo, n):
+    """(sum, sum of squares) of w[lo:lo+n] in float64, masked-out values as 0, in the order
+    of numpy's pairwise summation (`np.add.reduce`): sequential below 8 values, 8
+    accumulators up to 128, else the halves (cut at a multiple of 8) summed apart."""
+    every = mask.size == 0
+    if n < 8:
+        s = 0.0
+        s2 = 0.0
+        for i in range(lo, lo + n):
+            v = np.float64(w[i]) if every or mask[i] else 0.0
+            s += v
+            s2 += v * v
+        return s, s2
+    if n <= 128:
+        r = np.empty(8)
+        q = np.empty(8)
+        for j in range(8):
+            v = np.float64(w[lo + j]) if every or mask[lo + j] else 0.0
+            r[j] = v
+            q[j] = v * v
+        i = 8
+        while i < n - n % 8:
+            for j in range(8):
+                v = np.float64(w[lo + i + j]) if every or mask[lo + i + j] else 0.0
+                r[j] += v
+                q[j] += v * v
+            i += 8
+        s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        s2 = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]))
+        while i < n:
+            v = np.float64(w[lo + i]) if every or mask[lo + i] else 0.0
+            s += v
+            s2 += v * v
+            i += 1
+        return s, s2
+    half = n // 2
+    half -= half % 8
+    a, a2 = _pairwise(w, mask, lo, half)
+    b, b2 = _pairwise(w, mask, lo + half, n - half)
+    return a + b, a2 + b2
+
+
+@_jit(parallel=True)
+def setting_sums(w, pre, raw, keep, mask, starts, counts, lower, upper, out):
+    """Per segment (the next `counts[s]` tokens from `starts[s]`), into the rows of `out`:
+    the sum of the weights `w` and of their squares over loss tokens (`mask`; empty: every
+    token) in float64, summed as `np.add.reduceat` sums (the first value, then the rest
+    pairwise); the loss tokens; those `keep` keeps; those of weight > 0; and the kept
+    tokens whose weight before normalization `pre` (> 0) lies below `lower` x or above
+    `upper` x their raw ratio `raw` (compared in float64). Returns whether some kept token
+    has `pre` other than 1."""
+    every = mask.size == 0
+    weighted = np.zeros(counts.size, np.bool_)
+    for s in prange(counts.size):
+        n, start = counts[s], starts[s]
+        if n == 0:
+            continue
+        first = np.float64(w[start]) if every or mask[start] else 0.0
+        rest, rest2 = _pairwise(w, mask, start + 1, n - 1)
+        out[0, s] = first + rest if n > 1 else first
+        out[1, s] = first * first + rest2 if n > 1 else first * first
+        tokens = kept = positive = high = low = 0
+        changed = False
+        for t in range(start, start + n):
+            if not every and not mask[t]:
+                continue
+            tokens += 1
+            positive += w[t] > 0
+            if keep[t]:
+                kept += 1
+                p = np.float64(pre[t])
+                changed |= p != 1.0
+                if p > 0:
+                    r = np.float64(raw[t])
+                    high += p < r * lower
+                    low += p > r * upper
+        out[2, s] = tokens
+        out[3, s] = kept
+        out[4, s] = positive
+        out[5, s] = high
+        out[6, s] = low
+        weighted[s] = changed
+    return weighted.any()

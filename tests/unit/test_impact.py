@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from iscore import Dump, load
+from iscore import Dump, kernels, load
 from iscore.analysis import SCHEMA_VERSION, analyze
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Aggregation
@@ -94,8 +94,17 @@ def reference(batch, result, aggregation: Aggregation) -> dict[str, float]:
     }
 
 
+@pytest.fixture(params=["numba", "reference"])
+def both_paths(request, monkeypatch):
+    """The compiled kernels from the first token, then the numpy/torch reference."""
+    if request.param == "numba" and not kernels.available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setenv(kernels.ENV, request.param)
+
+
 @pytest.mark.parametrize("setting", [*SPECS, BATCH_NORMALIZED])
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.usefixtures("both_paths")
 def test_statistics_match_float64_reference(setting, seed):
     rng = np.random.default_rng(seed)
     lengths = [1, 3, *rng.lognormal(5, 1, 25).astype(int).clip(1, 3000).tolist()]
@@ -115,6 +124,7 @@ def test_statistics_match_float64_reference(setting, seed):
     assert got["weight_min"] == applied.min() and got["weight_max"] == pytest.approx(applied.max())
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_edge_batch_counts_fully_masked_and_zero_weight_sequences():
     batch = edge_batch()
     spec = resolve("trl:trl_default")  # sequence product masked above 3

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import torch
 
 from iscore import kernels, noise
 from iscore.analysis import analyze
+from iscore.batch import TokenBatch
 from iscore.bench.base import SETTINGS
 from iscore.histogram import (
     _BINS,
@@ -30,7 +32,9 @@ from iscore.histogram import (
     _slot_table,
     bin_values,
 )
+from iscore.impact import _compiled_sums, _sequence_sums
 from iscore.settings import resolve
+from iscore.spec import Replay
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 
@@ -314,3 +318,98 @@ def test_an_analysis_is_the_same_on_both_paths(sample) -> None:
         documents.append(json.dumps(analyze(str(sample), specs).to_dict(), sort_keys=True))
     os.environ[kernels.ENV] = "numba"
     assert documents[0] == documents[1]
+
+
+# Lengths at numpy's pairwise-summation boundaries (8 accumulators, blocks of 128) and an
+# empty sequence.
+PAIRWISE_LENGTHS = [1, 2, 7, 8, 9, 0, 16, 17, 127, 128, 129, 130, 136, 137, 255, 256, 257, 1000]
+
+
+def _sums_batch(rng: np.random.Generator, lengths: list[int], masked: bool) -> TokenBatch:
+    n = sum(lengths)
+    rollout = rng.uniform(-8.0, 0.0, n).astype(np.float32)
+    train = (rollout + rng.normal(0.0, 0.3, n)).astype(np.float32)
+    mask = rng.random(n) < 0.8 if masked else np.ones(n, bool)
+    if masked and n > 2:
+        mask[: lengths[0]] = False  # a fully masked sequence
+    return TokenBatch(
+        rollout=torch.from_numpy(rollout),
+        train=torch.from_numpy(train),
+        cu_seqlens=torch.tensor(np.r_[0, np.cumsum(lengths)], dtype=torch.int64),
+        loss_mask=torch.from_numpy(mask),
+    )
+
+
+def _replay(rng: np.random.Generator, batch: TokenBatch, kind: str) -> Replay:
+    n = batch.num_tokens
+    raw = torch.from_numpy(np.exp(rng.normal(0.0, 1.0, n)).astype(np.float32))
+    keep = torch.from_numpy(rng.random(n) < 0.9) & batch.loss_mask
+    if kind == "mask only":  # weight 1 beside the ratio: no truncation
+        weight = keep.float()
+        return Replay(weight=weight, keep=keep, raw=raw)
+    if kind == "extremes":  # overflowing ratios, NaN, infinities, zeros, negatives
+        special = np.array([np.nan, np.inf, -1.0, 0.0, 3.4e38, 1e-45], np.float32)
+        chosen = rng.random(n) < 0.1
+        raw.numpy()[chosen] = rng.choice(special, int(chosen.sum()))
+    if kind == "float64":
+        raw = raw.double()
+    weight = raw.clamp(max=2.0)
+    # Ties and bounds: weights equal to raw, and at raw x (1 -+ the tolerance) as float64
+    # computes them (exactly the bound in float64, next to it in float32).
+    for factor in (1.0, 1 - 1e-6, 1 + 1e-6):
+        hit = torch.from_numpy(rng.random(n) < 0.05)
+        weight[hit] = (raw[hit].double() * factor).to(weight.dtype)
+    weight = weight * keep
+    pre = weight.clone() if kind == "normalized" else None
+    if pre is not None:
+        weight = weight / weight.sum().clamp(min=1e-30) * keep.sum()
+    return Replay(weight=weight, keep=keep, raw=raw, pre_norm=pre)
+
+
+@pytest.mark.parametrize("kind", ["token", "mask only", "extremes", "normalized", "float64"])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_setting_sums_equal_the_reference_and_the_definitions(kind, masked, seed) -> None:
+    """The compiled per-sequence sums are the reference path's byte for byte (the weight sums
+    in numpy's pairwise order) and the definitions written out in float64."""
+    rng = np.random.default_rng(seed)
+    lengths = [*PAIRWISE_LENGTHS, *rng.integers(1, 3000, 10).tolist()]
+    batch = _sums_batch(rng, rng.permutation(lengths).tolist(), masked)
+    result = _replay(rng, batch, kind)
+    every = not masked
+    compiled = _compiled_sums(batch, result, every)
+    raw_clean = bool(torch.isfinite(result.raw).all() and (result.raw >= 0).all())
+    reference = _sequence_sums(batch, result, every, raw_clean)
+    assert compiled is not None and compiled.keys() == reference.keys()
+    for name in reference:
+        assert compiled[name].tobytes() == reference[name].tobytes(), name
+    # The definitions, sequence by sequence.
+    m, keep = batch.loss_mask.numpy(), result.keep.numpy()
+    w = result.weight.numpy().astype(np.float64)
+    pre = w if result.pre_norm is None else result.pre_norm.numpy().astype(np.float64)
+    raw = result.raw.numpy().astype(np.float64)
+    weighted = bool((pre[keep & m] != 1.0).any())
+    assert weighted == (kind != "mask only")
+    cu = batch.cu_seqlens.tolist()
+    for s, (a, b) in enumerate(itertools.pairwise(cu)):
+        sel = m[a:b]
+        ws, kept, p, r = w[a:b][sel], keep[a:b][sel], pre[a:b][sel], raw[a:b][sel]
+        assert compiled["w"][s] == pytest.approx(math.fsum(ws), rel=1e-12, abs=1e-300, nan_ok=True)
+        assert compiled["w2"][s] == pytest.approx(
+            math.fsum(ws * ws), rel=1e-12, abs=1e-300, nan_ok=True
+        )
+        assert compiled["T"][s] == sel.sum()
+        assert compiled["kept"][s] == kept.sum()
+        assert compiled["nonzero"][s] == (ws > 0).sum()
+        with np.errstate(invalid="ignore", over="ignore"):
+            active = kept & (p > 0) & weighted
+            assert compiled["high"][s] == (active & (p < r * (1 - 1e-6))).sum()
+            assert compiled["low"][s] == (active & (p > r * (1 + 1e-6))).sum()
+
+
+def test_setting_sums_leave_other_dtypes_to_the_reference() -> None:
+    rng = np.random.default_rng(0)
+    batch = _sums_batch(rng, [3, 5], masked=False)
+    result = _replay(rng, batch, "token")
+    half = Replay(weight=result.weight.half(), keep=result.keep, raw=result.raw)
+    assert _compiled_sums(batch, half, True) is None

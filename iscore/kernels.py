@@ -196,7 +196,7 @@ def bucket_sums(
         rollout,
         np.array(thresholds, np.float32),
         none if masked_out is None else masked_out,
-        np.stack(fields),
+        tuple(np.ascontiguousarray(f, np.float64) for f in fields),  # not stacked: a copy
         out,
     )
     return out

@@ -247,10 +247,13 @@ class MismatchStats:
         loss_abs = absd if every else absd[m]
         loss_rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
         steps = batch.step.cpu().numpy()
-        for step, tokens in _loss_tokens_by_step(steps, loss_T):
+        for step, _, tokens in noise.step_groups(steps, loss_T):
+            step_d = loss_d[tokens]
+            if not step_d.size:
+                continue  # a step without loss tokens
             hist = self.step_hists.setdefault(step, LogHistogram())
-            hist.update(loss_abs if tokens is None else loss_abs[torch.from_numpy(tokens)])
-            self.noise.append((step, Noise.of(loss_d if tokens is None else loss_d[tokens])))
+            hist.update(loss_abs[tokens if isinstance(tokens, slice) else torch.from_numpy(tokens)])
+            self.noise.append((step, Noise.of(step_d)))
         sums["far"] = far_counts(loss_d, loss_rollout, loss_T, steps)
         # Loss tokens on either side of 0 (dm is 0 outside the loss): the sign test of
         # `noise.outside`, and the sign balance of the `constant_offset` flag.
@@ -802,23 +805,6 @@ def _prefixed(state: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray
     """The entries of `state` under `prefix.`, without it."""
     start = prefix + "."
     return {k[len(start) :]: v for k, v in state.items() if k.startswith(start)}
-
-
-def _loss_tokens_by_step(
-    steps: np.ndarray, loss_T: np.ndarray
-) -> list[tuple[int, np.ndarray | None]]:
-    """(step, index of its loss tokens among a chunk's loss tokens, or None for all of them)
-    for each step of the chunk that has loss tokens; steps [B], loss_T [B] loss tokens."""
-    if not steps.size or not loss_T.sum():
-        return []
-    if (steps == steps[0]).all():
-        return [(int(steps[0]), None)]
-    token_step = np.repeat(steps, loss_T)
-    order = np.argsort(token_step, kind="stable")
-    ordered = token_step[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    ends = np.r_[starts[1:], order.size]
-    return [(int(ordered[a]), order[a:b]) for a, b in zip(starts, ends, strict=True)]
 
 
 TAIL_NATS = 1.0

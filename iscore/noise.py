@@ -276,12 +276,39 @@ def far_counts(
     if steps is None or steps.size == 0 or (steps == steps[0]).all():
         return _far_counts(d, rollout, T)
     counts = np.zeros(T.size)
-    token_step = np.repeat(steps, T)
-    for step in np.unique(steps):
-        tokens = token_step == step
-        chosen = steps == step
+    for _, chosen, tokens in step_groups(steps, T):
         counts[chosen] = _far_counts(d[tokens], rollout[tokens], T[chosen])
     return counts
+
+
+def step_groups(
+    steps: np.ndarray, T: np.ndarray
+) -> list[tuple[int, slice | np.ndarray, slice | np.ndarray]]:
+    """(step, its sequences, its tokens) for each distinct step of `steps` [B], ascending,
+    the tokens of sequence i the next `T[i]`: slices where each step's sequences are
+    contiguous (a dump written step after step: views, no copies), else indices in order.
+
+    >>> step_groups(np.array([3, 3, 5]), np.array([2, 1, 4]))
+    [(3, slice(0, 2, None), slice(0, 3, None)), (5, slice(2, 3, None), slice(3, 7, None))]
+    >>> [(s, q.tolist(), t.tolist()) for s, q, t in step_groups(np.array([5, 3, 5]), [2, 1, 1])]
+    [(3, [1], [2]), (5, [0, 2], [0, 1, 3])]
+    """
+    T = np.asarray(T).astype(np.int64)
+    if not steps.size:
+        return []
+    if (steps[1:] >= steps[:-1]).all():
+        cu = np.r_[0, np.cumsum(T)]
+        firsts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+        lasts = np.r_[firsts[1:], steps.size]
+        return [
+            (int(steps[a]), slice(a, b), slice(int(cu[a]), int(cu[b])))
+            for a, b in zip(firsts.tolist(), lasts.tolist(), strict=True)
+        ]
+    token_step = np.repeat(steps, T)
+    return [
+        (int(step), np.flatnonzero(steps == step), np.flatnonzero(token_step == step))
+        for step in np.unique(steps)
+    ]
 
 
 def _far_counts(d: np.ndarray, rollout: np.ndarray, T: np.ndarray) -> np.ndarray:
@@ -424,12 +451,10 @@ def outside_by_step(
     """
     T = np.asarray(T)
     medians = segment_medians(d, T)
-    token_step = np.repeat(steps, T.astype(np.int64))
     far = far_counts(d, rollout, T, steps)
     broken = np.zeros(T.size, dtype=bool)
-    for step in np.unique(steps):
-        chosen = steps == step
-        noise = Noise.of(d[token_step == step])
+    for _, chosen, tokens in step_groups(steps, T):
+        noise = Noise.of(d[tokens])
         broken[chosen] = outside(
             medians[chosen], T[chosen], positive[chosen], negative[chosen], far[chosen], noise
         )

@@ -183,6 +183,32 @@ def test_far_counts_per_segment_match_a_loop() -> None:
     np.testing.assert_array_equal(noise.segment_counts(flags, T), expected)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_steps_in_any_order_are_judged_each_against_its_own_tokens(seed) -> None:
+    """Sequences of one step written together (slices) or interleaved with other steps'
+    (indices): each sequence's far tokens and broken verdict are the same."""
+    rng = np.random.default_rng(seed)
+    T = rng.integers(0, 400, 60)
+    T[[3, 40]] = 0
+    steps = np.repeat([2, 5, 9], 20)
+    step_of_token = np.repeat(steps, T)
+    d = rng.normal(0.0, 0.05, T.sum()) * np.where(step_of_token == 5, 8.0, 1.0)
+    d[: T[0]] += 0.5  # a stale sequence in step 2
+    rollout = rng.uniform(-6.0, 0.0, T.sum())
+    signs = [noise.segment_counts(x, T) for x in (d > 0, d < 0)]
+    far = noise.far_counts(d, rollout, T, steps)
+    broken = noise.outside_by_step(d, rollout, T, *signs, steps)
+    order = rng.permutation(T.size)
+    starts = np.cumsum(T) - T
+    tokens = np.concatenate([np.arange(starts[i], starts[i] + T[i]) for i in order])
+    shuffled = (d[tokens], rollout[tokens], T[order])
+    np.testing.assert_array_equal(noise.far_counts(*shuffled, steps[order]), far[order])
+    shuffled_signs = [s[order] for s in signs]
+    got = noise.outside_by_step(*shuffled, *shuffled_signs, steps[order])
+    np.testing.assert_array_equal(got, broken[order])
+    assert broken[0] and far.sum() > 0
+
+
 def test_a_step_spread_over_ranks_takes_the_median_of_their_noise() -> None:
     """One bad rank (every token of its file off by 1 nat) cannot move the step's noise."""
     parts = [Noise(0.001 * i, 0.05, 1000) for i in range(7)] + [Noise(1.0, 0.05, 1000)]

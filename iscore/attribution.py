@@ -48,10 +48,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iscore import ops
+from iscore import kernels, ops
 from iscore.batch import TokenBatch
 from iscore.histogram import checked
 from iscore.mismatch import flags_of
+from iscore.noise import step_groups
 
 WINDOW = 32
 """Tokens per window in the search for spans of large |d| (routing flips)."""
@@ -307,16 +308,30 @@ def _span_ratios(absd: np.ndarray, T: np.ndarray, steps: np.ndarray) -> np.ndarr
     out = np.zeros(T.size)
     if not absd.size:
         return out
-    token_step = np.repeat(steps, T)
     mean = np.zeros(T.size)
     clipped = absd.copy()
-    for step in np.unique(steps[T > 0]):  # the steps of B sequences, not of N tokens
-        mine = token_step == step
-        m = float(absd[mine].mean())
-        np.minimum(clipped, CLIP * m, out=clipped, where=mine)
-        mean[steps == step] = m
+    for _, chosen, tokens in step_groups(steps, T):
+        mine = absd[tokens]
+        if not mine.size:
+            continue
+        m = float(mine.mean())
+        clipped[tokens] = np.minimum(mine, CLIP * m)
+        mean[chosen] = m
+    best = kernels.window_means(clipped, T, WINDOW)
+    if best is None:
+        best = _window_means(clipped, T)
+    nonempty = T > 0
+    has = nonempty & (mean > 0)
+    out[has] = best[has] / mean[has]
+    return out
+
+
+def _window_means(x: np.ndarray, T: np.ndarray) -> np.ndarray:
+    """float64 [B]: each sequence's largest mean of `WINDOW` consecutive values of x (its
+    own mean when shorter, 0 when empty), from the running sums of x (`kernels.window_means`
+    gives the same)."""
     starts = np.cumsum(T) - T
-    cs = np.concatenate([[0.0], np.cumsum(clipped)])
+    cs = np.concatenate([[0.0], np.cumsum(x)])
     best = np.zeros(T.size)
     # A sequence shorter than a window: its own mean.
     short = (T > 0) & (T < WINDOW)
@@ -325,16 +340,13 @@ def _span_ratios(absd: np.ndarray, T: np.ndarray, steps: np.ndarray) -> np.ndarr
     # that end at or after the sequence's WINDOW-th token (the others cross its start).
     long = np.flatnonzero(T >= WINDOW)
     if long.size:
-        windows = np.empty(absd.size + 1)  # one more: reduceat's indices stay below its size
+        windows = np.empty(x.size + 1)  # one more: reduceat's indices stay below its size
         windows[: WINDOW - 1] = -np.inf
         windows[WINDOW - 1 : -1] = (cs[WINDOW:] - cs[:-WINDOW]) / WINDOW
         windows[-1] = -np.inf
         bounds = np.stack([starts[long] + WINDOW - 1, starts[long] + T[long]], axis=1).ravel()
         best[long] = np.maximum.reduceat(windows, bounds)[::2]
-    nonempty = T > 0
-    has = nonempty & (mean > 0)
-    out[has] = best[has] / mean[has]
-    return out
+    return best
 
 
 _GROUP = ("tokens", "k3", "abs_diff", "d_squared")

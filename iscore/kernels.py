@@ -239,6 +239,21 @@ def setting_sums(
     return out, bool(weighted)
 
 
+def window_means(x: np.ndarray, T: np.ndarray, window: int) -> np.ndarray | None:
+    """float64 [B]: per segment of float64 `x` (segment i the next `T[i]` values) the
+    largest mean of `window` consecutive values (its own mean when shorter, 0 when empty),
+    each window's sum the difference of x's running sums (`np.cumsum`); None where the
+    reference must answer."""
+    if x.dtype != np.float64 or not _wanted():
+        return None
+    n = np.asarray(T).astype(np.int64)
+    out = np.zeros(n.size)
+    _ready().window_means(
+        np.ascontiguousarray(x), np.cumsum(n) - n, n, window, _buffer("sums", x.size + 1), out
+    )
+    return out
+
+
 def _buffer(name: str, n: int, dtype: type = np.float64) -> np.ndarray:
     """[n] scratch memory (`ops.scratch`, reused inside `ops.reused_buffers()`)."""
     import torch  # here: `iscore.noise`, which imports this module, runs without torch

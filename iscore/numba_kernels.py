@@ -365,3 +365,26 @@ def setting_sums(w, pre, raw, keep, mask, starts, counts, lower, upper, out):
         out[6, s] = low
         weighted[s] = changed > 0
     return weighted.any()
+
+
+@_jit(parallel=True)
+def window_means(x, starts, counts, window, sums, out):
+    """Per segment (the next `counts[s]` values from `starts[s]`), into `out`: the largest
+    mean of `window` consecutive values of x, the segment's own mean when shorter. Each
+    window's sum is a difference of running sums over all of x (`sums` [N + 1], summed in
+    order as `np.cumsum` sums), as `np.maximum` takes them (NaN wins)."""
+    sums[0] = 0.0
+    for i in range(x.size):
+        sums[i + 1] = sums[i] + x[i]
+    for s in prange(counts.size):
+        n, start = counts[s], starts[s]
+        if n == 0:
+            continue
+        if n < window:
+            out[s] = (sums[start + n] - sums[start]) / n
+            continue
+        best = -np.inf
+        for j in range(start + window, start + n + 1):
+            mean = (sums[j] - sums[j - window]) / window
+            best = np.nan if mean != mean or best != best else max(best, mean)
+        out[s] = best

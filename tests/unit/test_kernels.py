@@ -21,6 +21,7 @@ import torch
 
 from iscore import kernels, noise
 from iscore.analysis import analyze
+from iscore.attribution import WINDOW, _window_means
 from iscore.batch import TokenBatch
 from iscore.bench.base import SETTINGS
 from iscore.histogram import (
@@ -413,3 +414,30 @@ def test_setting_sums_leave_other_dtypes_to_the_reference() -> None:
     result = _replay(rng, batch, "token")
     half = Replay(weight=result.weight.half(), keep=result.keep, raw=result.raw)
     assert _compiled_sums(batch, half, True) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_window_means_equal_the_reference_and_a_loop(seed) -> None:
+    """Each sequence's largest mean of WINDOW consecutive values, byte for byte as the
+    running-sum reference, and as a loop over the windows (within rounding); a NaN wins (in
+    its sequence, and through the running sums in those after it, as on the reference)."""
+    rng = np.random.default_rng(seed)
+    lengths = [0, 1, WINDOW - 1, WINDOW, WINDOW + 1, 2 * WINDOW, 0, *rng.integers(1, 500, 40)]
+    T = rng.permutation(np.array(lengths, np.int64))
+    x = np.abs(rng.standard_cauchy(T.sum())) * 0.01
+    if seed == 2:
+        x[rng.integers(0, x.size, 3)] = np.nan
+    got = kernels.window_means(x, T, WINDOW)
+    assert got.tobytes() == _window_means(x, T).tobytes()
+    starts = np.cumsum(T) - T
+    for s, (a, n) in enumerate(zip(starts, T, strict=True)):
+        seg = x[a : a + n]
+        if n == 0:
+            assert got[s] == 0.0
+            continue
+        windows = [seg[i : i + WINDOW] for i in range(n - WINDOW + 1)] if n >= WINDOW else [seg]
+        means = [w.mean() for w in windows]
+        if np.isnan(means).any():
+            assert np.isnan(got[s])
+        elif not np.isnan(x).any():
+            assert got[s] == pytest.approx(max(means), rel=1e-9)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,25 +153,37 @@ class LogHistogram:
 
         Exact at 0 (zeros), within one bin (1.2%) elsewhere; the min and max bound it.
         """
+        return self.quantiles([q])[0]
+
+    def quantiles(self, qs: Iterable[float]) -> list[float]:
+        """`quantile` of each of `qs`, the bins in use found once."""
         n = self.total - self.nan
         if n == 0:
-            return float("nan")
-        rank = max(math.ceil(q * n) - 1, 0)
-        if rank < self.zeros:
-            return 0.0
-        rank -= self.zeros
-        if rank < self.underflow:
-            return self.min_positive
-        rank -= self.underflow
-        used, counts = self.bins_used()
-        cumulative = np.cumsum(counts)
-        if not cumulative.size or rank >= cumulative[-1]:
-            return self.max
-        i = int(np.searchsorted(cumulative, rank, side="right"))
-        before = cumulative[i - 1] if i else 0
-        frac = (rank - before + 0.5) / counts[i]
-        log_value = LOG10_RANGE[0] + (int(used[i]) + frac) / BINS_PER_DECADE
-        return float(np.clip(10.0**log_value, self.min, self.max))
+            return [float("nan") for _ in qs]
+        cumulative = None
+        out = []
+        for q in qs:
+            rank = max(math.ceil(q * n) - 1, 0)
+            if rank < self.zeros:
+                out.append(0.0)
+                continue
+            rank -= self.zeros
+            if rank < self.underflow:
+                out.append(self.min_positive)
+                continue
+            rank -= self.underflow
+            if cumulative is None:
+                used, counts = self.bins_used()
+                cumulative = np.cumsum(counts)
+            if not cumulative.size or rank >= cumulative[-1]:
+                out.append(self.max)
+                continue
+            i = int(np.searchsorted(cumulative, rank, side="right"))
+            before = cumulative[i - 1] if i else 0
+            frac = (rank - before + 0.5) / counts[i]
+            log_value = LOG10_RANGE[0] + (int(used[i]) + frac) / BINS_PER_DECADE
+            out.append(float(min(max(10.0**log_value, self.min), self.max)))  # np.clip's
+        return out
 
     def coarse(self, per_decade: int = 10) -> dict[str, list[float] | int]:
         """The histogram re-binned to `per_decade` bins per decade and trimmed, for plots."""

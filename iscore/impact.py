@@ -203,7 +203,10 @@ class SettingStats:
         }
         hists = (("weight", self.weight_hist), ("raw", self.raw_hist)) if self.histograms else ()
         for label, hist in hists:
-            result[f"{label}_quantiles"] = {f"p{q * 100:g}": hist.quantile(q) for q in QUANTILES}
+            values = hist.quantiles(QUANTILES)
+            result[f"{label}_quantiles"] = {
+                f"p{q * 100:g}": v for q, v in zip(QUANTILES, values, strict=True)
+            }
             result[f"{label}_min"] = hist.min if hist.total else float("nan")
             result[f"{label}_max"] = hist.max if hist.total else float("nan")
             result[f"{label}_hist"] = hist.coarse(plot_resolution(hist))
@@ -470,13 +473,13 @@ def _by_length(s: dict[str, np.ndarray], agg: Aggregation) -> list[dict[str, Any
                 "bucket": bucket_label(int(b)),
                 "length_lo": 2 ** int(b),
                 "length_hi": 2 ** (int(b) + 1) - 1,
-                "length_median": float(np.median(group["T"])),
+                "length_median": ops.median(group["T"]),
                 **_summarize(group, agg),
                 "seq_weight_mean": float(seq_weight.mean()),
-                "seq_weight_median": float(np.median(seq_weight)),
+                "seq_weight_median": ops.median(seq_weight),
                 "seq_weight_p10": float(p10),
                 "seq_weight_p90": float(p90),
-                "seq_raw_median": float(np.exp(np.median(group["raw_log"]))),
+                "seq_raw_median": float(np.exp(ops.median(group["raw_log"]))),
             }
         )
     return rows

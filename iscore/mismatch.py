@@ -485,8 +485,9 @@ class MismatchStats:
             self.by_pos, [f"{2**b - 1}-{2 ** (b + 1) - 2}" for b in range(32)]
         )
         every = self.abs_hist
+        levels = (0.5, 0.9, 0.99, 0.999)
         result["abs_diff_quantiles"] = {
-            f"p{q * 100:g}": every.quantile(q) for q in (0.5, 0.9, 0.99, 0.999)
+            f"p{q * 100:g}": v for q, v in zip(levels, every.quantiles(levels), strict=True)
         }
         per_decade = plot_resolution(every)
         result["abs_diff_hist"] = every.coarse(per_decade)

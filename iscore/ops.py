@@ -386,6 +386,27 @@ def groups(
         yield ordered[a], {k: v[a:b] for k, v in columns.items()}
 
 
+def median(x: np.ndarray) -> float:
+    """`np.median` of a non-empty 1-D float array, the same value (its mean of the two
+    middle values, NaN where one is NaN) from one sort, without its overhead (20 us a call,
+    where a length bucket of a few sequences sorts in 2).
+
+    >>> x = np.array([3.0, -0.0, 1.0, np.inf])
+    >>> [median(v) == np.median(v) for v in (x, x[:3], np.array([-0.0, -0.0]))]
+    [True, True, True]
+    """
+    s = np.sort(x)
+    if s[-1] != s[-1]:  # NaN sorts last
+        return float("nan")
+    k = s.size // 2
+    middle = s[k - 1 + s.size % 2 : k + 1]
+    if not middle.all():  # a zero: which of +0 and -0 numpy's partition picks is its own
+        return float(np.median(x))
+    if s.size % 2:
+        return float(s[k])
+    return float((s[k - 1] + (0.0 + s[k])) / 2)  # as numpy's reduction adds them
+
+
 def segment_counts(mask: np.ndarray, batch: TokenBatch) -> np.ndarray:
     """float64 [B] number of true values of host bool `mask` [N] in each sequence.
 

@@ -2,8 +2,9 @@
 
 Histograms bin in float32 and re-bin near edges in float64; sequence reductions run as numpy
 `reduceat` on CPU; `ops.shared` hands the same tensors to every setting of a chunk;
-`ops.reused_buffers` reuses scratch buffers. Each is checked against the direct float64 / torch
-formulation it replaces, including empty sequences, masks and in-place modification.
+`ops.reused_buffers` reuses scratch buffers; `ops.median` is `np.median` from one sort. Each
+is checked against the direct float64 / torch formulation it replaces, including empty
+sequences, masks and in-place modification.
 """
 
 from __future__ import annotations
@@ -183,6 +184,22 @@ def test_segment_counts(fraction):
     mask = torch.rand(batch.num_tokens) < fraction
     expected = scatter_sum(mask, batch).numpy()
     assert np.array_equal(ops.segment_counts(mask.numpy(), batch), expected)
+
+
+@pytest.mark.parametrize("kind", ["normal", "zeros of both signs", "not finite", "extremes"])
+def test_median_is_numpys_byte_for_byte(kind):
+    rng = np.random.default_rng(len(kind))
+    pools = {
+        "zeros of both signs": [-0.0, 0.0, 1.0, -1.0],
+        "not finite": [np.inf, -np.inf, 1.0, np.nan, -0.0],
+        "extremes": [1.7e308, -1.7e308, 1e-320, 3.0, 5e-324],
+    }
+    for _ in range(2000):
+        n = int(rng.integers(1, 40))
+        x = rng.normal(size=n) if kind == "normal" else rng.choice(pools[kind], n)
+        with np.errstate(over="ignore", invalid="ignore"):  # inf - inf, as numpy's
+            expected, got = np.float64(np.median(x)), np.float64(ops.median(x))
+        assert got.tobytes() == expected.tobytes() or (np.isnan(expected) and np.isnan(got)), x
 
 
 def test_shared_results_are_computed_once_and_recomputed_when_modified():

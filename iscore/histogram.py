@@ -392,8 +392,11 @@ def bin_values(
             counts[int(slot[0])] += n - zeros
         return Binned(x, None, counts, zeros, low, high, min_positive)
     if like is not None and like.index is not None and like.values.shape == x.shape:
-        changed = ops.nonzero(ops.compare("ne", x, like.values, flag))
-        if changed.numel() * 2 < n:
+        moved = _rebinned(x, like, counts)
+        if moved:
+            return Binned(x, None, counts, zeros, low, high, min_positive)
+        changed = ops.nonzero(ops.compare("ne", x, like.values, flag)) if moved is None else None
+        if changed is not None and changed.numel() * 2 < n:
             counts += like.counts
             counts -= _bincount(like.index[changed], _BINS + 2)
             counts += _bincount(_slots(x[changed], keep=False), _BINS + 2)
@@ -406,6 +409,20 @@ def bin_values(
     index = _slots(x, keep=keep_index)
     counts += _bincount(index, _BINS + 2)
     return Binned(x, index if keep_index else None, counts, zeros, low, high, min_positive)
+
+
+def _rebinned(x: torch.Tensor, like: Binned, counts: np.ndarray) -> bool | None:
+    """Add to `counts` the slot counts of x, from `like`'s with the values that differ moved
+    (`kernels.rebin`): True. False (nothing added) where half of them or more differ; None
+    where the kernel does not answer (off the CPU, without numba)."""
+    if x.device.type != "cpu" or like.values.device.type != "cpu":
+        return None
+    moved = like.counts.copy()
+    values, slots = like.values.numpy(), like.index.numpy()
+    done = kernels.rebin(x.numpy(), values, slots, _slot_table(x.dtype), moved)
+    if done:
+        counts += moved
+    return done
 
 
 def _bin_counted(x: torch.Tensor, counts: np.ndarray) -> Binned | None:

@@ -163,6 +163,27 @@ def log_bins(
     return True
 
 
+def rebin(
+    x: np.ndarray,
+    like: np.ndarray,
+    like_slots: np.ndarray,
+    table: tuple[int, int, np.ndarray, np.ndarray],
+    counts: np.ndarray,
+) -> bool | None:
+    """Move each value of x (float32 or float64, finite and >= 0) that differs from `like`
+    (values of x's shape binned before, each into `like_slots`; their slot counts in
+    `counts`, int64) from that slot to its own by `table` (as `log_bins`): True. False
+    (nothing done) where half of them or more differ: binning x afresh is faster. None
+    where the reference must answer."""
+    if not _wanted():
+        return None
+    x = np.ascontiguousarray(x)
+    bits = x.view(np.int64 if x.dtype == np.float64 else np.int32)
+    first, shift, cells, thresholds = table
+    like = np.ascontiguousarray(like)
+    return bool(_ready().rebin(x, bits, like, like_slots, first, shift, cells, thresholds, counts))
+
+
 def joint_counts(x: np.ndarray, y: np.ndarray, lo: float, scale: float, counts: np.ndarray) -> bool:
     """Add the (x, y) pairs' cells of a `histogram.Histogram2D` (`counts`, int64 [bins, bins];
     bin floor((v - lo) scale) in float64, clipped) to `counts`; False (nothing added) where

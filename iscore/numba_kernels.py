@@ -240,11 +240,27 @@ def log_bins(x, bits, first, shift, slots, thresholds, counts, index):
     `index` unless it is empty."""
     keep = index.size == x.size
     for i in range(x.size):
-        cell = min(max((bits[i] >> shift) - first, 0), slots.size - 1)
-        slot = slots[cell] + (x[i] >= thresholds[cell])
+        slot = _slot(x[i], bits[i], first, shift, slots, thresholds)
         counts[slot] += 1
         if keep:
             index[i] = slot
+
+
+@_jit
+def rebin(x, bits, like, like_slots, first, shift, slots, thresholds, counts):
+    """Move each value of x that differs from `like` (values binned before into
+    `like_slots`, their counts in `counts`) from its old slot to its own (`log_bins`),
+    unless half of them or more differ (then binning x afresh is faster): whether it did."""
+    changed = 0
+    for i in range(x.size):
+        changed += x[i] != like[i]
+    if 2 * changed >= x.size:
+        return False
+    for i in range(x.size):
+        if x[i] != like[i]:
+            counts[like_slots[i]] -= 1
+            counts[_slot(x[i], bits[i], first, shift, slots, thresholds)] += 1
+    return True
 
 
 @_jit

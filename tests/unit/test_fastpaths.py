@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from iscore import ops
+from iscore import kernels, ops
 from iscore.analysis import analyze
 from iscore.batch import TokenBatch
 from iscore.dump import Dump, DumpProblems
@@ -96,9 +96,15 @@ def test_log_histogram_equals_float64_binning(dtype, make):
         lambda raw: torch.where((raw > 0.8) & (raw < 1.25), raw, 0.0),  # IcePop zeroes some
         lambda raw: torch.where(raw > 1.1, 1.0, 0.0),  # a mask: two values
         lambda raw: raw * 1.0001,  # everything changes
+        lambda raw: torch.where(torch.arange(raw.numel()) % 2 == 0, raw, 0.0),  # half of them
+        lambda raw: raw.double(),  # another dtype, the same values
     ],
 )
-def test_binning_like_earlier_values_equals_binning_afresh(derive):
+@pytest.mark.parametrize("path", ["numba", "reference"])
+def test_binning_like_earlier_values_equals_binning_afresh(derive, path, monkeypatch):
+    if path == "numba" and not kernels.available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setenv(kernels.ENV, path)
     raw = torch.exp(torch.randn(80_000) * 0.3)
     weights = derive(raw)
     got = LogHistogram()

@@ -275,6 +275,47 @@ def window_means(x: np.ndarray, T: np.ndarray, window: int) -> np.ndarray | None
     return out
 
 
+def js_argument(
+    d: np.ndarray, rho: np.ndarray, em1: np.ndarray, arg: np.ndarray, k3: np.ndarray
+) -> bool:
+    """Per token of the float64 log-ratios d (e^d `rho`, e^d - 1 `em1`), into `arg` the
+    argument of log1p in the Jensen-Shannon term (e^-|d| from |d| >= 1, else
+    -tanh(d/2)^2) and into `k3` e^d - 1 - d, as `mismatch.MismatchStats.update`'s torch
+    operations give them; False (nothing written) where the reference must answer."""
+    if not _wanted():
+        return False
+    _ready().js_argument(d, rho, em1, arg, k3)
+    return True
+
+
+def token_sums(
+    d: np.ndarray,
+    rho: np.ndarray,
+    em1: np.ndarray,
+    lg: np.ndarray,
+    mask: np.ndarray | None,
+    cu_seqlens: np.ndarray,
+    clamp: tuple[float, float],
+) -> np.ndarray | None:
+    """float64 [12, B]: per sequence (`cu_seqlens` its offsets) the sums of its tokens'
+    d, |d|, d^2, k3, k3 reversed, js (`lg`: log1p of `js_argument`), and over its loss
+    tokens (`mask`, None: every token) of e^|d|, e^d, e^2d and e^2d clamped to `clamp`, as
+    `np.add.reduceat` sums them; then its tokens with d < 0 and with d > 0. d is float64,
+    0 outside the loss; `rho` = e^d and `em1` = e^d - 1 from torch. None where the
+    reference must answer."""
+    if not _wanted():
+        return None
+    k = _ready()
+    cu = cu_seqlens.astype(np.int64)
+    out = np.zeros((k.TERMS + 2, cu.size - 1))
+    none = np.empty(0, np.bool_)
+    low, high = clamp
+    k.token_sums(
+        d, rho, em1, lg, none if mask is None else mask, cu[:-1], np.diff(cu), low, high, out
+    )
+    return out
+
+
 def _buffer(name: str, n: int, dtype: type = np.float64) -> np.ndarray:
     """[n] scratch memory (`ops.scratch`, reused inside `ops.reused_buffers()`)."""
     import torch  # here: `iscore.noise`, which imports this module, runs without torch

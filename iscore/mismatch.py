@@ -196,10 +196,6 @@ class MismatchStats:
         masked_out = None if every else torch.logical_not(m, out=buf("masked_out", torch.bool))
         dm = d if every else _where(m, d, 0.0, buf("dm"))
 
-        def loss_only(values: torch.Tensor) -> torch.Tensor:
-            """Zero the non-loss tokens of a scratch tensor, in place."""
-            return values if every else values.masked_fill_(masked_out, 0.0)
-
         absd = torch.abs(dm, out=buf("abs"))
         max_abs = _seq_max(absd, batch)
         huge = max_abs.size > 0 and not max_abs.max() <= 700.0  # NaN counts as huge
@@ -207,32 +203,19 @@ class MismatchStats:
         # expm1(-d) follow from them (to a few ulps).
         rho = ops.exp(dm, bound=None)  # e^d: shared with the settings that use it
         em1 = torch.special.expm1(dm, out=buf("em1"))
-        rho2 = torch.mul(rho, rho, out=buf("rho2"))
-        tail = torch.reciprocal(rho, out=buf("tail"))
-        mult = torch.maximum(rho, tail, out=buf("mult"))  # e^|d|
-        tail = torch.minimum(rho, tail, out=tail)  # e^-|d|
-        k3r = buf("k3r")
-        if huge:
-            torch.special.expm1(torch.neg(dm, out=k3r), out=k3r)
-        else:
-            torch.div(em1, rho, out=k3r).neg_()
-        token: dict[str, torch.Tensor] = {
-            "S": dm,
-            "abs": absd,
-            "d2": torch.mul(dm, dm, out=buf("d2")),
-            "k3": torch.sub(em1, dm, out=buf("k3")),
-            "k3r": k3r.add_(dm),
-            "js": _js(absd, em1, rho, tail, buf),
-            "mult": loss_only(mult),
-            "rho": rho if every else _where(m, rho, 0.0, buf("rho")),
-            "rho2": loss_only(rho2),
-            "train": batch.train,
-            "rollout": batch.rollout,
-        }
+        # Loss tokens on either side of 0 (dm is 0 outside the loss): the sign test of
+        # `noise.outside`, and the sign balance of the `constant_offset` flag.
+        below = ops.compare("lt", dm, 0.0, buf("below", torch.bool))
+        found = None if huge else _compiled_token_sums(batch, dm, rho, em1, max_abs, buf)
+        if found is None:
+            found = _token_sums(batch, dm, absd, rho, em1, below, max_abs, masked_out, buf)
+        sums, k3 = found
+        # Without float64 copies: float32 sums, in float64, are the same either way.
+        logprobs = {"train": batch.train, "rollout": batch.rollout}
         if not every:
-            for name in ("train", "rollout"):
-                token[name] = _where(m, token[name], 0.0, buf(name, torch.float32))
-        sums = ops.segment_sums_on_host(batch, token)
+            for name, values in logprobs.items():
+                logprobs[name] = _where(m, values, 0.0, buf(name, torch.float32))
+        sums |= ops.segment_sums_on_host(batch, logprobs)
         sums["T"] = (
             batch.lengths.cpu().numpy().astype(np.float64)
             if every
@@ -255,19 +238,6 @@ class MismatchStats:
             hist.update(loss_abs[tokens if isinstance(tokens, slice) else torch.from_numpy(tokens)])
             self.noise.append((step, Noise.of(step_d)))
         sums["far"] = far_counts(loss_d, loss_rollout, loss_T, steps)
-        # Loss tokens on either side of 0 (dm is 0 outside the loss): the sign test of
-        # `noise.outside`, and the sign balance of the `constant_offset` flag.
-        below = ops.compare("lt", dm, 0.0, buf("below", torch.bool))
-        above = ops.compare("gt", dm, 0.0, buf("above", torch.bool))
-        sums |= ops.segment_sums_on_host(batch, {"negative": below, "positive": above})
-        # chi = <e^(2 clamp(d, +-20))> (verl squares the clamped ratio): the same values as
-        # rho2 unless some |d| > 20.
-        bound = ops.SAFETY_BOUND
-        if max_abs.size == 0 or max_abs.max() <= bound:
-            sums["chi"] = sums["rho2"]
-        else:  # e^(2 clamp(d, +-b)) = clamp(e^2d, e^-2b, e^2b)
-            chi = torch.clamp(rho2, math.exp(-2 * bound), math.exp(2 * bound), out=mult)
-            sums["chi"] = ops.segment_sums_on_host(batch, {"chi": loss_only(chi)})["chi"]
         for name in _SEQ_FIELDS:
             if name == "length":
                 self.seq[name].append(batch.lengths.cpu().numpy().astype(np.float64))
@@ -279,7 +249,7 @@ class MismatchStats:
         self.seq_ids.append(batch.seq_id)
 
         # Per-token tables: tokens outside the loss mask go to an extra last bucket.
-        fields = (None, absd, token["k3"], dm)
+        fields = (None, absd, k3, dm)
         size = self.by_prob.shape[0]
         by_prob = None
         if batch.device.type == "cpu":
@@ -298,7 +268,7 @@ class MismatchStats:
         self.joint.update(
             batch.rollout if every else batch.rollout[m], batch.train if every else batch.train[m]
         )
-        rl = buf("rl").copy_(token["rollout"])
+        rl = buf("rl").copy_(logprobs["rollout"])
         self.regression += np.array(
             [
                 loss,
@@ -562,6 +532,97 @@ class MismatchStats:
                 }
             )
         return rows
+
+
+_TOKEN_TERMS = ("S", "abs", "d2", "k3", "k3r", "js", "mult", "rho", "rho2", "chi")
+"""The per-sequence sums of `_token_sums`, in the order of `kernels.token_sums`' rows (then
+"negative" and "positive")."""
+
+
+def _token_sums(
+    batch: TokenBatch,
+    dm: torch.Tensor,
+    absd: torch.Tensor,
+    rho: torch.Tensor,
+    em1: torch.Tensor,
+    below: torch.Tensor,
+    max_abs: np.ndarray,
+    masked_out: torch.Tensor | None,
+    buf: Callable[..., torch.Tensor],
+) -> tuple[dict[str, np.ndarray], torch.Tensor]:
+    """(float64 [B] per sequence: the sums of `_TOKEN_TERMS` and the tokens with d < 0
+    ("negative", `below`) and d > 0 ("positive"); k3 [N] of each token). dm: the log-ratios,
+    0 outside the loss (`masked_out`); e^|d|, e^d and e^2d count loss tokens only; rho = e^d,
+    em1 = e^d - 1; max_abs: each sequence's largest |d|."""
+
+    def loss_only(values: torch.Tensor) -> torch.Tensor:
+        """Zero the non-loss tokens of a scratch tensor, in place."""
+        return values if masked_out is None else values.masked_fill_(masked_out, 0.0)
+
+    rho2 = torch.mul(rho, rho, out=buf("rho2"))
+    tail = torch.reciprocal(rho, out=buf("tail"))
+    mult = torch.maximum(rho, tail, out=buf("mult"))  # e^|d|
+    tail = torch.minimum(rho, tail, out=tail)  # e^-|d|
+    k3r = buf("k3r")
+    if max_abs.size > 0 and not max_abs.max() <= 700.0:  # NaN counts as huge
+        torch.special.expm1(torch.neg(dm, out=k3r), out=k3r)
+    else:
+        torch.div(em1, rho, out=k3r).neg_()
+    token: dict[str, torch.Tensor] = {
+        "S": dm,
+        "abs": absd,
+        "d2": torch.mul(dm, dm, out=buf("d2")),
+        "k3": torch.sub(em1, dm, out=buf("k3")),
+        "k3r": k3r.add_(dm),
+        "js": _js(absd, em1, rho, tail, buf),
+        "mult": loss_only(mult),
+        "rho": rho if masked_out is None else _where(batch.loss_mask, rho, 0.0, buf("rho")),
+        "rho2": loss_only(rho2),
+        "negative": below,
+        "positive": ops.compare("gt", dm, 0.0, buf("above", torch.bool)),
+    }
+    sums = ops.segment_sums_on_host(batch, token)
+    # chi = <e^(2 clamp(d, +-20))> (verl squares the clamped ratio): the same values as
+    # rho2 unless some |d| > 20.
+    bound = ops.SAFETY_BOUND
+    if max_abs.size == 0 or max_abs.max() <= bound:
+        sums["chi"] = sums["rho2"]
+    else:  # e^(2 clamp(d, +-b)) = clamp(e^2d, e^-2b, e^2b)
+        chi = torch.clamp(rho2, *_CHI_CLAMP, out=mult)
+        sums["chi"] = ops.segment_sums_on_host(batch, {"chi": loss_only(chi)})["chi"]
+    return sums, token["k3"]
+
+
+_CHI_CLAMP = (math.exp(-2 * ops.SAFETY_BOUND), math.exp(2 * ops.SAFETY_BOUND))
+
+
+def _compiled_token_sums(
+    batch: TokenBatch,
+    dm: torch.Tensor,
+    rho: torch.Tensor,
+    em1: torch.Tensor,
+    max_abs: np.ndarray,
+    buf: Callable[..., torch.Tensor],
+) -> tuple[dict[str, np.ndarray], torch.Tensor] | None:
+    """`_token_sums` in two compiled passes around torch's log1p (`kernels.js_argument`,
+    `kernels.token_sums`): the same values, without its 20 float64 passes and 11
+    reductions; None off the CPU or where the kernels do not answer (the caller leaves
+    |d| > 700 to `_token_sums`)."""
+    if batch.device.type != "cpu" or rho.dtype != torch.float64:
+        return None
+    arg, k3 = buf("js"), buf("k3")
+    if not kernels.js_argument(dm.numpy(), rho.numpy(), em1.numpy(), arg.numpy(), k3.numpy()):
+        return None
+    lg = arg.log1p_()  # torch's log1p, as the reference's
+    mask = None if ops.mask_is_all(batch, batch.loss_mask) else batch.loss_mask.numpy()
+    cu = batch.cu_seqlens.numpy()
+    out = kernels.token_sums(dm.numpy(), rho.numpy(), em1.numpy(), lg.numpy(), mask, cu, _CHI_CLAMP)
+    if out is None:
+        return None
+    sums = dict(zip((*_TOKEN_TERMS, "negative", "positive"), out, strict=True))
+    if max_abs.size == 0 or max_abs.max() <= ops.SAFETY_BOUND:
+        sums["chi"] = sums["rho2"]  # as `_token_sums`: unclamped unless a |d| exceeds it
+    return sums, k3
 
 
 def _js(

@@ -5,6 +5,7 @@ the next process (a closure's cache key changes with each process's objects)."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numba
 import numpy as np
@@ -404,3 +405,126 @@ def window_means(x, starts, counts, window, sums, out):
             mean = (sums[j] - sums[j - window]) / window
             best = np.nan if mean != mean or best != best else max(best, mean)
         out[s] = best
+
+
+@_jit(parallel=True)
+def js_argument(d, rho, em1, arg, k3):
+    """Per token of the log-ratios d (e^d `rho`, e^d - 1 `em1`): into `arg`, the argument of
+    log1p in the Jensen-Shannon term (`mismatch._js`: e^-|d| from |d| >= 1, else -tanh(d/2)^2),
+    and into `k3`, e^d - 1 - d; each as the reference's torch operations round it."""
+    for i in prange(d.size):
+        x, r, e = d[i], rho[i], em1[i]
+        k3[i] = e - x
+        if abs(x) >= 1.0:
+            arg[i] = min(r, 1.0 / r)
+        else:
+            t = e / (r + 1.0)
+            arg[i] = -(t * t)
+
+
+_LN2 = math.log(2.0)
+
+TERMS = 10
+"""The per-token terms `token_sums` adds: d, |d|, d^2, k3, k3 reversed, js, e^|d|, e^d,
+e^2d and e^2d clamped (the last four 0 outside the loss)."""
+
+
+@_jit(inline="always")
+def _terms(d, rho, em1, lg, mask, i, low, high, v):
+    """Token i's `TERMS` into v, as `mismatch.MismatchStats.update`'s torch operations
+    round them (lg: log1p of `js_argument`)."""
+    x, r, e, g = d[i], rho[i], em1[i], lg[i]
+    a = abs(x)
+    v[0] = x
+    v[1] = a
+    v[2] = x * x
+    v[3] = e - x
+    v[4] = -(e / r) + x
+    v[5] = ((a * 0.5) - _LN2) + g if a >= 1.0 else g * -0.5
+    if mask.size == 0 or mask[i]:
+        square = r * r
+        v[6] = max(r, 1.0 / r)
+        v[7] = r
+        v[8] = square
+        v[9] = min(max(square, low), high)
+    else:
+        v[6] = v[7] = v[8] = v[9] = 0.0
+
+
+@_jit
+def _pairwise_terms(d, rho, em1, lg, mask, lo, n, low, high):
+    """The sums of `_terms` over [lo, lo + n), each in numpy's pairwise order (`_pairwise`);
+    the 8 accumulators of a block as a vector, the terms written out for the compiler to
+    compute 8 tokens at once."""
+    v = np.empty(TERMS)
+    if n < 8:
+        s = np.zeros(TERMS)
+        for i in range(lo, lo + n):
+            _terms(d, rho, em1, lg, mask, i, low, high, v)
+            for f in range(TERMS):
+                s[f] += v[f]
+        return s
+    if n <= 128:
+        every = mask.size == 0
+        r = np.empty((TERMS, 8))
+        v8 = np.empty((TERMS, 8))
+        i = 0
+        while i < n - n % 8:
+            for j in range(8):
+                t = lo + i + j
+                x, p, e, g = d[t], rho[t], em1[t], lg[t]
+                a = abs(x)
+                loss = 1.0 if every else np.float64(mask[t])
+                square = p * p
+                v8[0, j] = x
+                v8[1, j] = a
+                v8[2, j] = x * x
+                v8[3, j] = e - x
+                v8[4, j] = -(e / p) + x
+                v8[5, j] = ((a * 0.5) - _LN2) + g if a >= 1.0 else g * -0.5
+                v8[6, j] = max(p, 1.0 / p) * loss
+                v8[7, j] = p * loss
+                v8[8, j] = square * loss
+                v8[9, j] = min(max(square, low), high) * loss
+            if i == 0:  # the accumulators start at the first 8 values (0 + -0 would be +0)
+                r[:] = v8
+            else:
+                r += v8
+            i += 8
+        s = np.empty(TERMS)
+        for f in range(TERMS):
+            s[f] = ((r[f, 0] + r[f, 1]) + (r[f, 2] + r[f, 3])) + (
+                (r[f, 4] + r[f, 5]) + (r[f, 6] + r[f, 7])
+            )
+        for t in range(lo + i, lo + n):
+            _terms(d, rho, em1, lg, mask, t, low, high, v)
+            for f in range(TERMS):
+                s[f] += v[f]
+        return s
+    half = n // 2
+    half -= half % 8
+    return _pairwise_terms(d, rho, em1, lg, mask, lo, half, low, high) + _pairwise_terms(
+        d, rho, em1, lg, mask, lo + half, n - half, low, high
+    )
+
+
+@_jit(parallel=True)
+def token_sums(d, rho, em1, lg, mask, starts, counts, low, high, out):
+    """Per segment (the next `counts[s]` tokens from `starts[s]`), into the rows of `out`:
+    the sums of the `TERMS` (as `np.add.reduceat` sums them: the first token's, then the
+    rest pairwise), then the tokens with d < 0 and with d > 0."""
+    for s in prange(counts.size):
+        n, start = counts[s], starts[s]
+        if n == 0:
+            continue
+        first = np.empty(TERMS)
+        _terms(d, rho, em1, lg, mask, start, low, high, first)
+        if n > 1:
+            first += _pairwise_terms(d, rho, em1, lg, mask, start + 1, n - 1, low, high)
+        out[:TERMS, s] = first
+        negative = positive = 0
+        for t in range(start, start + n):
+            negative += d[t] < 0.0
+            positive += d[t] > 0.0
+        out[TERMS, s] = negative
+        out[TERMS + 1, s] = positive

@@ -34,6 +34,7 @@ from iscore.histogram import (
     bin_values,
 )
 from iscore.impact import _compiled_sums, _sequence_sums
+from iscore.mismatch import _compiled_token_sums, _token_sums
 from iscore.settings import resolve
 from iscore.spec import Replay
 
@@ -441,3 +442,42 @@ def test_window_means_equal_the_reference_and_a_loop(seed) -> None:
             assert np.isnan(got[s])
         elif not np.isnan(x).any():
             assert got[s] == pytest.approx(max(means), rel=1e-9)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_token_sums_equal_the_reference(masked, seed) -> None:
+    """The mismatch's per-sequence sums of d, |d|, d^2, k3, k3 reversed, js, e^|d|, e^d, e^2d
+    and chi, and its k3 per token, byte for byte as the torch reference: at the pairwise
+    boundaries, with zeros of both signs, |d| from 1e-8 to 300 (chi clamped past 20),
+    outside the loss and in fully masked sequences."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.permutation([*PAIRWISE_LENGTHS, *rng.integers(1, 3000, 10).tolist()])
+    batch = _sums_batch(rng, lengths.tolist(), masked)
+    n = batch.num_tokens
+    scale = [0.05, 3.0, 100.0][seed]
+    d = rng.normal(0.0, scale, n) * np.exp(rng.uniform(-18.0, 0.0, n) * (rng.random(n) < 0.2))
+    d[rng.random(n) < 0.05] = rng.choice([0.0, -0.0, 1.0, -1.0, 20.0, -20.0], 1)
+    m = batch.loss_mask
+    dm = torch.where(m, torch.from_numpy(d), 0.0)
+    absd, rho, em1 = dm.abs(), torch.exp(dm), torch.special.expm1(dm)
+    below = dm < 0
+    max_abs = np.array(
+        [
+            float(absd[a:b].max()) if b > a else -np.inf
+            for a, b in itertools.pairwise(batch.cu_seqlens.tolist())
+        ]
+    )
+
+    def buf(name, dtype=torch.float64):
+        return torch.empty(n, dtype=dtype)
+
+    masked_out = None if not masked else ~m
+    reference, k3 = _token_sums(batch, dm, absd, rho, em1, below, max_abs, masked_out, buf)
+    compiled = _compiled_token_sums(batch, dm, rho, em1, max_abs, buf)
+    assert compiled is not None
+    assert compiled[0].keys() == reference.keys()
+    for name in reference:
+        assert compiled[0][name].tobytes() == reference[name].tobytes(), name
+    assert compiled[1].numpy().tobytes() == k3.numpy().tobytes()
+    assert (seed == 2) == (max_abs.max() > 20.0)  # the clamp of chi is exercised

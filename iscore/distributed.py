@@ -82,6 +82,10 @@ def connect() -> ModuleType:
     # "local" always starts a cluster: without an address Ray would join the last one
     # started on this machine, which may be anyone's.
     options: dict[str, Any] = {"include_dashboard": False} if address == "local" else {}
+    # A task takes one CPU (`_remote`): its numba one thread. Without this, a cluster
+    # started here would inherit the NUMBA_NUM_THREADS that `iscore.kernels` set for this
+    # process, and two one-CPU workers on two cores would run at half speed.
+    options["runtime_env"] = {"env_vars": {"NUMBA_NUM_THREADS": "1"}}
     _answers(address)
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **options)

@@ -372,9 +372,11 @@ def _free_port() -> int:
 
 
 _ADDRESS = (
+    "import os\n"
     "from iscore.distributed import connect\n"
     "ray = connect()\n"
-    "print(ray.get_runtime_context().gcs_address)\n"
+    "threads = ray.remote(lambda: os.environ.get('NUMBA_NUM_THREADS'))\n"
+    "print(ray.get(threads.remote()), ray.get_runtime_context().gcs_address)\n"
 )
 
 
@@ -383,13 +385,15 @@ def test_ray_address_joins_a_cluster_and_without_it_a_local_one_starts():
     """In fresh processes (this one may hold a cluster): with RAY_ADDRESS where nothing
     answers, `connect` says so at once (Ray would wait without end); with RAY_ADDRESS, it
     joins the head it names; without it, it starts a cluster of its own, even beside a head
-    running on this machine (which Ray itself would join)."""
+    running on this machine (which Ray itself would join). Either way a task's numba takes
+    one thread (a task takes one CPU), whatever this process's NUMBA_NUM_THREADS."""
     pytest.importorskip("ray")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     # The head and its clients agree without a token (Ray's default is a token for a head
     # started beside one in ~/.ray, and none for a client that joins it).
     env["RAY_AUTH_MODE"] = "disabled"
+    env["NUMBA_NUM_THREADS"] = "2"  # as `iscore.kernels` sets it in a process of 2 threads
     code = [sys.executable, "-c", _ADDRESS]
     nobody = subprocess.run(
         code, env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}, capture_output=True, text=True
@@ -423,9 +427,11 @@ def test_ray_address_joins_a_cluster_and_without_it_a_local_one_starts():
             timeout=120,
         )
         assert joined.returncode == 0, joined.stderr
+        assert joined.stdout.split()[-2:][0] == "1"
         assert joined.stdout.split()[-1].endswith(f":{port}")
         alone = subprocess.run(code, env=env, capture_output=True, text=True, timeout=120)
         assert alone.returncode == 0, alone.stderr
+        assert alone.stdout.split()[-2:][0] == "1"
         assert not alone.stdout.split()[-1].endswith(f":{port}")
     finally:
         os.killpg(head.pid, signal.SIGTERM)

@@ -392,14 +392,13 @@ def bin_values(
             counts[int(slot[0])] += n - zeros
         return Binned(x, None, counts, zeros, low, high, min_positive)
     if like is not None and like.index is not None and like.values.shape == x.shape:
-        moved = _rebinned(x, like, counts)
-        if moved:
-            return Binned(x, None, counts, zeros, low, high, min_positive)
-        changed = ops.nonzero(ops.compare("ne", x, like.values, flag)) if moved is None else None
-        if changed is not None and changed.numel() * 2 < n:
+        differs = ops.compare("ne", x, like.values, flag)
+        if _count(differs) * 2 < n:
+            changed = ops.nonzero(differs)
             counts += like.counts
-            counts -= _bincount(like.index[changed], _BINS + 2)
-            counts += _bincount(_slots(x[changed], keep=False), _BINS + 2)
+            if not _rebinned(x, like, changed, counts):
+                counts -= _bincount(like.index[changed], _BINS + 2)
+                counts += _bincount(_slots(x[changed], keep=False), _BINS + 2)
             return Binned(x, None, counts, zeros, low, high, min_positive)
     if x.device.type == "cpu":
         index = torch.empty(n, dtype=torch.int32) if keep_index else None
@@ -411,18 +410,14 @@ def bin_values(
     return Binned(x, index if keep_index else None, counts, zeros, low, high, min_positive)
 
 
-def _rebinned(x: torch.Tensor, like: Binned, counts: np.ndarray) -> bool | None:
-    """Add to `counts` the slot counts of x, from `like`'s with the values that differ moved
-    (`kernels.rebin`): True. False (nothing added) where half of them or more differ; None
-    where the kernel does not answer (off the CPU, without numba)."""
-    if x.device.type != "cpu" or like.values.device.type != "cpu":
-        return None
-    moved = like.counts.copy()
-    values, slots = like.values.numpy(), like.index.numpy()
-    done = kernels.rebin(x.numpy(), values, slots, _slot_table(x.dtype), moved)
-    if done:
-        counts += moved
-    return done
+def _rebinned(x: torch.Tensor, like: Binned, changed: torch.Tensor, counts: np.ndarray) -> bool:
+    """Move the values x[changed] in `counts` (`like`'s) from their slots in `like` to their
+    own (`kernels.rebin`, one pass over them instead of two gathers and two bincounts);
+    False (nothing done) off the CPU or without the kernels."""
+    if x.device.type != "cpu" or like.index.device.type != "cpu":
+        return False
+    table = _slot_table(x.dtype)
+    return kernels.rebin(x.numpy(), like.index.numpy(), changed.numpy(), table, counts)
 
 
 def _bin_counted(x: torch.Tensor, counts: np.ndarray) -> Binned | None:

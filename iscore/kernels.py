@@ -165,23 +165,21 @@ def log_bins(
 
 def rebin(
     x: np.ndarray,
-    like: np.ndarray,
     like_slots: np.ndarray,
+    changed: np.ndarray,
     table: tuple[int, int, np.ndarray, np.ndarray],
     counts: np.ndarray,
-) -> bool | None:
-    """Move each value of x (float32 or float64, finite and >= 0) that differs from `like`
-    (values of x's shape binned before, each into `like_slots`; their slot counts in
-    `counts`, int64) from that slot to its own by `table` (as `log_bins`): True. False
-    (nothing done) where half of them or more differ: binning x afresh is faster. None
-    where the reference must answer."""
+) -> bool:
+    """Move each value x[i], i in `changed` (float32 or float64, finite and >= 0; binned
+    before into `like_slots`, their slot counts in `counts`, int64), from that slot to its
+    own by `table` (as `log_bins`); False (nothing done) where the reference must answer."""
     if not _wanted():
-        return None
+        return False
     x = np.ascontiguousarray(x)
     bits = x.view(np.int64 if x.dtype == np.float64 else np.int32)
     first, shift, cells, thresholds = table
-    like = np.ascontiguousarray(like)
-    return bool(_ready().rebin(x, bits, like, like_slots, first, shift, cells, thresholds, counts))
+    _ready().rebin(x, bits, like_slots, changed, first, shift, cells, thresholds, counts)
+    return True
 
 
 def joint_counts(x: np.ndarray, y: np.ndarray, lo: float, scale: float, counts: np.ndarray) -> bool:

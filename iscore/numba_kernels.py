@@ -248,20 +248,12 @@ def log_bins(x, bits, first, shift, slots, thresholds, counts, index):
 
 
 @_jit
-def rebin(x, bits, like, like_slots, first, shift, slots, thresholds, counts):
-    """Move each value of x that differs from `like` (values binned before into
-    `like_slots`, their counts in `counts`) from its old slot to its own (`log_bins`),
-    unless half of them or more differ (then binning x afresh is faster): whether it did."""
-    changed = 0
-    for i in range(x.size):
-        changed += x[i] != like[i]
-    if 2 * changed >= x.size:
-        return False
-    for i in range(x.size):
-        if x[i] != like[i]:
-            counts[like_slots[i]] -= 1
-            counts[_slot(x[i], bits[i], first, shift, slots, thresholds)] += 1
-    return True
+def rebin(x, bits, like_slots, changed, first, shift, slots, thresholds, counts):
+    """Move each value x[i], i in `changed` (values binned before into `like_slots`, their
+    counts in `counts`), from its old slot to its own (`log_bins`)."""
+    for i in changed:
+        counts[like_slots[i]] -= 1
+        counts[_slot(x[i], bits[i], first, shift, slots, thresholds)] += 1
 
 
 @_jit

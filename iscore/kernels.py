@@ -1,4 +1,5 @@
-"""Compiled CPU kernels: exact medians by selection, and histogram bins from a table.
+"""Compiled CPU kernels: exact medians by selection, histogram bins from a table, and the
+per-sequence sums in numpy's own order.
 
 An analysis takes, per step, the median and MAD of every loss token's log-ratio, those of each
 rollout-probability bin, each sequence's median, and each token's distance from its bin's
@@ -17,10 +18,21 @@ values:
 - `joint_counts`: the (rollout, train) log-prob grid in one pass instead of two float64
   copies, five passes over them and a bincount.
 - `bucket_sums`: the by-probability table's counts and sums in one pass.
+- `rebin`: a setting's weights binned like its raw ratios, the changed values moved from their
+  slot to their own.
+- `setting_sums`: a setting's per-sequence weight sums (and of their squares), loss, kept and
+  non-zero tokens, and truncated tokens (`impact._sequence_sums`), in one pass.
+- `js_argument`, `token_sums`: the mismatch's ten per-token terms summed per sequence
+  (`mismatch._token_sums`), in two passes around torch's log1p.
+- `window_means`: the attribution's largest window mean per sequence.
 
-The numpy functions of `iscore.noise` stay the reference and the fallback: without numba, under
-`ISCORE_KERNELS=reference`, off float64 input, and for values that are not all finite (where
-the reference defines what NaN and infinities give). A median of zeros is +0 on both paths.
+The sums add as `np.add.reduceat` does (the first value, then numpy's pairwise summation of the
+rest), so they too are the same to the last bit.
+
+The numpy and torch functions they replace stay the reference and the fallback: without numba,
+under `ISCORE_KERNELS=reference`, off the CPU or float64 input, and for values that are not all
+finite (where the reference defines what NaN and infinities give). A median of zeros is +0 on
+both paths.
 
 Loading numba and the compiled kernels takes a process about 0.7 s, and the kernels save about
 55 ns per loss token: they start once a process has analyzed `AUTO_TOKENS` loss tokens, so

@@ -392,7 +392,7 @@ def median(x: np.ndarray) -> float:
     where a length bucket of a few sequences sorts in 2).
 
     >>> x = np.array([3.0, -0.0, 1.0, np.inf])
-    >>> [median(v) == np.median(v) for v in (x, x[:3], np.array([-0.0, -0.0]))]
+    >>> [bool(median(v) == np.median(v)) for v in (x, x[:3], np.array([-0.0, -0.0]))]
     [True, True, True]
     """
     s = np.sort(x)

@@ -467,7 +467,7 @@ def _by_length(s: dict[str, np.ndarray], agg: Aggregation) -> list[dict[str, Any
     buckets = np.floor(np.log2(np.maximum(s["T"], 1))).astype(int)
     for b, group in ops.groups(s, buckets, s["T"] > 0):
         seq_weight = group["w"] / group["T"]
-        p10, p90 = np.quantile(seq_weight, [0.1, 0.9])
+        p10, p90 = ops.quantiles(seq_weight, (0.1, 0.9))
         rows.append(
             {
                 "bucket": bucket_label(int(b)),

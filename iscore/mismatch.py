@@ -504,10 +504,10 @@ class MismatchStats:
         buckets = np.floor(np.log2(np.maximum(s["T"], 1))).astype(int)
         for b, group in ops.groups(s, buckets, s["T"] > 0):
             T, S = group["T"], group["S"]
-            t_mid = float(np.median(T))
+            t_mid = ops.median(T)
             sd = math.sqrt(var * t_mid) if var > 0 else 0.0
-            seq_p10, seq_p90 = np.quantile(S, [0.1, 0.9])
-            geo_p10, geo_p90 = np.quantile(S / T, [0.1, 0.9])
+            seq_p10, seq_p90 = ops.quantiles(S, (0.1, 0.9))
+            geo_p10, geo_p90 = ops.quantiles(S / T, (0.1, 0.9))
             rows.append(
                 {
                     "bucket": bucket_label(int(b)),
@@ -518,7 +518,7 @@ class MismatchStats:
                     "tokens": int(T.sum()),
                     "abs_diff_mean": float(group["abs"].sum() / T.sum()),
                     "k3": float(group["k3"].sum() / T.sum()),
-                    "seq_ratio_median": float(np.exp(np.median(S))),
+                    "seq_ratio_median": float(np.exp(ops.median(S))),
                     "seq_ratio_p10": float(np.exp(seq_p10)),
                     "seq_ratio_p90": float(np.exp(seq_p90)),
                     "geo_ratio_p10": float(np.exp(geo_p10)),

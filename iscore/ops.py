@@ -25,7 +25,7 @@ import contextlib
 import contextvars
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -405,6 +405,35 @@ def median(x: np.ndarray) -> float:
     if s.size % 2:
         return float(s[k])
     return float((s[k - 1] + (0.0 + s[k])) / 2)  # as numpy's reduction adds them
+
+
+def quantiles(x: np.ndarray, qs: Sequence[float]) -> list[float]:
+    """`np.quantile(x, qs)` of a non-empty 1-D float array (its default, linear
+    interpolation), the same values from one sort, without its overhead (70 us a call).
+
+    >>> x = np.array([3.0, 0.5, 1.0, 7.0, 2.0])
+    >>> [bool(a == b) for a, b in zip(quantiles(x, (0.1, 0.9)), np.quantile(x, [0.1, 0.9]))]
+    [True, True]
+    """
+    s = np.sort(x)
+    n = s.size
+    if s[-1] != s[-1]:  # NaN sorts last
+        return [float("nan") for _ in qs]
+    out = []
+    for q in qs:
+        position = (n - 1) * q
+        if position >= n - 1:
+            below = above = -1  # numpy's: the last value, and 1 + position for gamma
+        else:
+            below = math.floor(position)
+            above = below + 1
+        a, b = s[below], s[above]
+        if a == 0 or b == 0:  # which of +0 and -0 numpy's partition picks is its own
+            return [float(v) for v in np.quantile(x, list(qs))]
+        gamma = position - below
+        step = b - a
+        out.append(float(b - step * (1 - gamma) if gamma >= 0.5 else a + step * gamma))
+    return out
 
 
 def segment_counts(mask: np.ndarray, batch: TokenBatch) -> np.ndarray:

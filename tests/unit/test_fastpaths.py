@@ -2,9 +2,9 @@
 
 Histograms bin in float32 and re-bin near edges in float64; sequence reductions run as numpy
 `reduceat` on CPU; `ops.shared` hands the same tensors to every setting of a chunk;
-`ops.reused_buffers` reuses scratch buffers; `ops.median` is `np.median` from one sort. Each
-is checked against the direct float64 / torch formulation it replaces, including empty
-sequences, masks and in-place modification.
+`ops.reused_buffers` reuses scratch buffers; `ops.median` and `ops.quantiles` are numpy's
+from one sort. Each is checked against the direct float64 / torch formulation it replaces,
+including empty sequences, masks and in-place modification.
 """
 
 from __future__ import annotations
@@ -193,19 +193,24 @@ def test_segment_counts(fraction):
 
 
 @pytest.mark.parametrize("kind", ["normal", "zeros of both signs", "not finite", "extremes"])
-def test_median_is_numpys_byte_for_byte(kind):
+def test_median_and_quantiles_are_numpys_byte_for_byte(kind):
     rng = np.random.default_rng(len(kind))
     pools = {
         "zeros of both signs": [-0.0, 0.0, 1.0, -1.0],
-        "not finite": [np.inf, -np.inf, 1.0, np.nan, -0.0],
+        "not finite": [np.inf, -np.inf, 1.0, np.nan, -0.0, 2.5],
         "extremes": [1.7e308, -1.7e308, 1e-320, 3.0, 5e-324],
     }
-    for _ in range(2000):
+    levels = [(0.1, 0.9), (0.5,), (0.0, 1.0), (0.25, 0.75, 0.99)]
+    for i in range(2000):
         n = int(rng.integers(1, 40))
         x = rng.normal(size=n) if kind == "normal" else rng.choice(pools[kind], n)
+        qs = levels[i % len(levels)]
         with np.errstate(over="ignore", invalid="ignore"):  # inf - inf, as numpy's
-            expected, got = np.float64(np.median(x)), np.float64(ops.median(x))
-        assert got.tobytes() == expected.tobytes() or (np.isnan(expected) and np.isnan(got)), x
+            expected = np.array([np.median(x), *np.quantile(x, list(qs))])
+            got = np.array([ops.median(x), *ops.quantiles(x, qs)])
+        nan = np.isnan(expected)
+        assert (np.isnan(got) == nan).all(), x
+        assert got[~nan].tobytes() == expected[~nan].tobytes(), x
 
 
 def test_shared_results_are_computed_once_and_recomputed_when_modified():

@@ -334,14 +334,14 @@ class Binned:
     """Finite, non-negative values counted in `LogHistogram` bins, ready to `add`.
 
     Attributes:
-        values: the flattened values.
+        values: the flattened values (None where they were not gathered, `bin_chosen`).
         index: int32 per value, its slot in `counts`, or None where not kept.
         counts: int64 [bins + 2]: underflow and zeros, the bins, overflow.
         zeros, low, high, min_positive: the exact count of zeros, min, max and smallest
             positive value (inf when none).
     """
 
-    values: torch.Tensor
+    values: torch.Tensor | None
     index: torch.Tensor | None
     counts: np.ndarray
     zeros: int
@@ -379,6 +379,11 @@ def bin_values(
     low, high = (float(v) for v in torch.aminmax(x))  # NaN when any value is NaN
     if not (low >= 0.0 and math.isfinite(high)):
         return None
+    similar = like is not None and like.index is not None and like.values.shape == x.shape
+    if not similar:
+        found = _compiled(x, low, high, keep_index)
+        if found is not None:
+            return found[0]
     flag = ops.scratch("hist.flag", n, torch.bool, x.device)
     zeros = _count(ops.compare("eq", x, 0.0, flag))
     min_positive = math.inf if zeros == n else low if zeros == 0 else _min_positive(x)
@@ -391,7 +396,7 @@ def bin_values(
             slot = _slots(torch.tensor([high], dtype=torch.float64), keep=True)
             counts[int(slot[0])] += n - zeros
         return Binned(x, None, counts, zeros, low, high, min_positive)
-    if like is not None and like.index is not None and like.values.shape == x.shape:
+    if similar:
         differs = ops.compare("ne", x, like.values, flag)
         if _count(differs) * 2 < n:
             changed = ops.nonzero(differs)
@@ -400,14 +405,61 @@ def bin_values(
                 counts -= _bincount(like.index[changed], _BINS + 2)
                 counts += _bincount(_slots(x[changed], keep=False), _BINS + 2)
             return Binned(x, None, counts, zeros, low, high, min_positive)
-    if x.device.type == "cpu":
-        index = torch.empty(n, dtype=torch.int32) if keep_index else None
-        out = None if index is None else index.numpy()
-        if kernels.log_bins(x.numpy(), _slot_table(x.dtype), counts, out):
-            return Binned(x, index, counts, zeros, low, high, min_positive)
+    found = _compiled(x, low, high, keep_index)
+    if found is not None:
+        return found[0]
     index = _slots(x, keep=keep_index)
     counts += _bincount(index, _BINS + 2)
     return Binned(x, index if keep_index else None, counts, zeros, low, high, min_positive)
+
+
+def bin_chosen(values: torch.Tensor, chosen: torch.Tensor) -> tuple[Binned, Binned | None] | None:
+    """`bin_values(values)` and `bin_values(values[chosen])` (`chosen`: bool, values'
+    shape; the second None where none is chosen), in one pass over the values and without
+    gathering the chosen ones, where the kernels run; else None (for the caller to bin each).
+    The second has no `values`."""
+    x = values.detach().flatten()
+    if x.numel() == 0 or x.dtype not in (torch.float32, torch.float64):
+        return None
+    low, high = (float(v) for v in torch.aminmax(x))
+    if not (low >= 0.0 and math.isfinite(high)):
+        return None
+    found = _compiled(x, low, high, keep_index=False, chosen=chosen.flatten())
+    if found is None:
+        return None
+    binned, counts, (zeros, low, high, min_positive) = found
+    if not counts.any():
+        return binned, None
+    if low == 0.0 or high == 0.0:  # which of +0 and -0: torch's, as `bin_values` gives
+        low, high = (float(v) for v in torch.aminmax(x[chosen.flatten()]))
+    return binned, Binned(None, None, counts, int(zeros), low, high, min_positive)
+
+
+def _compiled(
+    x: torch.Tensor,
+    low: float,
+    high: float,
+    keep_index: bool,
+    chosen: torch.Tensor | None = None,
+) -> tuple[Binned, np.ndarray, np.ndarray] | None:
+    """`bin_values` of x (flat, finite, >= 0, of min `low` and max `high`) in one compiled
+    pass (`kernels.log_bins`), with the counts and the stats of the values where `chosen`;
+    None off the CPU or without the kernels."""
+    if x.device.type != "cpu" or (chosen is not None and chosen.device.type != "cpu"):
+        return None
+    index = torch.empty(x.numel(), dtype=torch.int32) if keep_index else None
+    found = kernels.log_bins(
+        x.numpy(),
+        _slot_table(x.dtype),
+        _BINS + 2,
+        None if index is None else index.numpy(),
+        None if chosen is None else chosen.numpy(),
+    )
+    if found is None:
+        return None
+    counts, stats = found
+    zeros, min_positive = int(stats[0, 0]), float(stats[0, 3])
+    return Binned(x, index, counts[0], zeros, low, high, min_positive), counts[1], stats[1]
 
 
 def _rebinned(x: torch.Tensor, like: Binned, changed: torch.Tensor, counts: np.ndarray) -> bool:

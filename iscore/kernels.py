@@ -157,22 +157,30 @@ def far_counts(
 def log_bins(
     x: np.ndarray,
     table: tuple[int, int, np.ndarray, np.ndarray],
-    counts: np.ndarray,
+    size: int,
     index: np.ndarray | None,
-) -> bool:
-    """Add the slots of x's values (float32 or float64, finite and >= 0) in the `LogHistogram`
-    slots of `table` (`histogram._slot_table`: first cell, shift, the slot of each cell and
-    the value from which it is one more) to `counts` (int64), and write them to `index`
-    (int32, x's size) where given; False (nothing done) where the reference must answer."""
+    chosen: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The `LogHistogram` slots of x's values (float32 or float64, finite and >= 0) by `table`
+    (`histogram._slot_table`: first cell, shift, the slot of each cell and the value from
+    which it is one more), written to `index` (int32, x's size) where given: (int64 [2, size]
+    the counts of every slot, over all values and over those where `chosen` (bool, x's size;
+    None: none); float64 [2, 4] the zeros, min, max and smallest positive value of each: a
+    min or max of 0 is the first zero of its range, not necessarily the one torch's
+    `aminmax` picks among +0 and -0). None where the reference must answer."""
     if not _wanted():
-        return False
+        return None
     k = _ready()
     first, shift, cells, thresholds = table
     x = np.ascontiguousarray(x)
     bits = x.view(np.int64 if x.dtype == np.float64 else np.int32)
-    none = np.empty(0, np.int32)
-    k.log_bins(x, bits, first, shift, cells, thresholds, counts, none if index is None else index)
-    return True
+    counts, stats = np.zeros((2, size), np.int64), np.empty((2, 4))
+    index = np.empty(0, np.int32) if index is None else index
+    chosen = np.empty(0, np.bool_) if chosen is None else chosen
+    k.log_bins(
+        x, bits, first, shift, cells, thresholds, chosen, counts, index, stats, _parts(x.size)
+    )
+    return counts, stats
 
 
 def rebin(
@@ -324,6 +332,18 @@ def token_sums(
         d, rho, em1, lg, none if mask is None else mask, cu[:-1], np.diff(cu), low, high, out
     )
     return out
+
+
+SPLIT = 1 << 16
+"""Values from which a kernel that counts into bins splits them between its threads, each
+counting its own range (a few thousand bins each, added up after)."""
+
+
+def _parts(n: int) -> int:
+    """The ranges a counting kernel cuts n values into (`SPLIT`)."""
+    import numba  # loaded with the kernels
+
+    return numba.get_num_threads() if n >= SPLIT else 1
 
 
 def _buffer(name: str, n: int, dtype: type = np.float64) -> np.ndarray:

@@ -34,6 +34,7 @@ from iscore.histogram import (
     LOG10_RANGE,
     Histogram2D,
     LogHistogram,
+    bin_chosen,
     bucket_label,
     checked,
     from_keyed_state,
@@ -227,15 +228,18 @@ class MismatchStats:
         sums["median"] = segment_medians(loss_d, loss_T)
         # Each step's noise, |d| histogram and the deviations of its tokens from the noise
         # of their probability bin (`noise.outside`'s spread test).
-        loss_abs = absd if every else absd[m]
+        # The tokens with d < 0 go to `neg_hist` too: the same |d| binned once.
+        loss_abs, loss_below = (absd, below) if every else (absd[m], below[m])
         loss_rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
         steps = batch.step.cpu().numpy()
         for step, _, tokens in noise.step_groups(steps, loss_T):
             step_d = loss_d[tokens]
             if not step_d.size:
                 continue  # a step without loss tokens
-            hist = self.step_hists.setdefault(step, LogHistogram())
-            hist.update(loss_abs[tokens if isinstance(tokens, slice) else torch.from_numpy(tokens)])
+            where = tokens if isinstance(tokens, slice) else torch.from_numpy(tokens)
+            self._add_abs(
+                self.step_hists.setdefault(step, LogHistogram()), loss_abs[where], loss_below[where]
+            )
             self.noise.append((step, Noise.of(step_d)))
         sums["far"] = far_counts(loss_d, loss_rollout, loss_T, steps)
         for name in _SEQ_FIELDS:
@@ -280,10 +284,20 @@ class MismatchStats:
             ],
             dtype=np.float64,
         )
-        self.neg_hist.update(absd[below])
         negative, positive = int(sums["negative"].sum()), int(sums["positive"].sum())
         self.signs += np.array([negative, loss - negative - positive, positive])
         self._keep_worst_tokens(batch, d, absd, max_abs)
+
+    def _add_abs(self, hist: LogHistogram, absd: torch.Tensor, below: torch.Tensor) -> None:
+        """Count a step's |d| in its `hist`, and those where d < 0 (`below`) in `neg_hist`."""
+        binned = bin_chosen(absd, below)
+        if binned is None:
+            hist.update(absd)
+            self.neg_hist.update(absd[below])
+            return
+        hist.add(binned[0])
+        if binned[1] is not None:
+            self.neg_hist.add(binned[1])
 
     def _keep_worst_tokens(
         self, batch: TokenBatch, d: torch.Tensor, absd: torch.Tensor, max_abs: np.ndarray

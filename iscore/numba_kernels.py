@@ -233,18 +233,54 @@ def _slot(v, bits, first, shift, slots, thresholds):
     return slots[cell] + (v >= thresholds[cell])
 
 
-@_jit
-def log_bins(x, bits, first, shift, slots, thresholds, counts, index):
-    """Add the slots of finite values >= 0 to `counts` by the tables of
-    `histogram._slot_table` (cell = the bits' top bits from `first` on, clipped to the table;
-    the slot there, one more from the cell's threshold on), and write each value's slot to
-    `index` unless it is empty."""
+@_jit(parallel=True)
+def log_bins(x, bits, first, shift, slots, thresholds, chosen, counts, index, stats, parts):
+    """Add the slots of finite values >= 0 by the tables of `histogram._slot_table` (cell =
+    the bits' top bits from `first` on, clipped to the table; the slot there, one more from
+    the cell's threshold on) to counts[0], and those of the values where `chosen` (empty:
+    none) to counts[1]; write each value's slot to `index` unless it is empty. stats[j]:
+    zeros, min, max and smallest positive value (inf when none) of each. x is cut in `parts`
+    ranges, each counted apart (by a thread)."""
     keep = index.size == x.size
-    for i in range(x.size):
-        slot = _slot(x[i], bits[i], first, shift, slots, thresholds)
-        counts[slot] += 1
-        if keep:
-            index[i] = slot
+    pick = chosen.size == x.size
+    local = np.zeros((parts, 2, counts.shape[1]), np.int64)
+    found = np.empty((parts, 2, 4))
+    for p in prange(parts):
+        every, some = local[p, 0], local[p, 1]
+        zeros = zeros_chosen = 0
+        smallest = smallest_chosen = low = low_chosen = np.inf
+        high = high_chosen = -np.inf
+        for i in range(x.size * p // parts, x.size * (p + 1) // parts):
+            v = x[i]
+            slot = _slot(v, bits[i], first, shift, slots, thresholds)
+            every[slot] += 1
+            if keep:
+                index[i] = slot
+            zeros += v == 0.0
+            positive = v if v > 0.0 else np.inf
+            smallest = min(smallest, positive)
+            low = min(low, v)
+            high = max(high, v)
+            if pick and chosen[i]:
+                some[slot] += 1
+                zeros_chosen += v == 0.0
+                smallest_chosen = min(smallest_chosen, positive)
+                low_chosen = min(low_chosen, v)
+                high_chosen = max(high_chosen, v)
+        found[p, 0, 0], found[p, 1, 0] = zeros, zeros_chosen
+        found[p, 0, 1], found[p, 1, 1] = low, low_chosen
+        found[p, 0, 2], found[p, 1, 2] = high, high_chosen
+        found[p, 0, 3], found[p, 1, 3] = smallest, smallest_chosen
+    stats[:, 0] = 0.0
+    stats[:, 1] = stats[:, 3] = np.inf
+    stats[:, 2] = -np.inf
+    for p in range(parts):
+        counts += local[p]
+        for j in range(2):
+            stats[j, 0] += found[p, j, 0]
+            stats[j, 1] = min(stats[j, 1], found[p, j, 1])
+            stats[j, 2] = max(stats[j, 2], found[p, j, 2])
+            stats[j, 3] = min(stats[j, 3], found[p, j, 3])
 
 
 @_jit

@@ -31,6 +31,7 @@ from iscore.histogram import (
     LogHistogram,
     _log_bin,
     _slot_table,
+    bin_chosen,
     bin_values,
 )
 from iscore.impact import _compiled_sums, _sequence_sums
@@ -271,6 +272,66 @@ def test_histograms_equal_the_reference(seed) -> None:
         os.environ[kernels.ENV] = "numba"
         for other in paths[1:]:
             _assert_same(paths[0], other)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [5, 100_000])
+def test_values_binned_with_a_choice_are_those_binned_apart(dtype, size) -> None:
+    """`bin_chosen`: the histogram of all values and that of the chosen ones, as
+    `LogHistogram.update` makes them of each apart on the reference, zeros of both signs,
+    extremes, none, every and only zeros chosen; below and above `kernels.SPLIT` values."""
+    rng = np.random.default_rng(size)
+    x = torch.from_numpy(np.abs(rng.standard_normal(size)) * 10.0 ** rng.uniform(-14, 9, size))
+    x = x.to(dtype)
+    x[:4] = torch.tensor([0.0, -0.0, torch.finfo(dtype).max, torch.finfo(dtype).tiny], dtype=dtype)
+    random = torch.from_numpy(rng.random(size) < 0.3)
+    zeros = x == 0
+    for chosen in (random, ~random, zeros, ~zeros, torch.zeros(size, dtype=torch.bool)):
+        found = bin_chosen(x, chosen)
+        assert found is not None
+        paths = []
+        for binned in found:
+            hist = LogHistogram()
+            if binned is not None:
+                hist.add(binned)
+            paths.append(hist)
+        os.environ[kernels.ENV] = "reference"
+        expected = [LogHistogram(), LogHistogram()]
+        expected[0].update(x)
+        if chosen.any():
+            expected[1].update(x[chosen])
+        os.environ[kernels.ENV] = "numba"
+        for got, want in zip(paths, expected, strict=True):
+            _assert_same(got, want)
+            assert math.copysign(1.0, got.min) == math.copysign(1.0, want.min)
+
+
+def test_log_bins_count_the_same_in_any_number_of_ranges() -> None:
+    """The compiled counts do not depend on how many ranges (threads) count them, nor the
+    slots written, nor the stats of the chosen values."""
+    rng = np.random.default_rng(1)
+    x = np.exp(rng.normal(0.0, 3.0, 10_001))
+    x[::97] = 0.0
+    chosen = rng.random(x.size) < 0.5
+    k = kernels._ready()
+    first, shift, slots, thresholds = _slot_table(torch.float64)
+    found = []
+    for parts in (1, 2, 3, 7):
+        counts, stats = np.zeros((2, _BINS + 2), np.int64), np.empty((2, 4))
+        index = np.empty(x.size, np.int32)
+        bits = x.view(np.int64)
+        k.log_bins(x, bits, first, shift, slots, thresholds, chosen, counts, index, stats, parts)
+        found.append((counts, stats, index))
+    for counts, stats, index in found:
+        np.testing.assert_array_equal(counts, found[0][0])
+        np.testing.assert_array_equal(stats, found[0][1])
+        np.testing.assert_array_equal(index, found[0][2])
+    counts, stats, index = found[0]
+    np.testing.assert_array_equal(counts[0], np.bincount(index, minlength=_BINS + 2))
+    np.testing.assert_array_equal(counts[1], np.bincount(index[chosen], minlength=_BINS + 2))
+    picked = x[chosen]
+    assert stats[0, [0, 3]].tolist() == [np.sum(x == 0), x[x > 0].min()]
+    assert stats[1].tolist() == [np.sum(picked == 0), 0.0, picked.max(), picked[picked > 0].min()]
 
 
 def _assert_same(a: LogHistogram, b: LogHistogram) -> None:

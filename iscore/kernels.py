@@ -14,7 +14,9 @@ values:
   passes over the tokens and without an argsort.
 - `log_bins`: a `LogHistogram`'s slots and counts, each value's slot read from a table of its
   bits (`histogram._slot_table`, exact by construction) instead of a float32 log10 and the
-  float64 formula again near the edges; 5x faster.
+  float64 formula again near the edges; 5x faster. The same pass counts the zeros and finds
+  the smallest positive value, and bins a chosen part of the values apart (a step's |d| and
+  those of its tokens with d < 0, without gathering them); each thread counts its own range.
 - `joint_counts`: the (rollout, train) log-prob grid in one pass instead of two float64
   copies, five passes over them and a bincount.
 - `bucket_sums`: the by-probability table's counts and sums in one pass.

@@ -42,11 +42,12 @@ def _value(key, signed):
 def _gather(values, signed, k, hist, keys):
     """Count the top 16 bits of every key; gather the keys that share those of the k-th
     smallest into `keys`: (how many, the k-th's rank among them), (-1, 0) when a value
-    is not finite."""
+    is not finite. `hist` is all zeros before and after (each count is reset as the second
+    pass reads its key: no pass over the 65,536 counts of a selection)."""
     u = values.view(np.uint64)
-    hist[:] = 0
     for i in range(u.size):
         if values[i] - values[i] != 0.0:  # NaN or infinite
+            hist[:] = 0
             return -1, 0
         hist[_ordered(u[i], signed) >> _TOP] += 1
     below = 0
@@ -58,7 +59,9 @@ def _gather(values, signed, k, hist, keys):
     chosen = np.uint64(digit)
     for i in range(u.size):
         key = _ordered(u[i], signed)
-        if key >> _TOP == chosen:
+        top = key >> _TOP
+        hist[top] = 0
+        if top == chosen:
             keys[m] = key
             m += 1
     return m, k - below
@@ -67,12 +70,12 @@ def _gather(values, signed, k, hist, keys):
 @_jit
 def _narrow(keys, m, rank, hist):
     """The rank-th smallest of keys[:m], which share their top 16 bits: the next 16
-    bits at a time, keeping those that share the wanted key's."""
+    bits at a time, keeping those that share the wanted key's (`hist` all zeros before and
+    after, as in `_gather`)."""
     shift = np.uint64(32)
     for _ in range(3):
         if m <= 1:
             break
-        hist[:] = 0
         for i in range(m):
             hist[(keys[i] >> shift) & _MASK] += 1
         below = 0
@@ -84,7 +87,9 @@ def _narrow(keys, m, rank, hist):
         j = 0
         chosen = np.uint64(digit)
         for i in range(m):
-            if (keys[i] >> shift) & _MASK == chosen:
+            part = (keys[i] >> shift) & _MASK
+            hist[part] = 0
+            if part == chosen:
                 keys[j] = keys[i]
                 j += 1
         m = j
@@ -121,6 +126,13 @@ def _middle(values, signed, keys, hist):
 
 @_jit
 def median_mad(x, keys, hist, dev):
+    hist[:] = 0
+    return _median_mad(x, keys, hist, dev)
+
+
+@_jit
+def _median_mad(x, keys, hist, dev):
+    """`median_mad` with `hist` all zeros (and left so)."""
     center = _middle(x, True, keys, hist)
     if np.isnan(center):
         return np.nan, np.nan
@@ -210,10 +222,11 @@ def far_counts(
         due[b] -= 1
     center = np.zeros(bin_count)
     scale = np.ones(bin_count)
+    hist[:] = 0
     for b in range(bin_count):
         if sizes[b] == 0:
             continue
-        c, mad = median_mad(picked[offsets[b] : offsets[b + 1]], keys, hist, dev)
+        c, mad = _median_mad(picked[offsets[b] : offsets[b + 1]], keys, hist, dev)
         if np.isnan(c) or np.isnan(mad):
             return False
         center[b] = c

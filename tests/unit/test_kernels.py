@@ -160,6 +160,19 @@ def test_values_not_finite_are_left_to_the_reference() -> None:
     np.testing.assert_array_equal(noise.segment_medians(values, counts), [2.0, 3.0])
 
 
+def test_a_selection_leaves_its_counts_at_zero() -> None:
+    """The radix counts are reset as they are read (not cleared before each selection):
+    after a median of values with ties, of a NaN met midway, of one value, all are 0 again,
+    and the bins of `far_counts` (one call, several selections) stay exact."""
+    k = kernels._ready()
+    rng = np.random.default_rng(3)
+    for x in (_values(rng, 1, 5001), np.r_[rng.normal(size=100), np.nan, 1.0], np.ones(1)):
+        hist = np.zeros(k.DIGITS, np.int64)
+        with np.errstate(invalid="ignore"):
+            k._median_mad(x, np.empty(x.size, np.uint64), hist, np.empty(x.size))
+        assert not hist.any()
+
+
 def test_without_numba_the_reference_answers(monkeypatch) -> None:
     x = np.random.default_rng(0).normal(0.0, 0.05, 1001)
     expected = noise.median_mad(x)

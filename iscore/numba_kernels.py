@@ -274,12 +274,13 @@ def log_bins(x, bits, first, shift, slots, thresholds, chosen, counts, index, st
             smallest = min(smallest, positive)
             low = min(low, v)
             high = max(high, v)
-            if pick and chosen[i]:
-                some[slot] += 1
-                zeros_chosen += v == 0.0
-                smallest_chosen = min(smallest_chosen, positive)
-                low_chosen = min(low_chosen, v)
-                high_chosen = max(high_chosen, v)
+            if pick:  # without branches on `chosen`: half of d < 0 is a coin toss
+                c = chosen[i]
+                some[slot] += np.int64(c)
+                zeros_chosen += c & (v == 0.0)
+                smallest_chosen = min(smallest_chosen, positive if c else np.inf)
+                low_chosen = min(low_chosen, v if c else np.inf)
+                high_chosen = max(high_chosen, v if c else -np.inf)
         found[p, 0, 0], found[p, 1, 0] = zeros, zeros_chosen
         found[p, 0, 1], found[p, 1, 1] = low, low_chosen
         found[p, 0, 2], found[p, 1, 2] = high, high_chosen

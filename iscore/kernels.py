@@ -24,7 +24,7 @@ values:
   slot to their own.
 - `setting_sums`: a setting's per-sequence weight sums (and of their squares), loss, kept and
   non-zero tokens, and truncated tokens (`impact._sequence_sums`), in one pass.
-- `js_argument`, `token_sums`: the mismatch's ten per-token terms summed per sequence
+- `js_argument`, `token_sums`: the mismatch's twelve per-token terms summed per sequence
   (`mismatch._token_sums`), in two passes around torch's log1p.
 - `window_means`: the attribution's largest window mean per sequence.
 
@@ -313,14 +313,16 @@ def token_sums(
     rho: np.ndarray,
     em1: np.ndarray,
     lg: np.ndarray,
+    rollout: np.ndarray,
     mask: np.ndarray | None,
     cu_seqlens: np.ndarray,
     clamp: tuple[float, float],
 ) -> np.ndarray | None:
-    """float64 [12, B]: per sequence (`cu_seqlens` its offsets) the sums of its tokens'
+    """float64 [14, B]: per sequence (`cu_seqlens` its offsets) the sums of its tokens'
     d, |d|, d^2, k3, k3 reversed, js (`lg`: log1p of `js_argument`), and over its loss
-    tokens (`mask`, None: every token) of e^|d|, e^d, e^2d and e^2d clamped to `clamp`, as
-    `np.add.reduceat` sums them; then its tokens with d < 0 and with d > 0. d is float64,
+    tokens (`mask`, None: every token) of e^|d|, e^d, e^2d and e^2d clamped to `clamp`; of
+    the rollout log-prob squared and times d (`rollout`, 0 outside the loss, in float64); all
+    as `np.add.reduceat` sums them; then its tokens with d < 0 and with d > 0. d is float64,
     0 outside the loss; `rho` = e^d and `em1` = e^d - 1 from torch. None where the
     reference must answer."""
     if not _wanted():
@@ -328,11 +330,8 @@ def token_sums(
     k = _ready()
     cu = cu_seqlens.astype(np.int64)
     out = np.zeros((k.TERMS + 2, cu.size - 1))
-    none = np.empty(0, np.bool_)
-    low, high = clamp
-    k.token_sums(
-        d, rho, em1, lg, none if mask is None else mask, cu[:-1], np.diff(cu), low, high, out
-    )
+    mask = np.empty(0, np.bool_) if mask is None else mask
+    k.token_sums(d, rho, em1, lg, rollout, mask, cu[:-1], np.diff(cu), *clamp, out)
     return out
 
 

@@ -207,15 +207,16 @@ class MismatchStats:
         # Loss tokens on either side of 0 (dm is 0 outside the loss): the sign test of
         # `noise.outside`, and the sign balance of the `constant_offset` flag.
         below = ops.compare("lt", dm, 0.0, buf("below", torch.bool))
-        found = None if huge else _compiled_token_sums(batch, dm, rho, em1, max_abs, buf)
-        if found is None:
-            found = _token_sums(batch, dm, absd, rho, em1, below, max_abs, masked_out, buf)
-        sums, k3 = found
-        # Without float64 copies: float32 sums, in float64, are the same either way.
         logprobs = {"train": batch.train, "rollout": batch.rollout}
         if not every:
             for name, values in logprobs.items():
                 logprobs[name] = _where(m, values, 0.0, buf(name, torch.float32))
+        rl = logprobs["rollout"]
+        found = None if huge else _compiled_token_sums(batch, dm, rho, em1, rl, max_abs, buf)
+        if found is None:
+            found = _token_sums(batch, dm, absd, rho, em1, rl, below, max_abs, masked_out, buf)
+        sums, k3 = found
+        # Without float64 copies: float32 sums, in float64, are the same either way.
         sums |= ops.segment_sums_on_host(batch, logprobs)
         sums["T"] = (
             batch.lengths.cpu().numpy().astype(np.float64)
@@ -272,18 +273,10 @@ class MismatchStats:
         self.joint.update(
             batch.rollout if every else batch.rollout[m], batch.train if every else batch.train[m]
         )
-        rl = buf("rl").copy_(logprobs["rollout"])
-        self.regression += np.array(
-            [
-                loss,
-                sums["rollout"].sum(),
-                float(torch.dot(rl, rl)),
-                sums["S"].sum(),
-                sums["d2"].sum(),
-                float(torch.dot(rl, dm)),
-            ],
-            dtype=np.float64,
-        )
+        # Sums of per-sequence sums, as for every other statistic: the same on any number
+        # of threads (a parallel dot product's is not).
+        terms = ("rollout", "rollout2", "S", "d2", "rollout_d")  # x, x2, y, y2, xy
+        self.regression += np.array([loss, *(sums[k].sum() for k in terms)], dtype=np.float64)
         negative, positive = int(sums["negative"].sum()), int(sums["positive"].sum())
         self.signs += np.array([negative, loss - negative - positive, positive])
         self._keep_worst_tokens(batch, d, absd, max_abs)
@@ -548,7 +541,20 @@ class MismatchStats:
         return rows
 
 
-_TOKEN_TERMS = ("S", "abs", "d2", "k3", "k3r", "js", "mult", "rho", "rho2", "chi")
+_TOKEN_TERMS = (
+    "S",
+    "abs",
+    "d2",
+    "k3",
+    "k3r",
+    "js",
+    "mult",
+    "rho",
+    "rho2",
+    "chi",
+    "rollout2",
+    "rollout_d",
+)
 """The per-sequence sums of `_token_sums`, in the order of `kernels.token_sums`' rows (then
 "negative" and "positive")."""
 
@@ -559,6 +565,7 @@ def _token_sums(
     absd: torch.Tensor,
     rho: torch.Tensor,
     em1: torch.Tensor,
+    rollout: torch.Tensor,
     below: torch.Tensor,
     max_abs: np.ndarray,
     masked_out: torch.Tensor | None,
@@ -567,13 +574,15 @@ def _token_sums(
     """(float64 [B] per sequence: the sums of `_TOKEN_TERMS` and the tokens with d < 0
     ("negative", `below`) and d > 0 ("positive"); k3 [N] of each token). dm: the log-ratios,
     0 outside the loss (`masked_out`); e^|d|, e^d and e^2d count loss tokens only; rho = e^d,
-    em1 = e^d - 1; max_abs: each sequence's largest |d|."""
+    em1 = e^d - 1; `rollout`: the rollout log-probs, 0 outside the loss (its square and
+    product with d, in float64, are the regression's); max_abs: each sequence's largest |d|."""
 
     def loss_only(values: torch.Tensor) -> torch.Tensor:
         """Zero the non-loss tokens of a scratch tensor, in place."""
         return values if masked_out is None else values.masked_fill_(masked_out, 0.0)
 
     rho2 = torch.mul(rho, rho, out=buf("rho2"))
+    rl = buf("rl").copy_(rollout)
     tail = torch.reciprocal(rho, out=buf("tail"))
     mult = torch.maximum(rho, tail, out=buf("mult"))  # e^|d|
     tail = torch.minimum(rho, tail, out=tail)  # e^-|d|
@@ -592,6 +601,8 @@ def _token_sums(
         "mult": loss_only(mult),
         "rho": rho if masked_out is None else _where(batch.loss_mask, rho, 0.0, buf("rho")),
         "rho2": loss_only(rho2),
+        "rollout2": torch.mul(rl, rl, out=buf("rollout2")),
+        "rollout_d": torch.mul(rl, dm, out=buf("rollout_d")),
         "negative": below,
         "positive": ops.compare("gt", dm, 0.0, buf("above", torch.bool)),
     }
@@ -615,6 +626,7 @@ def _compiled_token_sums(
     dm: torch.Tensor,
     rho: torch.Tensor,
     em1: torch.Tensor,
+    rollout: torch.Tensor,
     max_abs: np.ndarray,
     buf: Callable[..., torch.Tensor],
 ) -> tuple[dict[str, np.ndarray], torch.Tensor] | None:
@@ -630,7 +642,9 @@ def _compiled_token_sums(
     lg = arg.log1p_()  # torch's log1p, as the reference's
     mask = None if ops.mask_is_all(batch, batch.loss_mask) else batch.loss_mask.numpy()
     cu = batch.cu_seqlens.numpy()
-    out = kernels.token_sums(dm.numpy(), rho.numpy(), em1.numpy(), lg.numpy(), mask, cu, _CHI_CLAMP)
+    out = kernels.token_sums(
+        dm.numpy(), rho.numpy(), em1.numpy(), lg.numpy(), rollout.numpy(), mask, cu, _CHI_CLAMP
+    )
     if out is None:
         return None
     sums = dict(zip((*_TOKEN_TERMS, "negative", "positive"), out, strict=True))

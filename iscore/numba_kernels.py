@@ -471,17 +471,20 @@ def js_argument(d, rho, em1, arg, k3):
 
 _LN2 = math.log(2.0)
 
-TERMS = 10
+TERMS = 12
 """The per-token terms `token_sums` adds: d, |d|, d^2, k3, k3 reversed, js, e^|d|, e^d,
-e^2d and e^2d clamped (the last four 0 outside the loss)."""
+e^2d and e^2d clamped (these four 0 outside the loss), then the rollout log-prob (0
+outside the loss) squared and times d."""
 
 
 @_jit(inline="always")
-def _terms(d, rho, em1, lg, mask, i, low, high, v):
+def _terms(d, rho, em1, lg, rl, mask, i, low, high, v):
     """Token i's `TERMS` into v, as `mismatch.MismatchStats.update`'s torch operations
     round them (lg: log1p of `js_argument`)."""
-    x, r, e, g = d[i], rho[i], em1[i], lg[i]
+    x, r, e, g, q = d[i], rho[i], em1[i], lg[i], np.float64(rl[i])
     a = abs(x)
+    v[10] = q * q
+    v[11] = q * x
     v[0] = x
     v[1] = a
     v[2] = x * x
@@ -499,7 +502,7 @@ def _terms(d, rho, em1, lg, mask, i, low, high, v):
 
 
 @_jit
-def _pairwise_terms(d, rho, em1, lg, mask, lo, n, low, high):
+def _pairwise_terms(d, rho, em1, lg, rl, mask, lo, n, low, high):
     """The sums of `_terms` over [lo, lo + n), each in numpy's pairwise order (`_pairwise`);
     the 8 accumulators of a block as a vector, the terms written out for the compiler to
     compute 8 tokens at once."""
@@ -507,7 +510,7 @@ def _pairwise_terms(d, rho, em1, lg, mask, lo, n, low, high):
     if n < 8:
         s = np.zeros(TERMS)
         for i in range(lo, lo + n):
-            _terms(d, rho, em1, lg, mask, i, low, high, v)
+            _terms(d, rho, em1, lg, rl, mask, i, low, high, v)
             for f in range(TERMS):
                 s[f] += v[f]
         return s
@@ -519,7 +522,7 @@ def _pairwise_terms(d, rho, em1, lg, mask, lo, n, low, high):
         while i < n - n % 8:
             for j in range(8):
                 t = lo + i + j
-                x, p, e, g = d[t], rho[t], em1[t], lg[t]
+                x, p, e, g, q = d[t], rho[t], em1[t], lg[t], np.float64(rl[t])
                 a = abs(x)
                 loss = 1.0 if every else np.float64(mask[t])
                 square = p * p
@@ -533,6 +536,8 @@ def _pairwise_terms(d, rho, em1, lg, mask, lo, n, low, high):
                 v8[7, j] = p * loss
                 v8[8, j] = square * loss
                 v8[9, j] = min(max(square, low), high) * loss
+                v8[10, j] = q * q
+                v8[11, j] = q * x
             if i == 0:  # the accumulators start at the first 8 values (0 + -0 would be +0)
                 r[:] = v8
             else:
@@ -544,19 +549,19 @@ def _pairwise_terms(d, rho, em1, lg, mask, lo, n, low, high):
                 (r[f, 4] + r[f, 5]) + (r[f, 6] + r[f, 7])
             )
         for t in range(lo + i, lo + n):
-            _terms(d, rho, em1, lg, mask, t, low, high, v)
+            _terms(d, rho, em1, lg, rl, mask, t, low, high, v)
             for f in range(TERMS):
                 s[f] += v[f]
         return s
     half = n // 2
     half -= half % 8
-    return _pairwise_terms(d, rho, em1, lg, mask, lo, half, low, high) + _pairwise_terms(
-        d, rho, em1, lg, mask, lo + half, n - half, low, high
+    return _pairwise_terms(d, rho, em1, lg, rl, mask, lo, half, low, high) + _pairwise_terms(
+        d, rho, em1, lg, rl, mask, lo + half, n - half, low, high
     )
 
 
 @_jit(parallel=True)
-def token_sums(d, rho, em1, lg, mask, starts, counts, low, high, out):
+def token_sums(d, rho, em1, lg, rl, mask, starts, counts, low, high, out):
     """Per segment (the next `counts[s]` tokens from `starts[s]`), into the rows of `out`:
     the sums of the `TERMS` (as `np.add.reduceat` sums them: the first token's, then the
     rest pairwise), then the tokens with d < 0 and with d > 0."""
@@ -565,9 +570,9 @@ def token_sums(d, rho, em1, lg, mask, starts, counts, low, high, out):
         if n == 0:
             continue
         first = np.empty(TERMS)
-        _terms(d, rho, em1, lg, mask, start, low, high, first)
+        _terms(d, rho, em1, lg, rl, mask, start, low, high, first)
         if n > 1:
-            first += _pairwise_terms(d, rho, em1, lg, mask, start + 1, n - 1, low, high)
+            first += _pairwise_terms(d, rho, em1, lg, rl, mask, start + 1, n - 1, low, high)
         out[:TERMS, s] = first
         negative = positive = 0
         for t in range(start, start + n):

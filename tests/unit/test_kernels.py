@@ -396,6 +396,31 @@ def test_an_analysis_is_the_same_on_both_paths(sample) -> None:
     assert documents[0] == documents[1]
 
 
+@pytest.mark.parametrize("mode", ["numba", "reference"])
+def test_an_analysis_does_not_depend_on_the_thread_count(mode) -> None:
+    """Every number of an analysis, byte for byte, on one thread and on three (torch's and
+    the kernels'): every float sum adds per sequence, then over the sequences, in an order no
+    thread count changes (the d-on-rollout regression's sums were torch's parallel dot
+    products, whose order is)."""
+    code = (
+        "import json, sys, torch; torch.set_num_threads(int(sys.argv[1])); "
+        "from iscore.analysis import analyze; from iscore.bench.base import SETTINGS; "
+        "from iscore.settings import resolve; "
+        "a = analyze('data/long_collapse.parquet', [resolve(s) for s in SETTINGS]); "
+        "print(json.dumps(a.to_dict(), sort_keys=True))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS")}
+    env[kernels.ENV] = mode
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code, threads], env=env, capture_output=True, text=True
+        )
+        for threads in ("1", "3")
+    ]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+    assert runs[0].stdout == runs[1].stdout
+
+
 # Lengths at numpy's pairwise-summation boundaries (8 accumulators, blocks of 128) and an
 # empty sequence.
 PAIRWISE_LENGTHS = [1, 2, 7, 8, 9, 0, 16, 17, 127, 128, 129, 130, 136, 137, 255, 256, 257, 1000]
@@ -521,8 +546,9 @@ def test_window_means_equal_the_reference_and_a_loop(seed) -> None:
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_token_sums_equal_the_reference(masked, seed) -> None:
-    """The mismatch's per-sequence sums of d, |d|, d^2, k3, k3 reversed, js, e^|d|, e^d, e^2d
-    and chi, and its k3 per token, byte for byte as the torch reference: at the pairwise
+    """The mismatch's per-sequence sums of d, |d|, d^2, k3, k3 reversed, js, e^|d|, e^d, e^2d,
+    chi, the rollout log-prob squared and times d, and its k3 per token, byte for byte as the
+    torch reference: at the pairwise
     boundaries, with zeros of both signs, |d| from 1e-8 to 300 (chi clamped past 20),
     outside the loss and in fully masked sequences."""
     rng = np.random.default_rng(seed)
@@ -547,11 +573,17 @@ def test_token_sums_equal_the_reference(masked, seed) -> None:
         return torch.empty(n, dtype=dtype)
 
     masked_out = None if not masked else ~m
-    reference, k3 = _token_sums(batch, dm, absd, rho, em1, below, max_abs, masked_out, buf)
-    compiled = _compiled_token_sums(batch, dm, rho, em1, max_abs, buf)
+    rollout = torch.where(m, batch.rollout, 0.0)
+    args = (batch, dm, absd, rho, em1, rollout, below, max_abs, masked_out, buf)
+    reference, k3 = _token_sums(*args)
+    compiled = _compiled_token_sums(batch, dm, rho, em1, rollout, max_abs, buf)
     assert compiled is not None
     assert compiled[0].keys() == reference.keys()
     for name in reference:
         assert compiled[0][name].tobytes() == reference[name].tobytes(), name
     assert compiled[1].numpy().tobytes() == k3.numpy().tobytes()
     assert (seed == 2) == (max_abs.max() > 20.0)  # the clamp of chi is exercised
+    x, y = rollout.double().numpy(), dm.numpy()
+    for s, (a, b) in enumerate(itertools.pairwise(batch.cu_seqlens.tolist())):
+        for name, terms in (("rollout2", x[a:b] * x[a:b]), ("rollout_d", x[a:b] * y[a:b])):
+            assert reference[name][s] == pytest.approx(math.fsum(terms), rel=1e-12, abs=1e-300)

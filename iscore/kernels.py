@@ -211,11 +211,8 @@ def joint_counts(x: np.ndarray, y: np.ndarray, lo: float, scale: float, counts: 
     if not _wanted():
         return False
     flat = counts.reshape(-1)
-    return bool(
-        _ready().joint_counts(
-            np.ascontiguousarray(x), np.ascontiguousarray(y), lo, scale, counts.shape[0], flat
-        )
-    )
+    x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
+    return bool(_ready().joint_counts(x, y, lo, scale, counts.shape[0], flat, _parts(x.size)))
 
 
 def bucket_sums(

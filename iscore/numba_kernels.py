@@ -311,17 +311,30 @@ def rebin(x, bits, like_slots, changed, first, shift, slots, thresholds, counts)
         counts[_slot(x[i], bits[i], first, shift, slots, thresholds)] += 1
 
 
-@_jit
-def joint_counts(x, y, lo, scale, bins, counts):
+@_jit(parallel=True)
+def joint_counts(x, y, lo, scale, bins, counts, parts):
     """Add each pair's cell of a `Histogram2D` (bin floor((v - lo) scale), clipped to
-    [0, bins)) to `counts` (flat, row-major); False (nothing added) where a value is NaN."""
-    for i in range(x.size):
-        if x[i] != x[i] or y[i] != y[i]:
-            return False
-    for i in range(x.size):
-        a = min(max(np.floor((np.float64(x[i]) - lo) * scale), 0.0), bins - 1.0)
-        b = min(max(np.floor((np.float64(y[i]) - lo) * scale), 0.0), bins - 1.0)
-        counts[int(a) * bins + int(b)] += 1
+    [0, bins)) to `counts` (flat, row-major), the pairs cut in `parts` ranges, each counted
+    apart (by a thread); False (nothing added) where a value is NaN."""
+    local = np.zeros((parts, counts.size), np.int64)
+    nan = np.zeros(parts, np.bool_)
+    for p in prange(parts):
+        start, stop = x.size * p // parts, x.size * (p + 1) // parts
+        for i in range(start, stop):
+            if x[i] != x[i] or y[i] != y[i]:
+                nan[p] = True
+                break
+        if nan[p]:
+            continue
+        grid = local[p]
+        for i in range(start, stop):
+            a = min(max(np.floor((np.float64(x[i]) - lo) * scale), 0.0), bins - 1.0)
+            b = min(max(np.floor((np.float64(y[i]) - lo) * scale), 0.0), bins - 1.0)
+            grid[int(a) * bins + int(b)] += 1
+    if nan.any():
+        return False
+    for p in range(parts):
+        counts += local[p]
     return True
 
 

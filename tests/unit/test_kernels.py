@@ -320,8 +320,8 @@ def test_values_binned_with_a_choice_are_those_binned_apart(dtype, size) -> None
 
 
 def test_log_bins_count_the_same_in_any_number_of_ranges() -> None:
-    """The compiled counts do not depend on how many ranges (threads) count them, nor the
-    slots written, nor the stats of the chosen values."""
+    """The compiled counts (histogram bins, the joint grid) do not depend on how many ranges
+    (threads) count them, nor the slots written, nor the stats of the chosen values."""
     rng = np.random.default_rng(1)
     x = np.exp(rng.normal(0.0, 3.0, 10_001))
     x[::97] = 0.0
@@ -344,6 +344,18 @@ def test_log_bins_count_the_same_in_any_number_of_ranges() -> None:
     np.testing.assert_array_equal(counts[1], np.bincount(index[chosen], minlength=_BINS + 2))
     picked = x[chosen]
     assert stats[0, [0, 3]].tolist() == [np.sum(x == 0), x[x > 0].min()]
+    grids = []
+    y = rng.permutation(x)
+    for parts in (1, 2, 3, 7):
+        grid = np.zeros(80 * 80, np.int64)
+        assert k.joint_counts(-np.log(x + 1e-9), -y, -20.0, 4.0, 80, grid, parts)
+        grids.append(grid)
+    for grid in grids:
+        np.testing.assert_array_equal(grid, grids[0])
+    assert grids[0].sum() == x.size
+    late_nan = np.r_[-y[:-1], np.nan]  # met by the last range only: nothing added
+    assert not k.joint_counts(-np.log(x + 1e-9), late_nan, -20.0, 4.0, 80, grid, 3)
+    np.testing.assert_array_equal(grid, grids[0])
     assert stats[1].tolist() == [np.sum(picked == 0), 0.0, picked.max(), picked[picked > 0].min()]
 
 
@@ -364,7 +376,7 @@ def test_joint_counts_equal_the_reference(dtype) -> None:
     edges = np.concatenate(
         [on, np.nextafter(on, np_dtype(-np.inf)), np.nextafter(on, np_dtype(np.inf))]
     )
-    x = np.concatenate([-rng.exponential(3.0, 50_000), edges, [-1e30, -25.0, 0.5, 3e30]]).astype(
+    x = np.concatenate([-rng.exponential(3.0, 90_000), edges, [-1e30, -25.0, 0.5, 3e30]]).astype(
         np_dtype
     )
     y = rng.permutation(x)

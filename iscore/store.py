@@ -1,7 +1,7 @@
 """The results store: what an analysis computed of each step of each file, kept on disk so that
 analyzing a run again reads and computes only what changed (docs/runs.md#the-results-store).
 
-One Arrow IPC file per dump file (`<folder>/iscore-results-v3/<key[:2]>/<key>.arrow`), keyed by
+One Arrow IPC file per dump file (`<folder>/iscore-results-v4/<key[:2]>/<key>.arrow`), keyed by
 the file's identity (its resolved path, size, modification time and a digest of its Parquet
 footer), iscore's version, the column mapping and the device. It holds, for each part of the
 file (a run of one step's sequences, in the order read), the state of the mismatch's, the
@@ -11,10 +11,10 @@ them all. A setting is known by its config (`framework` and the framework's own 
 display name is not part of it).
 
 Beside them, the merge of every part of a dump's files (`RunKey`:
-`<folder>/iscore-results-v3/merged/<slot>.arrow`, one per folder, step selection and device,
+`<folder>/iscore-results-v4/merged/<slot>.arrow`, one per folder, step selection and device,
 keyed by the files' own entries), so that a run of thousands of unchanged step files
 is read back in one entry; and the footers that passed `iscore.footer.check`
-(`<folder>/iscore-results-v3/footers/<version>/`), which are not parsed again.
+(`<folder>/iscore-results-v4/footers/<version>/`), which are not parsed again.
 
 Nothing read is trusted (but the footers' marks: whoever can write the folder can skip a
 footer's check, docs/security.md): an entry of another version, file or mapping, or one whose
@@ -53,10 +53,12 @@ from iscore.impact import SettingStats
 from iscore.mismatch import MismatchStats
 from iscore.spec import Spec
 
-FORMAT = 3
+FORMAT = 4
 """The layout of the entries; a store of another format is never read (1 had a SHA-256 per
 part's state, checked much more slowly than one checksum per entry; 2 lacked each sequence's
-spread against the noise, `iscore.noise.deviations`)."""
+spread against the noise, `iscore.noise.deviations`; 3 held the d-on-rollout regression's
+sums as torch's parallel dot products gave them, which a fresh analysis now sums per
+sequence: they differ in the last bits)."""
 
 MISMATCH = "mismatch"
 """The `what` of the mismatch's accumulator (a setting's is its `setting_key`)."""

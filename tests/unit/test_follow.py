@@ -146,6 +146,9 @@ def test_a_missing_folder_is_named(tmp_path):
 
 
 def _watch(*argv: str, **kwargs) -> subprocess.Popen:
+    """`iscore watch` in a child process, with Ctrl-C's default disposition: a shell starts
+    background jobs with SIGINT ignored, and children inherit that (the Ctrl-C test hung
+    under `bash -c 'bash .ci/run' &`), where an interactive terminal's process has it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-m", "iscore", "watch", *argv],
@@ -153,6 +156,7 @@ def _watch(*argv: str, **kwargs) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         **kwargs,
     )
 

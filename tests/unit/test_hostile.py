@@ -624,12 +624,15 @@ def test_ctrl_c_in_convert_leaves_no_file(tmp_path, capsys, monkeypatch):
 
 
 def test_ctrl_c_from_the_terminal(tmp_path, good_dump):
-    """SIGINT itself, delivered while replay reads: exit 130, one line, no file left."""
+    """SIGINT itself, delivered while replay reads: exit 130, one line, no file left (the
+    child takes Ctrl-C's default back, as in `test_signal_removes_the_temporary`)."""
     code = textwrap.dedent(
         f"""
-        import sys, time
+        import signal, sys, time
         from iscore.cli import main
         from iscore.dump import Dump
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
         def waiting(*args, **kwargs):
             print("reading", file=sys.stderr, flush=True)

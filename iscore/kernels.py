@@ -10,8 +10,9 @@ values:
   one pass counts the top 16 bits, one gathers the few values that share the median's, and
   those are narrowed 16 bits at a time; 6-8x numpy's two `np.median`.
 - `segment_medians`: a quickselect per segment, the segments in parallel.
-- `far_counts`: `noise.deviations` compared with `noise.FAR` and counted per sequence, in two
-  passes over the tokens and without an argsort.
+- `step_noise`: each step's noise (`noise.Noise.of`), and `noise.deviations` compared with
+  `noise.FAR` and counted per sequence, without an argsort; the steps, and the medians of
+  every step and bin, on every thread.
 - `log_bins`: a `LogHistogram`'s slots and counts, each value's slot read from a table of its
   bits (`histogram._slot_table`, exact by construction) instead of a float32 log10 and the
   float64 formula again near the edges; 5x faster. The same pass counts the zeros and finds
@@ -114,46 +115,55 @@ def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray | None
     return medians if finite else None
 
 
-def far_counts(
+def step_noise(
     d: np.ndarray,
     bins: np.ndarray,
     counts: np.ndarray,
+    per_step: np.ndarray,
     bin_count: int,
     far: float,
     floor: float,
     sample: int,
     mad_sd: float,
-) -> np.ndarray | None:
-    """float64 [B]: per segment (the next `counts[i]` tokens), how many tokens lie more than
-    `far` spreads from the centre of their bin (`bins`, uint8 below `bin_count`), each bin's
-    centre and spread the median and `mad_sd` x MAD of an evenly strided sample of its tokens
-    (stride n // `sample`), the spread floored at `floor`: what `noise.deviations` and
-    `noise.segment_counts` give; None where the reference must answer. Counts the tokens
-    towards `AUTO_TOKENS`: it sees each analyzed loss token once."""
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(float64 [S, 2], float64 [B]): each step's median and MAD of d, its sequences the next
+    `per_step[j]` (int64) and sequence i's tokens the next `counts[i]`; and per sequence, how
+    many of its tokens lie more than `far` spreads from the centre of their bin of its step
+    (`bins`, uint8 below `bin_count`), each bin's centre and spread the median and `mad_sd` x
+    MAD of an evenly strided sample of its tokens (stride n // `sample`), the spread floored at
+    `floor`: what `noise.Noise.of` and `noise.deviations` give. None where the reference must
+    answer. Counts the tokens towards `AUTO_TOKENS`: it sees each analyzed loss token once."""
     if not _wanted(d.size) or d.dtype != np.float64:
         return None
     k = _ready()
     n = counts.astype(np.int64)
-    starts = np.cumsum(n) - n
+    cu = np.r_[0, np.cumsum(n)]
+    first = np.r_[0, np.cumsum(per_step)]
+    at = cu[first[:-1]]
+    noise = np.zeros((per_step.size, 2))
     out = np.zeros(n.size)
-    size = min(d.size, 2 * sample + bin_count)
-    finite = k.far_counts(
+    parts = _parts(d.size)
+    finite = k.step_noise(
         np.ascontiguousarray(d),
         np.ascontiguousarray(bins, dtype=np.uint8),
-        starts,
+        at,
+        cu[first[1:]] - at,
+        cu[:-1],
         n,
+        np.repeat(np.arange(per_step.size), per_step),
         bin_count,
         far,
         floor,
         sample,
         mad_sd,
         _buffer("sample", d.size),
-        _buffer("keys", size, np.uint64),
-        _buffer("hist", k.DIGITS, np.int64),
-        _buffer("dev", size),
+        _buffer("keys", d.size, np.uint64),
+        _buffer("hists", parts * k.DIGITS, np.int64).reshape(parts, k.DIGITS),
+        _buffer("dev", d.size),
+        noise,
         out,
     )
-    return out if finite else None
+    return (noise, out) if finite else None
 
 
 def log_bins(

@@ -45,13 +45,13 @@ from iscore.histogram import (
 from iscore.noise import (
     Band,
     Noise,
-    far_counts,
     first_rise,
     outside,
     outside_by_step,
     outside_parts,
     ratio_bias,
     segment_medians,
+    step_noise,
 )
 
 PROB_EDGES = (0.0, 0.01, 0.1, 0.5, 0.9, 0.99, 1.0)
@@ -233,16 +233,17 @@ class MismatchStats:
         loss_abs, loss_below = (absd, below) if every else (absd[m], below[m])
         loss_rollout = (batch.rollout if every else batch.rollout[m]).cpu().numpy()
         steps = batch.step.cpu().numpy()
-        for step, _, tokens in noise.step_groups(steps, loss_T):
-            step_d = loss_d[tokens]
-            if not step_d.size:
+        noises, sums["far"] = step_noise(loss_d, loss_rollout, loss_T, steps)
+        for (step, _, tokens), (_, part) in zip(
+            noise.step_groups(steps, loss_T), noises, strict=True
+        ):
+            if not part.tokens:
                 continue  # a step without loss tokens
             where = tokens if isinstance(tokens, slice) else torch.from_numpy(tokens)
             self._add_abs(
                 self.step_hists.setdefault(step, LogHistogram()), loss_abs[where], loss_below[where]
             )
-            self.noise.append((step, Noise.of(step_d)))
-        sums["far"] = far_counts(loss_d, loss_rollout, loss_T, steps)
+            self.noise.append((step, part))
         for name in _SEQ_FIELDS:
             if name == "length":
                 self.seq[name].append(batch.lengths.cpu().numpy().astype(np.float64))

@@ -261,24 +261,47 @@ def segment_counts(flags: np.ndarray, T: np.ndarray) -> np.ndarray:
     return counts
 
 
-def far_counts(
-    d: np.ndarray, rollout: np.ndarray, T: np.ndarray, steps: np.ndarray | None = None
-) -> np.ndarray:
-    """float64 [B]: how many of each sequence's tokens lie beyond `FAR` (`deviations`), each
-    against its step's tokens (`steps` [B]; one step when None). The loss tokens' `d` and
-    `rollout` run sequence after sequence, `T[i]` of them for sequence i.
+def step_noise(
+    d: np.ndarray, rollout: np.ndarray, T: np.ndarray, steps: np.ndarray
+) -> tuple[list[tuple[int, Noise]], np.ndarray]:
+    """Each step's noise (`Noise.of` its tokens), ascending by step, and float64 [B] how many
+    of each sequence's tokens lie beyond `FAR` (`deviations`), each against its step's tokens.
+    The loss tokens' `d` and `rollout` run sequence after sequence, `T[i]` of them for sequence
+    i, of step `steps[i]`.
 
     >>> d = np.array([0.01, -0.01, 0.02, 0.0, 3.0, -3.0, 0.01, -0.02])
-    >>> far_counts(d, np.full(8, -0.5), np.array([4, 4])).tolist()
-    [0.0, 2.0]
+    >>> noises, far = step_noise(d, np.full(8, -0.5), np.array([4, 4]), np.array([7, 7]))
+    >>> noises, far.tolist()
+    ([(7, Noise(center=0.005, spread=0.022239, tokens=8))], [0.0, 2.0])
     """
     T = np.asarray(T).astype(np.int64)
-    if steps is None or steps.size == 0 or (steps == steps[0]).all():
-        return _far_counts(d, rollout, T)
-    counts = np.zeros(T.size)
-    for _, chosen, tokens in step_groups(steps, T):
-        counts[chosen] = _far_counts(d[tokens], rollout[tokens], T[chosen])
-    return counts
+    groups = step_groups(steps, T)
+    if groups and not isinstance(groups[0][1], slice):
+        # Interleaved steps: each step's sequences together, in their order, and back.
+        order = np.argsort(steps, kind="stable")
+        tokens = np.concatenate([t for _, _, t in groups])
+        noises, far = step_noise(d[tokens], rollout[tokens], T[order], steps[order])
+        out = np.empty_like(far)
+        out[order] = far
+        return noises, out
+    bins = _bins(rollout)
+    per_step = np.array([q.stop - q.start for _, q, _ in groups], dtype=np.int64)
+    fast = kernels.step_noise(
+        d, bins, T, per_step, _LOG_SCALE_EDGES.size + 1, FAR, SPREAD_FLOOR, BIN_SAMPLE, MAD_SD
+    )
+    if fast is not None:
+        noise, far = fast
+        noises = [
+            (step, Noise(float(c), MAD_SD * float(mad), tokens.stop - tokens.start))
+            for (step, _, tokens), (c, mad) in zip(groups, noise.tolist(), strict=True)
+        ]
+        return noises, far
+    far = np.zeros(T.size)
+    for _, chosen, tokens in groups:
+        step_d = d[tokens]
+        deviation = deviations(step_d, rollout[tokens], bins[tokens])
+        far[chosen] = segment_counts(deviation > FAR, T[chosen])
+    return [(step, Noise.of(d[tokens])) for step, _, tokens in groups], far
 
 
 def step_groups(
@@ -309,15 +332,6 @@ def step_groups(
         (int(step), np.flatnonzero(steps == step), np.flatnonzero(token_step == step))
         for step in np.unique(steps)
     ]
-
-
-def _far_counts(d: np.ndarray, rollout: np.ndarray, T: np.ndarray) -> np.ndarray:
-    """`far_counts` of one step's tokens."""
-    bins = _bins(rollout)
-    fast = kernels.far_counts(
-        d, bins, T, _LOG_SCALE_EDGES.size + 1, FAR, SPREAD_FLOOR, BIN_SAMPLE, MAD_SD
-    )
-    return fast if fast is not None else segment_counts(deviations(d, rollout, bins) > FAR, T)
 
 
 BIN_SAMPLE = 1 << 16
@@ -451,10 +465,9 @@ def outside_by_step(
     """
     T = np.asarray(T)
     medians = segment_medians(d, T)
-    far = far_counts(d, rollout, T, steps)
+    noises, far = step_noise(d, rollout, T, steps)
     broken = np.zeros(T.size, dtype=bool)
-    for _, chosen, tokens in step_groups(steps, T):
-        noise = Noise.of(d[tokens])
+    for (_, chosen, _), (_, noise) in zip(step_groups(steps, T), noises, strict=True):
         broken[chosen] = outside(
             medians[chosen], T[chosen], positive[chosen], negative[chosen], far[chosen], noise
         )

@@ -204,43 +204,71 @@ def segment_medians(values, starts, counts, work, out):
 
 
 @_jit(parallel=True)
-def far_counts(
-    d, bins, starts, counts, bin_count, far, floor, sample, mad_sd, picked, keys, hist, dev,
-    out,
+def step_noise(
+    d, bins, at, size, starts, counts, step_of, bin_count, far, floor, sample, mad_sd, picked,
+    keys, hist, dev, noise, out,
 ):  # fmt: skip
-    sizes = np.zeros(bin_count, np.int64)
-    for i in range(d.size):
-        sizes[bins[i]] += 1
-    stride = np.maximum(sizes // sample, 1)
-    offsets = np.zeros(bin_count + 1, np.int64)
-    for b in range(bin_count):
-        offsets[b + 1] = offsets[b] + (sizes[b] + stride[b] - 1) // stride[b]
-    # Every stride-th token of each bin, in order.
-    due = np.zeros(bin_count, np.int64)
-    fill = offsets[:-1].copy()
-    for i in range(d.size):
-        b = bins[i]
-        if due[b] == 0:
-            picked[fill[b]] = d[i]
-            fill[b] += 1
-            due[b] = stride[b]
-        due[b] -= 1
-    center = np.zeros(bin_count)
-    scale = np.ones(bin_count)
+    """Per step j (the next `size[j]` tokens from `at[j]`): the median and MAD of its d into
+    noise[j], and those of an evenly strided sample (stride n // `sample`) of each of its
+    bins (`bins`, uint8 below `bin_count`); then per sequence s (the next `counts[s]` tokens
+    from `starts[s]`, of step `step_of[s]`) into out[s], how many of its tokens lie more than
+    `far` spreads (`mad_sd` x the bin's MAD, at least `floor`) from their bin's median.
+
+    The steps are sampled in parallel, each into its own tokens' place in `picked`; then
+    every step's median and every bin's are selected in parallel, thread p with the counts
+    hist[p] and the scratch `keys` and `dev` at the same place.
+    Returns False where a value is not finite."""
+    steps = size.size
+    parts = hist.shape[0]
     hist[:] = 0
-    for b in range(bin_count):
-        if sizes[b] == 0:
-            continue
-        c, mad = _median_mad(picked[offsets[b] : offsets[b + 1]], keys, hist, dev)
-        if np.isnan(c) or np.isnan(mad):
-            return False
-        center[b] = c
-        scale[b] = max(mad_sd * mad, floor)
+    offsets = np.zeros((steps, bin_count + 1), np.int64)
+    for j in prange(steps):
+        sizes = np.zeros(bin_count, np.int64)
+        for i in range(at[j], at[j] + size[j]):
+            sizes[bins[i]] += 1
+        stride = np.maximum(sizes // sample, 1)
+        for b in range(bin_count):
+            offsets[j, b + 1] = offsets[j, b] + (sizes[b] + stride[b] - 1) // stride[b]
+        # Every stride-th token of each bin, in order.
+        due = np.zeros(bin_count, np.int64)
+        fill = at[j] + offsets[j, :-1]
+        for i in range(at[j], at[j] + size[j]):
+            b = bins[i]
+            if due[b] == 0:
+                picked[fill[b]] = d[i]
+                fill[b] += 1
+                due[b] = stride[b]
+            due[b] -= 1
+    finite = np.ones(parts, np.bool_)
+    for p in prange(parts):
+        for j in range(p, steps, parts):
+            lo, hi = at[j], at[j] + size[j]
+            if lo == hi:
+                continue
+            c, mad = _median_mad(d[lo:hi], keys[lo:hi], hist[p], dev[lo:hi])
+            noise[j, 0] = c
+            noise[j, 1] = mad
+            if np.isnan(c) or np.isnan(mad):
+                finite[p] = False
+    if not finite.all():
+        return False
+    center = np.zeros((steps, bin_count))
+    scale = np.ones((steps, bin_count))
+    for p in prange(parts):
+        for task in range(p, steps * bin_count, parts):
+            j, b = task // bin_count, task % bin_count
+            lo, hi = at[j] + offsets[j, b], at[j] + offsets[j, b + 1]
+            if lo == hi:
+                continue
+            c, mad = _median_mad(picked[lo:hi], keys[lo:hi], hist[p], dev[lo:hi])
+            center[j, b] = c
+            scale[j, b] = max(mad_sd * mad, floor)
     for s in prange(counts.size):
+        j = step_of[s]
         total = 0
         for t in range(starts[s], starts[s] + counts[s]):
             b = bins[t]
-            total += abs(d[t] - center[b]) / scale[b] > far
+            total += abs(d[t] - center[j, b]) / scale[j, b] > far
         out[s] = total
     return True
 

@@ -262,11 +262,9 @@ class _HealthSums:
             with np.errstate(over="ignore"):
                 for row, values in enumerate((rho, rho * rho, d > 0, d < 0)):
                     per_seq[row, has] = np.add.reduceat(values, starts[has])
-        token_step = np.repeat(step, T)
-        for s in np.unique(step):
-            self.noise.append((int(s), noise.Noise.of(d[token_step == s])))
+        noises, far = noise.step_noise(d, rollout, T, step)
+        self.noise += noises
         median = noise.segment_medians(d, T)
-        far = noise.far_counts(d, rollout, T, step)
         self.seq.append((step.astype(np.int64), T, median, far, *per_seq))
 
     def verdict(self, k3: float) -> dict:

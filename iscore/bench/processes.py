@@ -102,7 +102,7 @@ from iscore import noise
 start = time.perf_counter()
 noise.median_mad(np.arange(5.0))
 noise.segment_medians(np.arange(5.0), np.array([5]))
-noise.far_counts(np.arange(5.0), np.full(5, -1.0), np.array([5]))
+noise.step_noise(np.arange(5.0), np.full(5, -1.0), np.array([5]), np.array([0]))
 print(time.perf_counter() - start)
 """
 

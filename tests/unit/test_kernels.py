@@ -120,10 +120,12 @@ def test_segment_medians_of_sorted_and_constant_segments() -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_far_counts_equal_the_deviations_counted(seed) -> None:
-    """Per sequence, the tokens beyond FAR of their bin's noise, as `deviations` gives them
-    (itself tested against its definition): bins above BIN_SAMPLE tokens, bins on the spread
-    floor, empty bins, float32 and float64 log-probs, several steps."""
+def test_step_noise_equals_the_medians_and_the_deviations_counted(seed) -> None:
+    """Per step, the median and MAD of its tokens written out from sorted values; per
+    sequence, the tokens beyond FAR of their bin's noise in its step, as `deviations` gives
+    them (itself tested against its definition): bins above BIN_SAMPLE tokens, bins on the
+    spread floor, empty bins, float32 and float64 log-probs, one step to many, a step of one
+    token, a step without tokens, steps in order and interleaved."""
     rng = np.random.default_rng(seed)
     T = np.concatenate([[0, 1, 2], rng.integers(0, 3000, 150), [0]]).astype(np.int64)
     n = int(T.sum())
@@ -132,16 +134,27 @@ def test_far_counts_equal_the_deviations_counted(seed) -> None:
     rollout = rollout.astype(np.float32 if seed % 2 else np.float64)
     d = rng.standard_t(3, n) * 0.1 * (1.0 - np.exp(rollout.astype(np.float64)))
     d[rng.random(n) < 0.3 * (seed % 3)] = 0.0  # a MAD of 0: the spread floor
-    steps = np.sort(rng.integers(0, 1 + seed % 3, T.size))
+    steps = np.sort(rng.integers(0, [1, 3, 40][seed % 3], T.size))
+    steps[:2] = -1, -2  # a step of no token, then one of one token
+    steps[-1] = steps[-2] + 1  # a step of no token
+    if seed >= 3:
+        order = rng.permutation(T.size)
+        steps, T = steps[order], T[order]
     token_step = np.repeat(steps, T)
     deviation = np.zeros(n)
+    expected_noise = []
     for step in np.unique(steps):
         at = token_step == step
-        deviation[at] = noise.deviations(d[at], rollout[at])
+        deviation[at] = noise.deviations(d[at], rollout[at]) if at.any() else []
+        c = _median(d[at]) if at.any() else 0.0
+        mad = _median(np.abs(d[at] - c)) if at.any() else 0.0
+        expected_noise.append((int(step), noise.Noise(c, noise.MAD_SD * mad, int(at.sum()))))
     expected = noise.segment_counts(deviation > noise.FAR, T)
     assert expected.sum() > 0
-    np.testing.assert_array_equal(noise.far_counts(d, rollout, T, steps), expected)
-    np.testing.assert_array_equal(_reference(noise.far_counts, d, rollout, T, steps), expected)
+    for path in (noise.step_noise, lambda *a: _reference(noise.step_noise, *a)):
+        found, far = path(d, rollout, T, steps)
+        assert found == expected_noise
+        np.testing.assert_array_equal(far, expected)
 
 
 def test_values_not_finite_are_left_to_the_reference() -> None:
@@ -158,12 +171,21 @@ def test_values_not_finite_are_left_to_the_reference() -> None:
     values, counts = np.array([1.0, np.nan, 2.0, 3.0]), np.array([3, 1])
     assert kernels.segment_medians(values, counts) is None
     np.testing.assert_array_equal(noise.segment_medians(values, counts), [2.0, 3.0])
+    rollout, steps, per_step = np.full(4, -0.5), np.array([0, 1]), np.array([1, 1])
+    assert (
+        kernels.step_noise(values, noise._bins(rollout), counts, per_step, 8, 2.0, 1e-5, 9, 1.5)
+        is None
+    )
+    with np.errstate(invalid="ignore"):
+        found = noise.step_noise(values, rollout, counts, steps)
+        reference = _reference(noise.step_noise, values, rollout, counts, steps)
+    assert str(found) == str(reference)
 
 
 def test_a_selection_leaves_its_counts_at_zero() -> None:
     """The radix counts are reset as they are read (not cleared before each selection):
-    after a median of values with ties, of a NaN met midway, of one value, all are 0 again,
-    and the bins of `far_counts` (one call, several selections) stay exact."""
+    after a median of values with ties, of a NaN met midway, of one value, all are 0 again
+    (`step_noise` makes many selections with the same counts)."""
     k = kernels._ready()
     rng = np.random.default_rng(3)
     for x in (_values(rng, 1, 5001), np.r_[rng.normal(size=100), np.nan, 1.0], np.ones(1)):
@@ -189,10 +211,9 @@ def test_the_kernels_start_after_auto_tokens(monkeypatch) -> None:
     x = np.random.default_rng(0).normal(0.0, 0.05, 600)
     rollout, T = np.full(600, -0.5), np.array([600])
     assert kernels.median_mad(x) is None
-    assert kernels.far_counts(x, noise._bins(rollout), T, 8, noise.FAR, 1e-5, 100, 1.4826) is None
-    assert (
-        kernels.far_counts(x, noise._bins(rollout), T, 8, noise.FAR, 1e-5, 100, 1.4826) is not None
-    )
+    args = (x, noise._bins(rollout), T, np.array([1]), 8, noise.FAR, 1e-5, 100, 1.4826)
+    assert kernels.step_noise(*args) is None
+    assert kernels.step_noise(*args) is not None
     assert kernels.median_mad(x) is not None
     monkeypatch.setenv(kernels.ENV, "reference")
     assert kernels.median_mad(x) is None

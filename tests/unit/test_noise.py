@@ -196,13 +196,15 @@ def test_steps_in_any_order_are_judged_each_against_its_own_tokens(seed) -> None
     d[: T[0]] += 0.5  # a stale sequence in step 2
     rollout = rng.uniform(-6.0, 0.0, T.sum())
     signs = [noise.segment_counts(x, T) for x in (d > 0, d < 0)]
-    far = noise.far_counts(d, rollout, T, steps)
+    noises, far = noise.step_noise(d, rollout, T, steps)
     broken = noise.outside_by_step(d, rollout, T, *signs, steps)
     order = rng.permutation(T.size)
     starts = np.cumsum(T) - T
     tokens = np.concatenate([np.arange(starts[i], starts[i] + T[i]) for i in order])
     shuffled = (d[tokens], rollout[tokens], T[order])
-    np.testing.assert_array_equal(noise.far_counts(*shuffled, steps[order]), far[order])
+    shuffled_noises, shuffled_far = noise.step_noise(*shuffled, steps[order])
+    assert shuffled_noises == noises
+    np.testing.assert_array_equal(shuffled_far, far[order])
     shuffled_signs = [s[order] for s in signs]
     got = noise.outside_by_step(*shuffled, *shuffled_signs, steps[order])
     np.testing.assert_array_equal(got, broken[order])

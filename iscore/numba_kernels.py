@@ -143,40 +143,42 @@ def _median_mad(x, keys, hist, dev):
 
 
 @_jit
-def _select(a, lo, hi, k):
-    """Partition a[lo:hi] so that a[k] holds its value in sorted order, every value
-    before it no larger: quickselect around a median of three, each round moving the
-    values below the pivot to the front and, where k lies beyond them, those equal to it
-    next (so ties end a round early). The partitions swap on every value and advance by
-    the comparison, without a branch on it: twice as fast as Hoare's on random values,
-    whose comparisons no branch predictor guesses. A sort once it takes too many rounds."""
+def _select(a, k):
+    """Partition a so that a[k] holds its value in sorted order, every value before it no
+    larger: quickselect around a median of three, each round moving the values below the
+    pivot to the front and, where k lies beyond them, those equal to it next (so ties end a
+    round early). The partitions swap on every value and advance by the comparison, without
+    a branch on it: twice as fast as Hoare's on random values, whose comparisons no branch
+    predictor guesses. A sort once it takes too many rounds."""
+    lo, hi = 0, a.size
     rounds = 0
     while hi - lo > 16:
         rounds += 1
+        part = a[lo:hi]  # indexed from 0: see `_pairwise`
         if rounds > 64:
-            a[lo:hi].sort()
+            part.sort()
             return
-        mid = lo + (hi - lo) // 2
-        p, q, r = a[lo], a[mid], a[hi - 1]
+        p, q, r = part[0], part[part.size // 2], part[part.size - 1]
         pivot = max(min(p, q), min(max(p, q), r))
-        below = lo
-        for j in range(lo, hi):
-            v = a[j]
-            a[j] = a[below]
-            a[below] = v
+        below = 0
+        for j in range(part.size):
+            v = part[j]
+            part[j] = part[below]
+            part[below] = v
             below += v < pivot
-        if k < below:
-            hi = below
+        if k < lo + below:
+            hi = lo + below
             continue
-        equal = below
-        for j in range(below, hi):
-            v = a[j]
-            a[j] = a[equal]
-            a[equal] = v
+        rest = part[below:]
+        equal = 0
+        for j in range(rest.size):
+            v = rest[j]
+            rest[j] = rest[equal]
+            rest[equal] = v
             equal += v == pivot
-        if k < equal:
+        if k < lo + below + equal:
             return
-        lo = equal
+        lo += below + equal
     a[lo:hi].sort()
 
 
@@ -187,18 +189,19 @@ def segment_medians(values, starts, counts, work, out):
         n, start = counts[s], starts[s]
         if n == 0:
             continue
-        for t in range(start, start + n):
-            work[t] = values[t]
-            if values[t] - values[t] != 0.0:
+        x, a = values[start : start + n], work[start : start + n]  # slices: see `_pairwise`
+        for t in range(n):
+            a[t] = x[t]
+            if x[t] - x[t] != 0.0:
                 finite[s] = False
-        k = start + n // 2
-        _select(work, start, start + n, k)
-        upper = work[k]
+        k = n // 2
+        _select(a, k)
+        upper = a[k]
         under = upper
         if n % 2 == 0:
-            under = work[start]
-            for t in range(start + 1, k):
-                under = max(under, work[t])
+            under = a[0]
+            for t in range(1, k):
+                under = max(under, a[t])
         out[s] = 0.5 * (under + upper) + 0.0
     return finite.all()
 
@@ -223,19 +226,21 @@ def step_noise(
     hist[:] = 0
     offsets = np.zeros((steps, bin_count + 1), np.int64)
     for j in prange(steps):
+        lo, hi = at[j], at[j] + size[j]
+        step_d, step_bins, step_picked = d[lo:hi], bins[lo:hi], picked[lo:hi]  # see `_pairwise`
         sizes = np.zeros(bin_count, np.int64)
-        for i in range(at[j], at[j] + size[j]):
-            sizes[bins[i]] += 1
+        for i in range(step_bins.size):
+            sizes[step_bins[i]] += 1
         stride = np.maximum(sizes // sample, 1)
         for b in range(bin_count):
             offsets[j, b + 1] = offsets[j, b] + (sizes[b] + stride[b] - 1) // stride[b]
         # Every stride-th token of each bin, in order.
         due = np.zeros(bin_count, np.int64)
-        fill = at[j] + offsets[j, :-1]
-        for i in range(at[j], at[j] + size[j]):
-            b = bins[i]
+        fill = offsets[j, :-1].copy()
+        for i in range(step_bins.size):
+            b = step_bins[i]
             if due[b] == 0:
-                picked[fill[b]] = d[i]
+                step_picked[fill[b]] = step_d[i]
                 fill[b] += 1
                 due[b] = stride[b]
             due[b] -= 1
@@ -265,10 +270,12 @@ def step_noise(
             scale[j, b] = max(mad_sd * mad, floor)
     for s in prange(counts.size):
         j = step_of[s]
+        lo, hi = starts[s], starts[s] + counts[s]
+        seq_d, seq_bins = d[lo:hi], bins[lo:hi]
         total = 0
-        for t in range(starts[s], starts[s] + counts[s]):
-            b = bins[t]
-            total += abs(d[t] - center[j, b]) / scale[j, b] > far
+        for t in range(seq_d.size):
+            b = seq_bins[t]
+            total += abs(seq_d[t] - center[j, b]) / scale[j, b] > far
         out[s] = total
     return True
 
@@ -391,13 +398,16 @@ def _loss(w, mask, i):
 
 
 @_jit
-def _pairwise(w, mask, lo, n):
-    """(sum, sum of squares) of `_loss` over [lo, lo + n), in the order of numpy's pairwise
-    summation (`np.add.reduce`): sequential below 8 values, 8 accumulators up to 128, else
-    the halves (cut at a multiple of 8) summed apart."""
+def _pairwise(w, mask):
+    """(sum, sum of squares) of `_loss` over w, in the order of numpy's pairwise summation
+    (`np.add.reduce`): sequential below 8 values, 8 accumulators up to 128, else the halves
+    (cut at a multiple of 8) summed apart. The kernels pass each segment as a slice of its
+    own: an index from 0 is never negative, so no wraparound test keeps a loop from being
+    vectorized (a loop over [start, stop) of the whole array was 7x slower)."""
+    n = w.size
     if n < 8:
         s = s2 = 0.0
-        for i in range(lo, lo + n):
+        for i in range(n):
             v = _loss(w, mask, i)
             s += v
             s2 += v * v
@@ -406,27 +416,27 @@ def _pairwise(w, mask, lo, n):
         r = np.empty(8)
         q = np.empty(8)
         for j in range(8):
-            v = _loss(w, mask, lo + j)
+            v = _loss(w, mask, j)
             r[j] = v
             q[j] = v * v
         i = 8
         while i < n - n % 8:
             for j in range(8):
-                v = _loss(w, mask, lo + i + j)
+                v = _loss(w, mask, i + j)
                 r[j] += v
                 q[j] += v * v
             i += 8
         s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
         s2 = ((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7]))
-        for t in range(lo + i, lo + n):
+        for t in range(i, n):
             v = _loss(w, mask, t)
             s += v
             s2 += v * v
         return s, s2
     half = n // 2
     half -= half % 8
-    a, a2 = _pairwise(w, mask, lo, half)
-    b, b2 = _pairwise(w, mask, lo + half, n - half)
+    a, a2 = _pairwise(w[:half], mask[:half])
+    b, b2 = _pairwise(w[half:], mask[half:])
     return a + b, a2 + b2
 
 
@@ -445,19 +455,22 @@ def setting_sums(w, pre, raw, keep, mask, starts, counts, lower, upper, out):
         n, start = counts[s], starts[s]
         if n == 0:
             continue
-        first = _loss(w, mask, start)
-        rest, rest2 = _pairwise(w, mask, start + 1, n - 1)
+        stop = start + n
+        ws, ms = w[start:stop], mask[start:stop]  # slices: see `_pairwise`
+        first = _loss(ws, ms, 0)
+        rest, rest2 = _pairwise(ws[1:], ms[1:])
         out[0, s] = first + rest if n > 1 else first
         out[1, s] = first * first + rest2 if n > 1 else first * first
+        ps, rs, ks = pre[start:stop], raw[start:stop], keep[start:stop]
         # Counted without branches (0/1 integers): 1.5x faster than skipping tokens.
         tokens = kept = positive = high = low = changed = 0
-        for t in range(start, start + n):
-            m = np.int64(1) if every else np.int64(mask[t])
-            k = np.int64(keep[t]) & m
-            p = np.float64(pre[t])
-            r = np.float64(raw[t])
+        for t in range(n):
+            m = np.int64(1) if every else np.int64(ms[t])
+            k = np.int64(ks[t]) & m
+            p = np.float64(ps[t])
+            r = np.float64(rs[t])
             tokens += m
-            positive += m & np.int64(w[t] > 0)
+            positive += m & np.int64(ws[t] > 0)
             kept += k
             changed += k & np.int64(p != 1.0)
             active = k & np.int64(p > 0)
@@ -543,14 +556,15 @@ def _terms(d, rho, em1, lg, rl, mask, i, low, high, v):
 
 
 @_jit
-def _pairwise_terms(d, rho, em1, lg, rl, mask, lo, n, low, high):
-    """The sums of `_terms` over [lo, lo + n), each in numpy's pairwise order (`_pairwise`);
-    the 8 accumulators of a block as a vector, the terms written out for the compiler to
-    compute 8 tokens at once."""
+def _pairwise_terms(d, rho, em1, lg, rl, mask, low, high):
+    """The sums of `_terms` over the arrays given (a segment's slices: see `_pairwise`), each
+    in numpy's pairwise order (`_pairwise`); the 8 accumulators of a block as a vector, the
+    terms written out for the compiler to compute 8 tokens at once."""
+    n = d.size
     v = np.empty(TERMS)
     if n < 8:
         s = np.zeros(TERMS)
-        for i in range(lo, lo + n):
+        for i in range(n):
             _terms(d, rho, em1, lg, rl, mask, i, low, high, v)
             for f in range(TERMS):
                 s[f] += v[f]
@@ -562,7 +576,7 @@ def _pairwise_terms(d, rho, em1, lg, rl, mask, lo, n, low, high):
         i = 0
         while i < n - n % 8:
             for j in range(8):
-                t = lo + i + j
+                t = i + j
                 x, p, e, g, q = d[t], rho[t], em1[t], lg[t], np.float64(rl[t])
                 a = abs(x)
                 loss = 1.0 if every else np.float64(mask[t])
@@ -589,16 +603,16 @@ def _pairwise_terms(d, rho, em1, lg, rl, mask, lo, n, low, high):
             s[f] = ((r[f, 0] + r[f, 1]) + (r[f, 2] + r[f, 3])) + (
                 (r[f, 4] + r[f, 5]) + (r[f, 6] + r[f, 7])
             )
-        for t in range(lo + i, lo + n):
+        for t in range(i, n):
             _terms(d, rho, em1, lg, rl, mask, t, low, high, v)
             for f in range(TERMS):
                 s[f] += v[f]
         return s
-    half = n // 2
-    half -= half % 8
-    return _pairwise_terms(d, rho, em1, lg, rl, mask, lo, half, low, high) + _pairwise_terms(
-        d, rho, em1, lg, rl, mask, lo + half, n - half, low, high
-    )
+    h = n // 2
+    h -= h % 8
+    return _pairwise_terms(
+        d[:h], rho[:h], em1[:h], lg[:h], rl[:h], mask[:h], low, high
+    ) + _pairwise_terms(d[h:], rho[h:], em1[h:], lg[h:], rl[h:], mask[h:], low, high)
 
 
 @_jit(parallel=True)
@@ -610,14 +624,17 @@ def token_sums(d, rho, em1, lg, rl, mask, starts, counts, low, high, out):
         n, start = counts[s], starts[s]
         if n == 0:
             continue
+        stop = start + n
+        ds, ps, es, gs = d[start:stop], rho[start:stop], em1[start:stop], lg[start:stop]
+        qs, ms = rl[start:stop], mask[start:stop]  # slices: see `_pairwise`
         first = np.empty(TERMS)
-        _terms(d, rho, em1, lg, rl, mask, start, low, high, first)
+        _terms(ds, ps, es, gs, qs, ms, 0, low, high, first)
         if n > 1:
-            first += _pairwise_terms(d, rho, em1, lg, rl, mask, start + 1, n - 1, low, high)
+            first += _pairwise_terms(ds[1:], ps[1:], es[1:], gs[1:], qs[1:], ms[1:], low, high)
         out[:TERMS, s] = first
         negative = positive = 0
-        for t in range(start, start + n):
-            negative += d[t] < 0.0
-            positive += d[t] > 0.0
+        for t in range(n):
+            negative += ds[t] < 0.0
+            positive += ds[t] > 0.0
         out[TERMS, s] = negative
         out[TERMS + 1, s] = positive

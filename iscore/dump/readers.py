@@ -325,8 +325,13 @@ class _Reader:
                 self.steps.hi is None or self.steps.hi >= 0
             )
             return (table, rows) if keep else (table.slice(0, 0), rows[:0])
-        mask = self.steps.mask(_array(table["step"]))
-        if pc.all(mask).as_py():  # a row group inside the range (a piece's): no copy
+        step = _array(table["step"])
+        bounds = pc.min_max(step)  # nulls aside, as `pc.all` of the mask would
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        if lo is not None and self.steps.covers(lo, hi):
+            return table, rows  # every step inside the range (a piece's): no mask, no copy
+        mask = self.steps.mask(step)
+        if pc.all(mask).as_py():
             return table, rows
         return table.filter(mask), rows[mask.to_numpy(zero_copy_only=False)]
 

@@ -61,6 +61,14 @@ class StepRange:
         """Whether a row group whose steps span [lo, hi] can hold a selected step."""
         return (self.lo is None or hi >= self.lo) and (self.hi is None or lo <= self.hi)
 
+    def covers(self, lo: int, hi: int) -> bool:
+        """Whether every step from `lo` to `hi` is selected.
+
+        >>> StepRange(3, 7).covers(3, 7), StepRange(3, None).covers(2, 5)
+        (True, False)
+        """
+        return (self.lo is None or lo >= self.lo) and (self.hi is None or hi <= self.hi)
+
     def mask(self, step: pa.Array) -> pa.Array:
         """Boolean mask of the selected rows."""
         keep = pa.array(np.ones(len(step), dtype=bool))

@@ -483,16 +483,25 @@ def _bin_counted(x: torch.Tensor, counts: np.ndarray) -> Binned | None:
         return None
     zero = (x == 0).cpu().numpy()
     positive = x[torch.from_numpy(~zero).to(x.device)]
-    slots = _slots(x, keep=True).long().cpu().numpy()
     return Binned(
         values=x,
         index=None,
-        counts=np.bincount(slots, weights=counts, minlength=_BINS + 2).astype(np.int64),
+        counts=np.bincount(_slot_index(x), weights=counts, minlength=_BINS + 2).astype(np.int64),
         zeros=int(counts[zero].sum()),
         low=low,
         high=high,
         min_positive=float(positive.min()) if positive.numel() else math.inf,
     )
+
+
+def _slot_index(x: torch.Tensor) -> np.ndarray:
+    """The slot of each of x's values (flat, finite, >= 0): from the table of bits in one
+    compiled pass (`kernels.log_bins`) where the kernels run, else `_slots`."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        index = np.empty(x.numel(), np.int32)
+        if kernels.log_bins(x.numpy(), _slot_table(x.dtype), _BINS + 2, index) is not None:
+            return index
+    return _slots(x, keep=True).long().cpu().numpy()
 
 
 @functools.cache

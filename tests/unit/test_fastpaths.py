@@ -89,6 +89,24 @@ def test_log_histogram_equals_float64_binning(dtype, make):
     same_histogram(got, exact_histogram(values))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("path", ["numba", "reference"])
+def test_values_counted_bin_as_their_repeats(dtype, path, monkeypatch):
+    """`bin_values(values, counts)` (a sequence's weight once, counted T times) equals the
+    float64 binning of every value repeated: edges and their neighbours, zeros, values
+    counted 0 times (left out), extremes."""
+    if path == "numba" and not kernels.available():
+        pytest.skip("numba is not installed")
+    monkeypatch.setenv(kernels.ENV, path)
+    rng = np.random.default_rng(1)
+    values = torch.cat([edge_values(dtype), torch.tensor([0.0, 0.0, 1e-40, 1e9], dtype=dtype)])
+    counts = rng.integers(0, 5, values.numel())
+    counts[-4:] = [3, 0, 2, 1]
+    got = LogHistogram()
+    got.add(bin_values(values, counts))
+    same_histogram(got, exact_histogram(torch.from_numpy(np.repeat(values.numpy(), counts))))
+
+
 @pytest.mark.parametrize(
     "derive",
     [

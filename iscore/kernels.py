@@ -8,7 +8,8 @@ values:
 
 - `median_mad`: a radix selection on the values' bit patterns (their order is the values'):
   one pass counts the top 16 bits, one gathers the few values that share the median's, and
-  those are narrowed 16 bits at a time; 6-8x numpy's two `np.median`.
+  those are narrowed 16 bits at a time; 6-8x numpy's two `np.median`. Below 4,096 values,
+  whose 65,536 counts would cost more than the values, a quickselect.
 - `segment_medians`: a quickselect per segment, the segments in parallel.
 - `step_noise`: each step's noise (`noise.Noise.of`), and `noise.deviations` compared with
   `noise.FAR` and counted per sequence, without an argsort; the steps, and the medians of

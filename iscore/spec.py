@@ -53,7 +53,7 @@ class Replay:
     ) -> Replay:
         """Assemble a result: AND `keep` with the loss mask, zero dropped weights, cast."""
         keep = keep & batch.loss_mask
-        every = _all(keep)
+        every = ops.all_true(keep)
 
         def f32(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x.float()
@@ -61,6 +61,8 @@ class Replay:
         def zeroed(x: torch.Tensor | None) -> torch.Tensor | None:
             if x is None:
                 return None
+            if not every and x.dtype == torch.float32:  # one pass to a fresh float32 [N]
+                return torch.where(keep, x, x.new_zeros(()))
             out = x.to(torch.float32, copy=True)  # never the caller's own tensor
             if not every:  # zeroed in place: one float32 [N], not two
                 torch.where(keep, out, out.new_zeros(()), out=out)
@@ -97,13 +99,6 @@ def per_token(values: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
     stores of a per-sequence weight or ratio. The float32 values are broadcast, which gives
     the same tensor as casting the broadcast float64 ones, without the float64 [N] copy."""
     return ops.broadcast(values.float(), batch)
-
-
-def _all(mask: torch.Tensor) -> bool:
-    """Whether every value of bool `mask` is true (numpy's test, ~20x faster, on CPU)."""
-    if mask.device.type == "cpu":
-        return bool(mask.numpy().all())
-    return bool(mask.all())
 
 
 class Spec(Protocol):

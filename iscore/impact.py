@@ -245,27 +245,36 @@ def _raw_statistics(
     again."""
     m = batch.loss_mask
     raw = result.raw
-    rawm = raw if every else raw[m]
     memo = ops.memo(batch)
     known = None if memo is None else memo.setdefault(("raw", every), [])
-    entry = None
-    for other in known or ():
-        values = other["values"]
-        if values is rawm or (
-            values.dtype == rawm.dtype and values.shape == rawm.shape and torch.equal(values, rawm)
-        ):
-            entry = other
-            break
+    # The same tensor, unchanged since (most settings' raw is the shared e^d), is found
+    # without gathering its loss tokens and comparing them.
+    version = raw._version
+    entry = next((e for e in known or () if e["of"] is raw and e["version"] == version), None)
     if entry is None:
-        entry = {"values": rawm, "binned": None, "clean": None, "log": None}
+        rawm = raw if every else raw[m]
+        for other in known or ():
+            values = other["values"]
+            if values is rawm or (
+                values.dtype == rawm.dtype
+                and values.shape == rawm.shape
+                and torch.equal(values, rawm)
+            ):
+                entry = other
+                break
+    if entry is None:
+        entry = {"of": raw, "version": version, "values": rawm}
+        entry |= {"binned": None, "clean": None, "log": None}
         if known is not None:
             known.append(entry)
     if histogram and entry["clean"] is not False and entry["binned"] is None:
         constant = _per_sequence(raw, batch) if every and result.seq_raw is not None else None
-        entry["binned"] = bin_values(rawm) if constant is None else bin_values(*constant)
+        values = entry["values"]
+        entry["binned"] = bin_values(values) if constant is None else bin_values(*constant)
         entry["clean"] = entry["binned"] is not None
     if entry["clean"] is None:
-        low, high = (float(v) for v in torch.aminmax(rawm)) if rawm.numel() else (0.0, 0.0)
+        values = entry["values"]
+        low, high = (float(v) for v in torch.aminmax(values)) if values.numel() else (0.0, 0.0)
         entry["clean"] = low >= 0.0 and math.isfinite(high)  # NaN fails both
     if result.seq_raw is not None:
         raw_log = torch.log(result.seq_raw.double()).cpu().numpy()

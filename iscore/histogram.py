@@ -376,19 +376,18 @@ def bin_values(
     n = x.numel()
     if n == 0:
         return None
-    low, high = (float(v) for v in torch.aminmax(x))  # NaN when any value is NaN
-    if not (low >= 0.0 and math.isfinite(high)):
-        return None
     similar = like is not None and like.index is not None and like.values.shape == x.shape
-    if not similar:
-        found = _compiled(x, low, high, keep_index)
-        if found is not None:
-            return found[0]
     flag = ops.scratch("hist.flag", n, torch.bool, x.device)
-    zeros = _count(ops.compare("eq", x, 0.0, flag))
-    min_positive = math.inf if zeros == n else low if zeros == 0 else _min_positive(x)
+    found = _stats(x, like.values if similar else None, flag)
+    if not found.clean:
+        return None
+    zeros, low, high, min_positive = found.zeros, found.low, found.high, found.min_positive
+    if not similar:
+        compiled = _compiled(x, low, high, keep_index)
+        if compiled is not None:
+            return compiled[0]
     counts = np.zeros(_BINS + 2, dtype=np.int64)
-    if low == high or (zeros and _count(ops.compare("eq", x, high, flag)) == n - zeros):
+    if low == high or (zeros and min_positive == high):
         # Constant or two-valued (0 and w): no per-value binning needed.
         if zeros:
             counts[0] += zeros
@@ -396,21 +395,42 @@ def bin_values(
             slot = _slots(torch.tensor([high], dtype=torch.float64), keep=True)
             counts[int(slot[0])] += n - zeros
         return Binned(x, None, counts, zeros, low, high, min_positive)
-    if similar:
-        differs = ops.compare("ne", x, like.values, flag)
-        if _count(differs) * 2 < n:
-            changed = ops.nonzero(differs)
-            counts += like.counts
+    if similar and found.differ * 2 < n:
+        counts += like.counts
+        if found.differ:
+            changed = ops.nonzero(ops.compare("ne", x, like.values, flag))
             if not _rebinned(x, like, changed, counts):
                 counts -= _bincount(like.index[changed], _BINS + 2)
                 counts += _bincount(_slots(x[changed], keep=False), _BINS + 2)
-            return Binned(x, None, counts, zeros, low, high, min_positive)
-    found = _compiled(x, low, high, keep_index)
-    if found is not None:
-        return found[0]
+        return Binned(x, None, counts, zeros, low, high, min_positive)
+    compiled = _compiled(x, low, high, keep_index)
+    if compiled is not None:
+        return compiled[0]
     index = _slots(x, keep=keep_index)
     counts += _bincount(index, _BINS + 2)
     return Binned(x, index if keep_index else None, counts, zeros, low, high, min_positive)
+
+
+def _stats(x: torch.Tensor, like: torch.Tensor | None, flag: torch.Tensor) -> kernels.ValueStats:
+    """`kernels.value_stats` of flat values, computed here where the kernel does not answer
+    (`flag`: bool scratch of x's size); a zero min or max is the zero torch's `aminmax`
+    gives, as the histogram reports it."""
+    same = like is None or like.dtype == x.dtype
+    found = None
+    if x.device.type == "cpu" and same:
+        found = kernels.value_stats(x.numpy(), None if like is None else like.numpy())
+    if found is not None and not (found.negative_zeros and (found.low == 0.0 or found.high == 0.0)):
+        return found
+    low, high = (float(v) for v in torch.aminmax(x))  # NaN when any value is NaN
+    if not (low >= 0.0 and math.isfinite(high)):
+        return kernels.ValueStats(clean=False)
+    if found is not None:  # a zero min or max: which zero is torch's
+        return found._replace(low=low, high=high)
+    n = x.numel()
+    zeros = _count(ops.compare("eq", x, 0.0, flag))
+    min_positive = math.inf if zeros == n else low if zeros == 0 else _min_positive(x)
+    differ = 0 if like is None else _count(ops.compare("ne", x, like, flag))
+    return kernels.ValueStats(True, zeros, 0, low, high, min_positive, differ)
 
 
 def bin_chosen(values: torch.Tensor, chosen: torch.Tensor) -> tuple[Binned, Binned | None] | None:

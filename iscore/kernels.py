@@ -24,6 +24,9 @@ values:
 - `bucket_sums`: the by-probability table's counts and sums in one pass.
 - `rebin`: a setting's weights binned like its raw ratios, the changed values moved from their
   slot to their own.
+- `value_stats`: what binning needs to know of values before it bins them (clean, zeros, min,
+  max, smallest positive, how many differ from the values binned before) in one pass over
+  their bits, instead of five torch and numpy passes.
 - `setting_sums`: a setting's per-sequence weight sums (and of their squares), loss, kept and
   non-zero tokens, and truncated tokens (`impact._sequence_sums`), in one pass.
 - `js_argument`, `token_sums`: the mismatch's twelve per-token terms summed per sequence
@@ -52,10 +55,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -194,6 +198,47 @@ def log_bins(
         x, bits, first, shift, cells, thresholds, chosen, counts, index, stats, _parts(x.size)
     )
     return counts, stats
+
+
+class ValueStats(NamedTuple):
+    """What `value_stats` finds of float values."""
+
+    clean: bool
+    """Every value is finite and >= 0 (-0 too); the rest is of clean values only."""
+    zeros: int = 0
+    negative_zeros: int = 0
+    low: float = 0.0
+    """The min; a zero min is +0 (which zero torch's `aminmax` gives is its own)."""
+    high: float = 0.0
+    """The max; a zero max is +0."""
+    min_positive: float = math.inf
+    """The smallest positive value, inf when none."""
+    differ: int = 0
+    """How many values differ from `like`'s."""
+
+
+def value_stats(x: np.ndarray, like: np.ndarray | None = None) -> ValueStats | None:
+    """The `ValueStats` of float32 or float64 values, in one pass (`like`: x's size and
+    dtype; None: nothing to compare); None where the reference must answer."""
+    if x.dtype not in (np.float32, np.float64) or not _wanted():
+        return None
+    x = np.ascontiguousarray(x)
+    signed = np.int64 if x.dtype == np.float64 else np.int32
+    bits = x.view(signed)
+    info = np.iinfo(signed)
+    infinity = np.array([np.inf], x.dtype).view(signed)[0]
+    limits = np.array([info.min, infinity, info.max], signed)  # info.min: the bits of -0
+    like = np.empty(0, x.dtype) if like is None else np.ascontiguousarray(like)
+    parts = _parts(x.size)
+    found = np.zeros((parts, 6), np.int64)
+    _ready().value_stats(bits, x, like, limits, found, parts)
+    negative_zeros, zeros, differ = (int(v) for v in found[:, [0, 1, 5]].sum(axis=0))
+    low, high, smallest = found[:, 2].min(), found[:, 3].max(), found[:, 4].min()
+    if low < 0 or high >= infinity:  # negative, or infinite or NaN
+        return ValueStats(clean=False)
+    low, high, positive = np.array([low, high, smallest]).astype(signed).view(x.dtype)
+    min_positive = math.inf if smallest == info.max else float(positive)
+    return ValueStats(True, zeros, negative_zeros, float(low), float(high), min_positive, differ)
 
 
 def rebin(

@@ -361,6 +361,44 @@ def log_bins(x, bits, first, shift, slots, thresholds, chosen, counts, index, st
             stats[j, 3] = min(stats[j, 3], found[p, j, 3])
 
 
+@_jit(inline="always")
+def _bit_stats(bits, limits, out):
+    """`value_stats` of one range (a slice, looped from 0: see `_pairwise`), into `out`."""
+    negative_zero, top = limits[0], limits[2]
+    zero = top - top
+    low, high, smallest = top, negative_zero, top
+    negative_zeros = zeros = 0
+    for i in range(bits.size):
+        u = bits[i]
+        signed = u == negative_zero
+        v = zero if signed else u  # -0 as +0
+        negative_zeros += np.int64(signed)
+        zeros += np.int64(v == zero)
+        low = min(low, v)
+        high = max(high, v)
+        smallest = min(smallest, v if v > zero else top)
+    out[0], out[1], out[2], out[3], out[4] = negative_zeros, zeros, low, high, smallest
+
+
+@_jit(parallel=True)
+def value_stats(bits, x, like, limits, found, parts):
+    """Per range of `parts` (cut as `log_bins` cuts them), from the bits of float values
+    (int32 or int64, -0 taken as +0; signed, so negative values come below 0 and NaN above
+    infinity), into found[p]: the negative zeros, the zeros, the lowest, highest and
+    smallest positive bits (`limits`: the bits of -0, of infinity and the largest integer,
+    which stands for none), and how many values of x differ from `like`'s (empty: 0)."""
+    compare = like.size == x.size
+    for p in prange(parts):
+        a, b = x.size * p // parts, x.size * (p + 1) // parts
+        _bit_stats(bits[a:b], limits, found[p])
+        differ = 0
+        if compare:
+            xs, ls = x[a:b], like[a:b]
+            for i in range(xs.size):
+                differ += np.int64(xs[i] != ls[i])
+        found[p, 5] = differ
+
+
 @_jit
 def rebin(x, bits, like_slots, changed, first, shift, slots, thresholds, counts):
     """Move each value x[i], i in `changed` (values binned before into `like_slots`, their

@@ -111,6 +111,8 @@ def test_values_counted_bin_as_their_repeats(dtype, path, monkeypatch):
     "derive",
     [
         lambda raw: raw.clamp(max=2.0),  # truncation changes a few values
+        lambda raw: torch.where(torch.arange(raw.numel()) == 7, raw * 3.0, raw),  # one value
+        lambda raw: raw.clone(),  # none
         lambda raw: torch.where((raw > 0.8) & (raw < 1.25), raw, 0.0),  # IcePop zeroes some
         lambda raw: torch.where(raw > 1.1, 1.0, 0.0),  # a mask: two values
         lambda raw: raw * 1.0001,  # everything changes

@@ -380,6 +380,97 @@ def test_log_bins_count_the_same_in_any_number_of_ranges() -> None:
     assert stats[1].tolist() == [np.sum(picked == 0), 0.0, picked.max(), picked[picked > 0].min()]
 
 
+def _value_stats(x: np.ndarray, like: np.ndarray | None) -> kernels.ValueStats:
+    """`kernels.value_stats` written out from its definitions, in float64 numpy."""
+    if not (np.isfinite(x).all() and (x >= 0).all()):
+        return kernels.ValueStats(clean=False)
+    zero = x == 0
+    positive = x[x > 0]
+    return kernels.ValueStats(
+        True,
+        int(zero.sum()),
+        int((zero & np.signbit(x)).sum()),
+        float(x.min()),
+        float(x.max()),
+        float(positive.min()) if positive.size else math.inf,
+        0 if like is None else int((x != like).sum()),
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("size", [1, 2, 7, 100_000])
+def test_value_stats_equal_their_definitions(dtype, size) -> None:
+    """Zeros of both signs, every value zero (of either sign), the extremes of the type,
+    subnormals, values compared with others or with themselves; NaN (of either sign),
+    infinities and negative values anywhere make them unclean. The same in any number of
+    ranges (threads)."""
+    rng = np.random.default_rng(size)
+    info = np.finfo(dtype)
+    x = (np.abs(rng.standard_normal(size)) * 10.0 ** rng.uniform(-30, 30, size)).astype(dtype)
+    extremes = np.array([0.0, -0.0, info.max, info.smallest_subnormal, info.tiny], dtype)
+    x[: min(size, 5)] = extremes[: min(size, 5)]
+    x = rng.permutation(x)
+    other = np.where(rng.random(size) < 0.1, x / dtype(2), x)
+    cases = [
+        (x, None),
+        (x, other),
+        (x, x.copy()),
+        (np.zeros(size, dtype), None),
+        (np.full(size, -0.0, dtype), np.zeros(size, dtype)),
+    ]
+    for bad in (np.nan, -np.nan, np.inf, -np.inf, -info.smallest_subnormal, -1.0):
+        for at in {0, size // 2, size - 1}:
+            y = x.copy()
+            y[at] = bad
+            cases.append((y, None))
+    for values, like in cases:
+        want = _value_stats(values, like)
+        got = kernels.value_stats(values, like)
+        assert got == want
+        if got.clean and got.low == 0.0:
+            assert math.copysign(1.0, got.low) == 1.0  # a zero min is +0
+    k = kernels._ready()
+    bits = x.view(np.int32 if dtype == np.float32 else np.int64)
+    info_int = np.iinfo(bits.dtype)
+    infinity = np.array([np.inf], dtype).view(bits.dtype)[0]
+    limits = np.array([info_int.min, infinity, info_int.max], bits.dtype)
+    found = []
+    for parts in (1, 2, 3, 7):
+        out = np.zeros((parts, 6), np.int64)
+        k.value_stats(bits, x, other, limits, out, parts)
+        found.append([out[:, 0].sum(), out[:, 1].sum(), out[:, 2].min(), out[:, 3].max()])
+        found[-1] += [out[:, 4].min(), out[:, 5].sum()]
+    assert all(f == found[0] for f in found)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_values_with_negative_zeros_bin_as_on_the_reference(dtype) -> None:
+    """Weights zeroed as -0 (alone, beside +0, everywhere), binned afresh and like their raw
+    ratios: the counts and the zero torch's `aminmax` reports as the min or max."""
+    raw = torch.exp(torch.randn(100_000, dtype=torch.float64) * 0.3).to(dtype)
+    raw[:5] = 0.0
+    signs = torch.where(torch.arange(raw.numel()) % 2 == 0, -0.0, 0.0).to(dtype)
+    weights = [
+        torch.where(raw > 1.5, -0.0, raw),
+        torch.where(raw > 1.5, signs, raw),
+        torch.full_like(raw, -0.0),
+        torch.where(raw > 1.5, -0.0, 1.0).to(dtype),
+    ]
+    for values in weights:
+        found = []
+        for mode in ("numba", "reference"):
+            os.environ[kernels.ENV] = mode
+            for like in (None, bin_values(raw)):
+                hist = LogHistogram()
+                hist.add(bin_values(values, like=like))
+                found.append(hist)
+        os.environ[kernels.ENV] = "numba"
+        for hist in found[1:]:
+            _assert_same(hist, found[0])
+            for a, b in ((hist.min, found[0].min), (hist.max, found[0].max)):
+                assert math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
 def _assert_same(a: LogHistogram, b: LogHistogram) -> None:
     np.testing.assert_array_equal(a.counts, b.counts)
     scalars = ("zeros", "underflow", "overflow", "nan", "min", "max", "min_positive")

@@ -17,6 +17,7 @@ what each framework calls each number, so the values can be matched with W&B cha
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Collection
@@ -707,25 +708,24 @@ def _count(mask: torch.Tensor) -> int:
     return int(torch.count_nonzero(mask))
 
 
-_PROB_THRESHOLDS: list[float] = []
-
-
-def _prob_thresholds() -> list[float]:
+@functools.cache
+def _prob_thresholds() -> tuple[float, ...]:
     """For each inner edge e of PROB_EDGES, the smallest float32 log-prob v with
     exp(float64(v)) >= e: comparing float32 log-probs with these buckets exactly as
-    bucketizing their float64 exponentials would."""
-    if not _PROB_THRESHOLDS:
-        for edge in PROB_EDGES[1:-1]:
-            lo, hi = np.float32(math.log(edge) - 1e-3), np.float32(math.log(edge) + 1e-3)
-            # Bisection over the float32 values between lo and hi (exp is increasing).
-            while np.nextafter(lo, hi) != hi:
-                grid = np.linspace(lo, hi, 64, dtype=np.float64).astype(np.float32)
-                grid = np.unique(np.concatenate([[lo], grid, [hi]]))
-                above = torch.exp(torch.from_numpy(grid.astype(np.float64))).numpy() >= edge
-                first = int(np.argmax(above))
-                lo, hi = grid[first - 1], grid[first]
-            _PROB_THRESHOLDS.append(float(hi))
-    return _PROB_THRESHOLDS
+    bucketizing their float64 exponentials would. (Cached whole: two threads analyzing
+    steps at once must never see part of it.)"""
+    thresholds = []
+    for edge in PROB_EDGES[1:-1]:
+        lo, hi = np.float32(math.log(edge) - 1e-3), np.float32(math.log(edge) + 1e-3)
+        # Bisection over the float32 values between lo and hi (exp is increasing).
+        while np.nextafter(lo, hi) != hi:
+            grid = np.linspace(lo, hi, 64, dtype=np.float64).astype(np.float32)
+            grid = np.unique(np.concatenate([[lo], grid, [hi]]))
+            above = torch.exp(torch.from_numpy(grid.astype(np.float64))).numpy() >= edge
+            first = int(np.argmax(above))
+            lo, hi = grid[first - 1], grid[first]
+        thresholds.append(float(hi))
+    return tuple(thresholds)
 
 
 def _prob_bucket(

@@ -17,9 +17,7 @@ import os
 import queue
 import threading
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -421,71 +419,9 @@ def _fresh_parts(
 ) -> Iterator[Part]:
     """The parts of the chunks, each run of one step analyzed on its own, so that what a
     step adds does not depend on which steps share its chunk."""
-    # A sequence table fills in the order the runs come: one at a time.
-    with _Ahead(device, alone=sequences is not None) as ahead:
-        for chunk in _prefetched(chunks):
-            for step, run in _runs(chunk.to(device)):
-                yield from ahead.add(_analyzed, run, step, specs, sequences)
-        yield from ahead.done()
-
-
-STEP_THREADS = 2
-"""Runs of steps a CPU analysis computes at once, each in a thread: the work one does on a
-single core (Python, numpy, torch operations too small to split, the serial parts of the
-kernels) runs beside the other's. Each part is computed as it is alone, the same to the
-last bit; the compiled kernels take turns (`kernels._TURN`)."""
-
-
-class _Ahead:
-    """Parts computed `STEP_THREADS` at a time, handed back in the order they were asked for;
-    one at a time on another device than the CPU, with torch on one thread (a Ray task) or
-    when `alone`."""
-
-    def __init__(self, device: torch.device, alone: bool = False):
-        threads = device.type == "cpu" and torch.get_num_threads() > 1 and not alone
-        self.size = STEP_THREADS if threads else 1
-        self.pool = (
-            ThreadPoolExecutor(self.size, "iscore-step", initializer=ops.own_buffers)
-            if self.size > 1
-            else None
-        )
-        self.pending: deque[tuple[Future, Callable[[Part], None] | None]] = deque()
-
-    def __enter__(self) -> _Ahead:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-
-    def add(
-        self,
-        compute: Callable[..., Part],
-        *args: Any,
-        then: Callable[[Part], None] | None = None,
-    ) -> Iterator[Part]:
-        """Start `compute(*args)`; yield the parts now due, each after `then(part)`."""
-        if self.pool is None:
-            part = compute(*args)
-            if then is not None:
-                then(part)
-            yield part
-            return
-        self.pending.append((self.pool.submit(compute, *args), then))
-        while len(self.pending) > self.size:
-            yield self._next()
-
-    def done(self) -> Iterator[Part]:
-        """Every part still due."""
-        while self.pending:
-            yield self._next()
-
-    def _next(self) -> Part:
-        future, then = self.pending.popleft()
-        part = future.result()
-        if then is not None:
-            then(part)
-        return part
+    for chunk in _prefetched(chunks):
+        for step, run in _runs(chunk.to(device)):
+            yield _analyzed(run, step, specs, sequences)
 
 
 def _analyzed(
@@ -546,49 +482,31 @@ def _stored_parts(
     held: dict[tuple[int, int], StoredPart] = {}  # what the store holds of the file read
     saved: list[StoredPart] = []
     runs: dict[int, int] = {}
-
-    def noted(
-        path: str, to: list[StoredPart] | None, number: int, stored: StoredPart | None
-    ) -> Callable[[Part], None]:
-        """What is noted of a part computed from `path` (the `number`-th run of its step) as
-        it comes, in order: its file, and the part as the store keeps it, in `to`."""
-
-        def note(part: Part) -> None:
-            owners.append((path, part.sequences))
-            if to is not None:
-                to.append(_to_store(part, number, specs, stored))
-
-        return note
-
-    work = _file_work(dump, plans, store, specs, max_tokens)
-    with _Ahead(device) as ahead:
-        for kind, index, payload in _prefetched(work):
-            if kind != "batch":  # the file's parts computed so far come first
-                yield from ahead.done()
-            info, identity, context = plans[index]
-            if kind == "stored":
-                for part in payload:
-                    owners.append((info.path, part.sequences))
-                    yield part
-            elif kind == "read":
-                # Parts are matched by (step, run): only a file read whole numbers them as
-                # stored.
-                held = {(p.step, p.run): p for p in payload.parts} if payload and whole else {}
-                saved, runs = [], {}
-            elif kind == "batch":
-                for step, run in _runs(payload.to(device)):
-                    runs[step] = runs.get(step, -1) + 1
-                    stored = held.get((step, runs[step]))
-                    to = saved if whole and identity is not None else None
-                    note = noted(info.path, to, runs[step], stored)
-                    yield from ahead.add(_analyzed, run, step, specs, None, stored, then=note)
-            elif whole and identity is not None:  # the end of a file read whole
-                try:
-                    store.save(identity, context, StoredFile(saved, complete=True))
-                except IscoreError as e:
-                    warnings.warn(f"{e}; going on without keeping the results", stacklevel=2)
-                    whole = False
-        yield from ahead.done()
+    for kind, index, payload in _prefetched(_file_work(dump, plans, store, specs, max_tokens)):
+        info, identity, context = plans[index]
+        if kind == "stored":
+            for part in payload:
+                owners.append((info.path, part.sequences))
+                yield part
+        elif kind == "read":
+            # Parts are matched by (step, run): only a file read whole numbers them as stored.
+            held = {(p.step, p.run): p for p in payload.parts} if payload and whole else {}
+            saved, runs = [], {}
+        elif kind == "batch":
+            for step, run in _runs(payload.to(device)):
+                runs[step] = runs.get(step, -1) + 1
+                stored = held.get((step, runs[step]))
+                part = _analyzed(run, step, specs, None, stored)
+                owners.append((info.path, part.sequences))
+                if whole and identity is not None:
+                    saved.append(_to_store(part, runs[step], specs, stored))
+                yield part
+        elif whole and identity is not None:  # the end of a file read whole
+            try:
+                store.save(identity, context, StoredFile(saved, complete=True))
+            except IscoreError as e:
+                warnings.warn(f"{e}; going on without keeping the results", stacklevel=2)
+                whole = False
 
 
 def _to_store(part: Part, run: int, specs: Sequence[Spec], stored: StoredPart | None) -> StoredPart:

@@ -58,8 +58,6 @@ import importlib.util
 import math
 import os
 import sys
-import threading
-from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -72,24 +70,6 @@ unset (or `auto`): the kernels from `AUTO_TOKENS` on."""
 AUTO_TOKENS = 10_000_000
 """Loss tokens a process analyzes on the reference before it loads the kernels: where their
 saving (about 55 ns a token) has paid for loading them (about 0.7 s)."""
-
-
-_TURN = threading.Lock()
-"""Held while a kernel runs. An analysis computes two steps at once in threads
-(`analysis.STEP_THREADS`); two kernels running at once from two threads corrupted the heap
-(numba 0.68 with its OpenMP layer; 3 runs in 8 of an analysis crashed), one at a time never
-did. A kernel still runs on every thread numba has; the threads' other work goes on beside it."""
-
-
-def _in_turn(kernel: Callable[..., Any]) -> Callable[..., Any]:
-    """`kernel`, run while holding `_TURN`."""
-
-    @functools.wraps(kernel)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with _TURN:
-            return kernel(*args, **kwargs)
-
-    return run
 
 
 def available() -> bool:
@@ -112,7 +92,6 @@ def _wanted(tokens: int = 0) -> bool:
 _analyzed = [0]
 
 
-@_in_turn
 def median_mad(x: np.ndarray) -> tuple[float, float] | None:
     """(median of x, median of |x - that median|) of a non-empty float64 array, exactly as
     `np.median` gives them; None where the reference must answer (see the module)."""
@@ -127,7 +106,6 @@ def median_mad(x: np.ndarray) -> tuple[float, float] | None:
     return None if np.isnan(center) or np.isnan(mad) else (center, mad)
 
 
-@_in_turn
 def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
     """float64 [B]: the median of each segment's values (0 for an empty one), segment i the
     next `counts[i]` values; None where the reference must answer."""
@@ -142,7 +120,6 @@ def segment_medians(values: np.ndarray, counts: np.ndarray) -> np.ndarray | None
     return medians if finite else None
 
 
-@_in_turn
 def step_noise(
     d: np.ndarray,
     bins: np.ndarray,
@@ -194,7 +171,6 @@ def step_noise(
     return (noise, out) if finite else None
 
 
-@_in_turn
 def log_bins(
     x: np.ndarray,
     table: tuple[int, int, np.ndarray, np.ndarray],
@@ -241,7 +217,6 @@ class ValueStats(NamedTuple):
     """How many values differ from `like`'s."""
 
 
-@_in_turn
 def value_stats(x: np.ndarray, like: np.ndarray | None = None) -> ValueStats | None:
     """The `ValueStats` of float32 or float64 values, in one pass (`like`: x's size and
     dtype; None: nothing to compare); None where the reference must answer."""
@@ -266,7 +241,6 @@ def value_stats(x: np.ndarray, like: np.ndarray | None = None) -> ValueStats | N
     return ValueStats(True, zeros, negative_zeros, float(low), float(high), min_positive, differ)
 
 
-@_in_turn
 def rebin(
     x: np.ndarray,
     like_slots: np.ndarray,
@@ -286,7 +260,6 @@ def rebin(
     return True
 
 
-@_in_turn
 def joint_counts(x: np.ndarray, y: np.ndarray, lo: float, scale: float, counts: np.ndarray) -> bool:
     """Add the (x, y) pairs' cells of a `histogram.Histogram2D` (`counts`, int64 [bins, bins];
     bin floor((v - lo) scale) in float64, clipped) to `counts`; False (nothing added) where
@@ -298,10 +271,9 @@ def joint_counts(x: np.ndarray, y: np.ndarray, lo: float, scale: float, counts: 
     return bool(_ready().joint_counts(x, y, lo, scale, counts.shape[0], flat, _parts(x.size)))
 
 
-@_in_turn
 def bucket_sums(
     rollout: np.ndarray,
-    thresholds: Sequence[float],
+    thresholds: list[float],
     masked_out: np.ndarray | None,
     fields: list[np.ndarray],
     buckets: int,
@@ -324,7 +296,6 @@ def bucket_sums(
     return out
 
 
-@_in_turn
 def setting_sums(
     w: np.ndarray,
     pre: np.ndarray,
@@ -362,7 +333,6 @@ def setting_sums(
     return out, bool(weighted)
 
 
-@_in_turn
 def window_means(x: np.ndarray, T: np.ndarray, window: int) -> np.ndarray | None:
     """float64 [B]: per segment of float64 `x` (segment i the next `T[i]` values) the
     largest mean of `window` consecutive values (its own mean when shorter, 0 when empty),
@@ -378,7 +348,6 @@ def window_means(x: np.ndarray, T: np.ndarray, window: int) -> np.ndarray | None
     return out
 
 
-@_in_turn
 def js_argument(
     d: np.ndarray, rho: np.ndarray, em1: np.ndarray, arg: np.ndarray, k3: np.ndarray
 ) -> bool:
@@ -392,7 +361,6 @@ def js_argument(
     return True
 
 
-@_in_turn
 def token_sums(
     d: np.ndarray,
     rho: np.ndarray,

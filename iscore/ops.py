@@ -134,12 +134,6 @@ def reused_buffers() -> Iterator[None]:
         _REUSED.reset(token)
 
 
-def own_buffers() -> None:
-    """Give the calling thread reused buffers of its own for the rest of its life (what a
-    worker thread does first, as if all its work ran inside `reused_buffers`)."""
-    _REUSED.set({})
-
-
 def scratch(name: str, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """A [n] tensor of undefined values: the reused buffer `name` (grown as needed) inside
     `reused_buffers()`, else a fresh one. Callers own it until they ask for `name` again."""

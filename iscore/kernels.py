@@ -58,6 +58,7 @@ import importlib.util
 import math
 import os
 import sys
+import threading
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -411,15 +412,42 @@ def _buffer(name: str, n: int, dtype: type = np.float64) -> np.ndarray:
     return raw.numpy().view(dtype)
 
 
-def _ready() -> ModuleType:
+def _ready() -> _OneAtATime:
     """The compiled kernels, saying once on stderr when they are compiled for the first time
     on this machine."""
-    kernels = _compiled()
-    if not _announced:
-        _announced.append(True)
-        if not _cached_on_disk(kernels.median_mad):
-            print("iscore: compiling kernels (once per machine)...", file=sys.stderr, flush=True)
-    return kernels
+    with _TURN:
+        kernels = _compiled()
+        if not _announced:
+            _announced.append(True)
+            if not _cached_on_disk(kernels.median_mad):
+                print("iscore: compiling kernels (once per machine)...", file=sys.stderr)
+    return _OneAtATime(kernels)
+
+
+_TURN = threading.Lock()
+"""Held while a compiled kernel runs. numba's parallel loops run on its threading layer, and
+the one every platform has, `workqueue` (numba's own, where neither OpenMP nor TBB loads: a
+slim container, macOS), ends the process when two Python threads launch parallel loops at
+once; two sessions of the app analyzing at the same time are two such threads. Each kernel
+spreads over every core, so taking turns costs little."""
+
+
+class _OneAtATime:
+    """The kernels' module, each of its functions called under `_TURN`."""
+
+    def __init__(self, module: ModuleType):
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._module, name)
+        if not callable(value):
+            return value
+
+        def call(*args: Any) -> Any:
+            with _TURN:
+                return value(*args)
+
+        return call
 
 
 _announced: list[bool] = []

@@ -711,3 +711,37 @@ def test_token_sums_equal_the_reference(masked, seed) -> None:
     for s, (a, b) in enumerate(itertools.pairwise(batch.cu_seqlens.tolist())):
         for name, terms in (("rollout2", x[a:b] * x[a:b]), ("rollout_d", x[a:b] * y[a:b])):
             assert reference[name][s] == pytest.approx(math.fsum(terms), rel=1e-12, abs=1e-300)
+
+
+def test_two_threads_take_turns_on_any_threading_layer() -> None:
+    """Two threads calling parallel kernels at once (as two sessions of the app do) get the
+    values one thread gets, on numba's `workqueue` layer too, which ends the process when two
+    threads launch parallel loops together (where neither OpenMP nor TBB loads)."""
+    code = """
+import threading
+import numpy as np
+import numba
+from iscore import kernels
+
+rng = np.random.default_rng(0)
+x = np.abs(rng.normal(size=100_000))
+counts = rng.integers(0, 1_000, 100)
+values = rng.normal(size=int(counts.sum()))
+alone = (kernels.value_stats(x), kernels.segment_medians(values, counts).tolist())
+found = []
+
+def work():
+    for _ in range(100):
+        found.append((kernels.value_stats(x), kernels.segment_medians(values, counts).tolist()))
+
+threads = [threading.Thread(target=work) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(numba.threading_layer(), len(found), all(f == alone for f in found))
+"""
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", kernels.ENV: "numba"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["workqueue", "200", "True"]

@@ -22,6 +22,11 @@ ARG TORCH=cpu
 WORKDIR /app
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 
+# GNU OpenMP, which numba's OpenMP threading layer loads (slim images lack it): without it the
+# compiled kernels run on numba's own scheduler, a whole analysis about 25% slower.
+RUN apt-get update && apt-get install -y --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+
 # CPU torch first, so installing the project never pulls the CUDA build.
 RUN if [ "$TORCH" = "cpu" ]; then \
         pip install --no-cache-dir torch --index-url https://download.pytorch.org/whl/cpu; \

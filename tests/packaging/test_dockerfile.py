@@ -1,7 +1,7 @@
 """The Dockerfile, read (no Docker engine needed): it builds the wheel from what the wheel is
-built from and installs it, CPU torch first, into an image that runs as a user, with the
-official Streamlit pattern's healthcheck and exec-form entrypoint. The wheel it builds is the
-one tests/packaging/test_wheel.py installs and serves."""
+built from and installs it, CPU torch first, into an image that has the OpenMP numba loads and
+runs as a user, with the official Streamlit pattern's healthcheck and exec-form entrypoint. The
+wheel it builds is the one tests/packaging/test_wheel.py installs and serves."""
 
 from __future__ import annotations
 
@@ -62,6 +62,14 @@ def test_the_image_installs_the_wheel_after_cpu_torch() -> None:
     assert runs[wheel].startswith("--mount=type=bind,from=wheel,source=/dist,target=/dist ")
     assert "pip install --no-cache-dir /dist/iscore-*.whl" in runs[wheel]
     assert not any("-e ." in run for run in runs)
+
+
+def test_the_image_has_the_openmp_that_numba_loads() -> None:
+    """numba's OpenMP layer links the system's libgomp; without it the kernels run on numba's
+    slower `workqueue` layer."""
+    (apt,) = [run for run in _all(STAGES[-1], "RUN") if "apt-get" in run]
+    assert "apt-get install -y --no-install-recommends libgomp1" in apt
+    assert apt.startswith("apt-get update") and apt.endswith("rm -rf /var/lib/apt/lists/*")
 
 
 def test_the_image_runs_as_a_user_behind_a_healthcheck() -> None:

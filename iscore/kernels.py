@@ -78,6 +78,19 @@ def available() -> bool:
     return _compiled() is not None
 
 
+def threading_layer() -> str | None:
+    """The threading layer numba's parallel loops run on (`omp`, `tbb` or `workqueue`, see
+    `_TURN`), or None before the kernels first ran in this process or without numba."""
+    if "numba" not in sys.modules:
+        return None
+    import numba
+
+    try:
+        return numba.threading_layer()
+    except ValueError:  # no parallel loop has run yet
+        return None
+
+
 def _wanted(tokens: int = 0) -> bool:
     """Whether the kernels run now, counting `tokens` more loss tokens analyzed (`ENV`)."""
     mode = os.environ.get(ENV, "auto")

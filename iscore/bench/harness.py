@@ -142,6 +142,7 @@ def run_bench(
         r["met"] = met.get(r.get("goal"))
     result["total_s"] = time.perf_counter() - started
     result["machine"]["loadavg_end"] = loadavg()
+    result["machine"]["numba_threading_layer"] = kernels.threading_layer()
     return result
 
 
@@ -197,5 +198,6 @@ def format_table(result: dict[str, Any]) -> str:
         f"machine: {m['cpus']} CPUs, torch threads {m['torch_threads']}, load average "
         f"{m['loadavg_start']} -> {m['loadavg_end']}; kernels: {result['kernels']} "
         f"({kernels.ENV})"
+        + (f", numba threading layer {layer}" if (layer := m.get("numba_threading_layer")) else "")
     )
     return "\n".join(lines)

@@ -152,7 +152,9 @@ def test_structure(result):
     assert startup["presets_s"] > 0 and startup["validate_s"] > 0
     # The bench times the kernels a long run uses; start-up, what a user's commands do.
     assert result["kernels"] == "numba" and startup["kernels_s"] > 0
-    assert "kernels: numba (ISCORE_KERNELS)" in format_table(result)
+    layer = result["machine"]["numba_threading_layer"]
+    assert layer in ("omp", "tbb", "workqueue")
+    assert f"kernels: numba (ISCORE_KERNELS), numba threading layer {layer}" in format_table(result)
     assert result["cuda"] == {"available": torch.cuda.is_available(), "skipped": "device='cpu'"}
     writer = result["writer"]  # at the dump's 200k tokens, not 1M
     assert 100_000 < writer["tokens"] < 300_000

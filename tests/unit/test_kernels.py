@@ -720,7 +720,6 @@ def test_two_threads_take_turns_on_any_threading_layer() -> None:
     code = """
 import threading
 import numpy as np
-import numba
 from iscore import kernels
 
 rng = np.random.default_rng(0)
@@ -739,7 +738,7 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-print(numba.threading_layer(), len(found), all(f == alone for f in found))
+print(kernels.threading_layer(), len(found), all(f == alone for f in found))
 """
     env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", kernels.ENV: "numba"}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

@@ -48,7 +48,8 @@ them at once, as the tests and `iscore bench` do).
 
 numba compiles the kernels once per machine into the user's cache directory
 (`$XDG_CACHE_HOME/iscore/numba`, else `~/.cache/iscore/numba`; a `NUMBA_CACHE_DIR` of the
-user's own wins); the first compile says so on stderr.
+user's own wins); the first compile says so on stderr. They run one at a time in a process
+(`_TURN`), whichever threads call them.
 """
 
 from __future__ import annotations

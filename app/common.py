@@ -1,12 +1,12 @@
 """Shared helpers of the pages: the session's state, the cached workspaces, plots and errors.
 
-Caching: a loaded dump is an `iscore.workspace.Workspace` (the batch, and the analyses, settings
-and tuner computed from it on demand, memoized inside), held in the process's
-`iscore.budget.WorkspaceCache` within its memory budget. Uploads are keyed by the session and
-the content digest, so each browser session has its own (one at a time, within the token
+Caching: a loaded dump is an `iscore.session.workspace.Workspace` (the batch, and the analyses,
+settings and tuner computed from it on demand, memoized inside), held in the process's
+`iscore.session.budget.WorkspaceCache` within its memory budget. Uploads are keyed by the session
+and the content digest, so each browser session has its own (one at a time, within the token
 budget); dumps opened from a server-side path (only inside the data folders, see
-`iscore.serving.DataRoots`) or a bundled sample are shared, keyed by their files' (path, size,
-mtime). A session's holds are released when Streamlit drops the session.
+`iscore.session.serving.DataRoots`) or a bundled sample are shared, keyed by their files' (path,
+size, mtime). A session's holds are released when Streamlit drops the session.
 
 State that outlives a page switch lives in `st.session_state` under plain keys; widgets get
 a mirror key (`persist`), since Streamlit drops the state of widgets that are not rendered.
@@ -30,28 +30,35 @@ import pandas as pd
 import streamlit as st
 
 from iscore import frameworks
-from iscore.analysis import Analysis
-from iscore.budget import CACHE_MB, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS, WorkspaceCache
-from iscore.conversion import Syntax, to_file_text
-from iscore.conversion import convert as convert_setting
-from iscore.dump import DumpProblems, StepRange
-from iscore.errors import IscoreError
-from iscore.figures import color, setting_name
-from iscore.follow import Follower, ready_files
-from iscore.health import Health, assess
-from iscore.importers import PICKLED, SUFFIXES
-from iscore.paths import default_folder
-from iscore.preview import Preview, preview_parquet
-from iscore.recommendation import Recommendation, Targets
-from iscore.reference import point_dict, points
-from iscore.report import SUMMARY_COLUMNS
-from iscore.serving import FOLLOW_INTERVAL_S, DataRoots, dump_folder
-from iscore.settings import presets
-from iscore.spec import Spec
-from iscore.store import ResultStore
-from iscore.trend import Trend
-from iscore.tune import FAMILIES, family_of
-from iscore.workspace import Selection, Workspace, digest, fingerprint, open_path, open_uploads
+from iscore.advice.conversion import Syntax, to_file_text
+from iscore.advice.conversion import convert as convert_setting
+from iscore.advice.health import Health, assess
+from iscore.advice.recommendation import Recommendation, Targets
+from iscore.advice.reference import point_dict, points
+from iscore.advice.trend import Trend
+from iscore.advice.tuning import FAMILIES, family_of
+from iscore.dump import StepRange
+from iscore.dump.importers import PICKLED, SUFFIXES
+from iscore.dump.preview import Preview, preview_parquet
+from iscore.errors import DumpProblems, IscoreError
+from iscore.frameworks.resolve import presets
+from iscore.frameworks.spec import Spec
+from iscore.passes.analysis import Analysis
+from iscore.passes.follow import Follower, ready_files
+from iscore.passes.results_store import ResultStore
+from iscore.present.figures import color, setting_name
+from iscore.present.report import SUMMARY_COLUMNS
+from iscore.session.budget import CACHE_MB, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS, WorkspaceCache
+from iscore.session.serving import FOLLOW_INTERVAL_S, DataRoots, dump_folder
+from iscore.session.workspace import (
+    Selection,
+    Workspace,
+    digest,
+    fingerprint,
+    open_path,
+    open_uploads,
+)
+from iscore.utils.paths import default_folder
 
 T = TypeVar("T")
 
@@ -487,7 +494,7 @@ def _seen() -> dict[str, dict[Path, tuple[int, int]]]:
 
 def run_files(folder: str) -> tuple[tuple[str, int, int], ...]:
     """(path, size, mtime_ns) of the whole step files below `folder`, by path; a file still
-    being written is left out until it is whole (`iscore.follow.ready_files`), and a folder
+    being written is left out until it is whole (`iscore.passes.follow.ready_files`), and a folder
     that is gone has none."""
     seen = _seen()
     try:
@@ -628,7 +635,7 @@ _VERDICT = {
 
 
 def show_health(analysis: Analysis) -> Health:
-    """The verdict (`iscore.health`) as a green, amber or red box with what decided it, the
+    """The verdict (`iscore.advice.health`) as a green, amber or red box with what decided it, the
     published bands it was judged against (with their sources) and each step's verdict in an
     expander; returns it."""
     health = assess(analysis.mismatch)
@@ -693,7 +700,7 @@ def show_reference(health: Health) -> None:
 
 
 def show_attribution(analysis: Analysis) -> None:
-    """Where the mismatch comes from (`iscore.attribution`): each finding, its evidence and
+    """Where the mismatch comes from (`iscore.stats.attribution`): each finding, its evidence and
     what to do."""
     findings = analysis.attribution.get("findings", [])
     if not findings:
@@ -710,12 +717,12 @@ def show_attribution(analysis: Analysis) -> None:
 
 
 def label(spec: Spec) -> str:
-    """`framework:name`, the form of `iscore.analysis.presets()` keys."""
+    """`framework:name`, the form of `iscore.passes.analysis.presets()` keys."""
     return f"{spec.framework}:{spec.name}"
 
 
 def settings() -> list[Spec]:
-    """The session's settings, in order: setting i is drawn in `iscore.figures.color(i)`."""
+    """The session's settings, in order: setting i is drawn in `iscore.present.figures.color(i)`."""
     return list(st.session_state.settings)
 
 
@@ -879,9 +886,9 @@ class Exported:
 
     Attributes:
         snippet: the text to paste into the framework's own config.
-        syntax: the snippet's syntax (`iscore.conversion.Syntax`).
+        syntax: the snippet's syntax (`iscore.advice.conversion.Syntax`).
         commented: the snippet under comment lines saying whether it is exact and what it
-            could not express (`iscore.conversion.Export.commented`), for downloads.
+            could not express (`iscore.advice.conversion.Export.commented`), for downloads.
         config: the iscore config file (YAML with `framework:`), for `iscore replay --config`.
         exact: whether the framework's setting replays identically to the chosen one.
         notes: what differs, and numerical fine print.
@@ -898,8 +905,8 @@ class Exported:
 
 
 def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -> Exported:
-    """`spec` as a setting of `framework` (`iscore.conversion.convert`), measured on the selected
-    steps when the framework differs; memoized with the workspace."""
+    """`spec` as a setting of `framework` (`iscore.advice.conversion.convert`), measured on the
+    selected steps when the framework differs; memoized with the workspace."""
 
     def convert() -> Exported:
         batch = None if framework == spec.framework else ws.batch(steps)
@@ -930,6 +937,6 @@ def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -
 
 
 def plot(figure: dict[str, Any]) -> None:
-    """Show an `iscore.figures` figure across the column, in the app's light or dark theme
+    """Show an `iscore.present.figures` figure across the column, in the app's light or dark theme
     (fonts, axes and grid from Streamlit; the settings keep their colours)."""
     st.plotly_chart(figure, width="stretch", config=PLOT_CONFIG, theme="streamlit")

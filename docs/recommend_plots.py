@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from iscore import TokenBatch, load, ops, recommend
+from iscore import TokenBatch, load, recommend
+from iscore.advice.recommendation import Recommendation
+from iscore.dump.simulate import SimConfig, write_simulated
 from iscore.frameworks import NAMES
-from iscore.mismatch import broken_sequences
-from iscore.recommendation import Recommendation
-from iscore.simulate import SimConfig, write_simulated
+from iscore.packed import ops
+from iscore.stats.mismatch import broken_sequences
 
 W, H, PAD = 640, 360, 56
 REGIMES = {

@@ -26,30 +26,30 @@ _EXPORTS = {
     "ConfigError": "iscore.errors",
     "Dump": "iscore.dump",
     "DumpError": "iscore.errors",
-    "DumpWriter": "iscore.writer",
+    "DumpWriter": "iscore.dump.writer",
     "IscoreError": "iscore.errors",
-    "Problem": "iscore.dump",
-    "Replay": "iscore.spec",
+    "Problem": "iscore.errors",
+    "Replay": "iscore.frameworks.spec",
     "StepRange": "iscore.dump",
-    "TokenBatch": "iscore.batch",
-    "analyze": "iscore.analysis",
-    "export": "iscore.conversion:convert",
+    "TokenBatch": "iscore.packed.batch",
+    "analyze": "iscore.passes.analysis",
+    "export": "iscore.advice.conversion:convert",
     "load": "iscore.dump",
-    "parse_config": "iscore.settings",
-    "recommend": "iscore.recommendation",
-    "replay": "iscore.settings",
+    "parse_config": "iscore.frameworks.resolve",
+    "recommend": "iscore.advice.recommendation",
+    "replay": "iscore.frameworks.resolve",
 }
 
 if TYPE_CHECKING:
-    from iscore.analysis import analyze
-    from iscore.batch import TokenBatch
-    from iscore.conversion import convert as export
-    from iscore.dump import Dump, Problem, StepRange, load
-    from iscore.errors import ConfigError, DumpError, IscoreError
-    from iscore.recommendation import recommend
-    from iscore.settings import parse_config, replay
-    from iscore.spec import Replay
-    from iscore.writer import DumpWriter
+    from iscore.advice.conversion import convert as export
+    from iscore.advice.recommendation import recommend
+    from iscore.dump import Dump, StepRange, load
+    from iscore.dump.writer import DumpWriter
+    from iscore.errors import ConfigError, DumpError, IscoreError, Problem
+    from iscore.frameworks.resolve import parse_config, replay
+    from iscore.frameworks.spec import Replay
+    from iscore.packed.batch import TokenBatch
+    from iscore.passes.analysis import analyze
 
 
 def __getattr__(name: str) -> Any:

@@ -19,21 +19,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from iscore import storage
-from iscore.budget import CACHE_MB, DEFAULT_CHUNK_TOKENS, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS
-from iscore.distributed import ENGINES
+from iscore.dump.importers import FORMATS
+from iscore.dump.values import DEFAULT_CHUNK_TOKENS
 from iscore.errors import ConfigError, IscoreError, clip, counted, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.importers import FORMATS
-from iscore.output import check_output, output_path, write_json
-from iscore.serving import FOLLOW_INTERVAL_S, LOOPBACK_HOSTS
+from iscore.session.budget import CACHE_MB, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS
+from iscore.session.serving import FOLLOW_INTERVAL_S, LOOPBACK_HOSTS
+from iscore.utils import storage
+from iscore.utils.distributed import ENGINES
+from iscore.utils.output import check_output, output_path, write_json
 
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-    from iscore.batch import TokenBatch
     from iscore.dump import Dump, StepRange
-    from iscore.store import ResultStore
+    from iscore.packed.batch import TokenBatch
+    from iscore.passes.results_store import ResultStore
 
 # The commands import what they use when they run, and torch loads when it is first used:
 # `iscore --help`, a mistyped option, `presets` and `validate` answer without it (measured by
@@ -212,8 +213,8 @@ def _open_dump(
     """The dump the arguments name, opened (the footers `store` knows to be sound not
     parsed again); each output option of `outputs` is checked before any work (a missing
     folder, a directory, a file of the dump itself)."""
-    from iscore.columns import parse_mapping
     from iscore.dump import Dump
+    from iscore.dump.columns import parse_mapping
 
     dump = Dump(
         args.dump,
@@ -273,7 +274,7 @@ def _load(
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from iscore.validation import validate
+    from iscore.passes.validation import validate
 
     # Every column a command may read, the per-sequence ones (reward, group_id) too: a
     # reward that differs within a sequence is a problem `sequences` and `--where` meet.
@@ -289,7 +290,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
-    from iscore.settings import replay, resolve
+    from iscore.frameworks.resolve import replay, resolve
 
     spec = resolve(args.config)
     dump = _open_dump(args, outputs=("--out",))
@@ -322,12 +323,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from iscore.analysis import analyze
-    from iscore.figures import setting_name
-    from iscore.health import assess
-    from iscore.report import write_html
-    from iscore.sequences import SequenceTable, read_schema, write_rows
-    from iscore.settings import resolve
+    from iscore.advice.health import assess
+    from iscore.frameworks.resolve import resolve
+    from iscore.passes.analysis import analyze
+    from iscore.passes.sequences import SequenceTable, read_schema, write_rows
+    from iscore.present.figures import setting_name
+    from iscore.present.report import write_html
 
     _distinct_outputs(args, "--json", "--html", "--sequences")
     specs = [resolve(s) for s in args.settings]
@@ -392,8 +393,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 def _store(args: argparse.Namespace) -> ResultStore | None:
     """The results store the arguments name: --cache-dir, else the user's cache; none with
     --no-cache."""
-    from iscore.paths import default_folder
-    from iscore.store import ResultStore
+    from iscore.passes.results_store import ResultStore
+    from iscore.utils.paths import default_folder
 
     if args.no_cache:
         return None
@@ -416,10 +417,10 @@ def _add_cache_options(parser: argparse.ArgumentParser) -> None:
 def _cmd_watch(args: argparse.Namespace) -> int:
     import time
 
-    from iscore.columns import parse_mapping
-    from iscore.follow import Alert, Follower
-    from iscore.scalars import ScalarWriter
-    from iscore.settings import resolve
+    from iscore.dump.columns import parse_mapping
+    from iscore.frameworks.resolve import resolve
+    from iscore.passes.follow import Alert, Follower
+    from iscore.present.scalars import ScalarWriter
 
     specs = [resolve(s) for s in args.settings]
     if args.interval <= 0:
@@ -494,9 +495,9 @@ def _step_line(row: dict[str, Any], trend: Any) -> str:
 def _cmd_sequences(args: argparse.Namespace) -> int:
     import duckdb
 
-    from iscore.sequences import TABLES, catalog, sequence_table, write_rows
-    from iscore.settings import resolve
-    from iscore.sql import QueryError, one_line, open_query, referenced
+    from iscore.frameworks.resolve import resolve
+    from iscore.passes.sequences import TABLES, catalog, sequence_table, write_rows
+    from iscore.utils.sql import QueryError, one_line, open_query, referenced
 
     specs = [resolve(s) for s in args.settings]
     dump = _open_dump(args, extras=True, outputs=("--out",))
@@ -527,9 +528,9 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from iscore.conversion import snippet
-    from iscore.recommendation import RULE_SYMBOLS, Targets, recommend
-    from iscore.settings import resolve
+    from iscore.advice.conversion import snippet
+    from iscore.advice.recommendation import RULE_SYMBOLS, Targets, recommend
+    from iscore.frameworks.resolve import resolve
 
     lo, _, hi = args.lr_scale.partition(":")
     try:
@@ -592,7 +593,7 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from iscore.importers import convert
+    from iscore.dump.importers import convert
 
     report = convert(args.source, args.out, args.fmt, allow_pickle=args.allow_pickle)
     print(
@@ -605,8 +606,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from iscore.conversion import convert, to_file_text
-    from iscore.settings import resolve
+    from iscore.advice.conversion import convert, to_file_text
+    from iscore.frameworks.resolve import resolve
 
     if args.dump is None:
         for option in args.dump_options:
@@ -674,7 +675,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
-    from iscore.settings import presets
+    from iscore.frameworks.resolve import presets
 
     for key, spec in presets().items():
         if args.framework in (None, spec.framework):
@@ -683,7 +684,13 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from iscore.simulate import BROKEN_FROM_SHARE, REGIMES, SimConfig, write_run, write_simulated
+    from iscore.dump.simulate import (
+        BROKEN_FROM_SHARE,
+        REGIMES,
+        SimConfig,
+        write_run,
+        write_simulated,
+    )
 
     if args.list_regimes:
         for name, regime in REGIMES.items():
@@ -901,7 +908,7 @@ def _check_where(paths: Sequence[str], predicate: str, follow: bool) -> None:
     if not paths:
         return
     from iscore.dump import Dump
-    from iscore.follow import ready_files
+    from iscore.passes.follow import ready_files
 
     files = [str(p) for p in ready_files(paths[0])] if follow else [paths[0]]
     if files:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from iscore import frameworks
 from iscore.errors import IscoreError
-from iscore.settings import load_config_text, parse_config, resolve
+from iscore.frameworks.resolve import load_config_text, parse_config, resolve
 from testbed.engine import NOISES, REGIMES
 from testbed.sweep import Cache, Candidate, Sweep, candidates, train_regime
 from testbed.table import markdown, summarize, to_json

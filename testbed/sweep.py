@@ -33,9 +33,9 @@ import torch
 
 import iscore
 from iscore import frameworks
-from iscore.batch import TokenBatch
-from iscore.canonical import Canonical, mask_component, weight_component
-from iscore.spec import Spec
+from iscore.frameworks.canonical import Canonical, mask_component, weight_component
+from iscore.frameworks.spec import Spec
+from iscore.packed.batch import TokenBatch
 from testbed.engine import Regime
 from testbed.task import Task
 from testbed.training import Run, Training, train

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from iscore import frameworks
-from iscore.batch import TokenBatch
 from iscore.frameworks.base import Aggregation
-from iscore.impact import SettingStats
-from iscore.spec import Replay, Spec
+from iscore.frameworks.spec import Replay, Spec
+from iscore.packed.batch import TokenBatch
+from iscore.stats.setting import SettingStats
 from testbed.engine import Regime, context_noise, sample
 from testbed.task import Policy, Task, expected_reward, rewards, seed_generator, targets
 

@@ -9,9 +9,9 @@ import common
 import pandas as pd
 import streamlit as st
 
-from iscore import figures
+from iscore.dump.preview import Preview
 from iscore.errors import IscoreError
-from iscore.preview import Preview
+from iscore.present import figures
 
 st.title("Data")
 st.caption(

@@ -6,10 +6,10 @@ from __future__ import annotations
 import common
 import streamlit as st
 
-from iscore import figures
 from iscore.errors import IscoreError
-from iscore.sequences import setting_columns
-from iscore.sql import ROW_LIMIT, TIMEOUT_S
+from iscore.passes.sequences import setting_columns
+from iscore.present import figures
+from iscore.utils.sql import ROW_LIMIT, TIMEOUT_S
 
 ws = common.require_workspace()
 selection = common.selected_steps()

@@ -7,8 +7,8 @@ import common
 import pandas as pd
 import streamlit as st
 
-from iscore import figures
-from iscore.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, NO_SEMANTICS_BUG, flags_of
+from iscore.present import figures
+from iscore.stats.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, NO_SEMANTICS_BUG, flags_of
 
 ws = common.require_workspace()
 analysis = common.compute(

@@ -7,11 +7,11 @@ import common
 import pandas as pd
 import streamlit as st
 
+from iscore.advice.recommendation import RULE_SYMBOLS, Targets
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.impact import BROKEN_KEPT
-from iscore.mismatch import flags_of
-from iscore.recommendation import RULE_SYMBOLS, Targets
+from iscore.stats.mismatch import flags_of
+from iscore.stats.setting import BROKEN_KEPT
 
 ws = common.require_workspace()
 steps = common.selected_steps()

@@ -9,9 +9,9 @@ from typing import Any
 import common
 import streamlit as st
 
-from iscore import figures
+from iscore.advice.trend import EVENT_KINDS, Trend
 from iscore.errors import IscoreError
-from iscore.trend import EVENT_KINDS, Trend
+from iscore.present import figures
 
 ws = common.require_workspace()
 specs = common.settings()

@@ -6,10 +6,12 @@ from __future__ import annotations
 import common
 import streamlit as st
 
-from iscore import figures, frameworks, tune
+from iscore import frameworks
+from iscore.advice import tuning
+from iscore.advice.tuning import FAMILIES
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.tune import FAMILIES
+from iscore.present import figures
 
 ws = common.require_workspace()
 steps = common.selected_steps()
@@ -46,12 +48,12 @@ def _marks() -> list[tuple[str, tuple[float, ...]]]:
     recommended one, where they exist."""
     out = []
     for spec in frameworks.get(framework).presets().values():
-        found = tune.family_of(spec)
+        found = tuning.family_of(spec)
         if found is not None and found[0] == family:
             out.append((f"{framework} {spec.name}", found[1]))
             break
     for candidate in rec.candidates:
-        found = tune.family_of(candidate.spec)
+        found = tuning.family_of(candidate.spec)
         if found is not None and found[0] == family:
             out.append(("recommended", found[1]))
             break
@@ -61,7 +63,7 @@ def _marks() -> list[tuple[str, tuple[float, ...]]]:
 marks = _marks()
 grids = ws.cached(
     ("tune-grid", family, tuple(v for _, v in marks), ws.selection(steps)),
-    lambda: tune.grid(tuner, family, include=[v for _, v in marks]),
+    lambda: tuning.grid(tuner, family, include=[v for _, v in marks]),
 )
 st.caption(
     f"{f.rule}. Dashed lines: "
@@ -80,15 +82,15 @@ def _sliders() -> None:
     for col, bound, default in zip(st.columns(len(f.bounds)), f.bounds, start, strict=True):
         key = f"tune_{family}_{bound}"
         if state.get(key, default) not in grids[bound]:  # a new dump or step selection
-            state[key] = tune.nearest(grids[bound], state.get(key, default))
+            state[key] = tuning.nearest(grids[bound], state.get(key, default))
         values.append(
             col.select_slider(
                 bound, grids[bound], format_func=lambda v: f"{v:.6g}",
                 **common.persist(key, default),
             )
         )  # fmt: skip
-    result = tune.query(tuner, family, values, framework)
-    spec = tune.family_spec(family, values, framework)
+    result = tuning.query(tuner, family, values, framework)
+    spec = tuning.family_spec(family, values, framework)
     aggregation = frameworks.get(framework).aggregation(spec)
     st.caption(
         f"Read-outs are over loss tokens; the LR scale is under {framework}'s loss aggregation "
@@ -137,7 +139,9 @@ def _sliders() -> None:
     for i, bound in enumerate(f.bounds):
         curve = ws.cached(
             ("tune-sweep", family, framework, i, tuple(values), ws.selection(steps)),
-            lambda i=i, bound=bound: tune.sweep(tuner, family, values, i, grids[bound], framework),
+            lambda i=i, bound=bound: tuning.sweep(
+                tuner, family, values, i, grids[bound], framework
+            ),
         )
         at = [(label, v[i]) for label, v in marks]
         common.plot(figures.tune_figure(bound, grids[bound], curve, values[i], shown, at))
@@ -149,7 +153,7 @@ _sliders()
 def _use() -> None:
     chosen = [state[f"tune_{family}_{bound}"] for bound in f.bounds]
     try:
-        spec = tune.family_spec(family, chosen, framework, state.tune_name.strip() or None)
+        spec = tuning.family_spec(family, chosen, framework, state.tune_name.strip() or None)
         name = common.use_setting(spec)
         common.say("success", f"{name} is in Compare and Export.")
     except IscoreError as e:

@@ -4,7 +4,7 @@
 
 - `read`: pyarrow reading the columns iscore needs (the floor any tool pays);
 - `load`: `iscore.load` of the whole dump;
-- `analyze, streamed`: `iscore.analysis` of the dump from disk with the settings (read,
+- `analyze, streamed`: `iscore.passes.analysis` of the dump from disk with the settings (read,
   replay, every statistic), the headline number;
 - `analyze, resident` and `replay only, resident`: the same on chunks already in memory;
 - `marginal`: what the second half of the dump's steps adds to `analyze` against what it adds

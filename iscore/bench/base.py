@@ -30,7 +30,7 @@ import torch
 import iscore
 from iscore.bench.goals import GOAL_TEXT
 from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
-from iscore.spec import Spec
+from iscore.frameworks.spec import Spec
 
 SETTINGS = (
     verl.PRESETS["decoupled_geo_rs_token_tis"],

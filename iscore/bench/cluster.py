@@ -9,9 +9,9 @@ import json
 import math
 import time
 
-from iscore.analysis import analyze
 from iscore.bench.base import Measured, Run, best, row
-from iscore.distributed import connect, ordered
+from iscore.passes.analysis import analyze
+from iscore.utils.distributed import connect, ordered
 
 TASKS = 200
 """Empty tasks timed for the per-task overhead."""

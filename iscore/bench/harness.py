@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from iscore import kernels
 from iscore.bench import cluster, data, goals, interactive, processes, runs, throughput
 from iscore.bench.base import SETTINGS, Measurement, Run, loadavg, machine
 from iscore.bench.baselines.comparison import baselines
 from iscore.bench.writer import writer
 from iscore.dump import DEFAULT_CHUNK_TOKENS
 from iscore.errors import ConfigError, quote
-from iscore.settings import Setting, resolve
+from iscore.frameworks.resolve import Setting, resolve
+from iscore.packed import kernels
 
 MEASUREMENTS: tuple[Measurement, ...] = (
     throughput.read,
@@ -148,7 +148,7 @@ def run_bench(
 
 @contextlib.contextmanager
 def _kernels() -> Iterator[str]:
-    """Inside, `iscore.kernels` run from the first token (`ISCORE_KERNELS=numba`) unless the
+    """Inside, `iscore.packed.kernels` run from the first token (`ISCORE_KERNELS=numba`) unless the
     user chose otherwise: the bench times the per-token cost of a long run, where they run;
     its start-up rows time the default (`processes.startup`). Yields the mode."""
     chosen = os.environ.get(kernels.ENV)

@@ -12,12 +12,12 @@ import numpy as np
 
 import iscore
 from iscore import frameworks
+from iscore.advice.recommendation import Targets
+from iscore.advice.tuning import Tuner, query
 from iscore.bench.base import Measured, Run, best, row
 from iscore.bench.data import subset
 from iscore.dump import Dump, StepRange
-from iscore.recommendation import Targets
-from iscore.tune import Tuner, query
-from iscore.workspace import Workspace
+from iscore.session.workspace import Workspace
 
 
 def tune(run: Run) -> Measured:

@@ -14,14 +14,14 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from iscore import kernels
 from iscore.bench.base import COLUMNS, Measured, Run, best, package_root, row
-from iscore.simulate import SimConfig, write_simulated
+from iscore.dump.simulate import SimConfig, write_simulated
+from iscore.packed import kernels
 
 _MARGINAL_SCRIPT = """
 import sys, time
 import pyarrow.parquet as pq
-from iscore.analysis import analyze
+from iscore.passes.analysis import analyze
 from iscore.dump import Dump, StepRange
 mode, path, chunk, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 columns, settings = sys.argv[5].split(","), sys.argv[6:]
@@ -98,7 +98,7 @@ _KERNELS_SCRIPT = """
 import time
 import numpy as np
 import torch
-from iscore import noise
+from iscore.stats import noise
 start = time.perf_counter()
 noise.median_mad(np.arange(5.0))
 noise.segment_medians(np.arange(5.0), np.array([5]))
@@ -110,7 +110,7 @@ print(time.perf_counter() - start)
 def startup(run: Run) -> Measured:
     """Seconds for fresh processes to answer `iscore --help`, `iscore presets` and `iscore
     validate` of a small dump (100 sequences), to import the engine, and to load numba and the
-    compiled kernels (`iscore.kernels`, once compiled; the result's `startup`). The commands
+    compiled kernels (`iscore.packed.kernels`, once compiled; the result's `startup`). The commands
     run as a user's do, the kernels left to start on their own (`kernels.AUTO_TOKENS`)."""
     run.say("timing start-up in fresh processes")
     env = {**_env(), kernels.ENV: "auto"}
@@ -135,7 +135,7 @@ def startup(run: Run) -> Measured:
         "help_s": seconds("-m", "iscore.cli", "--help"),
         "presets_s": seconds("-m", "iscore.cli", "presets"),
         "validate_s": validate_s,
-        "import_engine_s": seconds("-c", "import iscore.analysis"),
+        "import_engine_s": seconds("-c", "import iscore.passes.analysis"),
         "python_s": seconds("-c", "pass"),
     }
     if kernels.available():
@@ -162,7 +162,7 @@ def startup(run: Run) -> Measured:
 _MEMORY_SCRIPT = """
 import json, resource, sys, time
 import iscore
-from iscore.analysis import analyze
+from iscore.passes.analysis import analyze
 from iscore.dump import Dump, StepRange
 mode, path, chunk, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 settings = sys.argv[5:]

@@ -9,12 +9,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from iscore.analysis import analyze
 from iscore.bench.base import Measured, Run, best, row
 from iscore.dump import Dump
-from iscore.follow import Follower
-from iscore.simulate import SimConfig, write_run
-from iscore.store import ResultStore
+from iscore.dump.simulate import SimConfig, write_run
+from iscore.passes.analysis import analyze
+from iscore.passes.follow import Follower
+from iscore.passes.results_store import ResultStore
 
 SEQUENCES = 8
 """Sequences per step file (median 64 tokens each): small files, where fixed costs show."""

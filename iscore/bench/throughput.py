@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import torch
 
 import iscore
-from iscore import ops
-from iscore.analysis import analyze
-from iscore.batch import TokenBatch
 from iscore.bench.base import COLUMNS, Measured, Run, best, row
 from iscore.dump import Dump
+from iscore.packed import ops
+from iscore.packed.batch import TokenBatch
+from iscore.passes.analysis import analyze
 
 READ_ROW = "read (pyarrow, needed columns)"
 """The row every `ratio_vs_read` divides by: the floor any tool pays."""

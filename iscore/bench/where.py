@@ -10,11 +10,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from iscore.analysis import analyze
 from iscore.bench import data
 from iscore.bench.base import SETTINGS, best, loadavg, machine, row
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
-from iscore.settings import Setting, resolve
+from iscore.frameworks.resolve import Setting, resolve
+from iscore.passes.analysis import analyze
 
 WHERE_PREDICATES = (
     "length > 0",

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from iscore.bench.base import Measured, Run, best, row
+from iscore.dump.writer import DumpWriter
 from iscore.frameworks import trl
-from iscore.writer import DumpWriter
 
 STEP_TOKENS = 1_000_000
 """Tokens of the step the writer is timed in (fewer on a smaller bench dump)."""

@@ -3,28 +3,13 @@
 (`readers`) and the Arrow-to-torch conversion (`tensors`); `values` holds the types they
 share."""
 
-from iscore.budget import DEFAULT_CHUNK_TOKENS
-from iscore.dump.facade import Data, Dump, Piece, check_unique, load, load_data, open_data
-from iscore.dump.files import Source, is_framework_dump, resolve_files
-from iscore.dump.values import DropReport, DumpFile, Extra, StepRange
-from iscore.errors import DumpProblems, Problem
+import lazy_loader
 
-__all__ = [
-    "DEFAULT_CHUNK_TOKENS",
-    "Data",
-    "DropReport",
-    "Dump",
-    "DumpFile",
-    "DumpProblems",
-    "Extra",
-    "Piece",
-    "Problem",
-    "Source",
-    "StepRange",
-    "check_unique",
-    "is_framework_dump",
-    "load",
-    "load_data",
-    "open_data",
-    "resolve_files",
-]
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={
+        "facade": ["Data", "Dump", "Piece", "check_unique", "load", "load_data", "open_data"],
+        "files": ["Source", "is_framework_dump", "resolve_files"],
+        "values": ["DEFAULT_CHUNK_TOKENS", "DropReport", "DumpFile", "Extra", "StepRange"],
+    },
+)

@@ -2,7 +2,7 @@
 
 A dump is one Parquet file, a directory of them or a glob, in token layout (one row per
 token) or sequence layout (one row per sequence, equal-length list columns); see
-`iscore.columns` for the columns and the frameworks' names for them. Files are read row
+`iscore.dump.columns` for the columns and the frameworks' names for them. Files are read row
 group by row group, and `Dump.batches` yields whole sequences in chunks of bounded size, so
 a dump larger than memory streams in constant memory.
 
@@ -31,10 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from iscore import footer, storage
-from iscore.budget import DEFAULT_CHUNK_TOKENS
-from iscore.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, dump_schema
-from iscore.distributed import Engine, check_engine, ordered
+from iscore.dump.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, dump_schema
 from iscore.dump.files import (
     import_framework_dump,
     is_framework_dump,
@@ -44,14 +41,16 @@ from iscore.dump.files import (
 )
 from iscore.dump.readers import INVALID, Chunk, check_values, invalid_values, open_reader
 from iscore.dump.tensors import concat_batches, to_batch
-from iscore.dump.values import DropReport, DumpFile, Extra, Layout, StepRange
+from iscore.dump.values import DEFAULT_CHUNK_TOKENS, DropReport, DumpFile, Extra, Layout, StepRange
+from iscore.dump.where import Judge, Where
 from iscore.errors import ConfigError, DumpError, DumpProblems, Problem, clip, quote
-from iscore.where import Judge, Where
+from iscore.utils import footer, storage
+from iscore.utils.distributed import Engine, check_engine, ordered
 
 if TYPE_CHECKING:
     import torch
 
-    from iscore.batch import TokenBatch
+    from iscore.packed.batch import TokenBatch
 
 
 class Dump:
@@ -64,8 +63,8 @@ class Dump:
         drop_invalid: drop sequences with NaN, infinite or positive log-probs (counted in
             `dropped`) instead of raising.
         where: only read sequences where this SQL predicate over the sequence table's dump
-            and mismatch columns holds (`iscore.sequences`), judged chunk by chunk as they are read.
-        extras: carry every per-sequence column of the dump (`Extra`) into the batches'
+            and mismatch columns holds (`iscore.passes.sequences`), judged chunk by chunk as they
+        are read. extras: carry every per-sequence column of the dump (`Extra`) into the batches'
             `extra` table; without it only those `where` reads are carried.
         footers: footers known to pass `footer.check` (a results store's `footers`): a
             file's footer found there is not parsed again, one that passes is added.
@@ -178,7 +177,7 @@ class Dump:
             if piece is None
             else piece.schema
         )
-        """The sequence table's columns that come from the dump (`iscore.sequences`)."""
+        """The sequence table's columns that come from the dump (`iscore.passes.sequences`)."""
         self.where = None
         if where is not None:
             self.where = Where.compile(where, self.sequence_schema)
@@ -218,7 +217,7 @@ class Dump:
 
     def datasets(self) -> list[pads.Dataset]:
         """Each file as an Arrow dataset with its own column names (read lazily when
-        scanned, as DuckDB does for the `tokens` view of `iscore.sequences`)."""
+        scanned, as DuckDB does for the `tokens` view of `iscore.passes.sequences`)."""
         out = []
         checked = pads.ParquetFragmentScanOptions(page_checksum_verification=True)
         parquet = pads.ParquetFileFormat(default_fragment_scan_options=checked)
@@ -252,7 +251,7 @@ class Dump:
         file's (at 19.5M tokens: 0.4x the peak and about half the time of reading each file
         in one piece). `progress` is called with the number of tokens of each chunk read.
         With `engine="ray"`, Ray tasks read the files (a file's pieces, `pieces`) and the
-        batch is joined here in dump order: the same batch (`iscore.distributed`).
+        batch is joined here in dump order: the same batch (`iscore.utils.distributed`).
 
         Raises:
             DumpProblems: the dump has problems (all of them are listed; on Ray, those of
@@ -351,7 +350,7 @@ class Dump:
     def piece(self, index: int, steps: StepRange | None = None) -> Piece:
         """What this dump reads of its file `index`, or of the steps `steps` of it (within
         its own selection), as plain values that another process opens (`Piece.open`): a
-        Ray task reads one (`iscore.distributed`).
+        Ray task reads one (`iscore.utils.distributed`).
 
         Raises:
             DumpError: the file is held in memory (an upload, a converted framework dump),
@@ -681,7 +680,7 @@ def open_data(data: Data, **options: Any) -> Dump | TokenBatch:
     Raises:
         DumpError: `data` is none of those forms, or the dump cannot be opened.
     """
-    from iscore.batch import TokenBatch  # torch, only when data is given
+    from iscore.packed.batch import TokenBatch  # torch, only when data is given
 
     if isinstance(data, Dump | TokenBatch):
         given = sorted(k for k, v in options.items() if v not in (None, False))

@@ -13,13 +13,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iscore import footer, storage
-from iscore.columns import resolve_columns
+from iscore.dump.columns import resolve_columns
 from iscore.dump.schema import check_types, extras_of, is_list, scalar_type
 from iscore.dump.values import DumpFile, Layout
+from iscore.dump.writer import PROVENANCE_KEY
 from iscore.errors import DumpError, DumpProblems, Problem, clip, quote
-from iscore.paths import list_files
-from iscore.writer import PROVENANCE_KEY
+from iscore.utils import footer, storage
+from iscore.utils.paths import list_files
 
 
 def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
@@ -192,7 +192,7 @@ def import_framework_dump(
     item: str | Path, fmt: str | None, allow_pickle: bool
 ) -> tuple[str, bytes]:
     """A framework dump converted in memory to canonical Parquet bytes, named for messages."""
-    from iscore import importers  # torch.load and JSON parsing, only when needed
+    from iscore.dump import importers  # torch.load and JSON parsing, only when needed
 
     fmt = fmt or importers.detect(item)
     table = importers.read(item, fmt, allow_pickle=allow_pickle)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from iscore.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, PER_SEQUENCE, PER_TOKEN, ColumnMap
+from iscore.dump.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, PER_SEQUENCE, PER_TOKEN, ColumnMap
 from iscore.dump.files import leaf
 from iscore.dump.schema import column_label, is_list
 from iscore.dump.values import DumpFile, Extra, StepRange

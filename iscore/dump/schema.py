@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from iscore.columns import COMPUTED, EXPERT_COLUMNS, PER_TOKEN, ColumnMap
+from iscore.dump.columns import COMPUTED, EXPERT_COLUMNS, PER_TOKEN, ColumnMap
 from iscore.dump.values import Extra, Layout
 from iscore.errors import DumpProblems, Problem, quote
 

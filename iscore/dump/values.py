@@ -10,10 +10,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from iscore.columns import ColumnMap
+from iscore.dump.columns import ColumnMap
 from iscore.errors import DumpError, quote
 
 Layout = Literal["token", "sequence"]
+
+DEFAULT_CHUNK_TOKENS = 2_000_000
+"""Tokens per streamed chunk: about 300 MB of working memory while a chunk is processed."""
 
 
 @dataclass(frozen=True, slots=True)

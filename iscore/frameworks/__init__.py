@@ -4,9 +4,9 @@ framework's module.
 
 Each module holds that framework's semantics in one place: its config keys and `parse(config)
 -> Spec`, the spec dataclasses (typed fields, validated in `__post_init__`) whose `replay(batch)`
-composes `iscore.ops` primitives in the framework's own order, its presets, its canonical form
-both ways, its snippet text, its loss aggregation, the metric names it logs and its traps. Adding
-a framework is one module and one entry of `NAMES` (docs/adding-a-framework.md).
+composes `iscore.packed.ops` primitives in the framework's own order, its presets, its canonical
+form both ways, its snippet text, its loss aggregation, the metric names it logs and its traps.
+Adding a framework is one module and one entry of `NAMES` (docs/adding-a-framework.md).
 
 >>> from iscore import frameworks
 >>> [fw.name for fw in frameworks.every()][:3]

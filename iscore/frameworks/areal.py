@@ -71,7 +71,7 @@ Where AReaL's documentation (docs/corrections.md#areal) and its code differ, or 
   KL values (AReaL's float32 e^{-d} - 1 + d loses everything below ~1e-7 to cancellation).
 
 >>> import torch
->>> from iscore.batch import TokenBatch
+>>> from iscore.packed.batch import TokenBatch
 >>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0]), train=torch.tensor([-2.0, 0.0]),
 ...                cu_seqlens=torch.tensor([0, 2]))
 >>> rs = {"level": "token", "action": "mask", "metric": "ratio", "upper": 2.0}
@@ -91,9 +91,11 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops, render
-from iscore.batch import TokenBatch
-from iscore.canonical import (
+from iscore.errors import ConfigError, quote
+from iscore.frameworks import _batch, snippets
+from iscore.frameworks._config import Section, check_choice, check_number, top_level
+from iscore.frameworks.base import BatchFields, Framework, Trap, Upstream
+from iscore.frameworks.canonical import (
     Anchor,
     Candidate,
     Canonical,
@@ -111,12 +113,10 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.canonical import Level as CanonicalLevel
-from iscore.errors import ConfigError, quote
-from iscore.frameworks import _batch
-from iscore.frameworks._config import Section, check_choice, check_number, top_level
-from iscore.frameworks.base import BatchFields, Framework, Trap, Upstream
-from iscore.spec import Replay, per_token
+from iscore.frameworks.canonical import Level as CanonicalLevel
+from iscore.frameworks.spec import Replay, per_token
+from iscore.packed import ops
+from iscore.packed.batch import TokenBatch
 
 NAME = "areal"
 
@@ -787,7 +787,7 @@ FRAMEWORK = Framework(
     default="areal_token_mask",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
-    render=lambda body, fmt: render.yaml_text(body),
+    render=lambda body, fmt: snippets.yaml_text(body),
     families=frozenset({"token_tis"}),
     # `prox_logp` only: AReaL's `old_logprobs`/`logprobs` hold the ROLLOUT's log-probs, the
     # trainer's elsewhere, so they are no alias of either column (map them explicitly).

@@ -2,10 +2,11 @@
 
 A framework module (`iscore/frameworks/verl.py`, ...) is the one place that knows that framework:
 its config keys and how they parse into a frozen spec, its replay, its presets, its mapping to and
-from the framework-neutral `iscore.canonical.Canonical`, the threshold families it can express, its
-loss aggregation, the metric names it logs, how its config snippet is written, its traps and the
-upstream commit it follows. It exposes all of that as one `Framework` value named `FRAMEWORK`; the
-registry (`iscore.frameworks`) lists the modules, and everything else asks the registry.
+from the framework-neutral `iscore.frameworks.canonical.Canonical`, the threshold families it can
+express, its loss aggregation, the metric names it logs, how its config snippet is written, its
+traps and the upstream commit it follows. It exposes all of that as one `Framework` value named
+`FRAMEWORK`; the registry (`iscore.frameworks`) lists the modules, and everything else asks the
+registry.
 
 >>> from iscore import frameworks
 >>> fw = frameworks.get("verl")
@@ -20,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from iscore.batch import TokenBatch
-    from iscore.canonical import Candidate, Canonical
-    from iscore.spec import Spec
+    from iscore.frameworks.canonical import Candidate, Canonical
+    from iscore.frameworks.spec import Spec
+    from iscore.packed.batch import TokenBatch
 
 Measure = Callable[["Spec"], dict[str, float]]
-"""What a setting does to a dump (`iscore.impact.quick_stats` bound to it), for traps that quote
-the dump's numbers without the framework module calling up into the statistics."""
+"""What a setting does to a dump (`iscore.stats.setting.quick_stats` bound to it), for traps that
+quote the dump's numbers without the framework module calling up into the statistics."""
 
 AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 
@@ -96,10 +97,10 @@ class Source:
 @dataclass(frozen=True, slots=True)
 class Band:
     """A published health band on one of iscore's mismatch statistics: a value inside it is
-    what its source calls normal, one outside it is elevated (`iscore.health`).
+    what its source calls normal, one outside it is elevated (`iscore.advice.health`).
 
     Attributes:
-        statistic: the `iscore.mismatch` statistic it bounds (`mismatch.METRIC_NAMES` keys).
+        statistic: the `iscore.stats.mismatch` statistic it bounds (`mismatch.METRIC_NAMES` keys).
         low: the lowest healthy value, or None for no lower limit.
         high: the highest healthy value, or None for no upper limit.
         logged_as: the metric the source states the band for, as the framework logs it.
@@ -142,13 +143,13 @@ class Band:
 @dataclass(frozen=True, slots=True)
 class ReferencePoint:
     """A published measurement of the mismatch in one setting, to place a dump among
-    (`iscore.reference`).
+    (`iscore.advice.reference`).
 
     Attributes:
         setting: what was measured, in words ("bf16 rollout", "FP8 rollout").
         model: the model, as the source names it.
         precision: the rollout's precision (and the trainer's where it differs).
-        statistic: the `iscore.mismatch` statistic the value is compared with.
+        statistic: the `iscore.stats.mismatch` statistic the value is compared with.
         value: the published value.
         logged_as: the metric the source reports, as it names it.
         source: where it is published.
@@ -188,8 +189,8 @@ class Trap:
 @dataclass(frozen=True, slots=True)
 class BatchFields:
     """What a framework's own batch object holds for a dump, in the arguments of
-    `iscore.writer.DumpWriter.add`: tensors, arrays or lists exactly as the framework keeps them
-    (never copied here), read by the writer later.
+    `iscore.dump.writer.DumpWriter.add`: tensors, arrays or lists exactly as the framework keeps
+    them (never copied here), read by the writer later.
 
     Per-token fields share one layout: padded [B, T] (any alignment; `mask` marks the tokens)
     or B per-sequence 1-D arrays. A framework module's `read_batch` returns one `BatchFields`
@@ -237,17 +238,17 @@ class Framework:
             when the correction is enabled (the app's starting point).
         to_canonical: a spec -> the framework-neutral setting.
         from_canonical: a neutral setting and a name -> candidate specs, each with notes on
-            what it could not express (`iscore.conversion.convert` picks the closest).
+            what it could not express (`iscore.advice.conversion.convert` picks the closest).
         render: the body of `spec.to_config()` (without `framework:`/`name:`) and a format
             ("yaml", "flags" or None for the usual one) -> the text to paste.
         aggregation: a spec -> the loss aggregation it trains with.
-        families: the `iscore.tune.FAMILIES` it expresses exactly.
+        families: the `iscore.advice.tuning.FAMILIES` it expresses exactly.
         metrics: per iscore mismatch statistic, the name(s) it logs it under.
         bands: the health bands its docs publish on iscore's mismatch statistics.
         references: mismatch measurements published in its own repository (issues, pull
-            requests, docs), to place a dump among (`iscore.reference`).
+            requests, docs), to place a dump among (`iscore.advice.reference`).
         columns: per canonical dump column, the names it writes for it (its batch's keys),
-            found in a dump file as aliases (`iscore.columns.aliases`).
+            found in a dump file as aliases (`iscore.dump.columns.aliases`).
         traps: its traps.
         comments: a spec -> what a reader of its snippet would misread, one line each: every
             snippet of the framework carries them as comments above its keys (verl's k1

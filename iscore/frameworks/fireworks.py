@@ -41,7 +41,7 @@ float32 ratios with a Python float), which only matters for a ratio within float
 1/tau.
 
 >>> import torch
->>> from iscore.batch import TokenBatch
+>>> from iscore.packed.batch import TokenBatch
 >>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0]), train=torch.tensor([1.0, -1.1]),
 ...                cu_seqlens=torch.tensor([0, 2]))
 >>> r = parse({"framework": "fireworks", "tis": {"cap": 5.0, "icepop_threshold": 2.0}}).replay(b)
@@ -57,9 +57,11 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops, render
-from iscore.batch import TokenBatch
-from iscore.canonical import (
+from iscore.errors import ConfigError
+from iscore.frameworks import snippets
+from iscore.frameworks._config import check_choice, check_number, top_level
+from iscore.frameworks.base import Framework, Upstream
+from iscore.frameworks.canonical import (
     BIG,
     Candidate,
     Canonical,
@@ -74,12 +76,11 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.canonical import Anchor as CanonicalAnchor
-from iscore.canonical import Level as CanonicalLevel
-from iscore.errors import ConfigError
-from iscore.frameworks._config import check_choice, check_number, top_level
-from iscore.frameworks.base import Framework, Upstream
-from iscore.spec import Replay, per_token
+from iscore.frameworks.canonical import Anchor as CanonicalAnchor
+from iscore.frameworks.canonical import Level as CanonicalLevel
+from iscore.frameworks.spec import Replay, per_token
+from iscore.packed import ops
+from iscore.packed.batch import TokenBatch
 
 NAME = "fireworks"
 
@@ -366,14 +367,14 @@ def from_canonical(c: Canonical, name: str) -> list[Candidate]:
 def _render(body: Mapping[str, Any], fmt: str | None) -> str:
     """YAML under the Python `Config(...)` it stands for."""
     parts: dict[str, Any] = {
-        key: render.Raw(render.python_call(cls, body[key]))
+        key: snippets.Raw(snippets.python_call(cls, body[key]))
         for key, cls in (("tis", "TISConfig"), ("is_correction", "ISConfig"))
         if key in body
     }
     if "anchor_logp" in body:
         parts["anchor_logp"] = body["anchor_logp"]
     where = "cookbook PR #169" if "is_correction" in body else "training/recipes/rl_loop.py"
-    return f"# {where}: {render.python_call('Config', parts)}\n" + render.yaml_text(body)
+    return f"# {where}: {snippets.python_call('Config', parts)}\n" + snippets.yaml_text(body)
 
 
 FRAMEWORK = Framework(

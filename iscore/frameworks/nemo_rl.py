@@ -77,9 +77,21 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from iscore import ops, render
-from iscore.batch import TokenBatch
-from iscore.canonical import (
+from iscore.errors import ConfigError, quote
+from iscore.frameworks import _batch, snippets
+from iscore.frameworks._config import Section, as_float, check_choice, top_level
+from iscore.frameworks.base import (
+    Aggregation,
+    Band,
+    BatchFields,
+    Framework,
+    Measure,
+    ReferencePoint,
+    Source,
+    Trap,
+    Upstream,
+)
+from iscore.frameworks.canonical import (
     Candidate,
     Canonical,
     Component,
@@ -94,21 +106,9 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError, quote
-from iscore.frameworks import _batch
-from iscore.frameworks._config import Section, as_float, check_choice, top_level
-from iscore.frameworks.base import (
-    Aggregation,
-    Band,
-    BatchFields,
-    Framework,
-    Measure,
-    ReferencePoint,
-    Source,
-    Trap,
-    Upstream,
-)
-from iscore.spec import Replay, per_token
+from iscore.frameworks.spec import Replay, per_token
+from iscore.packed import ops
+from iscore.packed.batch import TokenBatch
 
 NAME = "nemo_rl"
 
@@ -686,7 +686,7 @@ FRAMEWORK = Framework(
     default="nemo_is",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
-    render=render.nested,
+    render=snippets.nested,
     aggregation=_aggregation,
     # Not seq_tis: NeMo-RL's e^S overflows float32 to a weight of 0 above S = 88.7, where the
     # family caps it (and the setting also makes the PPO ratio GSPO's).

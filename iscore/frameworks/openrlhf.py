@@ -49,7 +49,7 @@ reversed pair makes `tis` return HIGH everywhere (torch's clamp) and `icepop` / 
 zero everything.
 
 >>> import torch
->>> from iscore.batch import TokenBatch
+>>> from iscore.packed.batch import TokenBatch
 >>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0]), train=torch.tensor([-2.0, -0.9]),
 ...                cu_seqlens=torch.tensor([0, 2]))
 >>> spec = parse({"framework": "openrlhf", "args": "--algo.advantage.is_correction_enable"})
@@ -68,9 +68,11 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops, render
-from iscore.batch import TokenBatch
-from iscore.canonical import (
+from iscore.errors import ConfigError, quote
+from iscore.frameworks import _batch, snippets
+from iscore.frameworks._config import flag_parser, nearest, top_level
+from iscore.frameworks.base import Aggregation, BatchFields, Framework, Trap, Upstream
+from iscore.frameworks.canonical import (
     Candidate,
     Canonical,
     first_weight,
@@ -82,11 +84,9 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError, quote
-from iscore.frameworks import _batch
-from iscore.frameworks._config import flag_parser, nearest, top_level
-from iscore.frameworks.base import Aggregation, BatchFields, Framework, Trap, Upstream
-from iscore.spec import Replay
+from iscore.frameworks.spec import Replay
+from iscore.packed import ops
+from iscore.packed.batch import TokenBatch
 
 NAME = "openrlhf"
 
@@ -515,7 +515,7 @@ FRAMEWORK = Framework(
     default="openrlhf_tis",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
-    render=lambda body, fmt: render.flag_lines(body.get("args", "")),
+    render=lambda body, fmt: snippets.flag_lines(body.get("args", "")),
     aggregation=_aggregation,
     families=frozenset({"token_tis", "icepop"}),
     columns={  # Experience fields

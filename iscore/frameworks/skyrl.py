@@ -84,9 +84,11 @@ from typing import Any, ClassVar, Literal, get_args
 import numpy as np
 import torch
 
-from iscore import ops, render
-from iscore.batch import TokenBatch
-from iscore.canonical import (
+from iscore.errors import ConfigError, DumpError, quote
+from iscore.frameworks import _batch, snippets
+from iscore.frameworks._config import Section, as_float, check_choice, top_level
+from iscore.frameworks.base import BatchFields, Framework, Upstream
+from iscore.frameworks.canonical import (
     BIG,
     Anchor,
     Candidate,
@@ -99,11 +101,9 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError, DumpError, quote
-from iscore.frameworks import _batch
-from iscore.frameworks._config import Section, as_float, check_choice, top_level
-from iscore.frameworks.base import BatchFields, Framework, Upstream
-from iscore.spec import Replay, per_token
+from iscore.frameworks.spec import Replay, per_token
+from iscore.packed import ops
+from iscore.packed.batch import TokenBatch
 
 NAME = "skyrl"
 
@@ -903,7 +903,7 @@ class DumpCallback:
     `on_train_end`, and ignores the others, so it needs no SkyRL import.
 
     Args:
-        writer: an `iscore.writer.DumpWriter` with `framework="skyrl"`.
+        writer: an `iscore.dump.writer.DumpWriter` with `framework="skyrl"`.
     """
 
     def __init__(self, writer: Any):
@@ -937,7 +937,7 @@ FRAMEWORK = Framework(
     default="skyrl_geo_mask",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
-    render=render.nested,
+    render=snippets.nested,
     families=frozenset({"token_tis", "seq_tis", "geometric_mask", "product_mask"}),
     columns={"train_logprob": ("action_log_probs",)},  # TrainingInputBatch
     metrics={

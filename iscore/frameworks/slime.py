@@ -90,7 +90,7 @@ Where slime's documentation (docs/corrections.md#slime) and its code differ, or 
   float64 d and float64 sums; the veto compares d with the float32 log(veto) slime uses.
 
 >>> import torch
->>> from iscore.batch import TokenBatch
+>>> from iscore.packed.batch import TokenBatch
 >>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0]), train=torch.tensor([-2.0, 0.0]),
 ...                cu_seqlens=torch.tensor([0, 2]))
 >>> spec = parse({"framework": "slime", "args": "--use-tis --tis-clip 2.0 --lr 1e-6"})
@@ -110,9 +110,20 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops, render
-from iscore.batch import TokenBatch
-from iscore.canonical import (
+from iscore.errors import ConfigError, DumpError, quote
+from iscore.frameworks import _batch, snippets
+from iscore.frameworks._config import (
+    Section,
+    check_bool,
+    check_choice,
+    check_number,
+    flag_parser,
+    nearest,
+    parse_flags,
+    top_level,
+)
+from iscore.frameworks.base import Aggregation, BatchFields, Framework, Upstream
+from iscore.frameworks.canonical import (
     BIG,
     TINY,
     Anchor,
@@ -128,21 +139,10 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.canonical import Level as CanonicalLevel
-from iscore.errors import ConfigError, DumpError, quote
-from iscore.frameworks import _batch
-from iscore.frameworks._config import (
-    Section,
-    check_bool,
-    check_choice,
-    check_number,
-    flag_parser,
-    nearest,
-    parse_flags,
-    top_level,
-)
-from iscore.frameworks.base import Aggregation, BatchFields, Framework, Upstream
-from iscore.spec import Replay, per_token
+from iscore.frameworks.canonical import Level as CanonicalLevel
+from iscore.frameworks.spec import Replay, per_token
+from iscore.packed import ops
+from iscore.packed.batch import TokenBatch
 
 NAME = "slime"
 
@@ -185,7 +185,7 @@ _NOT_SLIME = ("--use-rollout-correction",)
 
 # Where `to_config` points --custom-config-path: the file the user saves `custom_config` as.
 CUSTOM_CONFIG_PATH = "mis.yaml"
-# The flag changing slime's loss aggregation (iscore.impact reads it from `ignored_flags`).
+# The flag changing slime's loss aggregation (iscore.stats.setting reads it from `ignored_flags`).
 _PER_TOKEN_LOSS = "--calculate-per-token-loss"
 
 _MIS_KEYS = (
@@ -1000,10 +1000,10 @@ def _aggregation(spec: SlimeCorrection) -> Aggregation:
 
 def _render(body: Mapping[str, Any], fmt: str | None) -> str:
     """The launch flags, one per line; mis.py's YAML under a comment header."""
-    text = render.flag_lines(body.get("args", ""))
+    text = snippets.flag_lines(body.get("args", ""))
     if "custom_config" in body:
         header = f"# {CUSTOM_CONFIG_PATH}, the YAML --custom-config-path points to"
-        text += f"\n\n{header}\n{render.yaml_text(body['custom_config'])}"
+        text += f"\n\n{header}\n{snippets.yaml_text(body['custom_config'])}"
     return text
 
 

@@ -54,7 +54,7 @@ docstring of
 default is `sequence_mask` (grpo_config.py:925), as the spec notes.
 
 >>> import torch
->>> from iscore.batch import TokenBatch
+>>> from iscore.packed.batch import TokenBatch
 >>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0, -1.0]), train=torch.tensor([0.5, -1.0, -1.5]),
 ...                cu_seqlens=torch.tensor([0, 1, 3]))
 >>> r = parse({"framework": "trl"}).replay(b)  # sequence_mask, clip_max 3: e^1.5 > 3 is masked
@@ -72,9 +72,20 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from iscore import ops, render
-from iscore.batch import TokenBatch
-from iscore.canonical import (
+from iscore.errors import ConfigError, quote
+from iscore.frameworks import _batch, snippets
+from iscore.frameworks._config import check_number, top_level
+from iscore.frameworks.base import (
+    Aggregation,
+    BatchFields,
+    Framework,
+    Measure,
+    ReferencePoint,
+    Source,
+    Trap,
+    Upstream,
+)
+from iscore.frameworks.canonical import (
     Candidate,
     Canonical,
     Level,
@@ -87,20 +98,9 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError, quote
-from iscore.frameworks import _batch
-from iscore.frameworks._config import check_number, top_level
-from iscore.frameworks.base import (
-    Aggregation,
-    BatchFields,
-    Framework,
-    Measure,
-    ReferencePoint,
-    Source,
-    Trap,
-    Upstream,
-)
-from iscore.spec import Replay
+from iscore.frameworks.spec import Replay
+from iscore.packed import ops
+from iscore.packed.batch import TokenBatch
 
 NAME = "trl"
 
@@ -470,13 +470,13 @@ def _aggregation(spec: TRLCorrection) -> Aggregation:
 def _render(body: Mapping[str, Any], fmt: str | None) -> str:
     """YAML under the `GRPOConfig(...)` call it is, or `--key value` flags."""
     if fmt == "yaml":
-        return f"# {render.python_call('GRPOConfig', body)}\n" + render.yaml_text(body)
+        return f"# {snippets.python_call('GRPOConfig', body)}\n" + snippets.yaml_text(body)
     if body.get("vllm_importance_sampling_clip_max", 0) is None:
         raise ConfigError(
             "Expected `fmt` to be 'yaml' for this TRL setting: "
             "`vllm_importance_sampling_clip_max: null` has no command-line form"
         )
-    return render.option_flags(body)
+    return snippets.option_flags(body)
 
 
 def _default_mask(batch: TokenBatch, measure: Measure) -> str:

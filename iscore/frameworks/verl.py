@@ -74,9 +74,19 @@ from typing import Any, ClassVar, Literal, get_args
 
 import torch
 
-from iscore import ops, render
-from iscore.batch import TokenBatch
-from iscore.canonical import (
+from iscore.errors import ConfigError, DumpError, quote
+from iscore.frameworks import _batch, snippets
+from iscore.frameworks._config import as_float, check_number, top_level
+from iscore.frameworks.base import (
+    Aggregation,
+    Band,
+    BatchFields,
+    Framework,
+    Source,
+    Trap,
+    Upstream,
+)
+from iscore.frameworks.canonical import (
     BIG,
     TINY,
     Anchor,
@@ -95,19 +105,9 @@ from iscore.canonical import (
     ratio_level,
     weight_component,
 )
-from iscore.errors import ConfigError, DumpError, quote
-from iscore.frameworks import _batch
-from iscore.frameworks._config import as_float, check_number, top_level
-from iscore.frameworks.base import (
-    Aggregation,
-    Band,
-    BatchFields,
-    Framework,
-    Source,
-    Trap,
-    Upstream,
-)
-from iscore.spec import Replay, per_token
+from iscore.frameworks.spec import Replay, per_token
+from iscore.packed import ops
+from iscore.packed.batch import TokenBatch
 
 NAME = "verl"
 
@@ -276,7 +276,7 @@ class RSCriterion:
 
 
 _K1_RATIO = {"token": "each token's ratio rho", "seq_sum": "e^S", "seq_mean": "e^G"}
-"""What each k1 aggregate bounds, in the symbols of `iscore.recommendation.RULE_SYMBOLS`."""
+"""What each k1 aggregate bounds, in the symbols of `iscore.advice.recommendation.RULE_SYMBOLS`."""
 
 
 def _comments(spec: VerlSpec) -> tuple[str, ...]:
@@ -1250,7 +1250,7 @@ FRAMEWORK = Framework(
     default="decoupled_token_is",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
-    render=render.nested,
+    render=snippets.nested,
     aggregation=_aggregation,
     families=frozenset(
         {"token_tis", "icepop", "seq_tis", "geometric_mask", "product_mask", "k3_mask"}

@@ -8,8 +8,8 @@ from dataclasses import replace
 from streamlit.testing.v1 import AppTest
 
 from iscore import load
-from iscore.figures import color
-from iscore.recommendation import recommend
+from iscore.advice.recommendation import recommend
+from iscore.present.figures import color
 from tests.app.conftest import DATA, no_exception, open_path, plain
 
 

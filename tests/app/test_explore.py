@@ -10,9 +10,9 @@ import pyarrow.compute as pc
 from streamlit.testing.v1 import AppTest
 
 from iscore import load
-from iscore.analysis import analyze
 from iscore.dump import Dump
-from iscore.sequences import sequence_table
+from iscore.passes.analysis import analyze
+from iscore.passes.sequences import sequence_table
 from tests.app.conftest import DATA, no_exception, open_path, plain
 
 

@@ -6,8 +6,8 @@ import yaml
 from streamlit.testing.v1 import AppTest
 
 import iscore
-from iscore.recommendation import recommend
-from iscore.settings import parse_config
+from iscore.advice.recommendation import recommend
+from iscore.frameworks.resolve import parse_config
 from tests.app.conftest import DATA, no_exception
 
 

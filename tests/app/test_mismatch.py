@@ -9,7 +9,7 @@ import json
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from iscore.simulate import SimConfig, write_simulated
+from iscore.dump.simulate import SimConfig, write_simulated
 from tests.app.conftest import DATA, new_app, no_exception, open_path, plain
 
 

@@ -8,9 +8,9 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import iscore
-from iscore.recommendation import Targets, recommend
-from iscore.tune import family_of
-from iscore.workspace import Workspace
+from iscore.advice.recommendation import Targets, recommend
+from iscore.advice.tuning import family_of
+from iscore.session.workspace import Workspace
 from tests.app.conftest import DATA, no_exception, open_path, plain
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from iscore import figures
-from iscore.simulate import SimConfig, write_run
+from iscore.dump.simulate import SimConfig, write_run
+from iscore.present import figures
 from tests.app.conftest import DATA, metric, new_app, no_exception, open_path, plain
 
 

@@ -10,9 +10,9 @@ from streamlit.testing.v1 import AppTest
 
 import iscore
 from iscore import frameworks
-from iscore.impact import quick_stats
-from iscore.recommendation import recommend
-from iscore.tune import FAMILIES, family_of, family_spec
+from iscore.advice.recommendation import recommend
+from iscore.advice.tuning import FAMILIES, family_of, family_spec
+from iscore.stats.setting import quick_stats
 from tests.app.conftest import DATA, metric, no_exception, plain
 
 

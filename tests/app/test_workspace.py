@@ -1,5 +1,5 @@
-"""`iscore.workspace` (in-memory dumps, workspaces) and the Tune families of `iscore.tune` as
-each framework's own setting: the engine side of the app."""
+"""`iscore.session.workspace` (in-memory dumps, workspaces) and the Tune families of
+`iscore.advice.tuning` as each framework's own setting: the engine side of the app."""
 
 from __future__ import annotations
 
@@ -16,13 +16,8 @@ import torch
 import iscore
 import iscore.dump.facade
 import iscore.dump.readers
-from iscore.analysis import analyze
-from iscore.dump import Dump, DumpProblems, StepRange
-from iscore.errors import ConfigError, DumpError
-from iscore.impact import quick_stats
-from iscore.recommendation import recommend
-from iscore.settings import presets
-from iscore.tune import (
+from iscore.advice.recommendation import recommend
+from iscore.advice.tuning import (
     FAMILIES,
     Tuner,
     family_spec,
@@ -32,7 +27,11 @@ from iscore.tune import (
     query,
     sweep,
 )
-from iscore.workspace import (
+from iscore.dump import Dump, StepRange
+from iscore.errors import ConfigError, DumpError, DumpProblems
+from iscore.frameworks.resolve import presets
+from iscore.passes.analysis import analyze
+from iscore.session.workspace import (
     Workspace,
     digest,
     open_path,
@@ -41,6 +40,7 @@ from iscore.workspace import (
     sequence_tokens,
     summarize,
 )
+from iscore.stats.setting import quick_stats
 from tests.app.conftest import DATA
 
 

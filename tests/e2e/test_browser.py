@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from iscore.settings import parse_config
+from iscore.frameworks.resolve import parse_config
 from tests.e2e.conftest import CHROMIUM, ROOT
 
 pytest.importorskip(

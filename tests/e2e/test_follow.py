@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from iscore.simulate import SimConfig, write_run
+from iscore.dump.simulate import SimConfig, write_run
 from tests.e2e.conftest import CHROMIUM, serving
 from tests.e2e.test_browser import _idle, _metric, _shoot
 

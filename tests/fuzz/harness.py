@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from hypothesis import settings
 
-from iscore.batch import TokenBatch
 from iscore.cli import main
+from iscore.packed.batch import TokenBatch
 
 PROFILE = os.environ.get("ISCORE_FUZZ", "ci")
 """The hypothesis profile: "ci" (quick, fixed) or "night" (long); see `tests/fuzz`."""

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from iscore.writer import PROVENANCE_KEY
+from iscore.dump.writer import PROVENANCE_KEY
 
 NAN, INF = math.nan, math.inf
 
@@ -713,7 +713,7 @@ def configs(draw) -> str:
 
     import yaml
 
-    from iscore.settings import presets
+    from iscore.frameworks.resolve import presets
 
     name = draw(st.sampled_from(sorted(presets())))
     config = presets()[name].to_config()

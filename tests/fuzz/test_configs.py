@@ -14,10 +14,10 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from iscore import frameworks
-from iscore.batch import TokenBatch
-from iscore.conversion import convert, snippet, to_file_text
+from iscore.advice.conversion import convert, snippet, to_file_text
 from iscore.errors import IscoreError
-from iscore.settings import load_config_text, parse_config
+from iscore.frameworks.resolve import load_config_text, parse_config
+from iscore.packed.batch import TokenBatch
 from tests.fuzz.harness import fuzzing, leftovers, run
 from tests.fuzz.strategies import FLAG_TOKENS, configs
 from tests.unit import hostile

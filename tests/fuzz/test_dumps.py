@@ -13,12 +13,12 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import iscore
-from iscore import footer
-from iscore.budget import parquet_tokens
 from iscore.dump import Dump
 from iscore.errors import DumpError
-from iscore.settings import presets
-from iscore.validation import validate
+from iscore.frameworks.resolve import presets
+from iscore.passes.validation import validate
+from iscore.session.budget import parquet_tokens
+from iscore.utils import footer
 from tests.fuzz.harness import check_replay, fuzzing, leftovers, run, strict_json
 from tests.fuzz.strategies import parquet_dumps
 
@@ -116,7 +116,7 @@ def _metadata_survives(data: bytes) -> bool:
 @fuzzing(examples=100)
 @given(files=parquet_dumps(), at=st.integers(0, 10**6), bit=st.integers(0, 7))
 def test_a_footer_iscore_reads_never_aborts_pyarrow(files, at, bit):
-    """pyarrow aborts the process on some damaged footers: `iscore.footer.check` refuses
+    """pyarrow aborts the process on some damaged footers: `iscore.utils.footer.check` refuses
     every footer whose column chunks' metadata pyarrow cannot read without aborting."""
     data = bytearray(files[0][1])
     length = int.from_bytes(data[-8:-4], "little")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from iscore.writer import DumpWriter
+from iscore.dump.writer import DumpWriter
 from tests.batches import areal_prox_logp, areal_trajectories, check_dump, expected, make_truth
 from tests.integrations.conftest import framework
 

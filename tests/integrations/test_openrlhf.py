@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from iscore.writer import DumpWriter
+from iscore.dump.writer import DumpWriter
 from tests.batches import check_dump, expected, make_truth, openrlhf_samples
 from tests.integrations.conftest import framework
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from iscore.dump.writer import DumpWriter
 from iscore.frameworks.skyrl import DumpCallback
-from iscore.writer import DumpWriter
 from tests.batches import check_dump, expected, make_truth
 from tests.integrations.conftest import framework
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import iscore
-from iscore.writer import DumpWriter
+from iscore.dump.writer import DumpWriter
 from tests.batches import read_dump
 from tests.integrations.conftest import framework
 

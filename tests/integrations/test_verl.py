@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from iscore.dump.writer import DumpWriter
 from iscore.errors import DumpError
-from iscore.writer import DumpWriter
 from tests.batches import check_dump, expected, make_truth, verl_fields
 from tests.integrations.conftest import framework
 

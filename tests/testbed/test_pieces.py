@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from iscore import frameworks
-from iscore.canonical import Canonical, mask_component
 from iscore.frameworks.base import Aggregation
+from iscore.frameworks.canonical import Canonical, mask_component
 from iscore.frameworks.verl import VerlSpec
 from testbed.engine import REGIMES, Regime, _draws, context_noise, sample
 from testbed.task import Policy, Task, expected_reward, rewards, seed_generator, targets

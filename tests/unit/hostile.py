@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from iscore.settings import MAX_CONFIG_BYTES
-from iscore.writer import PROVENANCE_KEY
+from iscore.dump.writer import PROVENANCE_KEY
+from iscore.frameworks.resolve import MAX_CONFIG_BYTES
 
 Writer = Callable[[Path], Path]
 

@@ -1,4 +1,4 @@
-"""Where the mismatch comes from (`iscore.attribution`): each source alone, simulated with
+"""Where the mismatch comes from (`iscore.stats.attribution`): each source alone, simulated with
 seeds no bundled sample uses, is named, and no other is."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import pytest
 import torch
 
 import iscore
-from iscore import attribution
-from iscore.analysis import analyze
-from iscore.attribution import (
+from iscore.dump.simulate import SimConfig, read_truth, write_simulated
+from iscore.packed.batch import TokenBatch
+from iscore.passes.analysis import analyze
+from iscore.stats import attribution
+from iscore.stats.attribution import (
     SPAN_RATIO,
     TURN_TOKENS,
     AttributionStats,
     _span_ratios,
     turn_boundary,
 )
-from iscore.batch import TokenBatch
-from iscore.simulate import SimConfig, read_truth, write_simulated
 from tests.conftest import DEVICES
 
 

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 import iscore
-from iscore.analysis import analyze
 from iscore.bench import SETTINGS, format_table, goals, processes, run_bench
 from iscore.bench.baselines import dataframe, implements
 from iscore.bench.baselines.comparison import (
@@ -32,10 +31,11 @@ from iscore.bench.baselines.comparison import (
     check,
 )
 from iscore.bench.processes import time_marginal
+from iscore.dump.simulate import SimConfig, write_simulated
 from iscore.errors import ConfigError
-from iscore.output import write_json
-from iscore.settings import resolve
-from iscore.simulate import SimConfig, write_simulated
+from iscore.frameworks.resolve import resolve
+from iscore.passes.analysis import analyze
+from iscore.utils.output import write_json
 
 ROWS = {
     "read (pyarrow, needed columns)",
@@ -464,5 +464,5 @@ def test_importing_the_engine_leaves_the_bench_out():
     done = subprocess.run(
         [sys.executable, "-c", script, *modules], capture_output=True, text=True, check=True
     )
-    assert "iscore.analysis" in modules and "iscore.cli" in modules
+    assert "iscore.passes.analysis" in modules and "iscore.cli" in modules
     assert done.stdout.strip() == "[]"

@@ -17,8 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from iscore import kernels
-from iscore.budget import (
+from iscore.dump.simulate import SimConfig, write_simulated
+from iscore.errors import DumpError
+from iscore.packed import kernels
+from iscore.session.budget import (
     IMPORT_BYTES_PER_TOKEN,
     WorkspaceCache,
     check_paths,
@@ -26,8 +28,6 @@ from iscore.budget import (
     footprint,
     parquet_tokens,
 )
-from iscore.errors import DumpError
-from iscore.simulate import SimConfig, write_simulated
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,9 +112,9 @@ MEMORY_SCRIPT = textwrap.dedent(
     """
     import gc, json, sys
     from pathlib import Path
-    from iscore.settings import presets
-    from iscore.budget import WorkspaceCache
-    from iscore.workspace import open_path, open_uploads
+    from iscore.frameworks.resolve import presets
+    from iscore.session.budget import WorkspaceCache
+    from iscore.session.workspace import open_path, open_uploads
 
     def rss_mb():
         for line in Path("/proc/self/status").read_text().splitlines():

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from iscore.cli import main
-from iscore.settings import parse_config
+from iscore.frameworks.resolve import parse_config
 from tests.conftest import make_sequences, write
 
 
@@ -139,7 +139,7 @@ def test_replay_writes_one_row_per_token(dump, tmp_path, capsys):
     import pyarrow.parquet as pq
 
     from iscore import load
-    from iscore.settings import replay
+    from iscore.frameworks.resolve import replay
 
     config = tmp_path / "geo.yaml"
     config.write_text(VERL_GEO)
@@ -180,7 +180,7 @@ def test_replay_writes_nothing_on_failure(tmp_path, capsys):
 
 
 def test_recommend_prints_ranking_and_snippet(tmp_path, capsys):
-    from iscore.simulate import SimConfig, write_simulated
+    from iscore.dump.simulate import SimConfig, write_simulated
 
     path = tmp_path / "long.parquet"
     write_simulated(path, SimConfig(regime="long_collapse", sequences=24, seed=2))
@@ -259,7 +259,7 @@ def test_pickles_are_refused_without_the_flag(tmp_path, capsys):
 
 def test_export_prints_snippet_and_writes_a_replayable_file(tmp_path, capsys, dump):
     from iscore import load
-    from iscore.settings import parse_config, replay
+    from iscore.frameworks.resolve import parse_config, replay
 
     assert main(["export", "--config", "verl:decoupled_token_icepop", "--to", "nemo_rl"]) == 0
     captured = capsys.readouterr()
@@ -395,7 +395,7 @@ def test_replay_takes_a_preset_name(dump, tmp_path, capsys):
     import pyarrow.parquet as pq
 
     from iscore import load
-    from iscore.settings import resolve
+    from iscore.frameworks.resolve import resolve
 
     out = tmp_path / "w.parquet"
     argv = ["replay", str(dump), "--config", "verl:decoupled_geo_rs", "--out", str(out), "-q"]

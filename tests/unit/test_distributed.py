@@ -1,4 +1,4 @@
-"""The Ray engine (`iscore.distributed`): analyze, sequences, recommend and watch on a local
+"""The Ray engine (`iscore.utils.distributed`): analyze, sequences, recommend and watch on a local
 Ray cluster equal one process (every number of analyze's document exactly, on the
 bundled samples and a simulated run); a task that fails is named with its file;
 RAY_ADDRESS joins a cluster, and without it a local one starts. Skipped where Ray is not
@@ -22,20 +22,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from iscore.analysis import analyze
+from iscore.advice.recommendation import recommend
 from iscore.bench import goals
 from iscore.bench.base import Run
 from iscore.bench.cluster import ray_engine
 from iscore.cli import main
-from iscore.distributed import Ready, check_engine, connect, ordered
-from iscore.dump import Dump, DumpProblems, StepRange, load
-from iscore.errors import ConfigError, DumpError
-from iscore.follow import Follower
-from iscore.recommendation import recommend
-from iscore.sequences import sequence_table
-from iscore.settings import resolve_all
-from iscore.simulate import SimConfig, write_run
-from iscore.store import ResultStore
+from iscore.dump import Dump, StepRange, load
+from iscore.dump.simulate import SimConfig, write_run
+from iscore.errors import ConfigError, DumpError, DumpProblems
+from iscore.frameworks.resolve import resolve_all
+from iscore.passes.analysis import analyze
+from iscore.passes.follow import Follower
+from iscore.passes.results_store import ResultStore
+from iscore.passes.sequences import sequence_table
+from iscore.utils.distributed import Ready, check_engine, connect, ordered
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "data").glob("*.parquet"))
@@ -371,7 +371,7 @@ def _free_port() -> int:
 
 _ADDRESS = (
     "import os\n"
-    "from iscore.distributed import connect\n"
+    "from iscore.utils.distributed import connect\n"
     "ray = connect()\n"
     "threads = ray.remote(lambda: os.environ.get('NUMBA_NUM_THREADS'))\n"
     "print(ray.get(threads.remote()), ray.get_runtime_context().gcs_address)\n"
@@ -391,7 +391,7 @@ def test_ray_address_joins_a_cluster_and_without_it_a_local_one_starts():
     # The head and its clients agree without a token (Ray's default is a token for a head
     # started beside one in ~/.ray, and none for a client that joins it).
     env["RAY_AUTH_MODE"] = "disabled"
-    env["NUMBA_NUM_THREADS"] = "2"  # as `iscore.kernels` sets it in a process of 2 threads
+    env["NUMBA_NUM_THREADS"] = "2"  # as `iscore.packed.kernels` sets it in a process of 2 threads
     code = [sys.executable, "-c", _ADDRESS]
     nobody = subprocess.run(
         code, env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}, capture_output=True, text=True

@@ -14,7 +14,7 @@ import torch
 import iscore.dump.facade
 import iscore.dump.readers
 from iscore import Dump, DumpError, StepRange, TokenBatch, load
-from iscore.dump import DumpProblems
+from iscore.errors import DumpProblems
 from tests.conftest import DEVICES, Sequences, make_sequences, write
 
 
@@ -298,7 +298,7 @@ class TestStreaming:
             load(path, steps=StepRange(9, 9))
 
     def test_an_empty_step_selection_names_the_steps_the_dump_has(self, tmp_path):
-        from iscore.analysis import analyze
+        from iscore.passes.analysis import analyze
 
         s = make_sequences([4, 4, 4, 4], steps=[2, 3, 5, 5])
         path = write(s.sequence_table(), tmp_path / "steps.parquet", row_group_size=1)

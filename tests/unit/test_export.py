@@ -15,13 +15,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from iscore import frameworks
-from iscore.batch import TokenBatch
-from iscore.canonical import Canonical
-from iscore.conversion import canonical, convert, shortest, shown_config, snippet, to_file_text
+from iscore.advice.conversion import (
+    canonical,
+    convert,
+    shortest,
+    shown_config,
+    snippet,
+    to_file_text,
+)
 from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
-from iscore.settings import parse_config, presets
+from iscore.frameworks.canonical import Canonical
+from iscore.frameworks.resolve import parse_config, presets
+from iscore.packed.batch import TokenBatch
 from tests.conftest import ACCELERATORS
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 

@@ -15,18 +15,19 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from iscore import kernels, ops
-from iscore.analysis import analyze
-from iscore.batch import TokenBatch
-from iscore.dump import Dump, DumpProblems
-from iscore.histogram import (
+from iscore.dump import Dump
+from iscore.dump.simulate import SimConfig, write_simulated
+from iscore.errors import DumpProblems
+from iscore.packed import kernels, ops
+from iscore.packed.batch import TokenBatch
+from iscore.passes.analysis import analyze
+from iscore.stats.histogram import (
     BINS_PER_DECADE,
     LOG10_RANGE,
     Histogram2D,
     LogHistogram,
     bin_values,
 )
-from iscore.simulate import SimConfig, write_simulated
 from tests.unit.test_mismatch import assert_same
 
 

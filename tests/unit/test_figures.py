@@ -1,4 +1,4 @@
-"""The app's own figures (`iscore.figures`): plain plotly specs built from small tables."""
+"""The app's own figures (`iscore.present.figures`): plain plotly specs built from small tables."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from iscore import figures
-from iscore.analysis import Analysis, analyze
+from iscore.advice.trend import Event, Trend
+from iscore.advice.tuning import TuneResult
 from iscore.errors import IscoreError
-from iscore.figures import axes, binning
-from iscore.histogram import BINS_PER_DECADE
-from iscore.mismatch import MismatchStats
-from iscore.noise import Band
-from iscore.trend import Event, Trend
-from iscore.tune import TuneResult
+from iscore.passes.analysis import Analysis, analyze
+from iscore.present import figures
+from iscore.present.figures import axes, binning
+from iscore.stats.histogram import BINS_PER_DECADE
+from iscore.stats.mismatch import MismatchStats
+from iscore.stats.noise import Band
 from tests.unit.frameworks.conftest import make_batch
 
 

@@ -1,4 +1,5 @@
-"""Following a run that is still being written: `iscore.follow.Follower` and `iscore watch`."""
+"""Following a run that is still being written: `iscore.passes.follow.Follower` and `iscore
+watch`."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from iscore import follow
-from iscore.analysis import analyze
 from iscore.cli import main
 from iscore.dump import Dump
+from iscore.dump.simulate import SimConfig, write_run
 from iscore.errors import IscoreError
-from iscore.follow import Follower, ready_files
-from iscore.output import json_ready
-from iscore.simulate import SimConfig, write_run
-from iscore.store import ResultStore
+from iscore.passes import follow
+from iscore.passes.analysis import analyze
+from iscore.passes.follow import Follower, ready_files
+from iscore.passes.results_store import ResultStore
+from iscore.utils.output import json_ready
 
 SETTINGS = ["verl:decoupled_token_is", "skyrl:skyrl_geo_mask"]
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,21 +1,21 @@
-"""The health verdict (`iscore.health`) and the published reference values it cites
-(`iscore.reference`), checked on simulated dumps whose source of mismatch is known, with
+"""The health verdict (`iscore.advice.health`) and the published reference values it cites
+(`iscore.advice.reference`), checked on simulated dumps whose source of mismatch is known, with
 seeds no bundled sample uses."""
 
 from __future__ import annotations
 
 import pytest
 
-from iscore.analysis import analyze
+from iscore.advice.health import Check, assess
+from iscore.advice.reference import bands, place, points
 from iscore.cli import main
 from iscore.dump import Dump
+from iscore.dump.simulate import SimConfig, write_simulated
 from iscore.frameworks.base import Band, ReferencePoint, Source
-from iscore.health import Check, assess
-from iscore.mismatch import BANDS, METRIC_NAMES
-from iscore.reference import bands, place, points
-from iscore.report import render_html
-from iscore.simulate import SimConfig, write_simulated
-from iscore.validation import validate
+from iscore.passes.analysis import analyze
+from iscore.passes.validation import validate
+from iscore.present.report import render_html
+from iscore.stats.mismatch import BANDS, METRIC_NAMES
 
 SOURCE = Source("a test", "https://example.org")
 

@@ -37,17 +37,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import iscore.dump
-import iscore.importers.nemo_rl
-import iscore.paths
-from iscore.budget import parquet_tokens
+import iscore.dump.importers.nemo_rl
+import iscore.utils.paths
 from iscore.cli import main
-from iscore.dump import Dump, DumpProblems
-from iscore.errors import ConfigError, DumpError, IscoreError, Problem
-from iscore.importers import read_buffers
-from iscore.output import check_output
-from iscore.settings import load_config_text, parse_config
-from iscore.validation import validate
-from iscore.writer import PROVENANCE_KEY, canonical_table
+from iscore.dump import Dump
+from iscore.dump.importers import read_buffers
+from iscore.dump.writer import PROVENANCE_KEY, canonical_table
+from iscore.errors import ConfigError, DumpError, DumpProblems, IscoreError, Problem
+from iscore.frameworks.resolve import load_config_text, parse_config
+from iscore.passes.validation import validate
+from iscore.session.budget import parquet_tokens
+from iscore.utils.output import check_output
 from tests.unit import hostile
 
 PRESET = "verl:decoupled_geo_rs"
@@ -273,7 +273,10 @@ def test_files_may_store_seq_id_as_any_integer_or_string_type(kind, tmp_path, ca
     assert iscore.dump.load(folder).seq_id.to_pylist() == [*ids[0], *ids[1]]
 
 
-_BUDGET = "import sys; from iscore.budget import parquet_tokens; print(parquet_tokens(sys.argv[1]))"
+_BUDGET = (
+    "import sys; from iscore.session.budget import parquet_tokens; "
+    "print(parquet_tokens(sys.argv[1]))"
+)
 
 
 @pytest.mark.parametrize("case", ["footer_levels_misfit", "footer_type_misfit"])
@@ -364,7 +367,7 @@ def test_validate_reads_the_per_sequence_columns_too(tmp_path, capsys):
 
 
 def test_no_loss_token_is_a_clear_error_for_streams_and_batches(tmp_path, good_dump):
-    from iscore.analysis import analyze
+    from iscore.passes.analysis import analyze
 
     with pytest.raises(DumpProblems, match="no token is in the loss"):
         list(Dump(hostile.dumps()["no_loss_token"](tmp_path)).batches())
@@ -477,14 +480,14 @@ def test_globs_and_walks_skip_symlinked_directories(tmp_path, good_dump, capsys)
 def test_walks_stop_past_the_file_budget(tmp_path, monkeypatch, capsys):
     for i in range(30):
         (tmp_path / f"f{i}.txt").write_bytes(b"")
-    monkeypatch.setattr(iscore.paths, "MAX_LISTED", 20)
+    monkeypatch.setattr(iscore.utils.paths, "MAX_LISTED", 20)
     code, _, err = run(["validate", str(tmp_path / "**" / "*.parquet"), "-q"], capsys)
     assert code == 2 and "stopped after looking at 20 directory entries" in one_line_error(err)
 
 
 def test_walks_stop_past_the_time_budget(tmp_path, monkeypatch, capsys):
     (tmp_path / "d").mkdir()
-    monkeypatch.setattr(iscore.paths, "LIST_SECONDS", -1.0)
+    monkeypatch.setattr(iscore.utils.paths, "LIST_SECONDS", -1.0)
     code, _, err = run(["validate", str(tmp_path), "-q"], capsys)
     assert code == 2 and "s of listing directories" in one_line_error(err)
 
@@ -616,7 +619,7 @@ def test_ctrl_c_in_convert_leaves_no_file(tmp_path, capsys, monkeypatch):
         yield 1, dict(hostile._NEMO)
 
     (logs / "train_data_step2.jsonl").write_text((logs / "train_data_step1.jsonl").read_text())
-    monkeypatch.setattr(iscore.importers.nemo_rl, "jsonl_records", interrupted)
+    monkeypatch.setattr(iscore.dump.importers.nemo_rl, "jsonl_records", interrupted)
     out = tmp_path / "c.parquet"
     code, stdout, err = run(["convert", str(logs), "--out", str(out)], capsys)
     assert (code, stdout, err) == (130, "", "interrupted\n")
@@ -663,7 +666,7 @@ def test_signal_removes_the_temporary(sig, tmp_path):
         f"""
         import os, signal, sys
         from pathlib import Path
-        from iscore.output import output_path
+        from iscore.utils.output import output_path
         signal.signal(signal.SIGINT, signal.default_int_handler)
         with output_path({str(tmp_path / "o.json")!r}) as tmp:
             Path(tmp).write_text("partial")
@@ -830,7 +833,7 @@ def test_fuzzed_dump_is_validated_as_it_is_loaded(table):
 _LIMITED = """
 import resource, sys
 from iscore.errors import ConfigError
-from iscore.settings import load_config_text, parse_config
+from iscore.frameworks.resolve import load_config_text, parse_config
 # The limit counts from what the imports (torch) already mapped: 300 MB more, no further.
 with open("/proc/self/status") as f:
     size = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))

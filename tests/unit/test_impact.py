@@ -13,15 +13,16 @@ import pytest
 import torch
 import yaml
 
-from iscore import Dump, kernels, load
-from iscore.analysis import SCHEMA_VERSION, analyze
+from iscore import Dump, load
+from iscore.advice.recommendation import Targets
+from iscore.dump.simulate import SimConfig, write_simulated
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Aggregation
-from iscore.impact import SettingStats, _per_sequence, aggregation_of
-from iscore.recommendation import Targets
-from iscore.report import SUMMARY_COLUMNS, render_html
-from iscore.settings import parse_config, presets, resolve
-from iscore.simulate import SimConfig, write_simulated
+from iscore.frameworks.resolve import parse_config, presets, resolve
+from iscore.packed import kernels
+from iscore.passes.analysis import SCHEMA_VERSION, analyze
+from iscore.present.report import SUMMARY_COLUMNS, render_html
+from iscore.stats.setting import SettingStats, _per_sequence, aggregation_of
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 from tests.unit.test_mismatch import assert_same
 
@@ -49,7 +50,7 @@ BATCH_NORMALIZED = {
 
 
 def reference(batch, result, aggregation: Aggregation) -> dict[str, float]:
-    """The statistics from their definitions (iscore/impact.py docstring), per sequence."""
+    """The statistics from their definitions (iscore/stats/setting.py docstring), per sequence."""
     cu = batch.cu_seqlens.tolist()
     m_all = batch.loss_mask.numpy()
     w_all = result.weight.double().numpy()

@@ -1,9 +1,9 @@
-"""`iscore.kernels`: the compiled selections give exactly the values of `iscore.noise`'s numpy
-reference and of medians written out from sorted values, on fresh random data and edge cases
-(ties, zeros of both signs, one value, even and odd counts, empty segments, bins above the
-sample size, non-finite values); the histogram bins read from a table of bits give every value
-the slot of the float64 formula, at and around every edge; the reference answers without numba
-and before `AUTO_TOKENS`; the first compile says so once."""
+"""`iscore.packed.kernels`: the compiled selections give exactly the values of
+`iscore.stats.noise`'s numpy reference and of medians written out from sorted values, on fresh
+random data and edge cases (ties, zeros of both signs, one value, even and odd counts, empty
+segments, bins above the sample size, non-finite values); the histogram bins read from a table of
+bits give every value the slot of the float64 formula, at and around every edge; the reference
+answers without numba and before `AUTO_TOKENS`; the first compile says so once."""
 
 from __future__ import annotations
 
@@ -19,12 +19,15 @@ import numpy as np
 import pytest
 import torch
 
-from iscore import kernels, noise
-from iscore.analysis import analyze
-from iscore.attribution import WINDOW, _window_means
-from iscore.batch import TokenBatch
 from iscore.bench.base import SETTINGS
-from iscore.histogram import (
+from iscore.frameworks.resolve import resolve
+from iscore.frameworks.spec import Replay
+from iscore.packed import kernels
+from iscore.packed.batch import TokenBatch
+from iscore.passes.analysis import analyze
+from iscore.stats import noise
+from iscore.stats.attribution import WINDOW, _window_means
+from iscore.stats.histogram import (
     _BINS,
     LOG10_RANGE,
     Histogram2D,
@@ -34,10 +37,8 @@ from iscore.histogram import (
     bin_chosen,
     bin_values,
 )
-from iscore.impact import _compiled_sums, _sequence_sums
-from iscore.mismatch import _compiled_token_sums, _token_sums
-from iscore.settings import resolve
-from iscore.spec import Replay
+from iscore.stats.mismatch import _compiled_token_sums, _token_sums
+from iscore.stats.setting import _compiled_sums, _sequence_sums
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 
@@ -221,7 +222,7 @@ def test_the_kernels_start_after_auto_tokens(monkeypatch) -> None:
 
 def test_the_first_compile_says_so_once(tmp_path) -> None:
     code = (
-        "import numpy as np; from iscore import noise; x = np.arange(5.0); "
+        "import numpy as np; from iscore.stats import noise; x = np.arange(5.0); "
         "noise.median_mad(x); noise.median_mad(x)"
     )
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), kernels.ENV: "numba"}
@@ -528,8 +529,8 @@ def test_an_analysis_does_not_depend_on_the_thread_count(mode) -> None:
     products, whose order is)."""
     code = (
         "import json, sys, torch; torch.set_num_threads(int(sys.argv[1])); "
-        "from iscore.analysis import analyze; from iscore.bench.base import SETTINGS; "
-        "from iscore.settings import resolve; "
+        "from iscore.passes.analysis import analyze; from iscore.bench.base import SETTINGS; "
+        "from iscore.frameworks.resolve import resolve; "
         "a = analyze('data/long_collapse.parquet', [resolve(s) for s in SETTINGS]); "
         "print(json.dumps(a.to_dict(), sort_keys=True))"
     )
@@ -720,7 +721,7 @@ def test_two_threads_take_turns_on_any_threading_layer() -> None:
     code = """
 import threading
 import numpy as np
-from iscore import kernels
+from iscore.packed import kernels
 
 rng = np.random.default_rng(0)
 x = np.abs(rng.normal(size=100_000))

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from iscore import Dump, TokenBatch
-from iscore.mismatch import PROB_EDGES, MismatchStats, flags_of
-from iscore.simulate import SimConfig, write_simulated
+from iscore.dump.simulate import SimConfig, write_simulated
+from iscore.stats.mismatch import PROB_EDGES, MismatchStats, flags_of
 from tests.conftest import DEVICES
 from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
 

@@ -1,4 +1,4 @@
-"""`iscore.noise`: robust centre and spread, the per-sequence medians, which sequences lie
+"""`iscore.stats.noise`: robust centre and spread, the per-sequence medians, which sequences lie
 outside the noise, each step judged against its own, against direct computations."""
 
 from __future__ import annotations
@@ -8,12 +8,14 @@ import itertools
 import numpy as np
 import pytest
 
-from iscore import kernels, load, noise
+from iscore import load
 from iscore.dump import Dump, readers
-from iscore.mismatch import MismatchStats
-from iscore.mismatch import broken_sequences as broken_of
-from iscore.noise import Noise, deviations, outside, segment_medians
-from iscore.simulate import SimConfig, broken_sequences, write_simulated
+from iscore.dump.simulate import SimConfig, broken_sequences, write_simulated
+from iscore.packed import kernels
+from iscore.stats import noise
+from iscore.stats.mismatch import MismatchStats
+from iscore.stats.mismatch import broken_sequences as broken_of
+from iscore.stats.noise import Noise, deviations, outside, segment_medians
 
 
 @pytest.mark.parametrize("seed", range(4))

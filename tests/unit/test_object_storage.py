@@ -12,11 +12,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from iscore import storage
 from iscore.cli import main
 from iscore.errors import DumpError
-from iscore.serving import DataRoots, dump_folder
-from iscore.store import FileIdentity, ResultStore
+from iscore.passes.results_store import FileIdentity, ResultStore
+from iscore.session.serving import DataRoots, dump_folder
+from iscore.utils import storage
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 BUCKET = "iscore-runs"
@@ -134,8 +134,8 @@ def test_the_store_reads_an_unchanged_object_back(server, tmp_path):
     assert main([*argv, "--json", str(tmp_path / "2.json")]) in (0, 1)
     first, second = (json.loads((tmp_path / n).read_text()) for n in ("1.json", "2.json"))
     assert _same_paths(second, "", "") == _same_paths(first, "", "")
-    from iscore.analysis import analyze
     from iscore.dump import Dump
+    from iscore.passes.analysis import analyze
 
     store = ResultStore(tmp_path / "c")
     analyze(Dump(uri), [], store=store)
@@ -222,7 +222,7 @@ def test_an_app_root_on_s3_holds_its_prefix_only(server):
             roots.check(outside)
     with pytest.raises(DumpError, match="folders this app may read"):
         roots.check(f"s3://{BUCKET}/*/drift.parquet")
-    from iscore.workspace import fingerprint
+    from iscore.session.workspace import fingerprint
 
     files = roots.files(f"s3://{BUCKET}/run/", fingerprint)
     assert len(files) == len(list(server.rglob("*.parquet")))
@@ -232,7 +232,7 @@ def test_an_app_root_on_s3_holds_its_prefix_only(server):
 
 
 def test_the_server_path_opens_a_prefix_within_its_token_bound(server):
-    from iscore.workspace import fingerprint, open_path
+    from iscore.session.workspace import fingerprint, open_path
 
     roots = DataRoots([f"s3://{BUCKET}/run/"])
     files = [path for path, _, _ in roots.files(f"s3://{BUCKET}/run/**/*.parquet", fingerprint)]
@@ -325,8 +325,8 @@ def test_the_app_takes_a_followed_prefix_and_a_uri_data_root(server, monkeypatch
 
 def test_a_followed_prefix_reads_a_new_step_object_once(server, tmp_path):
     boto3 = pytest.importorskip("boto3")
-    from iscore.follow import Follower
-    from iscore.settings import resolve
+    from iscore.frameworks.resolve import resolve
+    from iscore.passes.follow import Follower
 
     client = boto3.client("s3")
     first = sorted(server.rglob("*.parquet"))

@@ -10,11 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from iscore import TokenBatch, load, ops, simulate
-from iscore.errors import ConfigError
-from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.mismatch import broken_sequences as broken_of
-from iscore.recommendation import (
+from iscore import TokenBatch, load
+from iscore.advice.recommendation import (
     CAPS,
     OBJECTIVE_STEP,
     RULE_SYMBOLS,
@@ -23,8 +20,13 @@ from iscore.recommendation import (
     _preference,
     recommend,
 )
-from iscore.settings import parse_config
-from iscore.simulate import SimConfig, broken_sequences, write_simulated
+from iscore.dump import simulate
+from iscore.dump.simulate import SimConfig, broken_sequences, write_simulated
+from iscore.errors import ConfigError
+from iscore.frameworks import NAMES as FRAMEWORKS
+from iscore.frameworks.resolve import parse_config
+from iscore.packed import ops
+from iscore.stats.mismatch import broken_sequences as broken_of
 from tests.unit.frameworks.conftest import edge_batch
 
 PRODUCT_KINDS = {"seq_tis", "seq_mask"}  # product (sequence-sum) weights or masks

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 import iscore
-from iscore.recommendation import recommend
-from iscore.simulate import SimConfig, write_simulated
+from iscore.advice.recommendation import recommend
+from iscore.dump.simulate import SimConfig, write_simulated
 
 POLICY_KINDS = {"bypass_ppo", "policy_token_tis", "policy_icepop", "policy_token_tis_ppo"}
 

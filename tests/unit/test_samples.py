@@ -12,7 +12,7 @@ import pytest
 from iscore import load
 from iscore.cli import main
 from iscore.errors import ConfigError
-from iscore.settings import presets
+from iscore.frameworks.resolve import presets
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 COMMANDS = [

@@ -18,13 +18,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from iscore.analysis import analyze
-from iscore.batch import TokenBatch
+from iscore.advice.conversion import to_file_text
 from iscore.cli import main
-from iscore.conversion import to_file_text
-from iscore.dump import Dump, DumpProblems
-from iscore.impact import aggregation_of
-from iscore.sequences import (
+from iscore.dump import Dump
+from iscore.dump.simulate import SimConfig, write_simulated
+from iscore.dump.where import sequence_rows
+from iscore.errors import DumpProblems
+from iscore.frameworks.resolve import presets
+from iscore.packed.batch import TokenBatch
+from iscore.passes.analysis import analyze
+from iscore.passes.sequences import (
     SequenceTable,
     batch_schema,
     catalog,
@@ -32,10 +35,8 @@ from iscore.sequences import (
     sequence_table,
     setting_columns,
 )
-from iscore.settings import presets
-from iscore.simulate import SimConfig, write_simulated
-from iscore.sql import QueryError, query
-from iscore.where import sequence_rows
+from iscore.stats.setting import aggregation_of
+from iscore.utils.sql import QueryError, query
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 from tests.unit.test_mismatch import assert_same
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from iscore.errors import DumpError
-from iscore.serving import LOOPBACK_HOSTS, DataRoots, dump_folder, host_allowed
-from iscore.workspace import fingerprint
+from iscore.session.serving import LOOPBACK_HOSTS, DataRoots, dump_folder, host_allowed
+from iscore.session.workspace import fingerprint
 
 
 @pytest.mark.parametrize(

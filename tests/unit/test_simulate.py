@@ -1,4 +1,4 @@
-"""Tests of `iscore.simulate`: columns, exact ground truth, magnitudes, seeds and files."""
+"""Tests of `iscore.dump.simulate`: columns, exact ground truth, magnitudes, seeds and files."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from iscore.errors import ConfigError, DumpError, IscoreError
-from iscore.simulate import (
+from iscore.dump.simulate import (
     METADATA_KEY,
     REGIMES,
     SEQUENCE_SCHEMA,
@@ -29,6 +28,7 @@ from iscore.simulate import (
     simulate,
     write_simulated,
 )
+from iscore.errors import ConfigError, DumpError, IscoreError
 
 Z = 4.0
 """Width of the confidence bounds, in standard errors (seeds are fixed, so no flakes)."""
@@ -401,7 +401,7 @@ def test_a_failed_write_leaves_no_file(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("iscore.simulate._token_batch", fail)
+    monkeypatch.setattr("iscore.dump.simulate._token_batch", fail)
     with pytest.raises(RuntimeError, match="disk full"):
         write_simulated(tmp_path / "s.parquet", SimConfig(sequences=2), layout="token")
     assert list(tmp_path.iterdir()) == []

@@ -1,6 +1,6 @@
-"""The locked-down DuckDB connection, checked queries and `--where` predicates (iscore/sql.py):
-results against numpy, and every way out of the offered tables refused, by iscore's check and
-by DuckDB's own lock."""
+"""The locked-down DuckDB connection, checked queries and `--where` predicates
+(iscore/utils/sql.py): results against numpy, and every way out of the offered tables refused, by
+iscore's check and by DuckDB's own lock."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from iscore.sql import Predicate, QueryError, connect, query, referenced
+from iscore.utils.sql import Predicate, QueryError, connect, query, referenced
 
 RNG = np.random.default_rng(7)
 N = 500

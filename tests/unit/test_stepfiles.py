@@ -19,8 +19,8 @@ import pytest
 
 import iscore
 from iscore.cli import main
+from iscore.dump.writer import RANK_STRIDE, DumpWriter
 from iscore.errors import DumpError
-from iscore.writer import RANK_STRIDE, DumpWriter
 from tests.batches import LIKE, check_dump, expected, make_truth, read_dump
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def test_a_folder_needs_a_rank(tmp_path) -> None:
 
 _KILLED = """
 import sys, time, pyarrow.parquet as pq
-from iscore.writer import DumpWriter
+from iscore.dump.writer import DumpWriter
 from tests.batches import LIKE, make_truth
 
 ready = sys.argv[2]

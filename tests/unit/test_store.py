@@ -15,15 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from iscore import footer
-from iscore.analysis import analyze
 from iscore.cli import main
 from iscore.dump import Dump, StepRange
+from iscore.dump.simulate import SimConfig, write_run
 from iscore.errors import DumpError
-from iscore.histogram import LogHistogram, from_keyed_state, keyed_state
-from iscore.paths import default_folder
-from iscore.simulate import SimConfig, write_run
-from iscore.store import (
+from iscore.passes.analysis import analyze
+from iscore.passes.results_store import (
     ATTRIBUTION,
     MISMATCH,
     Context,
@@ -31,6 +28,9 @@ from iscore.store import (
     ResultStore,
     footer_complete,
 )
+from iscore.stats.histogram import LogHistogram, from_keyed_state, keyed_state
+from iscore.utils import footer
+from iscore.utils.paths import default_folder
 
 SETTINGS = ["verl:decoupled_geo_rs_token_tis", "skyrl:skyrl_geo_mask"]
 

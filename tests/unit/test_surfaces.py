@@ -1,7 +1,7 @@
 """One way in: every public function and CLI command takes data as a path, a glob, a `Dump` or
 a `TokenBatch`, and a setting as a preset name, a config path, a mapping or a spec (one or a
-list), through `iscore.dump.open_data` and `iscore.settings.resolve`; the same bad input gets
-the same error everywhere.
+list), through `iscore.dump.open_data` and `iscore.frameworks.resolve.resolve`; the same bad input
+gets the same error everywhere.
 
 Before: `iscore.recommend(path, ...)` and `iscore.replay(path, ...)` raised `AttributeError:
 'str' object has no attribute 'loss_mask'`, `iscore.export` refused a preset string, and
@@ -13,13 +13,13 @@ from __future__ import annotations
 import pytest
 
 import iscore
+from iscore.advice.conversion import to_file_text
+from iscore.advice.tuning import Tuner
 from iscore.cli import main
-from iscore.conversion import to_file_text
 from iscore.errors import ConfigError, DumpError, IscoreError
-from iscore.sequences import sequence_table
-from iscore.settings import resolve
-from iscore.tune import Tuner
-from iscore.validation import validate
+from iscore.frameworks.resolve import resolve
+from iscore.passes.sequences import sequence_table
+from iscore.passes.validation import validate
 
 FP8 = "data/fp8.parquet"
 PRESET = "verl:decoupled_geo_rs"

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from iscore.analysis import analyze
 from iscore.dump import Dump
-from iscore.impact import SettingStats
-from iscore.mismatch import MismatchStats
-from iscore.settings import replay, resolve
-from iscore.simulate import SimConfig, read_truth, write_run, write_simulated
+from iscore.dump.simulate import SimConfig, read_truth, write_run, write_simulated
+from iscore.frameworks.resolve import replay, resolve
+from iscore.passes.analysis import analyze
+from iscore.stats.mismatch import MismatchStats
+from iscore.stats.setting import SettingStats
 
 SETTINGS = ["skyrl:skyrl_geo_mask", "verl:decoupled_token_is"]
 
@@ -143,8 +143,8 @@ def test_a_damaged_state_is_refused(damage):
 
 
 def test_the_report_shows_the_trend_and_its_events(tmp_path_factory):
-    from iscore.figures import trend_figure
-    from iscore.report import render_html
+    from iscore.present.figures import trend_figure
+    from iscore.present.report import render_html
 
     _, a = _run(tmp_path_factory, steps=14, seed=14, broken_from=9, broken_share=0.06)
     figure = trend_figure(a.trend)
@@ -173,8 +173,8 @@ def test_one_setting_twice_gets_two_sets_of_columns():
 def test_the_apps_analysis_joins_the_settings_into_its_trend():
     """The app computes the mismatch once and each setting on its own: its analysis (what the
     report exported from it shows) must still carry the settings' per-step columns."""
-    from iscore.settings import resolve
-    from iscore.workspace import open_path
+    from iscore.frameworks.resolve import resolve
+    from iscore.session.workspace import open_path
 
     ws = open_path("data/drift.parquet")
     spec = resolve("skyrl:skyrl_geo_mask")
@@ -187,8 +187,9 @@ def test_the_apps_analysis_joins_the_settings_into_its_trend():
 def test_a_loaded_batch_judged_step_by_step_finds_what_the_analysis_reports(tmp_path_factory):
     """`noise.outside_by_step` (for a batch in memory, as the recommendation has it) and the
     streamed analysis' `by_step[].broken_sequences` are one test."""
-    from iscore import load, ops
-    from iscore.noise import outside_by_step
+    from iscore import load
+    from iscore.packed import ops
+    from iscore.stats.noise import outside_by_step
 
     folder, a = _run(tmp_path_factory, steps=8, seed=15, broken_from=5, broken_share=0.06)
     batch = load(folder)

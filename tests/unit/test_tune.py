@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from iscore.impact import SettingStats
-from iscore.settings import resolve
-from iscore.tune import Tuner
+from iscore.advice.tuning import Tuner
+from iscore.frameworks.resolve import resolve
+from iscore.stats.setting import SettingStats
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 
 VERL = "algorithm"

@@ -12,8 +12,8 @@ import pytest
 
 from iscore.cli import main
 from iscore.dump import Dump, StepRange
-from iscore.simulate import SimConfig, write_simulated
-from iscore.validation import validate
+from iscore.dump.simulate import SimConfig, write_simulated
+from iscore.passes.validation import validate
 from tests.conftest import Sequences, make_sequences, write
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import iscore
+from iscore.dump.writer import PROVENANCE_KEY, DumpWriter, canonical_table
 from iscore.errors import DumpError
-from iscore.writer import PROVENANCE_KEY, DumpWriter, canonical_table
 
 GARBAGE = 7.0  # a padding value no log-prob can take: if it shows up, padding leaked in
 

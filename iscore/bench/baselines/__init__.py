@@ -12,7 +12,7 @@ setting of that shape with other thresholds (a preset changed, a config) is chec
 registry, the baselines name each framework's spec class: restating a framework is their job.
 
 >>> from dataclasses import replace
->>> from iscore.settings import resolve
+>>> from iscore.frameworks.resolve import resolve
 >>> spec = resolve("verl:decoupled_geo_rs_token_tis")
 >>> implements(spec), implements(replace(spec, is_upper=3.0))
 (True, True)

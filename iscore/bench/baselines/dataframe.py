@@ -2,8 +2,8 @@
 dataframe user would, in float64 with per-sequence sums by groupby.
 
 It is an independent implementation of the same math as the engine (`iscore.frameworks`,
-`iscore.mismatch`, `iscore.histogram`), never calling its replay, so that agreeing with it
-checks the engine, and timing it shows what the same work costs in pandas.
+`iscore.stats.mismatch`, `iscore.stats.histogram`), never calling its replay, so that agreeing with
+it checks the engine, and timing it shows what the same work costs in pandas.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from iscore.attribution import CLIP, SPAN_RATIO, WINDOW
-from iscore.batch import TokenBatch
 from iscore.frameworks.areal import ArealCorrection
 from iscore.frameworks.fireworks import FireworksTIS
 from iscore.frameworks.nemo_rl import NemoRLSpec
@@ -24,10 +22,12 @@ from iscore.frameworks.skyrl import SkyRLSpec
 from iscore.frameworks.slime import SlimeCorrection
 from iscore.frameworks.trl import TRLCorrection
 from iscore.frameworks.verl import VerlSpec
-from iscore.histogram import BINS_PER_DECADE, LOG10_RANGE
-from iscore.impact import TRUNCATION_TOLERANCE, aggregation_of
-from iscore.mismatch import TOP_K
-from iscore.noise import BIN_SAMPLE, FAR, MAD_SD, SCALE_EDGES, SPREAD_FLOOR, Noise, outside
+from iscore.packed.batch import TokenBatch
+from iscore.stats.attribution import CLIP, SPAN_RATIO, WINDOW
+from iscore.stats.histogram import BINS_PER_DECADE, LOG10_RANGE
+from iscore.stats.mismatch import TOP_K
+from iscore.stats.noise import BIN_SAMPLE, FAR, MAD_SD, SCALE_EDGES, SPREAD_FLOOR, Noise, outside
+from iscore.stats.setting import TRUNCATION_TOLERANCE, aggregation_of
 
 
 def frame(batch: TokenBatch) -> pd.DataFrame:
@@ -202,12 +202,12 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
 def _noise(
     df: pd.DataFrame, d: pd.Series, m: pd.Series, per_seq: pd.DataFrame, out: dict[str, Any]
 ) -> pd.Series:
-    """The noise workload of `iscore.noise` and `iscore.attribution`, into `out`: per step the
-    median and MAD of the loss tokens' d and the histogram of |d|; per step and bin of rollout
-    probability (`SCALE_EDGES`) those of an evenly strided sample of its tokens (`BIN_SAMPLE`)
-    and each token's distance from them; per sequence its median d, its tokens either side of
-    0 and far ones (`FAR`), whether it is broken (`noise.outside`, per-sequence arithmetic on
-    those), and the span ratio of its worst window of |d|. The broken sequences, bool per
+    """The noise workload of `iscore.stats.noise` and `iscore.stats.attribution`, into `out`: per
+    step the median and MAD of the loss tokens' d and the histogram of |d|; per step and bin of
+    rollout probability (`SCALE_EDGES`) those of an evenly strided sample of its tokens
+    (`BIN_SAMPLE`) and each token's distance from them; per sequence its median d, its tokens either
+    side of 0 and far ones (`FAR`), whether it is broken (`noise.outside`, per-sequence arithmetic
+    on those), and the span ratio of its worst window of |d|. The broken sequences, bool per
     sequence with loss tokens."""
     loss = d[m]
     seq, step = df["seq"][m], df["step"][m]

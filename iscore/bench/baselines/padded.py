@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from iscore.batch import TokenBatch
 from iscore.frameworks.areal import ArealCorrection
 from iscore.frameworks.fireworks import FireworksTIS
 from iscore.frameworks.nemo_rl import NemoRLSpec
@@ -23,7 +22,8 @@ from iscore.frameworks.skyrl import SkyRLSpec
 from iscore.frameworks.slime import SlimeCorrection
 from iscore.frameworks.trl import TRLCorrection
 from iscore.frameworks.verl import VerlSpec
-from iscore.impact import aggregation_of
+from iscore.packed.batch import TokenBatch
+from iscore.stats.setting import aggregation_of
 
 
 def pad(batch: TokenBatch) -> dict[str, torch.Tensor]:

@@ -1,7 +1,7 @@
 """Batches for the framework replay tests: fresh random data plus hand-made edge cases.
 
 The references in these tests are written from the formulas in float64 numpy, one sequence
-at a time, independent of `iscore.ops`; `sequences(batch)` hands them the per-sequence
+at a time, independent of `iscore.packed.ops`; `sequences(batch)` hands them the per-sequence
 slices.
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from iscore.batch import TokenBatch
+from iscore.packed.batch import TokenBatch
 
 
 def make_batch(

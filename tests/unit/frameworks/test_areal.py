@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import areal
-from iscore.settings import parse_config, replay
+from iscore.frameworks.resolve import parse_config, replay
+from iscore.packed.batch import TokenBatch
 from tests.unit.frameworks.conftest import make_batch, sequences
 
 

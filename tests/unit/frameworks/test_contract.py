@@ -17,14 +17,14 @@ import torch
 import yaml
 
 from iscore import frameworks
-from iscore.columns import CANONICAL, COMMON_NAMES, aliases, match_columns
-from iscore.conversion import to_file_text
+from iscore.advice.conversion import to_file_text
+from iscore.advice.tuning import FAMILIES, family_setting
+from iscore.dump.columns import CANONICAL, COMMON_NAMES, aliases, match_columns
+from iscore.dump.writer import DumpWriter
 from iscore.errors import ConfigError, DumpError
 from iscore.frameworks.base import Aggregation
-from iscore.mismatch import METRIC_NAMES
-from iscore.settings import parse_config, replay
-from iscore.tune import FAMILIES, family_setting
-from iscore.writer import DumpWriter
+from iscore.frameworks.resolve import parse_config, replay
+from iscore.stats.mismatch import METRIC_NAMES
 from tests.batches import LIKE, TRAIN_KEY, check_dump, expected, make_truth, without
 from tests.unit.frameworks.conftest import random_batch_of
 

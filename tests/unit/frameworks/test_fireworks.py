@@ -10,10 +10,10 @@ import torch
 
 import iscore
 from iscore import frameworks
-from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import fireworks
 from iscore.frameworks.fireworks import PRESETS, FireworksISCorrection, FireworksTIS, parse
+from iscore.packed.batch import TokenBatch
 from tests.unit.frameworks.conftest import sequences
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import nemo_rl
-from iscore.settings import replay
+from iscore.frameworks.resolve import replay
+from iscore.packed.batch import TokenBatch
 from tests.unit.frameworks.conftest import edge_batch, sequences
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -8,10 +8,10 @@ import torch
 
 import iscore
 from iscore import frameworks
-from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import openrlhf
 from iscore.frameworks.openrlhf import PRESETS, OpenRLHFCorrection, parse
+from iscore.packed.batch import TokenBatch
 from tests.unit.frameworks.conftest import make_batch, sequences
 
 NEW = "--algo.advantage.is_correction"

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import skyrl
-from iscore.settings import replay
+from iscore.frameworks.resolve import replay
+from iscore.packed.batch import TokenBatch
 from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
 
 BOUND = 20.0

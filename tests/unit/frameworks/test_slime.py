@@ -10,10 +10,10 @@ import pytest
 import torch
 import yaml
 
-from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import slime
-from iscore.settings import parse_config, replay
+from iscore.frameworks.resolve import parse_config, replay
+from iscore.packed.batch import TokenBatch
 from tests.unit.frameworks.conftest import make_batch, sequences
 
 ICEPOP = "slime.backends.megatron_utils.loss.icepop_function"

@@ -8,10 +8,10 @@ import torch
 
 import iscore
 from iscore import frameworks
-from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import trl
 from iscore.frameworks.trl import TRLCorrection, parse
+from iscore.packed.batch import TokenBatch
 from tests.unit.frameworks.conftest import sequences
 
 MODES = ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]

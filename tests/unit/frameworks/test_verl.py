@@ -11,10 +11,10 @@ import torch
 
 import iscore
 from iscore import frameworks
-from iscore.batch import TokenBatch
 from iscore.errors import ConfigError
 from iscore.frameworks import verl
 from iscore.frameworks.verl import PRESETS, RSCriterion, VerlSpec, parse
+from iscore.packed.batch import TokenBatch
 from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
 
 # ---------------------------------------------------------------------------------------------

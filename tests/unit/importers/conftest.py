@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from iscore.writer import PROVENANCE_KEY
+from iscore.dump.writer import PROVENANCE_KEY
 
 
 @dataclass

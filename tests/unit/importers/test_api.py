@@ -7,9 +7,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from iscore.dump.importers import FORMATS, ConvertReport, convert, detect, read
+from iscore.dump.writer import PROVENANCE_KEY
 from iscore.errors import DumpError
-from iscore.importers import FORMATS, ConvertReport, convert, detect, read
-from iscore.writer import PROVENANCE_KEY
 from tests.unit.importers.conftest import make_seqs
 from tests.unit.importers.test_nemo_rl import write_step
 from tests.unit.importers.test_prime_rl import write_rank

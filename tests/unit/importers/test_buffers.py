@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from iscore.dump.importers import read, read_buffers
 from iscore.errors import DumpError
-from iscore.importers import read, read_buffers
 from tests.unit.importers.conftest import make_seqs, provenance
 from tests.unit.importers.test_nemo_rl import write_step
 from tests.unit.importers.test_prime_rl import write_rank

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import iscore
+from iscore.dump.importers import convert, detect, read
 from iscore.errors import DumpError
-from iscore.importers import convert, detect, read
 from tests.unit.importers.conftest import Seq, assert_rows, make_seqs, provenance
 
 

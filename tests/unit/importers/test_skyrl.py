@@ -22,8 +22,8 @@ import pytest
 import torch
 
 import iscore
+from iscore.dump.importers import convert, detect, read
 from iscore.errors import DumpError
-from iscore.importers import convert, detect, read
 from tests.unit.importers.conftest import Seq, assert_rows, make_seqs, provenance
 
 NEW = "skyrl.backends.skyrl_train.training_batch"

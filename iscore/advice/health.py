@@ -1,0 +1,251 @@
+"""Is this mismatch normal? One verdict for a dump and for each of its steps.
+
+- `broken`: the data shows broken sequences (far outside their step's noise: a stale replica,
+  a bad rank) or a semantics bug (a one-sided offset, a biased ratio, a temperature on one
+  side). Both are the mismatch flags' decisions (`iscore.stats.mismatch`, `iscore.stats.noise`),
+  read here, never re-derived: no IS correction repairs them.
+- `elevated`: no such flag, but a statistic lies outside a band a framework's docs publish
+  (`Framework.bands`, listed by `iscore.advice.reference.bands`): FP8-like noise, MoE routing
+  flips, drift.
+- `normal`: inside every published band.
+
+Each step is judged on its own: its broken sequences, the test of E_rollout[e^d] = 1 on its
+healthy tokens (`noise.ratio_bias`, the test of the dump's `ratio_mean_bias` flag and of the
+trend's `offset` event) and the bands on its
+statistics; a semantics bug found on the whole dump (a one-sided temperature is a
+correlation over every token) breaks every step.
+
+>>> from iscore.passes.analysis import analyze
+>>> health = assess(analyze("data/dense_bf16.parquet").mismatch)
+>>> health.verdict, [s.verdict for s in health.by_step]
+('normal', ['normal', 'normal'])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from iscore.advice.reference import Placement, bands, placements
+from iscore.frameworks.base import Band
+from iscore.stats import noise
+from iscore.stats.mismatch import flags_of
+
+Verdict = Literal["normal", "elevated", "broken"]
+
+VERDICTS: tuple[Verdict, ...] = ("normal", "elevated", "broken")
+"""The verdicts, the mildest first."""
+
+HEADLINES: dict[str, str] = {
+    "normal": "Normal: inside every band the frameworks publish",
+    "elevated": "Elevated: outside a band a framework publishes",
+    "broken": "Broken: the data shows broken sequences or a semantics bug",
+}
+"""Each verdict in a few words, as every surface heads it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One published band, and the value it was judged against.
+
+    Attributes:
+        framework: the framework whose docs publish the band (its name for people).
+        band: the band.
+        value: the dump's (or step's) value of the band's statistic; None where it has none.
+    """
+
+    framework: str
+    band: Band
+
+    value: float | None
+
+    @property
+    def within(self) -> bool | None:
+        """Whether the value is inside the band; None without a finite value."""
+        if self.value is None or not math.isfinite(self.value):
+            return None
+        return self.band.contains(self.value)
+
+    def short(self) -> str:
+        """A line such as "NeMo-RL gen_kl_error 0.0498 (healthy <= 0.001)"."""
+        value = "no value" if self.value is None else f"{self.value:.4g}"
+        return f"{self.framework} {self.band.logged_as} {value} (healthy {self.band.describe()})"
+
+    def describe(self) -> str:
+        """`short`, and where the value is outside the band what that means, per its source."""
+        said = self.short()
+        return said if self.within is not False else f"{said}: {self.band.meaning}"
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.band
+        return {
+            "statistic": b.statistic,
+            "value": self.value,
+            "low": b.low,
+            "high": b.high,
+            "healthy": b.describe(),
+            "within": self.within,
+            "framework": self.framework,
+            "logged_as": b.logged_as,
+            "meaning": b.meaning,
+            "source": {"name": b.source.name, "url": b.source.url},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StepHealth:
+    """The verdict of one training step.
+
+    Attributes:
+        step: the step.
+        verdict: its verdict.
+        reasons: why, one line each (empty for `normal`).
+        checks: every band, judged on the step's values.
+    """
+
+    step: int
+    verdict: Verdict
+    reasons: tuple[str, ...]
+    checks: tuple[Check, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "outside": [c.band.statistic for c in self.checks if c.within is False],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """The verdict of a dump, with what it was judged against.
+
+    Attributes:
+        verdict: `normal`, `elevated` or `broken`.
+        reasons: why, one line each: the flags that break it, the bands it exceeds.
+        checks: every published band, with the dump's value.
+        by_step: the verdict of each step, in step order.
+        flags: the codes of the mismatch flags that make it `broken`.
+        placements: where the dump sits among the published measurements
+            (`iscore.advice.reference`), one per statistic that has some.
+    """
+
+    verdict: Verdict
+    reasons: tuple[str, ...]
+    checks: tuple[Check, ...]
+    by_step: tuple[StepHealth, ...]
+    flags: tuple[str, ...] = ()
+    placements: tuple[Placement, ...] = ()
+
+    @property
+    def headline(self) -> str:
+        return HEADLINES[self.verdict]
+
+    def steps_by_verdict(self) -> dict[str, list[int]]:
+        """The steps of each verdict (those with none left out)."""
+        out: dict[str, list[int]] = {}
+        for s in self.by_step:
+            out.setdefault(s.verdict, []).append(s.step)
+        return out
+
+    @property
+    def outside(self) -> tuple[Check, ...]:
+        """The bands the dump's values lie outside."""
+        return tuple(c for c in self.checks if c.within is False)
+
+    def summary(self) -> str:
+        """One line: the verdict, and what decided it.
+
+        >>> Health("normal", (), (), ()).summary()
+        'normal (inside all 0 published bands)'
+        """
+        if self.verdict == "normal":
+            return f"normal (inside all {len(self.checks)} published bands)"
+        if self.verdict == "broken":
+            return f"broken: {', '.join(self.flags)}"
+        return "elevated: " + "; ".join(c.short() for c in self.outside)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "headline": self.headline,
+            "summary": self.summary(),
+            "reasons": list(self.reasons),
+            "bands": [c.to_dict() for c in self.checks],
+            "by_step": [s.to_dict() for s in self.by_step],
+            "reference": [p.to_dict() for p in self.placements],
+        }
+
+
+def _checks(values: dict[str, Any]) -> tuple[Check, ...]:
+    return tuple(
+        Check(framework, band, _number(values.get(band.statistic))) for framework, band in bands()
+    )
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _exceeded(checks: tuple[Check, ...]) -> list[str]:
+    return [c.describe() for c in checks if c.within is False]
+
+
+def assess(mismatch: dict[str, Any]) -> Health:
+    """The verdict of an analysis' `mismatch` diagnostics (`iscore.stats.mismatch.MismatchStats`'s
+    result, flags and `by_step` included), and of each of its steps."""
+    broken = flags_of(mismatch, "broken") + flags_of(mismatch, "semantics_bug")
+    dump_bug = [f"{f['code']} (over the whole dump)" for f in flags_of(mismatch, "semantics_bug")]
+    by_step = tuple(_step(row, dump_bug) for row in mismatch.get("by_step", []))
+    found = [(f["code"], f"{f['code']}: {f['message']}") for f in broken]
+    return _judge(found, mismatch, by_step)
+
+
+def assess_values(values: dict[str, Any], broken: int, ratio: float, stderr: float) -> Health:
+    """The verdict where no flags were computed (`iscore validate`, which reads a dump without
+    torch): `values` holds the bands' statistics, `broken` the sequences outside their step's
+    noise (`noise.outside_by_step`), `ratio` and `stderr` the mean e^d over the others and its
+    standard error (for the `ratio_mean_bias` flag's test, `noise.ratio_bias`). A one-sided
+    temperature or offset, and the steps, are `assess`'s alone.
+
+    >>> assess_values({"k3": 0.05}, 0, 1.0, 0.0).summary()
+    'elevated: NeMo-RL gen_kl_error 0.05 (healthy <= 0.001)'
+    """
+    found = []
+    if broken:
+        found.append(("broken_sequences", f"broken_sequences: {broken:,} broken sequences"))
+    z = noise.ratio_bias(ratio, stderr)
+    if z is not None:
+        found.append(
+            ("ratio_mean_bias", f"ratio_mean_bias: <e^d> = {ratio:.4f} (z = {z:+.0f}), not 1")
+        )
+    return _judge(found, values, ())
+
+
+def _judge(
+    found: list[tuple[str, str]], values: dict[str, Any], by_step: tuple[StepHealth, ...]
+) -> Health:
+    """Broken where something is `found` (a flag's code and its line), elevated where a value
+    lies outside a band, else normal."""
+    checks = _checks(values)
+    reasons = [line for _, line in found] + _exceeded(checks)
+    verdict: Verdict = "broken" if found else "elevated" if reasons else "normal"
+    codes = tuple(code for code, _ in found)
+    return Health(verdict, tuple(reasons), checks, by_step, codes, tuple(placements(values)))
+
+
+def _step(row: dict[str, Any], dump_bug: list[str]) -> StepHealth:
+    """A step's verdict from its own row of `mismatch.by_step`."""
+    found = list(dump_bug)
+    if row.get("broken_sequences"):
+        found.append(f"{row['broken_sequences']:,} broken sequences")
+    ratio, se = row.get("healthy_ratio_mean"), row.get("healthy_ratio_mean_stderr")
+    z = None if ratio is None or se is None or math.isnan(ratio) else noise.ratio_bias(ratio, se)
+    if z is not None:
+        found.append(f"<e^d> = {ratio:.4f} (z = {z:+.0f}): a biased ratio")
+    checks = _checks(row)
+    exceeded = _exceeded(checks)
+    verdict: Verdict = "broken" if found else "elevated" if exceeded else "normal"
+    return StepHealth(int(row["step"]), verdict, tuple(found + exceeded), checks)

@@ -1,0 +1,532 @@
+"""Threshold exploration at interactive speed: sort once, then every query is a binary search.
+
+`Tuner(batch)` sorts the per-token ratios and the per-sequence statistics once and keeps
+prefix sums; each query (a token cap, IcePop bounds, geometric or product sequence bounds, a
+k3 threshold) is then a few `searchsorted` calls: O(log N), whatever the dump's size.
+
+The families and their exact semantics (rho = e^clamp(d, +-20) per loss token, S and G the
+sum and mean of d over a sequence's loss tokens, T their count):
+
+- `token_tis(upper, lower)`: w = clamp(rho, lower, upper) (verl/SkyRL TIS; OpenRLHF two-sided).
+- `icepop(lower, upper)`: w = rho * 1[lower <= rho <= upper] (weight zeroed, token stays).
+- `seq_tis(upper)`: w = min(e^clamp(S, +-20), upper) for every token of the sequence.
+- `geometric_mask(lower, upper)`: sequences kept iff lower <= e^G <= upper, w = 1.
+- `product_mask(lower, upper)`: sequences kept iff lower <= e^clamp(S, +-20) <= upper, w = 1.
+- `k3_mask(threshold)`: sequences kept iff mean k3 of their tokens <= threshold (verl
+  `seq_mean_k3`), w = 1.
+
+Each returns a `TuneResult`; `lr_scale` is sum(w) / N (token-mean over loss tokens, rejected
+tokens keeping their place in the denominator, as most frameworks do), or under the
+`aggregation` given (`query(..., framework)` takes the framework's, as Compare does).
+
+>>> tuner = Tuner(iscore.load("data/long_collapse.parquet"))  # doctest: +SKIP
+>>> tuner.geometric_mask(0.999, 1.001).seq_masked_fraction    # doctest: +SKIP
+0.278
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from iscore import frameworks
+from iscore.dump import Data, load_data
+from iscore.errors import ConfigError
+from iscore.frameworks._config import check_choice
+from iscore.frameworks.base import Aggregation
+from iscore.frameworks.canonical import Canonical, mask_component, weight_component
+from iscore.frameworks.spec import Spec
+from iscore.packed import ops
+
+_TOKEN = Aggregation()  # token-mean: sum(w) / N
+
+
+@dataclass(frozen=True, slots=True)
+class TuneResult:
+    """What one threshold setting does, over loss tokens.
+
+    Attributes:
+        weight_mean: <w>_tok.
+        ess: (sum w)^2 / (N sum w^2), the effective sample size as a fraction of tokens.
+        lr_scale: the loss gradient's scale relative to no correction: sum(w) / N under
+            token-mean, else under the aggregation the query was given.
+        token_masked_fraction: tokens whose weight is 0.
+        seq_masked_fraction: sequences all of whose tokens have weight 0 (None where a
+            token-level family cannot say without a replay).
+        truncated_fraction: tokens whose weight was clamped (token_tis, seq_tis).
+    """
+
+    weight_mean: float
+    ess: float
+    lr_scale: float
+    token_masked_fraction: float
+    seq_masked_fraction: float | None
+    truncated_fraction: float
+
+
+class _Sorted:
+    """Sorted keys with prefix sums of companion values, for range sums by binary search.
+
+    `one` (the count) is implicit: a range's count is its length. With `presorted`, the keys
+    (and values) are already in order and are not sorted again.
+    """
+
+    def __init__(self, keys: np.ndarray, *, presorted: bool = False, **values: np.ndarray):
+        if presorted:
+            self.keys = keys
+        else:
+            order = np.argsort(keys, kind="stable")
+            self.keys = keys[order]
+            values = {name: v[order] for name, v in values.items()}
+        self.prefix = {name: _prefix(v) for name, v in values.items() if name != "one"}
+
+    def index(self, bound: float | None, *, side: str) -> int:
+        if bound is None:
+            return 0 if side == "left" else self.keys.size
+        return int(np.searchsorted(self.keys, bound, side=side))
+
+    def total(self, name: str, start: int, stop: int) -> float:
+        """Sum of `name` over sorted positions start..stop-1."""
+        if name == "one":
+            return float(stop - start)
+        return float(self.prefix[name][stop] - self.prefix[name][start])
+
+
+def _prefix(values: np.ndarray) -> np.ndarray:
+    """float64 [n + 1] running sums, from 0."""
+    out = np.empty(values.size + 1, dtype=np.float64)
+    out[0] = 0.0
+    np.cumsum(values, dtype=np.float64, out=out[1:])
+    return out
+
+
+class Tuner:
+    """Sorted statistics of one batch, queried per threshold in O(log N).
+
+    Args:
+        data: the dump: a loaded batch (any device; the sorted arrays live on the host), an
+            opened `Dump` or its path (read whole).
+    """
+
+    def __init__(self, data: Data):
+        batch = load_data(data)
+        m = batch.loss_mask
+        d = ops.log_ratio(batch)
+        # The ratios are their own weights: sorting them (no argsort, no gathers) is enough.
+        rho = np.sort(ops.exp(d if ops.mask_is_all(batch, m) else d[m]).cpu().numpy())
+        self.tokens = int(rho.size)
+        self._rho = _Sorted(rho, presorted=True, w=rho, w2=rho * rho)
+        T = ops.segment_count(batch, m)
+        has = T > 0
+        S = ops.segment_sum(d, batch, m)
+        k3 = ops.segment_mean(ops.k3(ops.truncate(d, -20.0, 20.0)), batch, m)
+        T, S, k3 = T[has].cpu().numpy(), S[has].cpu().numpy(), k3[has].cpu().numpy()
+        self.sequences = int(T.size)
+        seq_ratio = np.exp(np.clip(S, -20.0, 20.0))
+        self._geo = _Sorted(S / T, T=T, one=np.ones_like(T))
+        self._product = _Sorted(
+            seq_ratio, T=T, one=np.ones_like(T), w=seq_ratio, Tw=T * seq_ratio, Tw2=T * seq_ratio**2
+        )
+        self._k3 = _Sorted(k3, T=T, one=np.ones_like(T))
+        self._batch = batch
+        self._per_sequence_rho: _Sorted | None = None
+
+    def _rho_by_sequence(self) -> _Sorted:
+        """The token ratios sorted with each token's 1/T: what a sequence-mean aggregation
+        weighs them by. Sorted on first use (an argsort), only for such aggregations."""
+        if self._per_sequence_rho is None:
+            batch, m = self._batch, self._batch.loss_mask
+            inv_t = 1.0 / ops.segment_count(batch, m).clamp(min=1).double()
+            rho = ops.exp(ops.log_ratio(batch))[m].double().cpu().numpy()
+            c = ops.broadcast(inv_t, batch)[m].cpu().numpy()
+            self._per_sequence_rho = _Sorted(rho, c=c, wc=rho * c)
+        return self._per_sequence_rho
+
+    def _result(
+        self, w: float, w2: float, masked: float, seq_masked: float | None, truncated: float
+    ) -> TuneResult:
+        n = max(self.tokens, 1)
+        return TuneResult(
+            weight_mean=w / n,
+            ess=w * w / (n * w2) if w2 > 0 else 0.0,
+            lr_scale=w / n,
+            token_masked_fraction=masked / n,
+            seq_masked_fraction=seq_masked,
+            truncated_fraction=truncated / n,
+        )
+
+    def token_tis(
+        self, upper: float | None, lower: float | None = None, *, aggregation: Aggregation = _TOKEN
+    ) -> TuneResult:
+        """w = clamp(rho, lower, upper) per token."""
+        r = self._rho
+        lo = r.index(lower, side="left")  # rho < lower: raised to lower
+        hi = r.index(upper, side="right")  # rho > upper: cut to upper
+        n_low, n_high = lo, r.keys.size - hi
+        w = r.total("w", lo, hi) + (lower or 0.0) * n_low + (upper or 0.0) * n_high
+        w2 = r.total("w2", lo, hi) + (lower or 0.0) ** 2 * n_low + (upper or 0.0) ** 2 * n_high
+        result = self._result(w, w2, 0.0, None, n_low * bool(lower) + n_high)
+        if aggregation.mode != "seq-mean-token-mean":
+            return result
+        c = self._rho_by_sequence()
+        lo, hi = c.index(lower, side="left"), c.index(upper, side="right")
+        per_seq = c.total("wc", lo, hi) + (lower or 0.0) * c.total("c", 0, lo)
+        per_seq += (upper or 0.0) * c.total("c", hi, c.keys.size)
+        return replace(result, lr_scale=per_seq / max(self.sequences, 1))
+
+    def icepop(
+        self, lower: float | None, upper: float | None, *, aggregation: Aggregation = _TOKEN
+    ) -> TuneResult:
+        """w = rho inside [lower, upper], 0 outside."""
+        r = self._rho
+        lo, hi = r.index(lower, side="left"), r.index(upper, side="right")
+        kept = max(hi - lo, 0)
+        w = r.total("w", lo, hi) if kept else 0.0
+        w2 = r.total("w2", lo, hi) if kept else 0.0
+        result = self._result(w, w2, self.tokens - kept, None, 0.0)
+        if aggregation.mode != "seq-mean-token-mean":
+            return result
+        c = self._rho_by_sequence()
+        lo, hi = c.index(lower, side="left"), c.index(upper, side="right")
+        per_seq = c.total("wc", lo, hi) if hi > lo else 0.0
+        return replace(result, lr_scale=per_seq / max(self.sequences, 1))
+
+    def _sequence_mask(
+        self, table: _Sorted, lo: int, hi: int, aggregation: Aggregation
+    ) -> TuneResult:
+        """Sequences lo..hi-1 of `table` kept with w = 1, the others removed from the loss."""
+        kept_seqs = max(hi - lo, 0)
+        kept_tokens = table.total("T", lo, hi) if kept_seqs else 0.0
+        seq_masked = 1.0 - kept_seqs / max(self.sequences, 1)
+        result = self._result(kept_tokens, kept_tokens, self.tokens - kept_tokens, seq_masked, 0.0)
+        if aggregation.mode == "seq-mean-token-mean":
+            return replace(result, lr_scale=kept_seqs / max(self.sequences, 1))
+        if aggregation.shrinks and aggregation.mode == "token-mean":
+            # The removed tokens leave the denominator: every kept token counts 1 / kept.
+            return replace(result, lr_scale=1.0 if kept_tokens else 0.0)
+        return result
+
+    def geometric_mask(
+        self, lower: float | None, upper: float | None, *, aggregation: Aggregation = _TOKEN
+    ) -> TuneResult:
+        """Keep sequences whose e^G lies in [lower, upper]."""
+        g = self._geo
+        lo = g.index(None if lower is None else float(np.log(lower)), side="left")
+        hi = g.index(None if upper is None else float(np.log(upper)), side="right")
+        return self._sequence_mask(g, lo, hi, aggregation)
+
+    def product_mask(
+        self, lower: float | None, upper: float | None, *, aggregation: Aggregation = _TOKEN
+    ) -> TuneResult:
+        """Keep sequences whose e^clamp(S, +-20) lies in [lower, upper]."""
+        p = self._product
+        lo, hi = p.index(lower, side="left"), p.index(upper, side="right")
+        return self._sequence_mask(p, lo, hi, aggregation)
+
+    def k3_mask(self, threshold: float, *, aggregation: Aggregation = _TOKEN) -> TuneResult:
+        """Keep sequences whose mean per-token k3 is at most `threshold`."""
+        k = self._k3
+        return self._sequence_mask(k, 0, k.index(threshold, side="right"), aggregation)
+
+    def seq_tis(self, upper: float, *, aggregation: Aggregation = _TOKEN) -> TuneResult:
+        """w = min(e^clamp(S, +-20), upper), broadcast to the sequence's tokens."""
+        p = self._product
+        hi = p.index(upper, side="right")
+        capped_tokens = p.total("T", hi, p.keys.size)
+        w = p.total("Tw", 0, hi) + upper * capped_tokens
+        w2 = p.total("Tw2", 0, hi) + upper**2 * capped_tokens
+        result = self._result(w, w2, 0.0, 0.0, capped_tokens)
+        if aggregation.mode != "seq-mean-token-mean":
+            return result
+        per_seq = p.total("w", 0, hi) + upper * (p.keys.size - hi)
+        return replace(result, lr_scale=per_seq / max(self.sequences, 1))
+
+    def quantiles(self, family: str, qs: Sequence[float]) -> dict[float, float]:
+        """Quantiles (nearest rank) of the statistic a family thresholds (token ratio, e^G,
+        e^S, mean k3), read off the sorted table: where sliders should stop."""
+        table = {
+            "token": self._rho,
+            "geometric": self._geo,
+            "product": self._product,
+            "k3": self._k3,
+        }[family]
+        n = table.keys.size
+        if not n:
+            return {q: float("nan") for q in qs}
+        at = table.keys[np.rint(np.asarray(qs, dtype=np.float64) * (n - 1)).astype(np.int64)]
+        if family == "geometric":
+            at = np.exp(at)
+        return dict(zip(qs, at.tolist(), strict=True))
+
+
+Statistic = Literal["token", "geometric", "product", "k3"]
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """A family of threshold settings that `Tuner` answers in O(log N).
+
+    Attributes:
+        key: the `Tuner` method; its positional arguments are `bounds`, in order.
+        label: for people.
+        statistic: what the bounds threshold (`Tuner.quantiles` family).
+        bounds: the thresholds' names.
+        defaults: a common setting, one value per bound.
+        rule: the family's rule in one line.
+        truncates: whether it clamps weights (else `TuneResult.truncated_fraction` is 0).
+    """
+
+    key: str
+    label: str
+    statistic: Statistic
+    bounds: tuple[str, ...]
+    defaults: tuple[float, ...]
+    rule: str
+    truncates: bool = False
+
+
+FAMILIES: dict[str, Family] = {
+    f.key: f
+    for f in (
+        Family(
+            "token_tis", "Token TIS cap", "token", ("upper",), (2.0,),
+            "w = min(rho, upper) per token, rho = e^d", truncates=True,
+        ),
+        Family(
+            "icepop", "IcePop band", "token", ("lower", "upper"), (0.5, 5.0),
+            "w = rho where lower ≤ rho ≤ upper, else 0",
+        ),
+        Family(
+            "seq_tis", "Sequence TIS cap", "product", ("upper",), (2.0,),
+            "w = min(e^S, upper) for every token of the sequence, S = Σd", truncates=True,
+        ),
+        Family(
+            "geometric_mask", "Geometric sequence mask", "geometric", ("lower", "upper"),
+            (0.999, 1.001),
+            "keep a sequence iff lower ≤ e^(S/T) ≤ upper; w = 1",
+        ),
+        Family(
+            "product_mask", "Product sequence mask", "product", ("lower", "upper"), (0.5, 2.0),
+            "keep a sequence iff lower ≤ e^S ≤ upper; w = 1",
+        ),
+        Family(
+            "k3_mask", "k3 sequence mask", "k3", ("threshold",), (0.01,),
+            "keep a sequence iff its mean per-token k3 ≤ threshold; w = 1",
+        ),
+    )
+}  # fmt: skip
+"""The families of `Tuner`, by its method names."""
+
+
+def query(
+    tuner: Tuner, family: str, values: Sequence[float], framework: str | None = None
+) -> TuneResult:
+    """What the setting `values` (one per bound) of `family` does, in O(log N); with a
+    `framework`, `lr_scale` under the loss aggregation of that framework's setting (so Tune
+    reads what Compare shows for the same setting)."""
+    aggregation = _TOKEN
+    if framework is not None:
+        aggregation = frameworks.get(framework).aggregation(family_spec(family, values, framework))
+    return getattr(tuner, FAMILIES[family].key)(*values, aggregation=aggregation)
+
+
+def grid(
+    tuner: Tuner,
+    family: str,
+    points: int = 45,
+    include: Sequence[Sequence[float]] = (),
+) -> dict[str, list[float]]:
+    """Slider values per bound, from the data's quantiles: each step moves the share of the
+    data beyond the bound by a constant factor (a quarter of it, down to one in a million), so the
+    slider spends its length where the data is, however narrow (a dump whose ratios end at
+    1.09 is not a sliver of a 1-10 range).
+
+    Past the data's extreme a few values reach 3 times as far (in log-ratio, for ratio
+    bounds), and a few lead from the bulk to the neutral value (1 for a ratio bound, 0 for a
+    k3 threshold); an `upper` bound stays above 1 and a `lower` one below. Values are rounded
+    to three significant digits of their distance from 1 (`_round`); the family's default
+    and every setting of `include` (values in the family's bound order, e.g. the framework's
+    default and the recommended setting) are among them.
+
+    >>> from iscore import load
+    >>> g = grid(Tuner(load("data/fp8.parquet")), "token_tis")["upper"]
+    >>> g[0] > 1.0, 2.0 in g, len(g) > 30
+    (True, True, True)
+    """
+    f = FAMILIES[family]
+    out = {}
+    for i, (bound, default) in enumerate(zip(f.bounds, f.defaults, strict=True)):
+        tail = np.geomspace(0.25, 1e-6, points)  # the share of the data beyond the bound
+        q = tuner.quantiles(f.statistic, tail if bound == "lower" else 1.0 - tail)
+        data = np.array(list(q.values()), dtype=np.float64)
+        if bound == "threshold":
+            values = _threshold_values(data[data > 0], default)
+        else:
+            sign = 1.0 if bound == "upper" else -1.0
+            # In log-ratio, as a distance from 1 on the bound's side.
+            delta = sign * np.log(data[(sign * np.log(np.maximum(data, 1e-300))) > 0])
+            values = np.exp(sign * _distances(delta, abs(math.log(default))))
+        chosen = {default, *(float(v[i]) for v in include)}
+        out[bound] = sorted({_round(float(v), bound) for v in values} | chosen)
+    return out
+
+
+def _distances(delta: np.ndarray, default: float) -> np.ndarray:
+    """Distances from the neutral value for a slider: the data's (`delta`, increasing, all
+    positive), a few from the bulk towards 0 and a few past the extreme, clamped at the
+    +-20 exponent bound; `default` stands in when the data never leaves the neutral side."""
+    if not delta.size:
+        delta = np.array([default])
+    # Bounds closer to 1 than 1e-3 remove the bulk of any dump: the slider need not go there.
+    near = np.geomspace(delta[0] / 30, delta[0], 7)[:-1] if delta[0] > 1e-3 else []
+    far = np.geomspace(delta[-1], 3 * delta[-1], 7)[1:]
+    return np.minimum(np.concatenate([near, delta, far]), ops.SAFETY_BOUND)
+
+
+def _threshold_values(data: np.ndarray, default: float) -> np.ndarray:
+    """A k3 threshold's slider values: the data's quantiles (`data`, increasing), a few from
+    the bulk towards 0 and a few past the largest, up to 3 times it."""
+    if not data.size:
+        data = np.array([default])
+    near = np.geomspace(data[0] / 30, data[0], 7)[:-1]
+    far = np.geomspace(data[-1], 3 * data[-1], 7)[1:]
+    return np.concatenate([near, data, far])
+
+
+def _round(value: float, bound: str, digits: int = 3) -> float:
+    """`value` to `digits` significant digits of what matters: its distance from 1 for a ratio
+    bound near 1 (1.001234 -> 1.00123), itself for a threshold or a ratio far below 1."""
+    scale = value if bound == "threshold" else min(abs(value - 1.0), value)
+    if scale == 0.0:
+        return value
+    return round(value, digits - 1 - math.floor(math.log10(scale)))
+
+
+def family_of(spec: Spec) -> tuple[str, tuple[float, ...]] | None:
+    """The family and bound values `spec` is a setting of (what Tune can move), or None.
+
+    >>> from iscore.frameworks.resolve import presets
+    >>> family_of(presets()["verl:decoupled_token_is"])
+    ('token_tis', (2.0,))
+    """
+    fw = frameworks.get(spec.framework)
+    setting = fw.to_canonical(spec)
+    if len(setting.components) != 1:
+        return None
+    (c,) = setting.components
+    band = c.zero or c
+    in_ratio = band.statistic == "log_ratio"  # verl's k1 bounds are log-ratios
+    for key in FAMILIES:
+        if key not in fw.families:
+            continue
+        bounds = FAMILIES[key].bounds
+        values = (band.lower, band.upper) if len(bounds) == 2 else (c.upper,)
+        if any(v is None for v in values):
+            continue
+        if in_ratio and len(bounds) == 2:
+            values = tuple(float(f"{math.exp(v):.12g}") for v in values)
+        try:
+            candidate = fw.to_canonical(family_spec(key, values, spec.framework))
+        except ConfigError:
+            continue
+        if candidate == setting or candidate.loosely_equals(setting):
+            return key, tuple(float(v) for v in values)
+    return None
+
+
+def nearest(values: Sequence[float], target: float) -> float:
+    """The value of `values` closest to `target` on a log scale.
+
+    >>> nearest([0.5, 1.0, 2.0], 1.9)
+    2.0
+    """
+    logs = np.log(np.asarray(values, dtype=np.float64))
+    return float(values[int(np.argmin(np.abs(logs - np.log(target))))])
+
+
+def sweep(
+    tuner: Tuner,
+    family: str,
+    values: Sequence[float],
+    bound: int,
+    xs: Sequence[float],
+    framework: str | None = None,
+) -> list[TuneResult]:
+    """`query` with bound number `bound` set to each of `xs`, the others held at `values`."""
+    out = []
+    for x in xs:
+        point = list(values)
+        point[bound] = x
+        out.append(query(tuner, family, point, framework))
+    return out
+
+
+def setting_name(family: str, values: Sequence[float]) -> str:
+    """A default name for a tuned setting, e.g. `icepop_0.5_5`.
+
+    >>> setting_name("icepop", (0.5, 5.0))
+    'icepop_0.5_5'
+    """
+    return "_".join([family, *(f"{v:.4g}" for v in values)])
+
+
+# --------------------------------------------------------------------------------------------
+# The families as settings: framework-neutral, and in each framework's terms.
+
+
+def family_setting(family: str, values: Sequence[float]) -> Canonical:
+    """The framework-neutral setting `values` (one per bound) of `family` computes.
+
+    >>> family_setting("token_tis", (2.0,)).describe()
+    'token TIS: w = min(rho, 2)'
+    """
+    check_choice("family", family, tuple(FAMILIES))
+    if family == "token_tis":
+        (upper,) = values
+        return Canonical((weight_component("token", upper=upper, numerics="clamp"),))
+    if family == "icepop":
+        band = mask_component("token", *values, numerics="clamp")
+        return Canonical((weight_component("token", numerics="clamp", zero=band),))
+    if family == "seq_tis":
+        (upper,) = values
+        return Canonical((weight_component("sequence", upper=upper, numerics="clamp"),))
+    if family == "geometric_mask":
+        return Canonical((mask_component("geometric", *values),))
+    if family == "product_mask":
+        return Canonical((mask_component("sequence", *values, numerics="clamp"),))
+    (threshold,) = values
+    k3 = mask_component("geometric", upper=threshold, statistic="k3", numerics="clamp_each")
+    return Canonical((k3,))
+
+
+def frameworks_for(family: str) -> list[str]:
+    """The frameworks that have `family` as a setting of their own (the same weights)."""
+    return [fw.name for fw in frameworks.every() if family in fw.families]
+
+
+def family_spec(
+    family: str, values: Sequence[float], framework: str, name: str | None = None
+) -> Spec:
+    """The setting `values` of `family` as `framework`'s own spec (its weights are the family's
+    up to the framework's float32 / +-20-clamp details).
+
+    >>> family_spec("token_tis", (2.0,), "verl").is_upper
+    2.0
+
+    Raises:
+        ConfigError: `framework` has no such setting, or rejects the values.
+    """
+    fw = frameworks.get(framework)
+    spec = None
+    if family in fw.families:
+        spec = fw.express(family_setting(family, values), name or setting_name(family, values))
+    if spec is None:
+        raise ConfigError(
+            f"{framework} has no {FAMILIES[family].label.lower()}; "
+            f"frameworks that do: {', '.join(frameworks_for(family))}"
+        )
+    return spec

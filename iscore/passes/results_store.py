@@ -1,0 +1,512 @@
+"""The results store: what an analysis computed of each step of each file, kept on disk so that
+analyzing a run again reads and computes only what changed (docs/runs.md#the-results-store).
+
+One Arrow IPC file per dump file (`<folder>/iscore-results-v4/<key[:2]>/<key>.arrow`), keyed by
+the file's identity (its resolved path, size, modification time and a digest of its Parquet
+footer), iscore's version, the column mapping and the device. It holds, for each part of the
+file (a run of one step's sequences, in the order read), the state of the mismatch's, the
+attribution's and each setting's accumulators (`MismatchStats.state`, `AttributionStats.state`,
+`SettingStats.state`: plain arrays, one row each, never pickled), and a BLAKE2b checksum of
+them all. A setting is known by its config (`framework` and the framework's own keys; the
+display name is not part of it).
+
+Beside them, the merge of every part of a dump's files (`RunKey`:
+`<folder>/iscore-results-v4/merged/<slot>.arrow`, one per folder, step selection and device,
+keyed by the files' own entries), so that a run of thousands of unchanged step files
+is read back in one entry; and the footers that passed `iscore.utils.footer.check`
+(`<folder>/iscore-results-v4/footers/<version>/`), which are not parsed again.
+
+Nothing read is trusted (but the footers' marks: whoever can write the folder can skip a
+footer's check, docs/security.md): an entry of another version, file or mapping, or one whose
+checksum fails, is ignored whole, and a state whose arrays do not make an accumulator
+(`from_state` refuses it) is left out; what they held is computed again and written anew. Files are
+written whole under a temporary name and renamed, so a reader never sees half of one, and
+two writers lose at most each other's newest parts, never a file.
+
+>>> store = ResultStore(tmp_path)                                 # doctest: +SKIP
+>>> analyze("run/", ["verl:decoupled_geo_rs"], store=store)        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from iscore.errors import IscoreError
+from iscore.frameworks.spec import Spec
+from iscore.stats.attribution import AttributionStats
+from iscore.stats.mismatch import MismatchStats
+from iscore.stats.setting import SettingStats
+from iscore.utils import storage
+from iscore.utils.footer import Passed
+
+FORMAT = 4
+"""The layout of the entries; a store of another format is never read (1 had a SHA-256 per
+part's state, checked much more slowly than one checksum per entry; 2 lacked each sequence's
+spread against the noise, `iscore.stats.noise.deviations`; 3 held the d-on-rollout regression's
+sums as torch's parallel dot products gave them, which a fresh analysis now sums per
+sequence: they differ in the last bits)."""
+
+MISMATCH = "mismatch"
+"""The `what` of the mismatch's accumulator (a setting's is its `setting_key`)."""
+
+ATTRIBUTION = "attribution"
+"""The `what` of the attribution's accumulator."""
+
+_MAGIC = b"PAR1"
+_SCHEMA = pa.schema(
+    [
+        ("part", pa.int32()),
+        ("step", pa.int64()),
+        ("run", pa.int32()),
+        ("tokens", pa.int64()),
+        ("what", pa.string()),
+        ("name", pa.string()),
+        ("dtype", pa.string()),
+        ("shape", pa.list_(pa.int64())),
+        ("data", pa.large_binary()),
+    ]
+)
+_DTYPES = frozenset({"|u1", "<i4", "<i8", "<f8"})
+"""The array types a state holds; any other in an entry makes it foreign."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """What a dump file is, as far as the store is concerned: a file changed in place gets
+    another identity.
+
+    An object in object storage is known by its URI, size, the store's modification time
+    (an object is replaced whole, never changed in place) and its footer's digest.
+
+    Attributes:
+        path: its resolved path, or an object's URI.
+        size: its size in bytes.
+        mtime_ns: its modification time.
+        footer: the SHA-256 of its Parquet footer (hex).
+    """
+
+    path: str
+    size: int
+    mtime_ns: int
+    footer: str
+
+    @classmethod
+    def of(cls, path: str | Path) -> FileIdentity | None:
+        """The identity of a complete Parquet file; None where the file cannot be read or
+        its footer is not complete yet (a file still being written: see `footer_complete`).
+        """
+        if storage.is_uri(path):
+            return cls._of_object(str(path))
+        real = os.path.realpath(path)
+        try:
+            with open(real, "rb") as f:
+                stat = os.fstat(f.fileno())
+                footer = _footer(f, stat.st_size)
+        except OSError:
+            return None
+        if footer is None:
+            return None
+        return cls(real, stat.st_size, stat.st_mtime_ns, hashlib.sha256(footer).hexdigest())
+
+    @classmethod
+    def _of_object(cls, uri: str) -> FileIdentity | None:
+        try:
+            size, mtime_ns = storage.stat(uri)
+            footer = _footer(_Reader(storage.open_input(uri)), size)
+        except IscoreError:
+            return None
+        if footer is None:
+            return None
+        return cls(uri, size, mtime_ns, hashlib.sha256(footer).hexdigest())
+
+    @property
+    def key(self) -> str:
+        return _digest(json.dumps([self.path, self.size, self.mtime_ns, self.footer]))
+
+
+class _Reader:
+    """An object's random-access file read as `_footer` reads an open file: by `read` and
+    `seek`, each read one ranged request."""
+
+    def __init__(self, f: pa.NativeFile):
+        self._f = f
+        self._at = 0
+
+    def read(self, n: int) -> bytes:
+        data = self._f.read_at(n, self._at)
+        self._at += len(data)
+        return data
+
+    def seek(self, at: int) -> None:
+        self._at = at
+
+
+def _footer(f: Any, size: int) -> bytes | None:
+    """The footer of an open Parquet file (metadata and its length), or None where the magic
+    is missing at either end or the length does not fit."""
+    if size < 12:
+        return None
+    if f.read(4) != _MAGIC:
+        return None
+    f.seek(size - 8)
+    tail = f.read(8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != _MAGIC or length <= 0 or length > size - 12:
+        return None
+    f.seek(size - 8 - length)
+    return f.read(length) + tail
+
+
+def footer_complete(path: str | Path) -> bool:
+    """Whether `path` is a whole Parquet file: the magic at both ends and a footer that
+    parses (a file a job is still writing, or whose write was cut short, is not)."""
+    if FileIdentity.of(path) is None:
+        return False
+    try:
+        pq.read_metadata(storage.readable(str(path)))
+    except (OSError, pa.ArrowException, IscoreError):
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def setting_key(spec: Spec) -> str:
+    """The `what` of a setting: a digest of its config (`framework` and the framework's own
+    keys, not its display name), so that two names of one setting share their entries."""
+    config = {k: v for k, v in spec.to_config().items() if k != "name"}
+    return _digest(json.dumps([spec.framework, config], sort_keys=True, default=str))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(slots=True)
+class StoredPart:
+    """One part of a file (a run of one step's sequences) as the store holds it.
+
+    Attributes:
+        step, run: the step, and how many parts of that step came before it in the file.
+        tokens: its tokens.
+        states: `what` -> the accumulator's state, checked against its checksum.
+    """
+
+    step: int
+    run: int
+    tokens: int
+    states: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def mismatch(self) -> MismatchStats | None:
+        """The mismatch's accumulator, or None where it is missing or its state is foreign."""
+        state = self.states.get(MISMATCH)
+        if state is None:
+            return None
+        try:
+            return MismatchStats.from_state(state)
+        except (ValueError, TypeError):
+            return None
+
+    def attribution(self) -> AttributionStats | None:
+        """The attribution's accumulator, or None where it is missing or its state is foreign."""
+        state = self.states.get(ATTRIBUTION)
+        if state is None:
+            return None
+        try:
+            return AttributionStats.from_state(state)
+        except (ValueError, TypeError):
+            return None
+
+    def setting(self, spec: Spec) -> SettingStats | None:
+        """`spec`'s accumulator, or None where it is missing or its state is foreign."""
+        state = self.states.get(setting_key(spec))
+        if state is None:
+            return None
+        try:
+            return SettingStats.from_state(spec, state)
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass(slots=True)
+class StoredFile:
+    """What the store holds of one dump file.
+
+    Attributes:
+        parts: its parts, in the order read.
+        complete: whether `parts` lists every part of the file (it was read whole once), so
+            that a selection of steps can be served without reading it.
+    """
+
+    parts: list[StoredPart]
+    complete: bool
+
+
+class ResultStore:
+    """The per-step results of analyses, in a folder (see the module docstring).
+
+    Args:
+        folder: where the entries live (made when first written; `paths.default_folder()` is the
+            user's cache).
+
+    Attributes:
+        reads, writes: entries read (that checked out) and written (the bench and tests
+            count them).
+        footers: the footers of the files analyzed through it that passed `footer.check`
+            (for this version of iscore), which a `Dump` opened with them does not parse
+            again.
+    """
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.root = self.folder / f"iscore-results-v{FORMAT}"
+        self.footers = Passed(self.root / "footers" / _version())
+        self.reads = 0
+        self.writes = 0
+
+    def _path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.arrow"
+
+    def load(self, file: FileIdentity, context: str) -> StoredFile | None:
+        """What the store holds of `file` analyzed in `context` (`Context.key`); None where
+        it holds nothing that checks out."""
+        key = _entry_key(file, context)
+        return self._load(self._path(key), key)
+
+    def load_merged(self, run: RunKey) -> StoredPart | None:
+        """The merge of every part of a dump's files (`RunKey`) that `save_merged` kept, or
+        None where the store holds none that checks out for exactly those files."""
+        stored = self._load(self._merged_path(run), run.key)
+        return stored.parts[0] if stored is not None and len(stored.parts) == 1 else None
+
+    def _merged_path(self, run: RunKey) -> Path:
+        return self.root / "merged" / f"{run.slot}.arrow"
+
+    def _load(self, path: Path, key: str) -> StoredFile | None:
+        """The entry at `path` if it is the entry of `key` and checks out."""
+        try:
+            # Read whole, in one call: Arrow's many small reads each give up the GIL, and
+            # wait for it, while the analysis' main thread merges what was read before.
+            data = path.read_bytes()
+            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        except (OSError, pa.ArrowException):
+            return None
+        meta = (table.schema.metadata or {}).get(b"iscore.store")
+        try:
+            header = json.loads(meta) if meta else None
+        except ValueError:
+            header = None
+        if not isinstance(header, dict) or header.get("key") != key:
+            return None
+        if not table.schema.remove_metadata().equals(_SCHEMA):
+            return None
+        complete = header.get("complete") is True
+        columns = {name: table.column(name).to_pylist() for name in _SCHEMA.names}
+        if header.get("checksum") != _checksum(key, complete, columns):
+            return None
+        stored = _parts(columns, complete)
+        self.reads += stored is not None
+        return stored
+
+    def save(self, file: FileIdentity, context: str, stored: StoredFile) -> None:
+        """Write what is known of `file` in `context`, replacing the entry whole.
+
+        Raises:
+            IscoreError: the folder cannot be written (named, with the reason).
+        """
+        key = _entry_key(file, context)
+        self._save(self._path(key), key, stored)
+
+    def save_merged(self, run: RunKey, merged: StoredPart) -> None:
+        """Keep the merge of every part of a dump's files (`RunKey`), replacing the one kept
+        for an earlier state of the same folders.
+
+        Raises:
+            IscoreError: the folder cannot be written.
+        """
+        self._save(self._merged_path(run), run.key, StoredFile([merged], complete=True))
+
+    def _save(self, path: Path, key: str, stored: StoredFile) -> None:
+        """Write `stored` as the entry of `key` at `path`, replacing what was there whole."""
+        columns: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names}
+        for index, part in enumerate(stored.parts):
+            for what, state in sorted(part.states.items()):
+                for name, array in sorted(state.items()):
+                    array = np.ascontiguousarray(array)
+                    columns["part"].append(index)
+                    columns["step"].append(part.step)
+                    columns["run"].append(part.run)
+                    columns["tokens"].append(part.tokens)
+                    columns["what"].append(what)
+                    columns["name"].append(name)
+                    columns["dtype"].append(array.dtype.str)
+                    columns["shape"].append(list(array.shape))
+                    columns["data"].append(array.tobytes())
+        table = pa.table(columns, schema=_SCHEMA)
+        # Of the rows as a reader gets them back, so that both compute it from the same values.
+        read = {name: table.column(name).to_pylist() for name in _SCHEMA.names}
+        checksum = _checksum(key, stored.complete, read)
+        header = json.dumps(
+            {"key": key, "complete": stored.complete, "format": FORMAT, "checksum": checksum}
+        )
+        table = table.replace_schema_metadata({"iscore.store": header})
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _beside(path) as tmp:
+                options = pa.ipc.IpcWriteOptions(compression=None)
+                with pa.ipc.new_file(tmp, table.schema, options=options) as writer:
+                    writer.write_table(table)
+        except OSError as e:
+            raise IscoreError(f"results store {self.folder}: cannot write: {e}") from e
+        self.writes += 1
+
+    def _run_path(self, key: str) -> Path:
+        return self.root / "runs" / f"{key}.json"
+
+    def load_run(self, key: str) -> dict[str, Any] | None:
+        """The document `save_run` kept under `key`, or None where there is none, or it is
+        not one (its checksum fails, or it is not JSON)."""
+        try:
+            lines = self._run_path(key).read_text(encoding="utf-8").split("\n", 1)
+            checksum, text = lines
+            payload = json.loads(text) if _digest(key + text) == checksum else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(payload, dict):
+            return None
+        self.reads += 1
+        return payload
+
+    def save_run(self, key: str, payload: dict[str, Any]) -> None:
+        """Keep a followed run's per-step rows (a JSON document, strict: no NaN) under `key`,
+        replacing what was there: its SHA-256 on the first line, the document on the second.
+
+        Raises:
+            IscoreError: the folder cannot be written.
+        """
+        text = json.dumps(payload, allow_nan=False)
+        path = self._run_path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with _beside(path) as tmp:
+                Path(tmp).write_text(f"{_digest(key + text)}\n{text}", encoding="utf-8")
+        except OSError as e:
+            raise IscoreError(f"results store {self.folder}: cannot write: {e}") from e
+        self.writes += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What, besides the file, an entry's numbers depend on.
+
+    Attributes:
+        columns: the file's resolved columns (canonical -> its column), as read.
+        device: "cpu" or "cuda" (their float sums may differ in the last digit).
+    """
+
+    columns: tuple[tuple[str, str], ...]
+    device: str
+
+    @property
+    def key(self) -> str:
+        return _digest(json.dumps([_version(), FORMAT, self.columns, self.device]))
+
+
+@dataclass(frozen=True, slots=True)
+class RunKey:
+    """Where the store keeps the merge of every part of a dump's files, and what it must be
+    the merge of: a dump of unchanged files is then read back in one entry, not one per file
+    (docs/runs.md#the-results-store).
+
+    Attributes:
+        slot: the entry's place, one per folder (the files' deepest common one), step
+            selection and device: a run that grows replaces its merge, it does not pile
+            them up.
+        key: the files' own entries' keys (their identities and contexts), in order, and the
+            step selection.
+    """
+
+    slot: str
+    key: str
+
+    @classmethod
+    def of(cls, files: Sequence[tuple[FileIdentity, str]], steps: str, device: str) -> RunKey:
+        """The key of the files (`FileIdentity`, `Context.key`), in the order read, with the
+        steps selected (as text) and the device."""
+        folder = os.path.commonpath([os.path.dirname(file.path) for file, _ in files])
+        entries = [_entry_key(file, context) for file, context in files]
+        return cls(
+            _digest(json.dumps(["merged", folder, steps, device])),
+            _digest(json.dumps(["merged", entries, steps])),
+        )
+
+
+@functools.cache
+def _version() -> str:
+    return version("iscore")
+
+
+def _entry_key(file: FileIdentity, context: str) -> str:
+    return _digest(file.key + context)
+
+
+def _checksum(key: str, complete: bool, columns: dict[str, list[Any]]) -> str | None:
+    """The BLAKE2b of an entry's rows (`_SCHEMA`'s columns as lists), its key and whether it
+    is complete; None where a row has no data."""
+    data = columns["data"]
+    if any(d is None for d in data):
+        return None
+    rows = [columns[name] for name in _SCHEMA.names if name != "data"]
+    digest = hashlib.blake2b(
+        json.dumps([key, complete, rows, [len(d) for d in data]]).encode(), digest_size=32
+    )
+    digest.update(b"".join(data))
+    return digest.hexdigest()
+
+
+def _parts(columns: dict[str, list[Any]], complete: bool) -> StoredFile | None:
+    """The parts an entry's rows (checked against its checksum) describe; None where they
+    do not describe any."""
+    parts: list[StoredPart] = []
+    for index, step, run, tokens, what, name, dtype, shape, data in zip(
+        *(columns[name] for name in _SCHEMA.names), strict=True
+    ):
+        if index is None or index < 0 or index > len(parts) or what is None:
+            return None
+        if index == len(parts):
+            parts.append(StoredPart(step, run, tokens))
+        if dtype not in _DTYPES or shape is None:
+            return None
+        try:
+            array = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+        except (ValueError, TypeError):
+            return None
+        parts[index].states.setdefault(what, {})[name] = array
+    return StoredFile(parts, complete)
+
+
+@contextlib.contextmanager
+def _beside(path: Path) -> Iterator[str]:
+    """A temporary file beside `path` that becomes `path` when the block succeeds."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

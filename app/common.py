@@ -33,8 +33,9 @@ from iscore import frameworks
 from iscore.advice.conversion import Syntax, to_file_text
 from iscore.advice.conversion import convert as convert_setting
 from iscore.advice.health import Health, assess
-from iscore.advice.recommendation import Recommendation, Targets
+from iscore.advice.recommendation import Recommendation
 from iscore.advice.reference import point_dict, points
+from iscore.advice.targets import Targets
 from iscore.advice.trend import Trend
 from iscore.advice.tuning import FAMILIES, family_of
 from iscore.dump import StepRange
@@ -47,7 +48,7 @@ from iscore.passes.analysis import Analysis
 from iscore.passes.follow import Follower, ready_files
 from iscore.passes.results_store import ResultStore
 from iscore.present.figures import color, setting_name
-from iscore.present.report import SUMMARY_COLUMNS
+from iscore.present.tables import SUMMARY_COLUMNS
 from iscore.session.budget import CACHE_MB, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS, WorkspaceCache
 from iscore.session.serving import FOLLOW_INTERVAL_S, DataRoots, dump_folder
 from iscore.session.workspace import (

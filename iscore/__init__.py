@@ -37,7 +37,7 @@ _EXPORTS = {
     "load": "iscore.dump",
     "parse_config": "iscore.frameworks.resolve",
     "recommend": "iscore.advice.recommendation",
-    "replay": "iscore.frameworks.resolve",
+    "replay": "iscore.passes.replay",
 }
 
 if TYPE_CHECKING:
@@ -46,10 +46,11 @@ if TYPE_CHECKING:
     from iscore.dump import Dump, StepRange, load
     from iscore.dump.writer import DumpWriter
     from iscore.errors import ConfigError, DumpError, IscoreError, Problem
-    from iscore.frameworks.resolve import parse_config, replay
+    from iscore.frameworks.resolve import parse_config
     from iscore.frameworks.spec import Replay
     from iscore.packed.batch import TokenBatch
     from iscore.passes.analysis import analyze
+    from iscore.passes.replay import replay
 
 
 def __getattr__(name: str) -> Any:

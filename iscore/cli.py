@@ -288,35 +288,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    import pyarrow.parquet as pq
-
-    from iscore.frameworks.resolve import replay, resolve
+    from iscore.frameworks.resolve import resolve
+    from iscore.passes.replay import write_replay
 
     spec = resolve(args.config)
     dump = _open_dump(args, outputs=("--out",))
-    tokens = kept = zero = 0
-    with (
-        output_path(args.out, suffixes=(".parquet",)) as tmp,
-        _progress(dump, "replay", args) as bar,
-    ):
-        writer = None
-        # Whole steps per chunk: batch-normalizing settings divide by a step's mean weight.
-        for batch in dump.batches(max_tokens=args.chunk_tokens, whole_steps=True):
-            result = replay(batch, spec)
-            table = result.to_arrow(batch)
-            if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
-            writer.write_table(table)
-            tokens += batch.num_tokens
-            kept += int(result.keep.sum())
-            zero += int((result.keep & (result.weight == 0)).sum())
-            bar.update(batch.num_tokens)
-        if writer is None:
-            raise IscoreError(f"{dump.files[0].path}: {dump.why_empty()}; nothing written")
-        writer.close()
+    with _progress(dump, "replay", args) as bar:
+        written = write_replay(
+            dump, spec, args.out, max_tokens=args.chunk_tokens, progress=bar.update
+        )
     print(
-        f"{args.out}: {tokens:,} tokens replayed with {spec.name} ({spec.framework}); "
-        f"{kept:,} kept in the loss, {zero:,} of them with weight 0"
+        f"{args.out}: {written.tokens:,} tokens replayed with {spec.name} ({spec.framework}); "
+        f"{written.kept:,} kept in the loss, {written.zero:,} of them with weight 0"
     )
     _dropped(dump)
     return 0
@@ -528,8 +511,10 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from iscore.advice.candidates import RULE_SYMBOLS
     from iscore.advice.conversion import snippet
-    from iscore.advice.recommendation import RULE_SYMBOLS, Targets, recommend
+    from iscore.advice.recommendation import recommend
+    from iscore.advice.targets import Targets
     from iscore.frameworks.resolve import resolve
 
     lo, _, hi = args.lr_scale.partition(":")

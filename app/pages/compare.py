@@ -5,13 +5,13 @@ from __future__ import annotations
 import common
 import streamlit as st
 
+from iscore.advice.flags import flags_of
 from iscore.advice.tuning import FAMILIES, family_spec, frameworks_for
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.frameworks.resolve import load_config_text, parse_config
 from iscore.present import figures
-from iscore.present.report import SUMMARY_COLUMNS
-from iscore.stats.mismatch import flags_of
+from iscore.present.tables import SUMMARY_COLUMNS
 
 ws = common.require_workspace()
 steps = common.selected_steps()

@@ -7,8 +7,8 @@ import common
 import streamlit as st
 
 from iscore.errors import IscoreError
-from iscore.passes.sequences import setting_columns
 from iscore.present import figures
+from iscore.stats.columns import setting_columns
 from iscore.utils.sql import ROW_LIMIT, TIMEOUT_S
 
 ws = common.require_workspace()

@@ -7,10 +7,11 @@ import common
 import pandas as pd
 import streamlit as st
 
-from iscore.advice.recommendation import RULE_SYMBOLS, Targets
+from iscore.advice.candidates import RULE_SYMBOLS
+from iscore.advice.flags import flags_of
+from iscore.advice.targets import Targets
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.stats.mismatch import flags_of
 from iscore.stats.setting import BROKEN_KEPT
 
 ws = common.require_workspace()

@@ -27,10 +27,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from iscore.advice.flags import flags_of
 from iscore.advice.reference import Placement, bands, placements
 from iscore.frameworks.base import Band
 from iscore.stats import noise
-from iscore.stats.mismatch import flags_of
 
 Verdict = Literal["normal", "elevated", "broken"]
 

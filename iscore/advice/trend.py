@@ -11,7 +11,7 @@ setting's `by_step`), one row per training step; the events are found in it:
   broken sequences);
 - `offset`: the first step where the mean ratio <e^d> of the step's other sequences is not 1
   (`iscore.stats.noise.ratio_bias`, the test of the `ratio_mean_bias` flag);
-- `setting_degrades`: a setting that met the targets (`iscore.advice.recommendation.Targets`) on
+- `setting_degrades`: a setting that met the targets (`iscore.advice.targets.Targets`) on
   every early step and misses them at every step from one on (`degrades_from`).
 
 >>> trend = analyze("run/", ["verl:decoupled_geo_rs"]).trend  # doctest: +SKIP
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from iscore.frameworks.spec import Spec
-from iscore.passes.sequences import setting_columns
+from iscore.stats.columns import setting_columns
 from iscore.stats.noise import (
     BROKEN_WORDS,
     SUSTAIN_STEPS,
@@ -40,7 +40,7 @@ from iscore.stats.noise import (
 )
 
 if TYPE_CHECKING:
-    from iscore.advice.recommendation import Targets
+    from iscore.advice.targets import Targets
 
 MISMATCH_COLUMNS = (
     "tokens",
@@ -67,7 +67,7 @@ SETTING_COLUMNS = (
     "ess",
 )
 """Each setting's columns, as suffixes of its column prefix
-(`iscore.passes.sequences.setting_columns`): its `by_step` values, `truncated_fraction` the sum of
+(`iscore.stats.columns.setting_columns`): its `by_step` values, `truncated_fraction` the sum of
 the high and low ones."""
 
 EventKind = Literal["growth", "broken_sequences", "offset", "setting_degrades"]

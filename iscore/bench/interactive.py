@@ -12,7 +12,7 @@ import numpy as np
 
 import iscore
 from iscore import frameworks
-from iscore.advice.recommendation import Targets
+from iscore.advice.targets import Targets
 from iscore.advice.tuning import Tuner, query
 from iscore.bench.base import Measured, Run, best, row
 from iscore.bench.data import subset

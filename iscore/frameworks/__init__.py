@@ -17,54 +17,9 @@ Traceback (most recent call last):
 iscore.errors.ConfigError: Expected `framework` ... but got 'verI' (did you mean 'verl'?)
 """
 
-from __future__ import annotations
+import lazy_loader
 
-import importlib
-from functools import cache
-from types import ModuleType
-from typing import TYPE_CHECKING
-
-from iscore.errors import ConfigError
-from iscore.frameworks._config import check_choice
-
-if TYPE_CHECKING:
-    from iscore.frameworks.base import Framework
-
-NAMES = ("verl", "skyrl", "nemo_rl", "slime", "areal", "openrlhf", "trl", "fireworks")
-"""The frameworks whose corrections iscore replays, each a module of this package."""
-
-
-def get(name: str) -> Framework:
-    """The framework called `name` (its module is imported on first use).
-
-    Raises:
-        ConfigError: no such framework; the message lists them and the nearest match.
-    """
-    check_choice("framework", name, NAMES)
-    return _module(name).FRAMEWORK
-
-
-@cache
-def _module(name: str) -> ModuleType:
-    return importlib.import_module(f"iscore.frameworks.{name}")
-
-
-def every() -> tuple[Framework, ...]:
-    """Every registered framework, in `NAMES` order."""
-    return tuple(get(name) for name in NAMES)
-
-
-def of(spec: object) -> Framework:
-    """The framework a spec belongs to.
-
-    Raises:
-        ConfigError: `spec` is not a setting of a registered framework.
-    """
-    for framework in every():
-        if framework.owns(spec):
-            return framework
-
-    raise ConfigError(
-        f"Expected `spec` to be a setting of one of {', '.join(NAMES)}, "
-        f"but got {type(spec).__name__}"
-    )
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submod_attrs={"registry": ["NAMES", "every", "get", "of"]},
+)

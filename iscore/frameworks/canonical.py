@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from iscore import frameworks
+from iscore.frameworks.registry import NAMES
 from iscore.frameworks.spec import Spec
 from iscore.packed import ops
 
@@ -517,7 +517,7 @@ def sentence(text: str) -> str:
     """
     text = text.strip()
     first = re.split(r"[\s']", text, maxsplit=1)[0]
-    if first.islower() and not (re.search(r"[_.`(]", first) or first in (*frameworks.NAMES, "mis")):
+    if first.islower() and not (re.search(r"[_.`(]", first) or first in (*NAMES, "mis")):
         text = text[0].upper() + text[1:]
     return text if text.endswith((".", "!", "?")) else text + "."
 

@@ -1,4 +1,5 @@
-"""Replay a framework's correction over a batch: parse its config, then compute per token.
+"""Any form of a setting resolved to a spec: a framework config (parsed), a preset name, a
+config file's path, a mapping or a spec.
 
 A config is the framework's own (same keys and nesting as its config file) plus a top-level
 `framework:` and an optional `name:`. Parsing validates it once into a frozen spec; a spec
@@ -22,16 +23,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import yaml
 
 from iscore import frameworks
-from iscore.dump import Data, load_data
 from iscore.errors import ConfigError, clip, quote
 from iscore.frameworks._config import nearest
-from iscore.frameworks.spec import Replay, Spec
-from iscore.packed.batch import TokenBatch
-from iscore.utils.output import output_path
+from iscore.frameworks.spec import Spec
 
 MAX_CONFIG_BYTES = 1_000_000
 """The largest config text read; real framework configs are a few kilobytes."""
@@ -182,38 +179,3 @@ def resolve_all(settings: Setting | Sequence[Setting]) -> list[Spec]:
     if isinstance(settings, Sequence) and not isinstance(settings, str):
         return [resolve(s) for s in settings]
     return [resolve(settings)]
-
-
-def replay(data: Data, config: Setting) -> Replay:
-    """Replay one correction setting over `batch`.
-
-    Args:
-        batch: the packed dump (any device).
-        config: a spec, a framework config mapping, a preset name (`verl:decoupled_geo_rs`)
-            or the path of a YAML config: what `iscore.passes.analysis.resolve` takes.
-
-    Raises:
-        ConfigError: the config is invalid, or the setting cannot replay this dump (e.g. it
-            needs a column the dump lacks); the message starts with `framework:name`.
-
-    >>> import iscore
-    >>> r = replay(iscore.load("data/fp8.parquet"), {"framework": "fireworks", "tis": {"cap": 2}})
-    >>> float(r.weight.max()) <= 2.0, r.keep.shape == r.weight.shape
-    (True, True)
-    >>> replay(iscore.load("data/fp8.parquet"), "verl:bypass_ppo_clip")
-    Traceback (most recent call last):
-    iscore.errors.ConfigError: verl:bypass_ppo_clip: `algorithm.rollout_correction.bypass_mode...
-    """
-    spec = resolve(config)
-    batch = load_data(data)
-    try:
-        return spec.replay(batch)
-    except ConfigError as e:
-        raise ConfigError(f"{spec.framework}:{clip(spec.name)}: {e}") from e
-
-
-def write_replay(batch: TokenBatch, result: Replay, path: str | Path) -> None:
-    """Write `result` as Parquet, one row per token in batch order."""
-    table = result.to_arrow(batch)
-    with output_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")

@@ -276,7 +276,7 @@ class RSCriterion:
 
 
 _K1_RATIO = {"token": "each token's ratio rho", "seq_sum": "e^S", "seq_mean": "e^G"}
-"""What each k1 aggregate bounds, in the symbols of `iscore.advice.recommendation.RULE_SYMBOLS`."""
+"""What each k1 aggregate bounds, in the symbols of `iscore.advice.candidates.RULE_SYMBOLS`."""
 
 
 def _comments(spec: VerlSpec) -> tuple[str, ...]:

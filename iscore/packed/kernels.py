@@ -30,7 +30,7 @@ values:
 - `setting_sums`: a setting's per-sequence weight sums (and of their squares), loss, kept and
   non-zero tokens, and truncated tokens (`impact._sequence_sums`), in one pass.
 - `js_argument`, `token_sums`: the mismatch's twelve per-token terms summed per sequence
-  (`mismatch._token_sums`), in two passes around torch's log1p.
+  (`stats.token_terms.token_sums`), in two passes around torch's log1p.
 - `window_means`: the attribution's largest window mean per sequence.
 
 The sums add as `np.add.reduceat` does (the first value, then numpy's pairwise summation of the

@@ -573,8 +573,8 @@ def window_means(x, starts, counts, window, sums, out):
 @_jit(parallel=True)
 def js_argument(d, rho, em1, arg, k3):
     """Per token of the log-ratios d (e^d `rho`, e^d - 1 `em1`): into `arg`, the argument of
-    log1p in the Jensen-Shannon term (`mismatch._js`: e^-|d| from |d| >= 1, else -tanh(d/2)^2),
-    and into `k3`, e^d - 1 - d; each as the reference's torch operations round it."""
+    log1p in the Jensen-Shannon term (`stats.token_terms._js`: e^-|d| from |d| >= 1, else
+    -tanh(d/2)^2), and into `k3`, e^d - 1 - d; each as the reference's torch operations round it."""
     for i in prange(d.size):
         x, r, e = d[i], rho[i], em1[i]
         k3[i] = e - x

@@ -28,8 +28,10 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
+from iscore.advice.attribution import attribute
+from iscore.advice.flags import find_flags
 from iscore.advice.health import assess
-from iscore.advice.recommendation import Targets
+from iscore.advice.targets import Targets
 from iscore.advice.trend import Trend
 from iscore.dump import (
     DEFAULT_CHUNK_TOKENS,
@@ -43,10 +45,11 @@ from iscore.dump import (
     open_data,
 )
 from iscore.errors import ConfigError, DumpError, IscoreError
-from iscore.frameworks.resolve import Setting, replay, resolve_all
+from iscore.frameworks.resolve import Setting, resolve_all
 from iscore.frameworks.spec import Spec
 from iscore.packed import ops
 from iscore.packed.batch import TokenBatch
+from iscore.passes.replay import replay
 from iscore.passes.results_store import (
     ATTRIBUTION,
     MISMATCH,
@@ -60,7 +63,8 @@ from iscore.passes.results_store import (
 )
 from iscore.passes.sequences import SequenceTable
 from iscore.stats.attribution import AttributionStats
-from iscore.stats.mismatch import BANDS, DEFINITIONS, METRIC_NAMES, MismatchStats
+from iscore.stats.catalogue import BANDS, DEFINITIONS, METRIC_NAMES
+from iscore.stats.mismatch import MismatchStats
 from iscore.stats.setting import SettingStats
 from iscore.utils.distributed import Engine, Ready, check_engine, ordered
 from iscore.utils.footer import Passed
@@ -257,8 +261,10 @@ def analyze(
     if len({path for path, _ in owners}) > 1:
         seen = mismatch.sequences()
         check_unique(seen["step"], seen["seq_id"], owners)
-    summary = mismatch.compute()
-    broken = mismatch.broken()
+    numbers = mismatch.sequences()
+    broken = mismatch.broken(numbers)
+    summary = mismatch.compute(numbers, broken)
+    summary["flags"] = find_flags(summary, numbers, broken, mismatch.regression, mismatch.signs)
     if not summary["tokens"]:
         if dump is not None:
             if by_file:
@@ -293,7 +299,7 @@ def analyze(
         mismatch=summary,
         settings=settings_done,
         trend=Trend.of(summary, settings_done, specs, targets or Targets()),
-        attribution=attribution.compute(summary, mismatch.sequences(), broken).to_dict(),
+        attribution=attribute(attribution.compute(summary, numbers, broken), summary).to_dict(),
     )
     return result
 

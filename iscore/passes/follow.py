@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from iscore.advice.recommendation import Targets
+from iscore.advice.targets import Targets
 from iscore.advice.trend import Event, GrowingTrend, Trend
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import IscoreError

@@ -18,27 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from iscore.advice.conversion import to_file_text
-from iscore.advice.recommendation import Targets
+from iscore.advice.flags import FLAG_KINDS, NO_SEMANTICS_BUG, flags_of
+from iscore.advice.targets import Targets
 from iscore.advice.trend import EVENT_KINDS
 from iscore.errors import IscoreError
 from iscore.frameworks.resolve import parse_config
 from iscore.passes.analysis import Analysis
 from iscore.present.figures import all_figures, color, setting_name
-from iscore.stats.mismatch import FLAG_KINDS, NO_SEMANTICS_BUG, flags_of
+from iscore.present.tables import SUMMARY_COLUMNS
 from iscore.utils.output import output_path
-
-SUMMARY_COLUMNS = (
-    ("weight_mean", "mean w (token)", "{:.4g}"),
-    ("weight_mean_seq", "mean w (seq)", "{:.4g}"),
-    ("ess", "ESS", "{:.1%}"),
-    ("lr_scale", "LR scale", "{:.4g}"),
-    ("token_masked_fraction", "tokens masked", "{:.2%}"),
-    ("seq_masked_fraction", "sequences masked", "{:.2%}"),
-    ("truncated_high_fraction", "truncated high", "{:.2%}"),
-    ("truncated_low_fraction", "truncated low", "{:.2%}"),
-    ("broken_gradient_kept", "broken gradient kept", "{:.1%}"),
-)
-"""The settings table's columns (report and app): key of `Analysis.settings`, header, format."""
 
 _MISMATCH_ROWS = (
     "k1",

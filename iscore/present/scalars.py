@@ -4,7 +4,7 @@ what RL engineers already watch, written with the `tensorboard` package alone (n
 
 Each step's row is written at that step: every column of the trend's table as
 `iscore/<column>`, and each mismatch statistic also under the name each framework logs it as,
-`<framework>/<its name>` (`Framework.metrics`, as `iscore.stats.mismatch.METRIC_NAMES` lists them),
+`<framework>/<its name>` (`Framework.metrics`, as `iscore.stats.catalogue.METRIC_NAMES` lists them),
 so that iscore's curves sit beside a run's own.
 
 >>> writer = ScalarWriter("tb/")                  # doctest: +SKIP

@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from iscore.advice.recommendation import Recommendation, Targets, recommend
+from iscore.advice.recommendation import Recommendation, recommend
+from iscore.advice.targets import Targets
 from iscore.advice.trend import Trend
 from iscore.advice.tuning import Tuner, grid
 from iscore.dump import (

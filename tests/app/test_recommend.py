@@ -8,7 +8,8 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import iscore
-from iscore.advice.recommendation import Targets, recommend
+from iscore.advice.recommendation import recommend
+from iscore.advice.targets import Targets
 from iscore.advice.tuning import family_of
 from iscore.session.workspace import Workspace
 from tests.app.conftest import DATA, no_exception, open_path, plain

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import iscore
+from iscore.advice import attribution as advice_attribution
+from iscore.advice.attribution import attribute
 from iscore.dump.simulate import SimConfig, read_truth, write_simulated
 from iscore.packed.batch import TokenBatch
 from iscore.passes.analysis import analyze
@@ -329,7 +331,7 @@ def test_conditional_statistics_equal_a_float64_reference(lengths, options, devi
     stats.update(batch.to(device))
     summary = {"step": [0] * len(lengths), "seq_id": batch.seq_id}
     mismatch = {"by_step": [{"step": 0, "k3": 0.0}], "sequences": len(lengths)}
-    result = stats.compute(mismatch, summary, np.zeros(len(lengths), bool))
+    result = attribute(stats.compute(mismatch, summary, np.zeros(len(lengths), bool)), mismatch)
     boundary = _boundary_reference(batch.turn.tolist(), lengths, batch.loss_mask.tolist())
     assert (
         turn_boundary(batch.turn.numpy(), np.array(lengths), batch.loss_mask.numpy()).tolist()
@@ -356,7 +358,7 @@ def test_a_finding_needs_the_ratio_the_z_and_the_tokens():
     rest = [10_000.0, 10.0, 100.0, 2.0]  # k3 1e-3, |d| 0.01 with sd ~0.01
 
     def judged(group):
-        return attribution._carries(
+        return advice_attribution._carries(
             attribution.conditional(np.array(rest + group), "differ", "agree"), "differ", "agree"
         )
 

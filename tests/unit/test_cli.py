@@ -139,7 +139,7 @@ def test_replay_writes_one_row_per_token(dump, tmp_path, capsys):
     import pyarrow.parquet as pq
 
     from iscore import load
-    from iscore.frameworks.resolve import replay
+    from iscore.passes.replay import replay
 
     config = tmp_path / "geo.yaml"
     config.write_text(VERL_GEO)
@@ -259,7 +259,8 @@ def test_pickles_are_refused_without_the_flag(tmp_path, capsys):
 
 def test_export_prints_snippet_and_writes_a_replayable_file(tmp_path, capsys, dump):
     from iscore import load
-    from iscore.frameworks.resolve import parse_config, replay
+    from iscore.frameworks.resolve import parse_config
+    from iscore.passes.replay import replay
 
     assert main(["export", "--config", "verl:decoupled_token_icepop", "--to", "nemo_rl"]) == 0
     captured = capsys.readouterr()

@@ -15,7 +15,7 @@ from iscore.frameworks.base import Band, ReferencePoint, Source
 from iscore.passes.analysis import analyze
 from iscore.passes.validation import validate
 from iscore.present.report import render_html
-from iscore.stats.mismatch import BANDS, METRIC_NAMES
+from iscore.stats.catalogue import BANDS, METRIC_NAMES
 
 SOURCE = Source("a test", "https://example.org")
 

@@ -14,14 +14,15 @@ import torch
 import yaml
 
 from iscore import Dump, load
-from iscore.advice.recommendation import Targets
+from iscore.advice.targets import Targets
 from iscore.dump.simulate import SimConfig, write_simulated
 from iscore.errors import ConfigError
 from iscore.frameworks.base import Aggregation
 from iscore.frameworks.resolve import parse_config, presets, resolve
 from iscore.packed import kernels
 from iscore.passes.analysis import SCHEMA_VERSION, analyze
-from iscore.present.report import SUMMARY_COLUMNS, render_html
+from iscore.present.report import render_html
+from iscore.present.tables import SUMMARY_COLUMNS
 from iscore.stats.setting import SettingStats, _per_sequence, aggregation_of
 from tests.unit.frameworks.conftest import edge_batch, make_batch
 from tests.unit.test_mismatch import assert_same

@@ -37,8 +37,8 @@ from iscore.stats.histogram import (
     bin_chosen,
     bin_values,
 )
-from iscore.stats.mismatch import _compiled_token_sums, _token_sums
 from iscore.stats.setting import _compiled_sums, _sequence_sums
+from iscore.stats.token_terms import compiled_token_sums, token_sums
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 
@@ -700,8 +700,8 @@ def test_token_sums_equal_the_reference(masked, seed) -> None:
     masked_out = None if not masked else ~m
     rollout = torch.where(m, batch.rollout, 0.0)
     args = (batch, dm, absd, rho, em1, rollout, below, max_abs, masked_out, buf)
-    reference, k3 = _token_sums(*args)
-    compiled = _compiled_token_sums(batch, dm, rho, em1, rollout, max_abs, buf)
+    reference, k3 = token_sums(*args)
+    compiled = compiled_token_sums(batch, dm, rho, em1, rollout, max_abs, buf)
     assert compiled is not None
     assert compiled[0].keys() == reference.keys()
     for name in reference:

@@ -11,15 +11,11 @@ import pytest
 import torch
 
 from iscore import TokenBatch, load
-from iscore.advice.recommendation import (
-    CAPS,
-    OBJECTIVE_STEP,
-    RULE_SYMBOLS,
-    VARIANCE_BUDGET,
-    Targets,
-    _preference,
-    recommend,
-)
+from iscore.advice.candidates import RULE_SYMBOLS
+from iscore.advice.objective import OBJECTIVE_STEP, preference
+from iscore.advice.recommendation import recommend
+from iscore.advice.targets import Targets
+from iscore.advice.thresholds import CAPS, VARIANCE_BUDGET
 from iscore.dump import simulate
 from iscore.dump.simulate import SimConfig, broken_sequences, write_simulated
 from iscore.errors import ConfigError
@@ -272,7 +268,7 @@ def test_objectives_tie_within_a_step_and_a_tie_keeps_the_default(benign):
 
     def key(objective: float, kind: str = "token_tis") -> tuple:
         stats = best.stats | {"objective": objective, "components": 1.0}
-        return _preference(dataclasses.replace(best, stats=stats, missed=(), kind=kind))
+        return preference(dataclasses.replace(best, stats=stats, missed=(), kind=kind))
 
     assert key(0.0021) == key(0.0029) and key(0.0029) < key(0.0031)
     assert key(0.0025, "default") < key(0.0021)
@@ -341,7 +337,7 @@ def test_ties_go_to_the_simpler_setting(benign):
     for framework in FRAMEWORKS:
         ranked = recommend(benign, framework).candidates
         for a, b in itertools.pairwise(ranked):
-            if _preference(a)[:5] == _preference(b)[:5]:
+            if preference(a)[:5] == preference(b)[:5]:
                 ties += 1
                 assert a.stats["components"] <= b.stats["components"], (framework, a.kind)
     assert ties  # benign noise: masks drop nothing, so settings tie

@@ -33,8 +33,8 @@ from iscore.passes.sequences import (
     catalog,
     read_schema,
     sequence_table,
-    setting_columns,
 )
+from iscore.stats.columns import setting_columns
 from iscore.stats.setting import aggregation_of
 from iscore.utils.sql import QueryError, query
 from tests.unit.frameworks.conftest import edge_batch, make_batch

@@ -10,8 +10,9 @@ import pytest
 
 from iscore.dump import Dump
 from iscore.dump.simulate import SimConfig, read_truth, write_run, write_simulated
-from iscore.frameworks.resolve import replay, resolve
+from iscore.frameworks.resolve import resolve
 from iscore.passes.analysis import analyze
+from iscore.passes.replay import replay
 from iscore.stats.mismatch import MismatchStats
 from iscore.stats.setting import SettingStats
 

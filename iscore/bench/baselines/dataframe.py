@@ -25,9 +25,9 @@ from iscore.frameworks.verl import VerlSpec
 from iscore.packed.batch import TokenBatch
 from iscore.stats.attribution import CLIP, SPAN_RATIO, WINDOW
 from iscore.stats.histogram import BINS_PER_DECADE, LOG10_RANGE
-from iscore.stats.mismatch import TOP_K
 from iscore.stats.noise import BIN_SAMPLE, FAR, MAD_SD, SCALE_EDGES, SPREAD_FLOOR, Noise, outside
 from iscore.stats.setting import TRUNCATION_TOLERANCE, aggregation_of
+from iscore.stats.worst import TOP_K
 
 
 def frame(batch: TokenBatch) -> pd.DataFrame:

@@ -11,8 +11,9 @@ import torch
 
 from iscore.errors import ConfigError
 from iscore.frameworks import areal
-from iscore.frameworks.resolve import parse_config, replay
+from iscore.frameworks.resolve import parse_config
 from iscore.packed.batch import TokenBatch
+from iscore.passes.replay import replay
 from tests.unit.frameworks.conftest import make_batch, sequences
 
 

@@ -23,8 +23,9 @@ from iscore.dump.columns import CANONICAL, COMMON_NAMES, aliases, match_columns
 from iscore.dump.writer import DumpWriter
 from iscore.errors import ConfigError, DumpError
 from iscore.frameworks.base import Aggregation
-from iscore.frameworks.resolve import parse_config, replay
-from iscore.stats.mismatch import METRIC_NAMES
+from iscore.frameworks.resolve import parse_config
+from iscore.passes.replay import replay
+from iscore.stats.catalogue import METRIC_NAMES
 from tests.batches import LIKE, TRAIN_KEY, check_dump, expected, make_truth, without
 from tests.unit.frameworks.conftest import random_batch_of
 

@@ -12,8 +12,8 @@ import torch
 
 from iscore.errors import ConfigError
 from iscore.frameworks import nemo_rl
-from iscore.frameworks.resolve import replay
 from iscore.packed.batch import TokenBatch
+from iscore.passes.replay import replay
 from tests.unit.frameworks.conftest import edge_batch, sequences
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)

@@ -11,8 +11,8 @@ import torch
 
 from iscore.errors import ConfigError
 from iscore.frameworks import skyrl
-from iscore.frameworks.resolve import replay
 from iscore.packed.batch import TokenBatch
+from iscore.passes.replay import replay
 from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
 
 BOUND = 20.0

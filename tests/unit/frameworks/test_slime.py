@@ -12,8 +12,9 @@ import yaml
 
 from iscore.errors import ConfigError
 from iscore.frameworks import slime
-from iscore.frameworks.resolve import parse_config, replay
+from iscore.frameworks.resolve import parse_config
 from iscore.packed.batch import TokenBatch
+from iscore.passes.replay import replay
 from tests.unit.frameworks.conftest import make_batch, sequences
 
 ICEPOP = "slime.backends.megatron_utils.loss.icepop_function"

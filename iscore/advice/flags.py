@@ -1,0 +1,164 @@
+"""The mismatch flags: signatures of semantics bugs (as opposed to numerical noise), broken
+sequences, drift over the steps and a heavy tail, each a `code`, a `kind` and a message,
+decided here from the mismatch diagnostics and read by every surface."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+
+from iscore.stats import noise
+from iscore.stats.noise import (
+    Band,
+    first_rise,
+    ratio_bias,
+)
+
+FlagKind = Literal["semantics_bug", "broken", "drift", "heavy_tail"]
+"""What a flag says about the mismatch: a bug in what one side computes (`semantics_bug`: no
+IS correction removes it), sequences far outside their step's noise (`broken`: a stale replica
+or a bad rank, which a sequence mask removes), a mismatch that changes over training (`drift`),
+or a few far-off tokens among noise (`heavy_tail`: what token caps and bands are for)."""
+
+
+FLAG_KINDS: dict[str, str] = {
+    "semantics_bug": "Looks like a bug, not noise",
+    "broken": "Broken sequences, not noise",
+    "drift": "The mismatch changes over training",
+    "heavy_tail": "A heavy tail",
+}
+"""Each flag kind's heading, in the order every surface shows them."""
+
+
+NO_SEMANTICS_BUG = (
+    "No signature of a semantics bug (an offset, a biased ratio, a one-sided temperature)."
+)
+"""What every surface says where no flag is of kind `semantics_bug`."""
+
+
+_FLAG_KIND: dict[str, FlagKind] = {
+    "broken_sequences": "broken",
+    "ratio_mean_bias": "semantics_bug",
+    "logprob_dependent_offset": "semantics_bug",
+    "constant_offset": "semantics_bug",
+    "drift": "drift",
+    "heavy_tail": "heavy_tail",
+}
+"""The kind of each flag code: decided here, read by the app's pages and the report."""
+
+
+def flags_of(mismatch: dict[str, Any], kind: FlagKind) -> list[dict[str, str]]:
+    """The flags of `kind` among an analysis' mismatch `flags`."""
+    return [f for f in mismatch.get("flags", []) if f["kind"] == kind]
+
+
+def _flag(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "kind": _FLAG_KIND[code], "message": message}
+
+
+def find_flags(
+    result: dict[str, Any],
+    s: dict[str, np.ndarray],
+    broken: np.ndarray,
+    regression: np.ndarray,
+    signs: np.ndarray,
+) -> list[dict]:
+    """Signatures of semantics bugs, as opposed to numerical noise; broken sequences; drift
+    over the steps; a heavy tail of far-off tokens. The identity E_rollout[e^d] = 1 is tested
+    on the sequences that are not broken: a stale replica breaks it in its own sequences, and
+    is named as what it is.
+
+    Args:
+        result: the mismatch diagnostics (`MismatchStats.compute`).
+        s: the per-sequence sums they were computed from (`MismatchStats.sequences`).
+        broken: bool [B], the broken sequences among them (`MismatchStats.broken`).
+        regression, signs: the accumulator's sums of the regression of d on the rollout
+            log-prob, and its counts of d below, at and above 0.
+    """
+    flags = []
+    if not result.get("tokens"):
+        return flags
+    if broken.any():
+        steps = np.unique(s["step"][broken])
+        where = f"step {steps[0]}" if steps.size == 1 else f"{steps.size} steps, from {steps[0]}"
+        flags.append(
+            _flag(
+                "broken_sequences",
+                f"{int(broken.sum()):,} sequences ({broken.mean():.1%}) "
+                f"{noise.BROKEN_WORDS} ({where}): as a stale replica or a bad rank gives, not "
+                "numerical noise. A sequence-level mask removes them; token caps only bound "
+                "them.",
+            )
+        )
+    healthy = ~broken & (s["T"] > 0)
+    tokens = max(float(s["T"][healthy].sum()), 1.0)
+    ratio = float(s["rho"][healthy].sum()) / tokens
+    variance = max(float(s["rho2"][healthy].sum()) / tokens - ratio * ratio, 0.0)
+    z = ratio_bias(ratio, math.sqrt(variance / tokens))
+    if z is not None:
+        flags.append(
+            _flag(
+                "ratio_mean_bias",
+                f"<exp(d)> = {ratio:.4f} (z = {z:+.0f}"
+                + (", over the sequences that are not broken" if broken.any() else "")
+                + "): it must be 1 when tokens are "
+                "sampled from the rollout engine and both sides score the same distribution. "
+                "Typical causes: processed (top-p/top-k/temperature) log-probs on one side and raw "
+                "on the other, a token shift, or stale weights.",
+            )
+        )
+    corr = result["d_rollout_correlation"]
+    if abs(corr) > 0.3:
+        flags.append(
+            _flag(
+                "logprob_dependent_offset",
+                f"d is correlated with the rollout log-prob (r = {corr:+.2f}): "
+                "numerical noise is symmetric at every probability. A temperature applied on "
+                "one side only (or different temperatures) makes d grow linearly with the "
+                "log-prob.",
+            )
+        )
+    n = regression[0]  # the loss tokens
+    negative, _, positive = signs.astype(float)
+    one_sided = result["d_sign_fraction"]
+    if one_sided > 0.8 and abs(result["d_mean"]) > 3.0 * math.sqrt(result["d_var"] / n):
+        side = "below" if negative > positive else "above"
+        flags.append(
+            _flag(
+                "constant_offset",
+                f"{one_sided:.0%} of the tokens have d {side} 0 (mean d = "
+                f"{result['d_mean']:+.4f}): a one-sided offset is a semantics bug (e.g. raw vs "
+                "processed log-probs, renormalization after top-p), not numerical noise.",
+            )
+        )
+    # The steps with tokens in the loss (a step whose tokens are all masked has no k3).
+    steps = [step for step in result.get("by_step", []) if step.get("tokens")]
+    k3 = [row["healthy_k3"] for row in steps if row.get("healthy_k3") is not None]
+    steps = [row for row in steps if row.get("healthy_k3") is not None]
+    rise = first_rise(k3)
+    if rise is not None:
+        band = Band.of(k3)
+        flags.append(
+            _flag(
+                "drift",
+                f"k3 (the token mean over the sequences not called broken) rises from step "
+                f"{steps[rise]['step']} on, to "
+                f"{k3[-1] / band.median:.1f}x the median of {band.early} by "
+                f"step {steps[-1]['step']}: mismatch that drifts during training points to a "
+                "divergence between the engines (weight sync, resume, growing off-policyness).",
+            )
+        )
+    largest, tail = result["abs_diff_max"], result["abs_diff_quantiles"].get("p99.9")
+    if largest > 2.0 and tail is not None:
+        # Noise or not, a few far-off tokens are what token caps and bands are for.
+        flags.append(
+            _flag(
+                "heavy_tail",
+                f"the largest |d| is {largest:.3g} nats (a ratio of e^{largest:.3g}), while "
+                f"99.9% of the tokens are within {tail:.3g}: a few far-off tokens (fp8 outliers, "
+                "routing flips) that a token cap or band acts on.",
+            )
+        )
+    return flags

@@ -44,7 +44,7 @@ from iscore.dump.preview import Preview, preview_parquet
 from iscore.errors import DumpProblems, IscoreError
 from iscore.frameworks.resolve import presets
 from iscore.frameworks.spec import Spec
-from iscore.passes.analysis import Analysis
+from iscore.passes.document import Analysis
 from iscore.passes.follow import Follower, ready_files
 from iscore.passes.results_store import ResultStore
 from iscore.present.figures import color, setting_name

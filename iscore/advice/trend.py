@@ -139,7 +139,7 @@ class Trend:
         targets: Targets,
     ) -> Trend:
         """The trend of an analysis: its `mismatch` and `settings` (the dicts of
-        `iscore.passes.analysis.Analysis`, computed for `specs`), with the `setting_degrades`
+        `iscore.passes.document.Analysis`, computed for `specs`), with the `setting_degrades`
         events judged against `targets`."""
         run = GrowingTrend(specs, [s["name"] for s in settings], targets)
         by_step: dict[int, tuple[dict[str, Any] | None, list[dict[str, Any] | None]]] = {}

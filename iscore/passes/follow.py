@@ -42,7 +42,9 @@ from iscore.advice.trend import Event, GrowingTrend, Trend
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import IscoreError
 from iscore.frameworks.resolve import Setting, resolve_all
-from iscore.passes.analysis import Analysis, Part, analyze, parts
+from iscore.passes.analysis import analyze, parts
+from iscore.passes.document import Analysis
+from iscore.passes.parts import Part
 from iscore.passes.results_store import Context, ResultStore, footer_complete, setting_key
 from iscore.stats.mismatch import MismatchStats
 from iscore.stats.setting import SettingStats

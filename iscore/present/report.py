@@ -23,7 +23,7 @@ from iscore.advice.targets import Targets
 from iscore.advice.trend import EVENT_KINDS
 from iscore.errors import IscoreError
 from iscore.frameworks.resolve import parse_config
-from iscore.passes.analysis import Analysis
+from iscore.passes.document import Analysis
 from iscore.present.figures import all_figures, color, setting_name
 from iscore.present.tables import SUMMARY_COLUMNS
 from iscore.utils.output import output_path

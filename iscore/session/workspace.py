@@ -48,7 +48,8 @@ from iscore.errors import DumpError, quote
 from iscore.frameworks.spec import Spec
 from iscore.packed import ops
 from iscore.packed.batch import TokenBatch
-from iscore.passes.analysis import Analysis, analyze
+from iscore.passes.analysis import analyze
+from iscore.passes.document import Analysis
 from iscore.passes.sequences import batch_schema, catalog, sequence_table
 from iscore.session.budget import check_paths, check_upload
 from iscore.stats.mismatch import broken_sequences

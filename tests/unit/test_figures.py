@@ -15,7 +15,8 @@ import torch
 from iscore.advice.trend import Event, Trend
 from iscore.advice.tuning import TuneResult
 from iscore.errors import IscoreError
-from iscore.passes.analysis import Analysis, analyze
+from iscore.passes.analysis import analyze
+from iscore.passes.document import Analysis
 from iscore.present import figures
 from iscore.present.figures import axes, binning
 from iscore.stats.histogram import BINS_PER_DECADE

@@ -20,7 +20,8 @@ from iscore.errors import ConfigError
 from iscore.frameworks.base import Aggregation
 from iscore.frameworks.resolve import parse_config, presets, resolve
 from iscore.packed import kernels
-from iscore.passes.analysis import SCHEMA_VERSION, analyze
+from iscore.passes.analysis import analyze
+from iscore.passes.document import SCHEMA_VERSION
 from iscore.present.report import render_html
 from iscore.present.tables import SUMMARY_COLUMNS
 from iscore.stats.setting import SettingStats, _per_sequence, aggregation_of

@@ -1,0 +1,143 @@
+"""What each run of one step's sequences adds to an analysis (`Part`: its accumulators), computed
+here: every run analyzed on its own, so that what a step adds does not depend on the steps
+that share its chunk; `analyze` merges them, a followed run merges new ones as they land."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from iscore.dump import (
+    Dump,
+)
+from iscore.frameworks.spec import Spec
+from iscore.packed import ops
+from iscore.packed.batch import TokenBatch
+from iscore.passes.replay import replay
+from iscore.passes.results_store import (
+    StoredPart,
+)
+from iscore.passes.sequences import SequenceTable
+from iscore.passes.streaming import prefetched
+from iscore.stats.attribution import AttributionStats
+from iscore.stats.mismatch import MismatchStats
+from iscore.stats.setting import SettingStats
+from iscore.utils.distributed import Engine, check_engine
+
+
+@dataclass(slots=True)
+class Part:
+    """What one training step of one chunk adds to an analysis: the accumulators of its
+    mismatch and of each setting, merged in order into the dump's (the unit a results store
+    keeps, `iscore.passes.results_store`).
+
+    Attributes:
+        step: the training step.
+        tokens: its tokens (in the loss or not).
+        mismatch: its mismatch diagnostics' accumulator.
+        settings: each setting's accumulator, in the analysis' order.
+        attribution: what the attribution's findings need beyond the mismatch's.
+    """
+
+    step: int
+    tokens: int
+    mismatch: MismatchStats
+    settings: list[SettingStats]
+    attribution: AttributionStats
+
+    @property
+    def sequences(self) -> int:
+        return sum(steps.size for steps in self.mismatch.steps)
+
+
+def owned_parts(
+    dump: Dump,
+    specs: Sequence[Spec],
+    device: torch.device,
+    max_tokens: int,
+    owners: list[tuple[str, int]],
+) -> Iterator[Part]:
+    """The parts of `dump` computed here, file by file (each as the results store reads
+    it), `owners` getting each one's file and sequences."""
+    for index, info in enumerate(dump.files):
+        single = dump.piece(index).open()
+        batches = single.batches(max_tokens, whole_steps=True, part=True)
+        for part in fresh_parts(batches, specs, None, device):
+            owners.append((info.path, part.sequences))
+            yield part
+        dump.dropped.add(single.dropped)
+
+
+def device_for(device: str | torch.device | None, engine: Engine) -> torch.device:
+    """Where to compute: as asked, else CUDA where there is one; on a Ray cluster, the
+    workers' CPUs (`check_engine` refuses another device)."""
+    check_engine(engine, device)
+    if engine == "ray":
+        return torch.device("cpu")
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def storable(dump: Dump) -> bool:
+    """Whether an analysis of `dump` can go through a results store: its files are on disk
+    and every sequence read is analyzed (a `where` predicate and `drop_invalid` choose
+    sequences chunk by chunk, which the store does not record)."""
+    return not (dump.in_memory or dump.imported or dump.where is not None or dump.drop_invalid)
+
+
+def step_runs(batch: TokenBatch) -> Iterator[tuple[int, TokenBatch]]:
+    """(step, its sequences) for each run of sequences of one step of a chunk, in order."""
+    steps = batch.step.cpu().numpy()
+    starts = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]]) if steps.size else []
+    ends = [*starts[1:], steps.size]
+    for a, b in zip(starts, ends, strict=True):
+        yield int(steps[a]), batch if b - a == steps.size else batch.slice(int(a), int(b))
+
+
+def fresh_parts(
+    chunks: Iterable[TokenBatch],
+    specs: Sequence[Spec],
+    sequences: SequenceTable | None,
+    device: torch.device,
+) -> Iterator[Part]:
+    """The parts of the chunks, each run of one step analyzed on its own, so that what a
+    step adds does not depend on which steps share its chunk."""
+    for chunk in prefetched(chunks):
+        for step, run in step_runs(chunk.to(device)):
+            yield analyzed(run, step, specs, sequences)
+
+
+def analyzed(
+    run: TokenBatch,
+    step: int,
+    specs: Sequence[Spec],
+    sequences: SequenceTable | None,
+    stored: StoredPart | None = None,
+) -> Part:
+    """The part of one step's run of sequences: what `stored` holds of it, the rest computed."""
+    mismatch = None if stored is None else stored.mismatch()
+    attribution = None if stored is None else stored.attribution()
+    settings = [None if stored is None else stored.setting(spec) for spec in specs]
+    if mismatch is not None and attribution is not None and all(s is not None for s in settings):
+        return Part(step, run.num_tokens, mismatch, settings, attribution)
+    # d, e^d and the sequence sums every setting needs are computed once per run.
+    with ops.shared(run):
+        if mismatch is None:
+            mismatch = MismatchStats()
+            mismatch.update(run)
+        if attribution is None:
+            attribution = AttributionStats()
+            attribution.update(run)
+        if sequences is not None:
+            sequences.update(run)
+        for i, spec in enumerate(specs):
+            if settings[i] is not None:
+                continue
+            replayed = replay(run, spec)
+            settings[i] = acc = SettingStats(spec)
+            acc.update(run, replayed)
+            if sequences is not None:
+                sequences.add(i, run, replayed)
+    return Part(step, run.num_tokens, mismatch, settings, attribution)

@@ -14,7 +14,6 @@ a mirror key (`persist`), since Streamlit drops the state of widgets that are no
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
@@ -49,8 +48,8 @@ from iscore.passes.follow import Follower, ready_files
 from iscore.passes.results_store import ResultStore
 from iscore.present.figures import color, setting_name
 from iscore.present.tables import SUMMARY_COLUMNS
-from iscore.session.budget import CACHE_MB, MAX_PATH_TOKENS, MAX_UPLOAD_TOKENS, WorkspaceCache
-from iscore.session.serving import FOLLOW_INTERVAL_S, DataRoots, dump_folder
+from iscore.session.budget import WorkspaceCache
+from iscore.session.launch import Options, parse_options
 from iscore.session.workspace import (
     Selection,
     Workspace,
@@ -204,60 +203,9 @@ def notice() -> None:
 # Workspaces
 
 
-@dataclass(frozen=True, slots=True)
-class Options:
-    """How the operator started the app: `streamlit run app/serve.py -- [--path DUMP
-    [--follow [--interval S]]] [--data-dir DIR ...] [--max-upload-tokens N]
-    [--max-path-tokens N] [--cache-mb MB]`, as `iscore app` does.
-
-    Attributes:
-        preload: the dump to open on the Data page.
-        roots: the folders the server-path box may read: every `--data-dir`, the folder of
-            `preload`, the bundled samples.
-        max_upload_tokens: the most tokens one session may upload.
-        max_path_tokens: the most tokens one session may open from a server path, except
-            `preload`, which the operator named.
-        cache_mb: memory for the loaded dumps of every session together.
-        where: the slice every page starts with (`iscore app --where`).
-        follow: `preload` is a run's folder still being written (`iscore app DIR --follow`).
-        interval: seconds between looks at it.
-    """
-
-    preload: str | None
-    roots: DataRoots
-    max_upload_tokens: int
-    cache_mb: int
-    where: str | None = None
-    max_path_tokens: int = MAX_PATH_TOKENS
-    follow: bool = False
-    interval: float = FOLLOW_INTERVAL_S
-
-
 def options() -> Options:
     """The app's `Options`, from the script's arguments (read on each run: it is cheap)."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--path")
-    parser.add_argument("--data-dir", action="append", default=[])
-    parser.add_argument("--max-upload-tokens", type=int, default=MAX_UPLOAD_TOKENS)
-    parser.add_argument("--max-path-tokens", type=int, default=MAX_PATH_TOKENS)
-    parser.add_argument("--cache-mb", type=int, default=CACHE_MB)
-    parser.add_argument("--where")
-    parser.add_argument("--follow", action="store_true")
-    parser.add_argument("--interval", type=float, default=FOLLOW_INTERVAL_S)
-    args, _ = parser.parse_known_args(sys.argv[1:])
-    folders = [ROOT / "data", *args.data_dir]
-    if args.path:
-        folders.append(dump_folder(args.path))
-    return Options(
-        args.path,
-        DataRoots(folders),
-        args.max_upload_tokens,
-        args.cache_mb,
-        args.where,
-        args.max_path_tokens,
-        bool(args.path) and args.follow,
-        args.interval,
-    )
+    return parse_options(sys.argv[1:], ROOT / "data")
 
 
 @st.cache_resource(show_spinner=False)

@@ -1,5 +1,6 @@
 """iscore's dashboard: `iscore app [DUMP]`, or `streamlit run app/serve.py [-- --path DUMP]`
-(`app/serve.py` adds the Host check; `common.Options` lists the script's arguments).
+(`app/serve.py` adds the Host check; `iscore.session.launch.Options` lists the script's
+arguments).
 
 The entry file builds the navigation and the sidebar (the dump, the user's framework, the
 number of settings compared); each page is a small module under `pages/` that calls iscore and plots

@@ -1,0 +1,114 @@
+"""`iscore analyze`: the mismatch diagnostics and what each setting does, as text, JSON, HTML."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from iscore.cli import options
+from iscore.errors import clip, counted
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add the command to `iscore`'s subcommands."""
+    p = sub.add_parser(
+        "analyze",
+        help="mismatch diagnostics and what each correction setting does, as JSON/HTML",
+        description="Stream a dump once: mismatch diagnostics, and for every setting its weight "
+        "distribution, mask rates, ESS, effective LR scale, per step and per length. Settings "
+        "come from framework configs (--config) and presets (--preset; see `iscore presets`).",
+    )
+    options.add_dump_arguments(p)
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        dest="settings",
+        metavar="CFG.yaml",
+        help="a framework config with a top-level `framework:` (repeatable)",
+    )
+    p.add_argument(
+        "--preset",
+        action="append",
+        dest="settings",
+        metavar="NAME",
+        help="a named setting, e.g. verl:decoupled_geo_rs (repeatable)",
+    )
+    p.add_argument("--json", metavar="OUT.json", help="write the analysis document")
+    p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report")
+    p.add_argument(
+        "--sequences",
+        metavar="OUT.parquet|csv",
+        help="also write the sequence table (as `iscore sequences` does), from the same pass",
+    )
+    options.add_cache_options(p)
+    options.add_engine(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from iscore.advice.health import assess
+    from iscore.frameworks.resolve import resolve
+    from iscore.passes.analysis import analyze
+    from iscore.passes.sequences import SequenceTable, read_schema, write_rows
+    from iscore.present.figures import setting_name
+    from iscore.present.report import write_html
+
+    options.distinct_outputs(args, "--json", "--html", "--sequences")
+    specs = [resolve(s) for s in args.settings]
+    store = options.open_store(args)
+    dump = options.open_dump(
+        args,
+        extras=args.sequences is not None,
+        outputs=("--json", "--html", "--sequences"),
+        store=store,
+    )
+    table = None if args.sequences is None else SequenceTable(read_schema(dump), specs)
+    with options.progress_bar(dump, "analyze", args) as bar:
+        result = analyze(
+            dump,
+            specs,
+            max_tokens=args.chunk_tokens,
+            progress=bar.update,
+            sequences=table,
+            store=store,
+            engine=args.engine,
+        )
+    written = []
+    for path, write in (
+        (args.json, result.write_json),
+        (args.html, lambda p: write_html(result, p)),
+        (args.sequences, lambda p: write_rows(table.compute(), p)),
+    ):
+        if path:
+            write(path)
+            written.append(path)
+    m = result.mismatch
+    nan = float("nan")
+    print(
+        f"{result.source['loss_tokens']:,} loss tokens in {result.source['sequences']:,} "
+        f"sequences: k3 {m.get('k3', nan):.3g}, mean |d| {m.get('abs_diff_mean', nan):.3g}, "
+        f"max |d| {m.get('abs_diff_max', nan):.3g}"
+    )
+    print(f"  health: {assess(m).summary()}")
+    for flag in m.get("flags", []):
+        print(f"  ! {flag['code']}: {flag['message']}")
+    for finding in result.attribution.get("findings", []):
+        print(f"  from {finding['kind']}: {finding['summary']} To do: {finding['action']}")
+    for s in result.settings:
+        print(
+            f"  {clip(setting_name(s))}: LR scale {s.get('lr_scale', nan):.4g}, "
+            f"mean w {s.get('weight_mean', nan):.3g}, ESS {s.get('ess', nan):.1%}, "
+            f"tokens masked {s.get('token_masked_fraction', nan):.2%}, sequences masked "
+            f"{s.get('seq_masked_fraction', nan):.2%}"
+        )
+    for path in written:
+        print(f"wrote {path}")
+    if store is not None and (store.reads or store.writes):
+        print(
+            f"results store {store.folder}: read {counted(store.reads, 'entry', 'entries')}, "
+            f"wrote {counted(store.writes, 'entry', 'entries')}",
+            file=sys.stderr,
+        )
+    options.report_dropped(dump)
+    return 0

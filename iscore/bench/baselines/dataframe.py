@@ -9,7 +9,7 @@ it checks the engine, and timing it shows what the same work costs in pandas.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,9 @@ from iscore.stats.histogram import BINS_PER_DECADE, LOG10_RANGE
 from iscore.stats.noise import BIN_SAMPLE, FAR, MAD_SD, SCALE_EDGES, SPREAD_FLOOR, Noise, outside
 from iscore.stats.setting import TRUNCATION_TOLERANCE, aggregation_of
 from iscore.stats.worst import TOP_K
+
+if TYPE_CHECKING:
+    from pandas.api.typing import DataFrameGroupBy
 
 
 def frame(batch: TokenBatch) -> pd.DataFrame:
@@ -58,11 +61,24 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
     """
     d = df["train"] - df["rollout"]
     m = df["mask"]
+    terms = _token_terms(df, d, m)
+    grouped = terms.groupby("seq")
+    per_seq = _per_sequence(df, grouped)
+    n = per_seq["m"].sum()
+    mismatch = _mismatch(df, d, m, terms, per_seq, n)
+    broken = _noise(df, d, m, per_seq, mismatch)
+    count = grouped["m"].transform("sum")
+    settings = [_setting(spec, df, d, m, count, per_seq, n, broken) for spec in specs]
+    return {"mismatch": mismatch, "settings": settings}
+
+
+def _token_terms(df: pd.DataFrame, d: pd.Series, m: pd.Series) -> pd.DataFrame:
+    """Each token's summands of the mismatch estimators, 0 outside the loss mask, by sequence."""
     dm = d.where(m, 0.0)
     rho = np.exp(d).where(m, 0.0)
     mid = np.logaddexp(df["train"], df["rollout"]) - math.log(2.0)
     a, b = df["train"] - mid, df["rollout"] - mid
-    frame = pd.DataFrame(
+    return pd.DataFrame(
         {
             "seq": df["seq"],
             "m": m.astype(float),
@@ -80,29 +96,29 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
             "rollout": df["rollout"].where(m, 0.0),
         }
     )
-    grouped = frame.groupby("seq")
+
+
+def _per_sequence(df: pd.DataFrame, grouped: DataFrameGroupBy) -> pd.DataFrame:
+    """The sequences with loss tokens: their summed terms, largest |d| and step."""
     per_seq = grouped.sum()
     per_seq["max_abs"] = grouped["abs"].max()
     per_seq["step"] = df.groupby("seq")["step"].first()
-    per_seq = per_seq[per_seq["m"] > 0]
-    n = per_seq["m"].sum()
+    return per_seq[per_seq["m"] > 0]
+
+
+def _mismatch(
+    df: pd.DataFrame,
+    d: pd.Series,
+    m: pd.Series,
+    terms: pd.DataFrame,
+    per_seq: pd.DataFrame,
+    n: float,
+) -> dict[str, Any]:
+    """The mismatch estimators over the `n` loss tokens, their breakdowns and d's distribution."""
     token = per_seq.drop(columns=["step", "max_abs"]).sum() / n
     G = per_seq["d"] / per_seq["m"]
-    sequence = pd.DataFrame(
-        {
-            "step": per_seq["step"],
-            "chi2_seq": np.exp(2 * per_seq["d"].clip(-20, 20)),
-            "log_ppl_diff": -G,
-            "log_ppl_abs_diff": G.abs(),
-            "ppl_ratio": np.exp(-G),
-            "training_ppl": np.exp(-per_seq["train"] / per_seq["m"]),
-            "rollout_ppl": np.exp(-per_seq["rollout"] / per_seq["m"]),
-        }
-    )
-    loss = d[m]
-    abs_loss = loss.abs()
-    columns = ["m", "abs", "k3", "d"]
-    mismatch = {
+    sequence = _sequence_terms(per_seq, G)
+    return {
         "k3": token["k3"],
         "k3_reverse": token["k3r"],
         "chi2_token": token["chi"] - 1,
@@ -115,15 +131,55 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
         "abs_diff_max": per_seq["max_abs"].max(),
         **sequence.drop(columns=["step"]).mean(),
         "chi2_seq": sequence["chi2_seq"].mean() - 1,
-        "by_step": frame.groupby(df["step"]).sum(),
+        **_breakdowns(df, terms, per_seq, sequence, G),
+        **_distribution(df, d, m, per_seq),
+    }
+
+
+def _sequence_terms(per_seq: pd.DataFrame, G: pd.Series) -> pd.DataFrame:
+    """Each sequence's step and its sequence-level estimators, from its mean d `G`."""
+    return pd.DataFrame(
+        {
+            "step": per_seq["step"],
+            "chi2_seq": np.exp(2 * per_seq["d"].clip(-20, 20)),
+            "log_ppl_diff": -G,
+            "log_ppl_abs_diff": G.abs(),
+            "ppl_ratio": np.exp(-G),
+            "training_ppl": np.exp(-per_seq["train"] / per_seq["m"]),
+            "rollout_ppl": np.exp(-per_seq["rollout"] / per_seq["m"]),
+        }
+    )
+
+
+def _breakdowns(
+    df: pd.DataFrame,
+    terms: pd.DataFrame,
+    per_seq: pd.DataFrame,
+    sequence: pd.DataFrame,
+    G: pd.Series,
+) -> dict[str, Any]:
+    """The mismatch tables by step, rollout probability, position and sequence length."""
+    columns = ["m", "abs", "k3", "d"]
+    return {
+        "by_step": terms.groupby(df["step"]).sum(),
         "by_step_sequences": sequence.groupby("step").agg(["mean", "max", "min"]),
-        "by_prob": frame.groupby(pd.cut(np.exp(df["rollout"]), [0, 0.01, 0.1, 0.5, 0.9, 0.99, 1]))[
+        "by_prob": terms.groupby(pd.cut(np.exp(df["rollout"]), [0, 0.01, 0.1, 0.5, 0.9, 0.99, 1]))[
             columns
         ].sum(),
-        "by_pos": frame.groupby(np.floor(np.log2(df.groupby("seq").cumcount() + 1)))[columns].sum(),
+        "by_pos": terms.groupby(np.floor(np.log2(df.groupby("seq").cumcount() + 1)))[columns].sum(),
         "by_length": pd.DataFrame({"S": per_seq["d"], "G": G, "T": per_seq["m"]})
         .groupby(np.floor(np.log2(per_seq["m"])))
         .quantile([0.1, 0.5, 0.9]),
+    }
+
+
+def _distribution(
+    df: pd.DataFrame, d: pd.Series, m: pd.Series, per_seq: pd.DataFrame
+) -> dict[str, Any]:
+    """The loss tokens' d: quantiles and histograms, correlation and sign balance, the worst."""
+    loss = d[m]
+    abs_loss = loss.abs()
+    return {
         "abs_quantiles": abs_loss.quantile([0.5, 0.9, 0.99, 0.999]),
         "abs_hist": _log_histogram(abs_loss),
         "neg_hist": _log_histogram(abs_loss[loss < 0]),
@@ -135,68 +191,93 @@ def statistics(df: pd.DataFrame, specs: list[Any]) -> dict[str, Any]:
         "worst_tokens": df.loc[abs_loss.nlargest(TOP_K).index],
         "worst_sequences": per_seq.nlargest(TOP_K, "k3"),
     }
-    broken = _noise(df, d, m, per_seq, mismatch)
-    out = {"mismatch": mismatch, "settings": []}
-    count = grouped["m"].transform("sum")
-    for spec in specs:
-        weight, kept, raw, pre = WEIGHTS[type(spec)](spec, df, d, m, count)
-        w = weight.where(m, 0.0)
-        kept = kept & m
-        changed = kept & (pre > 0)
-        sums = pd.DataFrame(
-            {
-                "seq": df["seq"],
-                "w": w,
-                "w2": w * w,
-                "nz": ((w > 0) & m),
-                "kept": kept,
-                "high": changed & (pre < raw * (1 - TRUNCATION_TOLERANCE)),
-                "low": changed & (pre > raw * (1 + TRUNCATION_TOLERANCE)),
-                "log_raw": np.log(raw.clip(lower=1e-300)).where(m, 0.0),
-            }
-        )
-        s = sums.groupby("seq").sum()
-        s["T"] = per_seq["m"]
-        s = s[s["T"] > 0]
-        s["step"] = per_seq["step"]
-        s["seq_weight"] = s["w"] / s["T"]
-        s["seq_raw"] = s["log_raw"] / s["T"]
-        total, squares = s["w"].sum(), s["w2"].sum()
-        agg = aggregation_of(spec)
-        if agg.mode == "seq-mean-token-mean":
-            lr = s["seq_weight"].mean()
-        elif agg.shrinks:
-            lr = total / s["kept"].sum()
-        else:
-            lr = total / n
-        tables = ["w", "w2", "nz", "kept", "high", "low", "T"]
-        length = s.groupby(np.floor(np.log2(s["T"])))
-        quantiles = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999]
-        out["settings"].append(
-            {
-                "weight_mean": total / n,
-                "weight_mean_seq": s["seq_weight"].mean(),
-                "token_masked_fraction": 1 - s["nz"].sum() / n,
-                "token_rejected_fraction": 1 - s["kept"].sum() / n,
-                "truncated_high_fraction": s["high"].sum() / n,
-                "truncated_low_fraction": s["low"].sum() / n,
-                "seq_masked_fraction": (s["nz"] == 0).mean(),
-                "lr_scale": lr,
-                "ess": total * total / (n * squares),
-                "by_step": s.groupby("step")[tables].sum(),
-                "by_length": length[tables].sum(),
-                "by_length_quantiles": length["seq_weight"].quantile([0.1, 0.5, 0.9]),
-                "by_length_medians": length[["T", "seq_raw"]].median(),
-                "broken_gradient_kept": s["w"][broken].sum() / s["T"][broken].sum()
-                if broken.any()
-                else None,
-                "weight_quantiles": w[m].quantile(quantiles),
-                "raw_quantiles": raw[m].quantile(quantiles),
-                "weight_hist": _log_histogram(w[m]),
-                "raw_hist": _log_histogram(raw[m]),
-            }
-        )
-    return out
+
+
+def _setting(
+    spec: Any,
+    df: pd.DataFrame,
+    d: pd.Series,
+    m: pd.Series,
+    count: pd.Series,
+    per_seq: pd.DataFrame,
+    n: float,
+    broken: pd.Series,
+) -> dict[str, Any]:
+    """One setting's statistics over the `n` loss tokens, with the gradient `broken` keeps."""
+    weight, kept, raw, pre = WEIGHTS[type(spec)](spec, df, d, m, count)
+    w = weight.where(m, 0.0)
+    s = _setting_sequences(df, m, w, kept, raw, pre, per_seq)
+    total, squares = s["w"].sum(), s["w2"].sum()
+    tables = ["w", "w2", "nz", "kept", "high", "low", "T"]
+    length = s.groupby(np.floor(np.log2(s["T"])))
+    quantiles = [0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999]
+    return {
+        "weight_mean": total / n,
+        "weight_mean_seq": s["seq_weight"].mean(),
+        "token_masked_fraction": 1 - s["nz"].sum() / n,
+        "token_rejected_fraction": 1 - s["kept"].sum() / n,
+        "truncated_high_fraction": s["high"].sum() / n,
+        "truncated_low_fraction": s["low"].sum() / n,
+        "seq_masked_fraction": (s["nz"] == 0).mean(),
+        "lr_scale": _lr_scale(spec, s, total, n),
+        "ess": total * total / (n * squares),
+        "by_step": s.groupby("step")[tables].sum(),
+        "by_length": length[tables].sum(),
+        "by_length_quantiles": length["seq_weight"].quantile([0.1, 0.5, 0.9]),
+        "by_length_medians": length[["T", "seq_raw"]].median(),
+        "broken_gradient_kept": s["w"][broken].sum() / s["T"][broken].sum()
+        if broken.any()
+        else None,
+        "weight_quantiles": w[m].quantile(quantiles),
+        "raw_quantiles": raw[m].quantile(quantiles),
+        "weight_hist": _log_histogram(w[m]),
+        "raw_hist": _log_histogram(raw[m]),
+    }
+
+
+def _setting_sequences(
+    df: pd.DataFrame,
+    m: pd.Series,
+    w: pd.Series,
+    kept: pd.Series,
+    raw: pd.Series,
+    pre: pd.Series,
+    per_seq: pd.DataFrame,
+) -> pd.DataFrame:
+    """Per sequence with loss tokens: the sums of the weights `w` and the counts of the tokens
+    kept, nonzero and truncated (`pre` against `raw`), its length, step and mean weights."""
+    kept = kept & m
+    changed = kept & (pre > 0)
+    sums = pd.DataFrame(
+        {
+            "seq": df["seq"],
+            "w": w,
+            "w2": w * w,
+            "nz": ((w > 0) & m),
+            "kept": kept,
+            "high": changed & (pre < raw * (1 - TRUNCATION_TOLERANCE)),
+            "low": changed & (pre > raw * (1 + TRUNCATION_TOLERANCE)),
+            "log_raw": np.log(raw.clip(lower=1e-300)).where(m, 0.0),
+        }
+    )
+    s = sums.groupby("seq").sum()
+    s["T"] = per_seq["m"]
+    s = s[s["T"] > 0]
+    s["step"] = per_seq["step"]
+    s["seq_weight"] = s["w"] / s["T"]
+    s["seq_raw"] = s["log_raw"] / s["T"]
+    return s
+
+
+def _lr_scale(spec: Any, s: pd.DataFrame, total: float, n: float) -> float:
+    """The scale the setting's loss aggregation gives the learning rate: its mean weight over
+    the sequences (`s`), the kept tokens or all `n` loss tokens."""
+    agg = aggregation_of(spec)
+    if agg.mode == "seq-mean-token-mean":
+        return s["seq_weight"].mean()
+    if agg.shrinks:
+        return total / s["kept"].sum()
+    return total / n
 
 
 def _noise(

@@ -104,6 +104,127 @@ def weight_histogram(analysis: Analysis, kind: str = "weight") -> Figure:
     return {"data": data, "layout": layout}
 
 
+def _weight_band(s: dict[str, Any], i: int, panels: bool) -> dict[str, Any]:
+    """Setting i's p10-p90 band of the per-sequence weight, by length."""
+    rows_ = s["by_length"]
+    x = [r["length_median"] for r in rows_]
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "x": x + x[::-1],
+        "y": [r["seq_weight_p90"] for r in rows_] + [r["seq_weight_p10"] for r in rows_][::-1],
+        "fill": "toself",
+        "fillcolor": color(i),
+        "opacity": 0.12 if not panels else 0.2,
+        "line": {"width": 0},
+        "hoverinfo": "skip",
+        "showlegend": False,
+        "legendgroup": str(i),
+        **(panel_axes(i) if panels else {}),
+    }
+
+
+def _weight_line(s: dict[str, Any], i: int, n: int, panels: bool) -> dict[str, Any]:
+    """Setting i's median per-sequence weight, by length, of n settings."""
+    rows_ = s["by_length"]
+    return {
+        "type": "scatter",
+        "mode": "lines+markers",
+        "x": [r["length_median"] for r in rows_],
+        "y": [r["seq_weight_median"] for r in rows_],
+        **style(i, 1 if panels else n),
+        "name": legend_label(s),
+        "legendgroup": str(i),
+        "customdata": [
+            [r["bucket"], r["sequences"], r["seq_weight_p10"], r["seq_weight_p90"]] for r in rows_
+        ],
+        "hovertemplate": "<b>%{fullData.name}</b><br>"
+        "sequence length ≈ %{x:,.0f} loss tokens (%{customdata[0]})<br>"
+        "median sequence weight %{y:.3g} (p10 %{customdata[2]:.3g}, "
+        "p90 %{customdata[3]:.3g})<br>%{customdata[1]:,} sequences<extra></extra>",
+        **(panel_axes(i) if panels else {}),
+    }
+
+
+def _expected_line(expected: list[dict[str, Any]], p: int, panels: bool) -> dict[str, Any]:
+    """The median e^S expected of independent tokens by length, in panel p."""
+    return {
+        "type": "scatter",
+        "mode": "lines",
+        "x": [r["length_median"] for r in expected],
+        "y": [r["expected_seq_ratio_median"] for r in expected],
+        # Wide and faint: an expectation, unlike any setting's line.
+        "line": {"color": "rgba(128, 128, 128, 0.45)", "width": 7},
+        "name": "expected median e^S, independent tokens",
+        "legendgroup": "expected",
+        "showlegend": p == 0,
+        "hovertemplate": "independent tokens at the dump's mismatch<br>"
+        "sequence length ≈ %{x:,.0f} loss tokens<br>"
+        "expected median e^S %{y:.3g}<extra></extra>",
+        **(panel_axes(p) if panels else {}),
+    }
+
+
+def _weight_range(settings: list[dict[str, Any]]) -> list[float]:
+    """The log10 y-range of the settings' positive per-sequence weights, padded."""
+    measured = [
+        v
+        for s in settings
+        for r in s["by_length"]
+        for v in (r["seq_weight_p10"], r["seq_weight_median"], r["seq_weight_p90"])
+        if v and v > 0
+    ]
+    # The y-range follows the settings' own weights (down to 1e-6 at most): an expected
+    # curve at e^-300 would otherwise squash them into a line at the top.
+    low = max(min(measured), 1e-6) if measured else 1e-3
+    high = max(max(measured), 1.0) if measured else 1.0
+    return [math.log10(low) - 0.3, math.log10(high) + 0.3]
+
+
+def _zero_medians(
+    settings: list[dict[str, Any]], floor: float, panels: bool
+) -> list[dict[str, Any]]:
+    """Each setting's lengths with a median weight of 0 (most sequences masked), as markers on
+    the y-axis' `floor`: 0 has no place on a log axis."""
+    n = len(settings)
+    zeros = []
+    for i, s in enumerate(settings):
+        at = [r["length_median"] for r in s["by_length"] if not r["seq_weight_median"]]
+        if at:
+            zeros.append(
+                {
+                    "type": "scatter",
+                    "mode": "markers",
+                    "x": at,
+                    "y": [floor] * len(at),
+                    "marker": style(i, 1 if panels else n)["marker"] | {"opacity": 0.6},
+                    "cliponaxis": False,
+                    "name": legend_label(s),
+                    "legendgroup": str(i),
+                    "showlegend": False,
+                    "hovertemplate": "<b>%{fullData.name}</b><br>sequence length ≈ %{x:,.0f} "
+                    "loss tokens<br>median sequence weight 0 (masked)<extra></extra>",
+                    **(panel_axes(i) if panels else {}),
+                }
+            )
+    return zeros
+
+
+def _collapse_panels(
+    layout: dict[str, Any], settings: list[dict[str, Any]], rows: int, columns: int
+) -> None:
+    """Lay `layout` out as a grid of one panel per setting, each with its line at 1."""
+    n = len(settings)
+    panel_grid(layout, n, rows, columns, [legend_label(s) for s in settings])
+    layout["title"]["subtitle"] = {
+        "text": "one panel per setting; wide grey: the median e^S expected of independent tokens"
+    }
+    layout["shapes"] = [
+        hline(1.0, yref=panel_axes(p)["yaxis"]) | {"xref": f"{panel_axes(p)['xaxis']} domain"}
+        for p in range(n)
+    ]
+
+
 def collapse_by_length(analysis: Analysis) -> Figure:
     """Per-sequence weight (median, p10-p90 band) against length, beside the independent-token
     expectation for the product ratio e^S at the dump's per-token mismatch.
@@ -117,82 +238,13 @@ def collapse_by_length(analysis: Analysis) -> Figure:
     columns = 2 if n <= 6 else 3
     rows = math.ceil(n / columns) if panels else 1
     expected = analysis.mismatch["by_length"]
-    bands, lines = [], []
-    for i, s in enumerate(settings):
-        rows_ = s["by_length"]
-        x = [r["length_median"] for r in rows_]
-        axes = panel_axes(i) if panels else {}
-        bands.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "x": x + x[::-1],
-                "y": [r["seq_weight_p90"] for r in rows_]
-                + [r["seq_weight_p10"] for r in rows_][::-1],
-                "fill": "toself",
-                "fillcolor": color(i),
-                "opacity": 0.12 if not panels else 0.2,
-                "line": {"width": 0},
-                "hoverinfo": "skip",
-                "showlegend": False,
-                "legendgroup": str(i),
-                **axes,
-            }
-        )
-        lines.append(
-            {
-                "type": "scatter",
-                "mode": "lines+markers",
-                "x": x,
-                "y": [r["seq_weight_median"] for r in rows_],
-                **style(i, 1 if panels else n),
-                "name": legend_label(s),
-                "legendgroup": str(i),
-                "customdata": [
-                    [r["bucket"], r["sequences"], r["seq_weight_p10"], r["seq_weight_p90"]]
-                    for r in rows_
-                ],
-                "hovertemplate": "<b>%{fullData.name}</b><br>"
-                "sequence length ≈ %{x:,.0f} loss tokens (%{customdata[0]})<br>"
-                "median sequence weight %{y:.3g} (p10 %{customdata[2]:.3g}, "
-                "p90 %{customdata[3]:.3g})<br>%{customdata[1]:,} sequences<extra></extra>",
-                **axes,
-            }
-        )
-    references = []
-    for p in range(rows * columns if panels else 1):
-        if not expected or (panels and p >= n):
-            continue
-        references.append(
-            {
-                "type": "scatter",
-                "mode": "lines",
-                "x": [r["length_median"] for r in expected],
-                "y": [r["expected_seq_ratio_median"] for r in expected],
-                # Wide and faint: an expectation, unlike any setting's line.
-                "line": {"color": "rgba(128, 128, 128, 0.45)", "width": 7},
-                "name": "expected median e^S, independent tokens",
-                "legendgroup": "expected",
-                "showlegend": p == 0,
-                "hovertemplate": "independent tokens at the dump's mismatch<br>"
-                "sequence length ≈ %{x:,.0f} loss tokens<br>"
-                "expected median e^S %{y:.3g}<extra></extra>",
-                **(panel_axes(p) if panels else {}),
-            }
-        )
-    measured = [
-        v
-        for s in settings
-        for r in s["by_length"]
-        for v in (r["seq_weight_p10"], r["seq_weight_median"], r["seq_weight_p90"])
-        if v and v > 0
-    ]
+    bands = [_weight_band(s, i, panels) for i, s in enumerate(settings)]
+    lines = [_weight_line(s, i, n, panels) for i, s in enumerate(settings)]
+    references = (
+        [_expected_line(expected, p, panels) for p in range(n if panels else 1)] if expected else []
+    )
     lengths = [r["length_median"] for s in settings for r in s["by_length"]]
-    # The y-range follows the settings' own weights (down to 1e-6 at most): an expected
-    # curve at e^-300 would otherwise squash them into a line at the top.
-    low = max(min(measured), 1e-6) if measured else 1e-3
-    high = max(max(measured), 1.0) if measured else 1.0
-    y_range = [math.log10(low) - 0.3, math.log10(high) + 0.3]
+    y_range = _weight_range(settings)
     layout = figure_layout(
         "Per-sequence weight vs length (median and p10-p90)",
         "sequence length (loss tokens)",
@@ -204,41 +256,13 @@ def collapse_by_length(analysis: Analysis) -> Figure:
         height=420 if not panels else 140 + 200 * rows,
     )
     layout["yaxis"]["range"] = y_range
-    # A median of 0 (most sequences masked) has no place on a log axis: drawn on its floor.
-    zeros = []
-    for i, s in enumerate(settings):
-        at = [r["length_median"] for r in s["by_length"] if not r["seq_weight_median"]]
-        if at:
-            zeros.append(
-                {
-                    "type": "scatter",
-                    "mode": "markers",
-                    "x": at,
-                    "y": [10 ** y_range[0]] * len(at),
-                    "marker": style(i, 1 if panels else n)["marker"] | {"opacity": 0.6},
-                    "cliponaxis": False,
-                    "name": legend_label(s),
-                    "legendgroup": str(i),
-                    "showlegend": False,
-                    "hovertemplate": "<b>%{fullData.name}</b><br>sequence length ≈ %{x:,.0f} "
-                    "loss tokens<br>median sequence weight 0 (masked)<extra></extra>",
-                    **(panel_axes(i) if panels else {}),
-                }
-            )
-    data = references + bands + lines + zeros
-    if not panels:
+    zeros = _zero_medians(settings, 10 ** y_range[0], panels)
+    if panels:
+        _collapse_panels(layout, settings, rows, columns)
+    else:
         layout["shapes"] = [hline(1.0, "1")]
         layout["showlegend"] = True
-        return {"data": data, "layout": layout}
-    panel_grid(layout, n, rows, columns, [legend_label(s) for s in settings])
-    layout["title"]["subtitle"] = {
-        "text": "one panel per setting; wide grey: the median e^S expected of independent tokens"
-    }
-    layout["shapes"] = [
-        hline(1.0, yref=panel_axes(p)["yaxis"]) | {"xref": f"{panel_axes(p)['xaxis']} domain"}
-        for p in range(n)
-    ]
-    return {"data": data, "layout": layout}
+    return {"data": references + bands + lines + zeros, "layout": layout}
 
 
 def mask_rate_by_length(analysis: Analysis) -> Figure:

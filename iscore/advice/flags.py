@@ -11,7 +11,7 @@ import numpy as np
 
 from iscore.stats import noise
 from iscore.stats.noise import (
-    Band,
+    Baseline,
     first_rise,
     ratio_bias,
 )
@@ -139,7 +139,7 @@ def find_flags(
     steps = [row for row in steps if row.get("healthy_k3") is not None]
     rise = first_rise(k3)
     if rise is not None:
-        band = Band.of(k3)
+        band = Baseline.of(k3)
         flags.append(
             _flag(
                 "drift",

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from iscore.advice.flags import flags_of
 from iscore.advice.reference import Placement, bands, placements
-from iscore.frameworks.base import Band
+from iscore.frameworks.base import HealthBand
 from iscore.stats import noise
 
 Verdict = Literal["normal", "elevated", "broken"]
@@ -56,7 +56,7 @@ class Check:
     """
 
     framework: str
-    band: Band
+    band: HealthBand
 
     value: float | None
 

@@ -19,17 +19,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from iscore import frameworks
-from iscore.frameworks.base import Band, ReferencePoint, Source
+from iscore.frameworks.base import Citation, HealthBand, ReferencePoint
 
-_MILES_FP8 = Source(
+_MILES_FP8 = Citation(
     "miles pull request #1678 (FP8 rollout for GLM-5.2)",
     "https://github.com/radixark/miles/pull/1678",
 )
-_MILES_MXFP8 = Source(
+_MILES_MXFP8 = Citation(
     "miles pull request #512 (Blackwell MXFP8 recipe)",
     "https://github.com/radixark/miles/pull/512",
 )
-_PRIME_R3 = Source(
+_PRIME_R3 = Citation(
     "prime-rl pull request #2808 (MoE router replay end to end)",
     "https://github.com/PrimeIntellect-ai/prime-rl/pull/2808",
 )
@@ -104,7 +104,7 @@ def points() -> tuple[ReferencePoint, ...]:
     return NEUTRAL + tuple(p for fw in frameworks.every() for p in fw.references)
 
 
-def bands() -> tuple[tuple[str, Band], ...]:
+def bands() -> tuple[tuple[str, HealthBand], ...]:
     """Every published health band, with the name of the framework that publishes it, in
     registry order."""
     return tuple((fw.title, band) for fw in frameworks.every() for band in fw.bands)

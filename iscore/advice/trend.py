@@ -33,7 +33,7 @@ from iscore.stats.columns import setting_columns
 from iscore.stats.noise import (
     BROKEN_WORDS,
     SUSTAIN_STEPS,
-    Band,
+    Baseline,
     early_steps,
     first_rise,
     ratio_bias,
@@ -119,7 +119,7 @@ class Trend:
             `{prefix}_{column}` for the `SETTING_COLUMNS` (None where a step has no value).
         settings: each setting's column prefix, in the analysis' order.
         names: each setting's name, in the same order.
-        band: the early steps' band of `healthy_k3` (`iscore.stats.noise.Band`), None with fewer
+        band: the early steps' band of `healthy_k3` (`iscore.stats.noise.Baseline`), None with fewer
             than three steps.
         events: what changed and when, by step.
     """
@@ -127,7 +127,7 @@ class Trend:
     rows: tuple[dict[str, Any], ...]
     settings: tuple[str, ...]
     names: tuple[str, ...]
-    band: Band | None
+    band: Baseline | None
     events: tuple[Event, ...]
 
     @classmethod
@@ -249,7 +249,7 @@ class GrowingTrend:
             self._steps = sorted(self._rows)
         table = tuple(self._rows[step] for step in self._steps)
         k3 = [r["healthy_k3"] for r in table if r["healthy_k3"] is not None]
-        band = Band.of(k3) if len(k3) >= 3 else None
+        band = Baseline.of(k3) if len(k3) >= 3 else None
         events = [
             *_growth(table, band),
             *_broken(table),
@@ -299,7 +299,7 @@ def _truncated(row: dict[str, Any]) -> float | None:
     return None if high is None or low is None else high + low
 
 
-def _growth(rows: Sequence[dict[str, Any]], band: Band | None) -> list[Event]:
+def _growth(rows: Sequence[dict[str, Any]], band: Baseline | None) -> list[Event]:
     measured = [r for r in rows if r["healthy_k3"] is not None]
     rise = first_rise([r["healthy_k3"] for r in measured]) if band is not None else None
     if rise is None:

@@ -9,7 +9,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submod_attrs={
         "facade": ["Data", "Dump", "Piece", "check_unique", "load", "load_data", "open_data"],
-        "files": ["Source", "is_framework_dump", "resolve_files"],
+        "files": ["Location", "is_framework_dump", "resolve_files"],
         "values": ["DEFAULT_CHUNK_TOKENS", "DropReport", "DumpFile", "Extra", "StepRange"],
     },
 )

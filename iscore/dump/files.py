@@ -51,7 +51,7 @@ def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:
     return files
 
 
-Source = str | bytes
+Location = str | bytes
 """Where a file's bytes are: a path on disk, or the bytes themselves (an upload, an import)."""
 
 

@@ -97,11 +97,11 @@ from iscore.frameworks._config import Section, check_choice, check_number, top_l
 from iscore.frameworks.base import BatchFields, Framework, Trap, Upstream
 from iscore.frameworks.canonical import (
     Anchor,
-    Candidate,
     Canonical,
     Component,
     Numerator,
     Statistic,
+    Translation,
     first_weight,
     identity_at_zero,
     log_or_none,
@@ -572,7 +572,7 @@ def to_canonical(spec: ArealCorrection) -> Canonical:
     return Canonical(components, anchor)
 
 
-def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+def from_canonical(c: Canonical, name: str) -> list[Translation]:
     notes: list[str] = []
     if c.anchor == "rollout":
         # No recompute: prox = behave, so AReaL has no behaviour weight to apply.

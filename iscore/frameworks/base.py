@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from iscore.frameworks.canonical import Candidate, Canonical
+    from iscore.frameworks.canonical import Canonical, Translation
     from iscore.frameworks.spec import Spec
     from iscore.packed.batch import TokenBatch
 
@@ -76,10 +76,10 @@ class Upstream:
 
 
 @dataclass(frozen=True, slots=True)
-class Source:
+class Citation:
     """Where a published number comes from: a name a reader recognizes and a link to it.
 
-    >>> print(Source("verl docs, Rollout Correction", "https://example.org/rollout_corr"))
+    >>> print(Citation("verl docs, Rollout Correction", "https://example.org/rollout_corr"))
     verl docs, Rollout Correction (https://example.org/rollout_corr)
     """
 
@@ -95,7 +95,7 @@ class Source:
 
 
 @dataclass(frozen=True, slots=True)
-class Band:
+class HealthBand:
     """A published health band on one of iscore's mismatch statistics: a value inside it is
     what its source calls normal, one outside it is elevated (`iscore.advice.health`).
 
@@ -107,7 +107,7 @@ class Band:
         meaning: what a value outside the band means, as the source says it.
         source: where the band is published.
 
-    >>> band = Band("k3", None, 1e-3, "gen_kl_error", "investigate", Source("x", "https://x"))
+    >>> band = HealthBand("k3", None, 1e-3, "gen_kl_error", "investigate", Citation("x", "https://x"))
     >>> band.describe(), band.contains(4e-4), band.contains(0.05)
     ('<= 0.001', True, False)
     """
@@ -117,7 +117,7 @@ class Band:
     high: float | None
     logged_as: str
     meaning: str
-    source: Source
+    source: Citation
 
     def __post_init__(self) -> None:
         if self.low is None and self.high is None:
@@ -162,7 +162,7 @@ class ReferencePoint:
     statistic: str
     value: float
     logged_as: str
-    source: Source
+    source: Citation
     note: str = ""
 
 
@@ -271,13 +271,13 @@ class Framework:
     parse: Callable[[Mapping[str, Any]], Spec]
     presets: Callable[[], Mapping[str, Spec]]
     to_canonical: Callable[[Any], Canonical]
-    from_canonical: Callable[[Canonical, str], list[Candidate]]
+    from_canonical: Callable[[Canonical, str], list[Translation]]
     render: Callable[[Mapping[str, Any], str | None], str]
     default: str = ""
     aggregation: Callable[[Any], Aggregation] = lambda spec: Aggregation()
     families: frozenset[str] = frozenset()
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    bands: tuple[Band, ...] = ()
+    bands: tuple[HealthBand, ...] = ()
     references: tuple[ReferencePoint, ...] = ()
     columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     traps: tuple[Trap, ...] = ()
@@ -288,12 +288,12 @@ class Framework:
     to_generation: Callable[[Any, str], Any] | None = None
     read_batch: Callable[[Any], Sequence[BatchFields]] | None = None
 
-    def closest(self, setting: Canonical, name: str) -> Candidate:
+    def closest(self, setting: Canonical, name: str) -> Translation:
         """This framework's setting closest to `setting`, with notes on what differs: identical
         canonical forms first, then the same rule computed along another numerical path, then
         the fewest notes; ties go to the framework's first candidate."""
 
-        def rank(candidate: Candidate) -> tuple[int, int]:
+        def rank(candidate: Translation) -> tuple[int, int]:
             result = self.to_canonical(candidate[0])
             same = 2 if result == setting else 1 if result.loosely_equals(setting) else 0
             return -same, len(candidate[1])

@@ -494,7 +494,7 @@ def identity_at_zero(c: Component) -> bool:
     return untouched and (c.zero is None or identity_at_zero(c.zero))
 
 
-Candidate = tuple[Spec, tuple[str, ...]]
+Translation = tuple[Spec, tuple[str, ...]]
 
 
 def lost(notes: list[str], c: Component, why: str) -> None:

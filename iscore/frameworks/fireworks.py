@@ -63,9 +63,9 @@ from iscore.frameworks._config import check_choice, check_number, top_level
 from iscore.frameworks.base import Framework, Upstream
 from iscore.frameworks.canonical import (
     BIG,
-    Candidate,
     Canonical,
     Numerator,
+    Translation,
     first_weight,
     identity_at_zero,
     lost,
@@ -294,7 +294,7 @@ def _pr169_canonical(spec: FireworksISCorrection) -> Canonical:
     return Canonical((weight_component(level, upper=spec.tis_cap, numerics="clamp_each"),))
 
 
-def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+def from_canonical(c: Canonical, name: str) -> list[Translation]:
     notes: list[str] = []
     if c.anchor == "rollout":
         for x in c.components:

@@ -82,21 +82,21 @@ from iscore.frameworks import _batch, snippets
 from iscore.frameworks._config import Section, as_float, check_choice, top_level
 from iscore.frameworks.base import (
     Aggregation,
-    Band,
     BatchFields,
+    Citation,
     Framework,
+    HealthBand,
     Measure,
     ReferencePoint,
-    Source,
     Trap,
     Upstream,
 )
 from iscore.frameworks.canonical import (
-    Candidate,
     Canonical,
     Component,
     Level,
     Numerics,
+    Translation,
     first_weight,
     lost,
     mask_component,
@@ -469,7 +469,7 @@ def to_canonical(spec: NemoRLSpec) -> Canonical:
     return Canonical((weight,))
 
 
-def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+def from_canonical(c: Canonical, name: str) -> list[Translation]:
     notes: list[str] = []
     w = first_weight(c, notes, "NeMo-RL")
     masks = list(c.masks)
@@ -618,17 +618,17 @@ def _overflow(batch: TokenBatch, measure: Measure) -> str | None:
     )
 
 
-_TP_ACCURACY = Source(
+_TP_ACCURACY = Citation(
     "NeMo-RL docs, DTensor Tensor Parallel Accuracy Issue",
     "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/guides/dtensor-tp-accuracy.md",
 )
-_KL_ERROR = Source(
+_KL_ERROR = Citation(
     "NeMo-RL docs, GRPO guide: KL Divergence Error",
     "https://github.com/NVIDIA-NeMo/RL/blob/main/docs/guides/grpo.md#kl-divergence-error",
 )
 _KL_MEANING = "above 1e-3: investigate (the guide calls values below 1e-3 acceptable)"
 BANDS = (
-    Band(
+    HealthBand(
         "token_mult_prob_error",
         None,
         1.05,
@@ -637,8 +637,8 @@ BANDS = (
         "are acceptable, an upward trend is not",
         _TP_ACCURACY,
     ),
-    Band("k3", None, 1e-3, "gen_kl_error", _KL_MEANING, _KL_ERROR),
-    Band("js", None, 1e-3, "js_divergence_error", _KL_MEANING, _KL_ERROR),
+    HealthBand("k3", None, 1e-3, "gen_kl_error", _KL_MEANING, _KL_ERROR),
+    HealthBand("js", None, 1e-3, "js_divergence_error", _KL_MEANING, _KL_ERROR),
 )
 """The bands NeMo-RL's docs publish: token_mult_prob_error near 1.0, a framework issue above
 1.05 (the DTensor accuracy guide); gen_kl_error and js_divergence_error below 1e-3 (the GRPO
@@ -647,7 +647,7 @@ single token the trainer finds much less likely than the sampler: as a verdict i
 one token (a bf16 dump of 60k tokens crosses it with one), which the mismatch flags report as
 a heavy tail instead."""
 
-_ISSUE_1801 = Source(
+_ISSUE_1801 = Citation(
     "NeMo-RL issue #1801 (a bisect of a Megatron crash)",
     "https://github.com/NVIDIA-NeMo/RL/issues/1801",
 )

@@ -73,8 +73,8 @@ from iscore.frameworks import _batch, snippets
 from iscore.frameworks._config import flag_parser, nearest, top_level
 from iscore.frameworks.base import Aggregation, BatchFields, Framework, Trap, Upstream
 from iscore.frameworks.canonical import (
-    Candidate,
     Canonical,
+    Translation,
     first_weight,
     lost,
     mask_component,
@@ -379,7 +379,7 @@ def to_canonical(spec: OpenRLHFCorrection) -> Canonical:
     return Canonical((weight,))
 
 
-def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+def from_canonical(c: Canonical, name: str) -> list[Translation]:
     notes: list[str] = []
     if c.anchor == "rollout":
         for x in c.components:

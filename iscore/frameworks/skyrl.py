@@ -91,9 +91,9 @@ from iscore.frameworks.base import BatchFields, Framework, Upstream
 from iscore.frameworks.canonical import (
     BIG,
     Anchor,
-    Candidate,
     Canonical,
     Component,
+    Translation,
     lost,
     mask_component,
     note_numerator,
@@ -708,7 +708,7 @@ def to_canonical(spec: SkyRLSpec) -> Canonical:
     return Canonical(tuple(components), anchor, "kept" if kept else "original")
 
 
-def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+def from_canonical(c: Canonical, name: str) -> list[Translation]:
     notes: list[str] = []
     fields: dict[str, Any] = {}
     masks = list(c.masks)

@@ -127,10 +127,10 @@ from iscore.frameworks.canonical import (
     BIG,
     TINY,
     Anchor,
-    Candidate,
     Canonical,
     Component,
     Numerator,
+    Translation,
     first_weight,
     lost,
     mask_component,
@@ -801,7 +801,7 @@ def _mis_components(mis: MisConfig, numerator: Numerator) -> tuple[Component, ..
     return tuple(components)
 
 
-def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+def from_canonical(c: Canonical, name: str) -> list[Translation]:
     candidates = [_slime_builtin(c, name)]
     policy = any(x.numerator == "policy" for x in c.components)
     if (c.weights or c.masks) and (not policy or c.anchor == "rollout"):
@@ -819,7 +819,7 @@ def _slime_anchor(c: Canonical, fields: dict[str, Any]) -> None:
         fields["get_mismatch_metrics"] = True
 
 
-def _slime_builtin(c: Canonical, name: str) -> Candidate:
+def _slime_builtin(c: Canonical, name: str) -> Translation:
     """slime's own flags: vanilla_tis_function, icepop_function, PR #2084's off_policy_is."""
     notes: list[str] = []
     fields: dict[str, Any] = {"name": name}
@@ -861,7 +861,7 @@ def _slime_builtin(c: Canonical, name: str) -> Candidate:
     return SlimeCorrection(**fields), tuple(notes)
 
 
-def _slime_mis(c: Canonical, name: str) -> Candidate:
+def _slime_mis(c: Canonical, name: str) -> Translation:
     """slime's mis.py helper (examples/train_infer_mismatch_helper), configured by its YAML."""
     notes: list[str] = []
     fields: dict[str, Any] = {"name": name, "use_tis": True, "tis_function": "mis"}

@@ -1,6 +1,6 @@
 """TRL: `GRPOTrainer`'s vLLM importance-sampling correction (`vllm_importance_sampling_*`).
 
-Source read: `huggingface/trl` @ f2cd5771 (2026-07-24, 1.10.0.dev0), `trl/trainer/grpo_config.py`
+Citation read: `huggingface/trl` @ f2cd5771 (2026-07-24, 1.10.0.dev0), `trl/trainer/grpo_config.py`
 (`GRPOConfig`, its `__post_init__`) and `trl/trainer/grpo_trainer.py`
 (`_generate_and_score_completions`, `_compute_loss`).
 
@@ -78,17 +78,17 @@ from iscore.frameworks._config import check_number, top_level
 from iscore.frameworks.base import (
     Aggregation,
     BatchFields,
+    Citation,
     Framework,
     Measure,
     ReferencePoint,
-    Source,
     Trap,
     Upstream,
 )
 from iscore.frameworks.canonical import (
-    Candidate,
     Canonical,
     Level,
+    Translation,
     first_weight,
     lost,
     mask_component,
@@ -339,7 +339,7 @@ def to_canonical(spec: TRLCorrection) -> Canonical:
     return Canonical((weight,))
 
 
-def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+def from_canonical(c: Canonical, name: str) -> list[Translation]:
     notes: list[str] = []
     w = first_weight(c, notes, "TRL")
     masks = list(c.masks)
@@ -488,7 +488,7 @@ def _default_mask(batch: TokenBatch, measure: Measure) -> str:
     )
 
 
-_PR_7269 = Source(
+_PR_7269 = Citation(
     "TRL pull request #7269 (vLLM's truncated-sampling log-probs)",
     "https://github.com/huggingface/trl/pull/7269",
 )

@@ -79,10 +79,10 @@ from iscore.frameworks import _batch, snippets
 from iscore.frameworks._config import as_float, check_number, top_level
 from iscore.frameworks.base import (
     Aggregation,
-    Band,
     BatchFields,
+    Citation,
     Framework,
-    Source,
+    HealthBand,
     Trap,
     Upstream,
 )
@@ -90,11 +90,11 @@ from iscore.frameworks.canonical import (
     BIG,
     TINY,
     Anchor,
-    Candidate,
     Canonical,
     Component,
     Level,
     Numerator,
+    Translation,
     first_weight,
     lost,
     mask_component,
@@ -1007,7 +1007,7 @@ def to_canonical(spec: VerlSpec) -> Canonical:
     return Canonical(tuple(components), anchor)
 
 
-def from_canonical(c: Canonical, name: str) -> list[Candidate]:
+def from_canonical(c: Canonical, name: str) -> list[Translation]:
     notes: list[str] = []
     bypass = c.anchor != "recompute"
     loss_type = "reinforce" if c.anchor == "none" else "ppo_clip"
@@ -1192,12 +1192,12 @@ def _aggregation(spec: VerlSpec) -> Aggregation:
     return Aggregation("token-mean", shrinks=not spec.bypass)
 
 
-_HEALTH = Source(
+_HEALTH = Citation(
     "verl docs, Rollout Correction: check_rollout_correction_health",
     "https://github.com/verl-project/verl/blob/main/docs/algo/rollout_corr.md",
 )
 BANDS = (
-    Band(
+    HealthBand(
         "ratio_mean",
         0.5,
         2.0,
@@ -1206,7 +1206,7 @@ BANDS = (
         "iscore on the raw ratios)",
         _HEALTH,
     ),
-    Band(
+    HealthBand(
         "ess",
         0.3,
         None,
@@ -1215,7 +1215,7 @@ BANDS = (
         "weights; iscore on the raw ratios)",
         _HEALTH,
     ),
-    Band(
+    HealthBand(
         "k1",
         -0.1,
         0.1,
@@ -1223,7 +1223,7 @@ BANDS = (
         "|kl| above 0.1: a significant off-policy gap",
         _HEALTH,
     ),
-    Band(
+    HealthBand(
         "chi2_token",
         None,
         1.0,

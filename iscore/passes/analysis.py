@@ -37,7 +37,7 @@ from iscore.packed import ops
 from iscore.packed.batch import TokenBatch
 from iscore.passes.document import Analysis
 from iscore.passes.on_ray import ray_parts
-from iscore.passes.parts import Part, device_for, fresh_parts, owned_parts, storable
+from iscore.passes.parts import StepPart, device_for, fresh_parts, owned_parts, storable
 from iscore.passes.results_store import ResultStore, RunKey, StoredPart
 from iscore.passes.sequences import SequenceTable
 from iscore.passes.stored import known_footers, part_of, run_key, stored_parts, to_store
@@ -92,7 +92,7 @@ def analyze(
     plan = _plan(source, specs, store, sequences, max_tokens, engine, device)
     owners: list[tuple[str, int]] = []
     if plan.held is not None:
-        found: Iterable[Part] = [plan.held]  # no file changed since: their merge, in one entry
+        found: Iterable[StepPart] = [plan.held]  # no file changed since: their merge, in one entry
     elif engine == "ray":
         found = ray_parts(plan.dump, specs, plan.kept, max_tokens, sequences, progress, owners)
         progress = None  # said as each task finishes
@@ -157,7 +157,7 @@ class _Plan:
     kept: ResultStore | None
     run: RunKey | None
     merged: StoredPart | None
-    held: Part | None
+    held: StepPart | None
 
     @property
     def files(self) -> list[str]:
@@ -206,10 +206,12 @@ def _plan(
 
 
 def _merged(
-    parts: Iterable[Part], specs: Sequence[Spec], progress: Callable[[int], None] | None
-) -> Part:
+    parts: Iterable[StepPart], specs: Sequence[Spec], progress: Callable[[int], None] | None
+) -> StepPart:
     """The parts merged in order into one (step -1), `progress` told each part's tokens."""
-    total = Part(-1, 0, MismatchStats(), [SettingStats(spec) for spec in specs], AttributionStats())
+    total = StepPart(
+        -1, 0, MismatchStats(), [SettingStats(spec) for spec in specs], AttributionStats()
+    )
     # The accumulators' per-token temporaries are allocated once for the whole pass.
     heap = HeapGuard()
     with ops.reused_buffers():
@@ -250,7 +252,7 @@ def parts(
     max_tokens: int = DEFAULT_CHUNK_TOKENS,
     device: str | torch.device | None = None,
     engine: Engine = "local",
-) -> Iterator[tuple[str, Part]]:
+) -> Iterator[tuple[str, StepPart]]:
     """What each run of one step's sequences of `dump` adds to an analysis of `specs`, with
     the file it is in, in the order read: from `store` where it holds them (`storable`),
     else computed (here, or on a Ray cluster: `engine`) and kept there. `analyze` merges

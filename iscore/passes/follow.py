@@ -44,7 +44,7 @@ from iscore.errors import IscoreError
 from iscore.frameworks.resolve import Setting, resolve_all
 from iscore.passes.analysis import analyze, parts
 from iscore.passes.document import Analysis
-from iscore.passes.parts import Part
+from iscore.passes.parts import StepPart
 from iscore.passes.results_store import Context, ResultStore, footer_complete, setting_key
 from iscore.stats.mismatch import MismatchStats
 from iscore.stats.setting import SettingStats
@@ -247,7 +247,7 @@ class Follower:
         self._read: dict[str, _Read] = {}
         self._mismatch: dict[int, dict[str, Any]] = {}
         self._settings: list[dict[int, dict[str, Any]]] = [{} for _ in self.specs]
-        self._parts: dict[str, list[Part]] = {}  # without a store: each file's parts
+        self._parts: dict[str, list[StepPart]] = {}  # without a store: each file's parts
         self._growing = GrowingTrend(self.specs, [spec.name for spec in self.specs], self.targets)
         # The store keeps the rows under the run's folder, settings, columns, iscore's
         # version and the device: what they depend on besides the files.
@@ -288,7 +288,7 @@ class Follower:
             self._parts.pop(path, None)
         new = sorted(p for p in found if p not in self._read and footer_complete(p))
         before = {_identity(e) for e in self._trend.events}
-        fresh: dict[int, list[tuple[str, Part]]] = {}
+        fresh: dict[int, list[tuple[str, StepPart]]] = {}
         steps: dict[str, list[int]] = {path: [] for path in new}
         for path, part in self._parts_of(new, self.engine):
             fresh.setdefault(part.step, []).append((path, part))
@@ -310,7 +310,7 @@ class Follower:
         events = tuple(e for e in self._trend.events if _identity(e) not in before)
         return Update(tuple(_path(p) for p in new), rows, by_step, events, self._trend)
 
-    def _parts_of(self, paths: Sequence[str], engine: Engine) -> Iterator[tuple[str, Part]]:
+    def _parts_of(self, paths: Sequence[str], engine: Engine) -> Iterator[tuple[str, StepPart]]:
         """The parts of files, each with its file, through the store (kept in memory
         without one)."""
         if not paths:
@@ -329,7 +329,7 @@ class Follower:
                 self._parts.setdefault(path, []).append(part)
             yield path, part
 
-    def _rows(self, steps: set[int], fresh: dict[int, list[tuple[str, Part]]]) -> None:
+    def _rows(self, steps: set[int], fresh: dict[int, list[tuple[str, StepPart]]]) -> None:
         """Recompute the rows of `steps`: each from the parts of its files, in path order
         (those read before from the store or memory, the new ones as just read)."""
         for step in sorted(steps):
@@ -356,7 +356,7 @@ class Follower:
                     rows[row["step"]] = json_ready(row)
             self._set(step)
 
-    def _stored(self, path: str, step: int) -> list[Part]:
+    def _stored(self, path: str, step: int) -> list[StepPart]:
         """The parts of `step` of a file read before."""
         if self.store is None:
             return [p for p in self._parts.get(path, []) if p.step == step]

@@ -20,7 +20,7 @@ from iscore.dump import (
 from iscore.errors import IscoreError
 from iscore.frameworks.spec import Spec
 from iscore.packed import ops
-from iscore.passes.parts import Part, analyzed, step_runs
+from iscore.passes.parts import StepPart, analyzed, step_runs
 from iscore.passes.results_store import (
     Context,
     FileIdentity,
@@ -93,7 +93,7 @@ def ray_parts(
     sequences: SequenceTable | None,
     progress: Callable[[int], None] | None,
     owners: list[tuple[str, int]],
-) -> Iterator[Part]:
+) -> Iterator[StepPart]:
     """The parts of `dump`, in the order one process reads them: from `store` where it
     holds a file, else analyzed by Ray tasks (a file's pieces of at least `max_tokens`
     tokens, `Dump.pieces`) and kept in the store. `sequences` gets the tasks' rows, the

@@ -1,5 +1,5 @@
-"""What each run of one step's sequences adds to an analysis (`Part`: its accumulators), computed
-here: every run analyzed on its own, so that what a step adds does not depend on the steps
+"""What each run of one step's sequences adds to an analysis (`StepPart`: its accumulators),
+computed here: every run analyzed on its own, so that what a step adds does not depend on the steps
 that share its chunk; `analyze` merges them, a followed run merges new ones as they land."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from iscore.utils.distributed import Engine, check_engine
 
 
 @dataclass(slots=True)
-class Part:
+class StepPart:
     """What one training step of one chunk adds to an analysis: the accumulators of its
     mismatch and of each setting, merged in order into the dump's (the unit a results store
     keeps, `iscore.passes.results_store`).
@@ -59,7 +59,7 @@ def owned_parts(
     device: torch.device,
     max_tokens: int,
     owners: list[tuple[str, int]],
-) -> Iterator[Part]:
+) -> Iterator[StepPart]:
     """The parts of `dump` computed here, file by file (each as the results store reads
     it), `owners` getting each one's file and sequences."""
     for index, info in enumerate(dump.files):
@@ -101,7 +101,7 @@ def fresh_parts(
     specs: Sequence[Spec],
     sequences: SequenceTable | None,
     device: torch.device,
-) -> Iterator[Part]:
+) -> Iterator[StepPart]:
     """The parts of the chunks, each run of one step analyzed on its own, so that what a
     step adds does not depend on which steps share its chunk."""
     for chunk in prefetched(chunks):
@@ -115,13 +115,13 @@ def analyzed(
     specs: Sequence[Spec],
     sequences: SequenceTable | None,
     stored: StoredPart | None = None,
-) -> Part:
+) -> StepPart:
     """The part of one step's run of sequences: what `stored` holds of it, the rest computed."""
     mismatch = None if stored is None else stored.mismatch()
     attribution = None if stored is None else stored.attribution()
     settings = [None if stored is None else stored.setting(spec) for spec in specs]
     if mismatch is not None and attribution is not None and all(s is not None for s in settings):
-        return Part(step, run.num_tokens, mismatch, settings, attribution)
+        return StepPart(step, run.num_tokens, mismatch, settings, attribution)
     # d, e^d and the sequence sums every setting needs are computed once per run.
     with ops.shared(run):
         if mismatch is None:
@@ -140,4 +140,4 @@ def analyzed(
             acc.update(run, replayed)
             if sequences is not None:
                 sequences.add(i, run, replayed)
-    return Part(step, run.num_tokens, mismatch, settings, attribution)
+    return StepPart(step, run.num_tokens, mismatch, settings, attribution)

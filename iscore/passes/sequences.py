@@ -51,7 +51,7 @@ from iscore.stats.columns import SETTING_STATISTICS, setting_columns
 from iscore.stats.setting import aggregation_of
 from iscore.utils.distributed import Engine, check_engine, ordered
 from iscore.utils.output import output_path
-from iscore.utils.sql import QueryError, Source, referenced
+from iscore.utils.sql import QueryError, TableSource, referenced
 
 
 @dataclass(slots=True)
@@ -297,7 +297,7 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def tokens_view(dump: Dump) -> tuple[dict[str, Source], str]:
+def tokens_view(dump: Dump) -> tuple[dict[str, TableSource], str]:
     """The `tokens` view: one row per token of the sequences in the `sequences` table (so
     the steps, `--where` and dropped sequences apply), read lazily from the dump's files.
 
@@ -316,7 +316,7 @@ def tokens_view(dump: Dump) -> tuple[dict[str, Source], str]:
     seq_id = (
         "VARCHAR" if pa.types.is_string(dump.sequence_schema.field("seq_id").type) else "BIGINT"
     )
-    tables: dict[str, Source] = {}
+    tables: dict[str, TableSource] = {}
     parts = []
     for i, (info, dataset) in enumerate(zip(dump.files, dump.datasets(), strict=True)):
         name = f"__tokens_{i}"
@@ -357,14 +357,14 @@ def tokens_view(dump: Dump) -> tuple[dict[str, Source], str]:
 
 def catalog(
     table: pa.Table, text: str, dump: Dump | None = None
-) -> tuple[dict[str, Source], dict[str, str]]:
+) -> tuple[dict[str, TableSource], dict[str, str]]:
     """The tables and views query `text` needs: `sequences` (= `table`), and the `tokens`
     view over `dump` when the query reads it.
 
     Raises:
         QueryError: the query reads another table, or is not one SELECT.
     """
-    tables: dict[str, Source] = {"sequences": table}
+    tables: dict[str, TableSource] = {"sequences": table}
     views: dict[str, str] = {}
     offered = set(TABLES) if dump is not None else {"sequences"}
     if "tokens" in referenced(text, offered):

@@ -19,7 +19,7 @@ from iscore.dump import (
 from iscore.errors import IscoreError
 from iscore.frameworks.spec import Spec
 from iscore.packed.batch import TokenBatch
-from iscore.passes.parts import Part, analyzed, step_runs
+from iscore.passes.parts import StepPart, analyzed, step_runs
 from iscore.passes.results_store import (
     ATTRIBUTION,
     MISMATCH,
@@ -61,7 +61,7 @@ def stored_parts(
     device: torch.device,
     max_tokens: int,
     owners: list[tuple[str, int]],
-) -> Iterator[Part]:
+) -> Iterator[StepPart]:
     """The parts of `dump`, file by file: from `store` where it holds every part of the
     selected steps with every setting, else read and computed (what the store holds of the
     file reused), and the file's entry written anew when it was read whole. `owners` gets the
@@ -105,7 +105,9 @@ def stored_parts(
                 whole = False
 
 
-def to_store(part: Part, run: int, specs: Sequence[Spec], stored: StoredPart | None) -> StoredPart:
+def to_store(
+    part: StepPart, run: int, specs: Sequence[Spec], stored: StoredPart | None
+) -> StoredPart:
     """A part as the store keeps it, with the settings the store held of it beside it."""
     states = {} if stored is None else dict(stored.states)
     states[MISMATCH] = part.mismatch.state()
@@ -138,7 +140,9 @@ def _file_work(
         yield "end", index, None
 
 
-def served_parts(stored: StoredFile, specs: Sequence[Spec], steps: StepRange) -> list[Part] | None:
+def served_parts(
+    stored: StoredFile, specs: Sequence[Spec], steps: StepRange
+) -> list[StepPart] | None:
     """The parts of the selected steps from what the store holds of a file, or None where it
     lacks one (a part, or a setting of one)."""
     if not stored.complete:
@@ -154,10 +158,10 @@ def served_parts(stored: StoredFile, specs: Sequence[Spec], steps: StepRange) ->
     return parts
 
 
-def part_of(held: StoredPart, specs: Sequence[Spec]) -> Part | None:
+def part_of(held: StoredPart, specs: Sequence[Spec]) -> StepPart | None:
     """A part from its accumulators' states, or None where one of them is missing."""
     mismatch, attribution = held.mismatch(), held.attribution()
     settings = [held.setting(spec) for spec in specs]
     if mismatch is None or attribution is None or any(s is None for s in settings):
         return None
-    return Part(held.step, held.tokens, mismatch, settings, attribution)
+    return StepPart(held.step, held.tokens, mismatch, settings, attribution)

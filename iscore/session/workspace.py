@@ -174,7 +174,7 @@ class _Memo:
 
 
 @dataclass(frozen=True, slots=True)
-class Source:
+class Origin:
     """Where a workspace's dump came from, for display.
 
     Attributes:
@@ -232,7 +232,7 @@ class Workspace:
             see only the sequence table).
     """
 
-    def __init__(self, batch: TokenBatch, source: Source, dump: Dump | None = None):
+    def __init__(self, batch: TokenBatch, source: Origin, dump: Dump | None = None):
         self.source = source
         self.dump = dump
         self.full = batch
@@ -271,7 +271,7 @@ class Workspace:
             ),
         )
         preview = preview_table(files[0], dump.head(ROWS))
-        source = Source(name, files, dump.layout, columns, dump.dropped, provenance, preview)
+        source = Origin(name, files, dump.layout, columns, dump.dropped, provenance, preview)
         return cls(batch, source, dump)
 
     def selection(self, steps: Selection | StepRange | None) -> Selection:

@@ -488,7 +488,7 @@ Z_RISE = 3.0
 
 
 @dataclass(frozen=True, slots=True)
-class Band:
+class Baseline:
     """What the early steps of a run show of a positive statistic (k3), on the log scale.
 
     Attributes:
@@ -508,7 +508,7 @@ class Band:
         return "the first step" if self.steps == 1 else f"the first {self.steps} steps"
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> Band:
+    def of(cls, values: Sequence[float]) -> Baseline:
         """The band of the first `EARLY_STEPS` of `values` (a third of them if fewer);
         values are floored at 1e-12 (a k3 below is no mismatch)."""
         early = early_steps(len(values))
@@ -531,7 +531,7 @@ def early_steps(n: int) -> int:
 
 
 def first_rise(values: Sequence[float]) -> int | None:
-    """The index of the first step of a sustained rise above the early steps' band (`Band`):
+    """The index of the first step of a sustained rise above the early steps' band (`Baseline`):
     from it, `SUSTAIN_STEPS` steps in a row above the band's upper edge, or every step to the
     last when fewer are left (at least two); None where there is none, or fewer than three
     steps. One spike is not a rise, and neither is a run that stays where it started.
@@ -544,7 +544,7 @@ def first_rise(values: Sequence[float]) -> int | None:
     n = len(values)
     if n < 3:
         return None
-    band = Band.of(values)
+    band = Baseline.of(values)
     above = np.asarray(values, dtype=float) > band.upper
     for t in range(band.steps, n):
         run = above[t : t + SUSTAIN_STEPS]

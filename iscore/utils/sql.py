@@ -54,7 +54,7 @@ _CONFIG = {
 _ROW = "__iscore_row"
 """The row number column a predicate is evaluated with (not a column a predicate may use)."""
 
-Source = pa.Table | pads.Dataset
+TableSource = pa.Table | pads.Dataset
 """What a connection can offer as a table: an Arrow table, or a dataset it scans lazily."""
 
 
@@ -69,7 +69,7 @@ def one_line(text: object) -> str:
 
 
 def connect(
-    tables: Mapping[str, Source], views: Mapping[str, str] | None = None
+    tables: Mapping[str, TableSource], views: Mapping[str, str] | None = None
 ) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection offering `tables` and `views`, then locked.
 
@@ -200,7 +200,7 @@ def _run_error(e: duckdb.Error) -> QueryError:
 
 
 def query(
-    tables: Mapping[str, Source],
+    tables: Mapping[str, TableSource],
     sql: str,
     *,
     views: Mapping[str, str] | None = None,
@@ -234,7 +234,7 @@ def query(
 
 @contextmanager
 def open_query(
-    tables: Mapping[str, Source],
+    tables: Mapping[str, TableSource],
     sql: str,
     *,
     views: Mapping[str, str] | None = None,

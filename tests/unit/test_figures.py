@@ -21,7 +21,7 @@ from iscore.present import figures
 from iscore.present.figures import axes, binning
 from iscore.stats.histogram import BINS_PER_DECADE
 from iscore.stats.mismatch import MismatchStats
-from iscore.stats.noise import Band
+from iscore.stats.noise import Baseline
 from tests.unit.frameworks.conftest import make_batch
 
 
@@ -575,7 +575,7 @@ def _trend(k3: list[float], events=(), settings=("mine",)) -> Trend:
         rows.append(row)
     if len(rows) > 2:
         rows[2]["broken_sequences"] = 2
-    return Trend(tuple(rows), prefixes, tuple(settings), Band.of(k3), tuple(events))
+    return Trend(tuple(rows), prefixes, tuple(settings), Baseline.of(k3), tuple(events))
 
 
 def test_a_metric_is_drawn_faint_behind_its_smoothing() -> None:

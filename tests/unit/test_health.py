@@ -11,13 +11,13 @@ from iscore.advice.reference import bands, place, points
 from iscore.cli import main
 from iscore.dump import Dump
 from iscore.dump.simulate import SimConfig, write_simulated
-from iscore.frameworks.base import Band, ReferencePoint, Source
+from iscore.frameworks.base import Citation, HealthBand, ReferencePoint
 from iscore.passes.analysis import analyze
 from iscore.passes.validation import validate
 from iscore.present.report import render_html
 from iscore.stats.catalogue import BANDS, METRIC_NAMES
 
-SOURCE = Source("a test", "https://example.org")
+SOURCE = Citation("a test", "https://example.org")
 
 
 def _health(tmp_path, **config):
@@ -35,7 +35,7 @@ def test_every_band_and_reference_point_cites_a_source():
         assert p.statistic in METRIC_NAMES and p.setting and p.model and p.logged_as
         assert p.source.url.startswith("https://")
     with pytest.raises(ValueError, match="https link"):
-        Source("no link", "example.org")
+        Citation("no link", "example.org")
 
 
 def test_the_mismatch_page_column_is_written_from_the_typed_bands():
@@ -83,11 +83,11 @@ def test_drift_is_judged_step_by_step(tmp_path):
 
 
 def test_a_band_includes_its_limits_and_a_missing_value_is_unjudged():
-    band = Band("k3", None, 1e-3, "gen_kl_error", "investigate", SOURCE)
+    band = HealthBand("k3", None, 1e-3, "gen_kl_error", "investigate", SOURCE)
     assert band.contains(1e-3) and not band.contains(1.1e-3)
     assert Check("x", band, None).within is None and Check("x", band, 2e-3).within is False
     with pytest.raises(ValueError, match="at least one limit"):
-        Band("k3", None, None, "x", "x", SOURCE)
+        HealthBand("k3", None, None, "x", "x", SOURCE)
 
 
 def test_a_dump_is_placed_between_the_published_points():

@@ -65,7 +65,7 @@ __all__ = [
     "SUFFIXES",
     "Buffer",
     "ConvertReport",
-    "Part",
+    "ConvertedFile",
     "convert",
     "detect",
     "read",
@@ -123,7 +123,7 @@ def open_binary(file: File) -> BinaryIO:
 
 
 @dataclass(frozen=True, slots=True)
-class Part:
+class ConvertedFile:
     """One source file, converted.
 
     Attributes:
@@ -340,7 +340,7 @@ def convert(
     ConvertReport(framework='skyrl', out='skyrl.parquet', files=3, steps=3, ...)
     """
     fmt, files = _plan(source, fmt, flag="--from")
-    parts: list[Part] = []
+    parts: list[ConvertedFile] = []
     with output_path(out) as tmp:
         writer = DumpWriter(tmp, framework=fmt)
         try:
@@ -365,13 +365,13 @@ def convert(
     )
 
 
-def _parts(fmt: str, files: list[File], allow_pickle: bool) -> Iterator[Part]:
+def _parts(fmt: str, files: list[File], allow_pickle: bool) -> Iterator[ConvertedFile]:
     """The format's parts, checked to share the first table's columns (a file has one schema).
 
     What is wrong with a file is a problem of the dump, naming the file, as a Parquet file's
     are (`DumpProblems`: the CLI exits 1).
     """
-    first: Part | None = None
+    first: ConvertedFile | None = None
     parts = iter(_module(fmt).read_parts(files, allow_pickle=allow_pickle))
     for file in files:  # each format yields one part per file, in their order
         try:
@@ -395,7 +395,7 @@ def file_problem(file: File | str, message: str) -> DumpProblems:
     return DumpProblems([Problem(str(file), None, message.removeprefix(f"{file}: "))])
 
 
-def _summary(parts: list[Part]) -> dict[str, object]:
+def _summary(parts: list[ConvertedFile]) -> dict[str, object]:
     """The provenance fields the files themselves contribute: format_version and notes."""
     record: dict[str, object] = {}
     versions = sorted({p.format_version for p in parts if p.format_version is not None}, key=str)

@@ -38,8 +38,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from iscore.dump.importers import (
+    ConvertedFile,
     File,
-    Part,
     as_floats,
     as_index,
     as_ints,
@@ -69,13 +69,13 @@ def claims(path: File) -> bool:
     return record is not None and all(key in record for key in _LOGPROBS)
 
 
-def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Part]:
+def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[ConvertedFile]:
     """Convert each file (one step) in turn; `allow_pickle` is irrelevant to JSON."""
     for path in paths:
         yield _read(path)
 
 
-def _read(path: File) -> Part:
+def _read(path: File) -> ConvertedFile:
     match = _FILE.match(path.name)
     if match is None:
         raise DumpError(
@@ -117,7 +117,7 @@ def _read(path: File) -> Part:
         ids.append(as_index(record.get("idx", count), where, "idx"))
         lengths.append(n)
     if not ids:
-        return Part(str(path), None, notes=(f"{path}: no records",))
+        return ConvertedFile(str(path), None, notes=(f"{path}: no records",))
     table = canonical_table(
         step=step,
         seq_id=ids,
@@ -125,7 +125,7 @@ def _read(path: File) -> Part:
         tokens={k: np.concatenate(v) for k, v in tokens.items()},
         sequences={k: v for k, v in sequences.items() if v},
     )
-    return Part(str(path), table)
+    return ConvertedFile(str(path), table)
 
 
 def _require_keys(record: dict, where: str, present: tuple[str, ...], first_line: int) -> None:

@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from iscore.dump.importers import (
+    ConvertedFile,
     File,
-    Part,
     as_floats,
     as_index,
     as_ints,
@@ -71,13 +71,13 @@ def claims(path: File) -> bool:
     return record is not None and all(key in record for key in _LOGPROBS)
 
 
-def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Part]:
+def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[ConvertedFile]:
     """Convert each file (one rank of one step) in turn; `allow_pickle` is irrelevant to JSON."""
     for path in paths:
         yield _read(path)
 
 
-def _read(path: File) -> Part:
+def _read(path: File) -> ConvertedFile:
     match = _FILE.search(path.as_posix())
     folder_step = file_rank = None
     if match:
@@ -123,14 +123,14 @@ def _read(path: File) -> Part:
         ids.append(_seq_id(record, file_rank, count, where))
         lengths.append(int(selected.sum()))
     if not ids:
-        return Part(str(path), None, version, (*notes, f"{path}: no records"))
+        return ConvertedFile(str(path), None, version, (*notes, f"{path}: no records"))
     table = canonical_table(
         step=np.array(steps),
         seq_id=ids,
         lengths=np.array(lengths),
         tokens={k: np.concatenate(v) for k, v in tokens.items()},
     )
-    return Part(str(path), table, version, tuple(notes))
+    return ConvertedFile(str(path), table, version, tuple(notes))
 
 
 def _step(record: dict, folder_step: int | None, where: str) -> int:

@@ -60,8 +60,8 @@ import pyarrow as pa
 import torch
 
 from iscore.dump.importers import (
+    ConvertedFile,
     File,
-    Part,
     as_index,
     load_weights_only,
     open_binary,
@@ -97,7 +97,7 @@ def claims(path: File) -> bool:
     return b"training_batch" in head and b"Batch" in head
 
 
-def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Part]:
+def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[ConvertedFile]:
     """Convert each file (one step) in turn.
 
     Raises:
@@ -114,9 +114,9 @@ def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Par
     return (_part(path) for path in paths)
 
 
-def _part(path: File) -> Part:
+def _part(path: File) -> ConvertedFile:
     table, notes = _table(path, _unpickle(path))
-    return Part(str(path), table, notes=notes)
+    return ConvertedFile(str(path), table, notes=notes)
 
 
 class _Batch(dict):

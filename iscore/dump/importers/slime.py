@@ -56,8 +56,8 @@ import pyarrow as pa
 import torch
 
 from iscore.dump.importers import (
+    ConvertedFile,
     File,
-    Part,
     as_floats,
     as_index,
     as_ints,
@@ -131,7 +131,7 @@ def _head(path: File) -> bytes:
         return b""  # a damaged archive claims nothing; reading it says what is wrong
 
 
-def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[Part]:
+def read_parts(paths: list[File], *, allow_pickle: bool = False) -> Iterator[ConvertedFile]:
     """Convert each file (a rollout, or one rank of it in the older layout) in turn.
 
     Args:
@@ -258,7 +258,7 @@ def _numpy(value: object) -> object:
     return value
 
 
-def _read(path: File, allow_pickle: bool, seen: set[tuple[int, int]]) -> Part:
+def _read(path: File, allow_pickle: bool, seen: set[tuple[int, int]]) -> ConvertedFile:
     if not claims(path) and b"group_index" in _head(path):
         raise DumpError(_ROLLOUT_DUMP.format(path=path))
     payload = _load(path)
@@ -269,7 +269,7 @@ def _read(path: File, allow_pickle: bool, seen: set[tuple[int, int]]) -> Part:
         notes.append(
             f"{path}: no log_probs (written by a rank of an earlier pipeline stage); skipped"
         )
-        return Part(str(path), None, version, tuple(notes))
+        return ConvertedFile(str(path), None, version, tuple(notes))
     joined = _rollout_samples(path, rollout_id, allow_pickle, notes)
     columns = _Columns(older)
     repeats = 0
@@ -298,7 +298,7 @@ def _read(path: File, allow_pickle: bool, seen: set[tuple[int, int]]) -> Part:
     if repeats:
         notes.append(f"{path}: {repeats} samples already read from another rank's file; skipped")
     table = columns.table(rollout_id, notes)
-    return Part(str(path), table, version, tuple(notes))
+    return ConvertedFile(str(path), table, version, tuple(notes))
 
 
 class _Columns:

@@ -29,36 +29,37 @@ import pandas as pd
 import streamlit as st
 
 from iscore import frameworks
-from iscore.advice.conversion import Syntax, to_file_text
-from iscore.advice.conversion import convert as convert_setting
-from iscore.advice.health import Health, assess
-from iscore.advice.recommendation import Recommendation
-from iscore.advice.reference import point_dict, points
-from iscore.advice.targets import Targets
-from iscore.advice.trend import Trend
-from iscore.advice.tuning import FAMILIES, family_of
-from iscore.dump import StepRange
-from iscore.dump.importers import PICKLED, SUFFIXES
-from iscore.dump.preview import Preview, preview_parquet
+from iscore.advice import (
+    FAMILIES,
+    Health,
+    Recommendation,
+    Syntax,
+    Targets,
+    Trend,
+    assess,
+    family_of,
+    point_dict,
+    points,
+    to_file_text,
+)
+from iscore.advice import export as export_setting
+from iscore.dump import PICKLED, SUFFIXES, Preview, StepRange, preview_parquet
 from iscore.errors import DumpProblems, IscoreError
-from iscore.frameworks.resolve import presets
-from iscore.frameworks.spec import Spec
-from iscore.passes.document import Analysis
-from iscore.passes.follow import Follower, ready_files
-from iscore.passes.results_store import ResultStore
-from iscore.present.figures import color, setting_name
-from iscore.present.tables import SUMMARY_COLUMNS
-from iscore.session.budget import WorkspaceCache
-from iscore.session.launch import Options, parse_options
-from iscore.session.workspace import (
+from iscore.frameworks import Spec, presets
+from iscore.passes import Analysis, Follower, ResultStore, ready_files
+from iscore.present import SUMMARY_COLUMNS, color, setting_name
+from iscore.session import (
+    Options,
     Selection,
     Workspace,
+    WorkspaceCache,
     digest,
     fingerprint,
     open_path,
     open_uploads,
+    parse_options,
 )
-from iscore.utils.paths import default_folder
+from iscore.utils import default_folder
 
 T = TypeVar("T")
 
@@ -854,12 +855,12 @@ class Exported:
 
 
 def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -> Exported:
-    """`spec` as a setting of `framework` (`iscore.advice.conversion.convert`), measured on the
+    """`spec` as a setting of `framework` (`iscore.advice.conversion.export`), measured on the
     selected steps when the framework differs; memoized with the workspace."""
 
-    def convert() -> Exported:
+    def build() -> Exported:
         batch = None if framework == spec.framework else ws.batch(steps)
-        result = convert_setting(spec, framework, batch=batch)
+        result = export_setting(spec, framework, batch=batch)
         difference = None
         if result.difference is not None:
             difference = pd.DataFrame(
@@ -878,7 +879,7 @@ def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -
             difference,
         )
 
-    return ws.cached(("export", spec, framework, ws.selection(steps)), convert)
+    return ws.cached(("export", spec, framework, ws.selection(steps)), build)
 
 
 # ------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from starlette.middleware import Middleware
 from starlette.responses import PlainTextResponse
 from streamlit import config
 
-from iscore.session.serving import LOOPBACK_HOSTS, host_allowed
+from iscore.session import LOOPBACK_HOSTS, host_allowed
 
 
 class HostAllowList:

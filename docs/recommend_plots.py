@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from iscore import TokenBatch, load, recommend
-from iscore.advice.recommendation import Recommendation
-from iscore.dump.simulate import SimConfig, write_simulated
+from iscore.advice import Recommendation
+from iscore.dump import SimConfig, write_simulated
 from iscore.frameworks import NAMES
 from iscore.packed import ops
-from iscore.stats.mismatch import broken_sequences
+from iscore.stats import broken_sequences
 
 W, H, PAD = 640, 360, 56
 REGIMES = {

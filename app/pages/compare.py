@@ -5,13 +5,11 @@ from __future__ import annotations
 import common
 import streamlit as st
 
-from iscore.advice.flags import flags_of
-from iscore.advice.tuning import FAMILIES, family_spec, frameworks_for
+from iscore.advice import FAMILIES, family_spec, flags_of, frameworks_for
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.frameworks.resolve import load_config_text, parse_config
-from iscore.present import figures
-from iscore.present.tables import SUMMARY_COLUMNS
+from iscore.frameworks import load_config_text, parse_config
+from iscore.present import SUMMARY_COLUMNS, figures
 
 ws = common.require_workspace()
 steps = common.selected_steps()

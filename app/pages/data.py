@@ -9,7 +9,7 @@ import common
 import pandas as pd
 import streamlit as st
 
-from iscore.dump.preview import Preview
+from iscore.dump import Preview
 from iscore.errors import IscoreError
 from iscore.present import figures
 

@@ -8,8 +8,8 @@ import streamlit as st
 
 from iscore.errors import IscoreError
 from iscore.present import figures
-from iscore.stats.columns import setting_columns
-from iscore.utils.sql import ROW_LIMIT, TIMEOUT_S
+from iscore.stats import setting_columns
+from iscore.utils import ROW_LIMIT, TIMEOUT_S
 
 ws = common.require_workspace()
 selection = common.selected_steps()

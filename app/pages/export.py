@@ -10,7 +10,7 @@ import streamlit as st
 
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.present.report import render_html
+from iscore.present import render_html
 
 ws = common.require_workspace()
 steps = common.selected_steps()

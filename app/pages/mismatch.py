@@ -7,9 +7,9 @@ import common
 import pandas as pd
 import streamlit as st
 
-from iscore.advice.flags import NO_SEMANTICS_BUG, flags_of
+from iscore.advice import NO_SEMANTICS_BUG, flags_of
 from iscore.present import figures
-from iscore.stats.catalogue import BANDS, DEFINITIONS, METRIC_NAMES
+from iscore.stats import BANDS, DEFINITIONS, METRIC_NAMES
 
 ws = common.require_workspace()
 analysis = common.compute(

@@ -7,12 +7,10 @@ import common
 import pandas as pd
 import streamlit as st
 
-from iscore.advice.candidates import RULE_SYMBOLS
-from iscore.advice.flags import flags_of
-from iscore.advice.targets import Targets
+from iscore.advice import RULE_SYMBOLS, Targets, flags_of
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.stats.setting import BROKEN_KEPT
+from iscore.stats import BROKEN_KEPT
 
 ws = common.require_workspace()
 steps = common.selected_steps()

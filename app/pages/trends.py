@@ -9,7 +9,7 @@ from typing import Any
 import common
 import streamlit as st
 
-from iscore.advice.trend import EVENT_KINDS, Trend
+from iscore.advice import EVENT_KINDS, Trend
 from iscore.errors import IscoreError
 from iscore.present import figures
 

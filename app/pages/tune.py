@@ -7,8 +7,7 @@ import common
 import streamlit as st
 
 from iscore import frameworks
-from iscore.advice import tuning
-from iscore.advice.tuning import FAMILIES
+from iscore.advice import FAMILIES, tuning
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.present import figures

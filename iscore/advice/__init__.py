@@ -1,8 +1,39 @@
-"""Every decision, made once and carried as data: the health verdict (`health`) against
-published reference values (`reference`), the recommendation of a setting (`recommendation`),
-threshold tuning (`tuning`), export between frameworks (`conversion`) and a run's trend and
-events (`trend`).
+"""Every decision, made once and carried as data: the mismatch flags (`flags`), where the
+mismatch comes from (`attribution`), the health verdict (`health`) against published reference
+values (`reference`), the targets a setting is held to and each statistic's grade
+(`targets`), the recommendation of a setting (`recommendation`, over the thresholds placed on
+the data, `thresholds`, its candidates, `candidates`, the objective they are ranked by,
+`objective`, and the words, `explain`), threshold tuning (`tuning`), export between frameworks
+(`conversion`) and a run's trend and its events (`trend`).
 
-Rule: reads statistics and dumps from the floors below, never streams a dump through settings
-(`iscore.passes` does).
+Rule: reads statistics and dumps from the floors below (`iscore.stats`, `iscore.dump` and
+down); never streams a dump through settings into statistics (`iscore.passes` does).
 """
+
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submodules=["tuning"],
+    submod_attrs={
+        "attribution": ["attribute"],
+        "candidates": ["RULE_SYMBOLS"],
+        "conversion": ["Syntax", "export", "snippet", "to_file_text"],
+        "flags": ["FLAG_KINDS", "NO_SEMANTICS_BUG", "find_flags", "flags_of"],
+        "health": ["Health", "assess", "assess_values"],
+        "recommendation": ["Recommendation", "recommend"],
+        "reference": ["point_dict", "points"],
+        "targets": ["Targets"],
+        "trend": ["EVENT_KINDS", "Event", "GrowingTrend", "Trend"],
+        "tuning": [
+            "FAMILIES",
+            "TuneResult",
+            "Tuner",
+            "family_of",
+            "family_spec",
+            "frameworks_for",
+            "grid",
+            "query",
+        ],
+    },
+)

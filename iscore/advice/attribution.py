@@ -48,7 +48,7 @@ import numpy as np
 import pyarrow as pa
 
 from iscore.advice.flags import flags_of
-from iscore.stats.attribution import SPAN_RATIO, TURN_TOKENS, WINDOW, AttributionNumbers
+from iscore.stats import SPAN_RATIO, TURN_TOKENS, WINDOW, AttributionNumbers
 
 SPAN_SHARE = 0.01
 """and such sequences are at least this share of the healthy ones."""

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from iscore.advice.thresholds import Thresholds
-from iscore.frameworks.canonical import Canonical, Component, mask_component, weight_component
-from iscore.frameworks.spec import Spec
+from iscore.frameworks import Canonical, Component, Spec, mask_component, weight_component
 
 RULE_SYMBOLS = (
     "d = train - rollout log-prob, rho = e^d per token, k3 = rho - 1 - d, S = the sum of d "

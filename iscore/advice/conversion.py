@@ -11,14 +11,14 @@ Three things, each the inverse of something `parse` does or a bridge between fra
   (`iscore.frameworks.canonical`), as a tuple of components (weights, masks, batch normalization)
   with the numerical details that decide whether two frameworks compute the same thing (the +-20
   exponent clamp, float32 comparisons, NeMo-RL's overflow to 0).
-- `convert(spec, to)`: the target framework's closest setting. `exact` only when the target
+- `export(spec, to)`: the target framework's closest setting. `exact` only when the target
   replays identically: by construction when the canonical forms agree, or, for settings that
   are the same rule computed along a different floating-point path, when a `batch` given shows
   identical weights and masks. Whatever the target cannot express is a note, and with a
   `batch` the difference is measured (`iscore.stats.setting.quick_stats` of both).
 
 >>> from iscore.frameworks import nemo_rl
->>> out = convert(nemo_rl.PRESETS["nemo_icepop"], "openrlhf")
+>>> out = export(nemo_rl.PRESETS["nemo_icepop"], "openrlhf")
 >>> out.exact, canonical(out.spec).method
 (True, 'icepop')
 >>> print(out.text)
@@ -43,14 +43,18 @@ import torch
 from iscore import frameworks
 from iscore.dump import Data, load_data
 from iscore.errors import ConfigError, clip, quote
-from iscore.frameworks._config import check_choice
-from iscore.frameworks.base import Framework
-from iscore.frameworks.canonical import Canonical, sentence
-from iscore.frameworks.resolve import Setting, resolve
-from iscore.frameworks.snippets import yaml_text
-from iscore.frameworks.spec import Spec
-from iscore.packed.batch import TokenBatch
-from iscore.stats.setting import aggregation_of, quick_stats
+from iscore.frameworks import (
+    Canonical,
+    Framework,
+    Setting,
+    Spec,
+    check_choice,
+    resolve,
+    sentence,
+    yaml_text,
+)
+from iscore.packed import TokenBatch
+from iscore.stats import aggregation_of, quick_stats
 
 
 def canonical(spec: Spec) -> Canonical:
@@ -131,7 +135,7 @@ class Export:
         return "\n".join([*self.header(), self.text.rstrip()]) + "\n"
 
 
-def convert(
+def export(
     setting: Setting,
     to: str,
     *,
@@ -152,7 +156,7 @@ def convert(
             loaded batch, an opened `Dump` or its path (read whole).
 
     >>> from iscore.frameworks import nemo_rl
-    >>> out = convert(nemo_rl.PRESETS["nemo_icepop"], "verl")
+    >>> out = export(nemo_rl.PRESETS["nemo_icepop"], "verl")
     >>> out.exact, out.spec.is_lower, out.spec.is_upper
     (True, 0.5, 5.0)
 

@@ -12,10 +12,9 @@ from iscore.advice.candidates import KINDS, Candidate
 from iscore.advice.objective import TERMS, broken_kept_words, measure, preference
 from iscore.advice.targets import Targets
 from iscore.advice.thresholds import VARIANCE_WEIGHT, Normal, Thresholds
-from iscore.frameworks.base import Framework
-from iscore.packed.batch import TokenBatch
-from iscore.stats import noise
-from iscore.stats.setting import quick_stats
+from iscore.frameworks import Framework
+from iscore.packed import TokenBatch
+from iscore.stats import noise, quick_stats
 
 
 def _why(a: Candidate, b: Candidate) -> str:

@@ -9,12 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from iscore.stats import noise
-from iscore.stats.noise import (
-    Baseline,
-    first_rise,
-    ratio_bias,
-)
+from iscore.stats import Baseline, first_rise, noise, ratio_bias
 
 FlagKind = Literal["semantics_bug", "broken", "drift", "heavy_tail"]
 """What a flag says about the mismatch: a bug in what one side computes (`semantics_bug`: no

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from iscore.advice.flags import flags_of
 from iscore.advice.reference import Placement, bands, placements
-from iscore.frameworks.base import HealthBand
+from iscore.frameworks import HealthBand
 from iscore.stats import noise
 
 Verdict = Literal["normal", "elevated", "broken"]

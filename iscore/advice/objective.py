@@ -12,10 +12,9 @@ import numpy as np
 from iscore.advice.candidates import Candidate
 from iscore.advice.targets import MAX_BROKEN_KEPT, Targets
 from iscore.advice.thresholds import PPO_CLIP, VARIANCE_WEIGHT, Normal, variance_added
-from iscore.frameworks.spec import Replay, Spec
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
-from iscore.stats.setting import SettingStats
+from iscore.frameworks import Replay, Spec
+from iscore.packed import TokenBatch, ops
+from iscore.stats import SettingStats
 
 
 def measure(

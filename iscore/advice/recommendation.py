@@ -35,12 +35,9 @@ from iscore.advice.objective import measure, preference
 from iscore.advice.targets import Targets
 from iscore.advice.thresholds import Normal, Thresholds
 from iscore.dump import Data, load_data
-from iscore.frameworks.base import Framework
-from iscore.frameworks.resolve import Setting, resolve
-from iscore.frameworks.spec import Spec
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
-from iscore.utils.distributed import Engine
+from iscore.frameworks import Framework, Setting, Spec, resolve
+from iscore.packed import TokenBatch, ops
+from iscore.utils import Engine
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from iscore import frameworks
-from iscore.frameworks.base import Citation, HealthBand, ReferencePoint
+from iscore.frameworks import Citation, HealthBand, ReferencePoint
 
 _MILES_FP8 = Citation(
     "miles pull request #1678 (FP8 rollout for GLM-5.2)",

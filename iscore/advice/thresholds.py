@@ -10,11 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
-from iscore.stats import noise
-from iscore.stats.mismatch import broken_sequences
-from iscore.stats.noise import ratio_bias
+from iscore.packed import TokenBatch, ops
+from iscore.stats import broken_sequences, noise, ratio_bias
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
-from iscore.frameworks.spec import Spec
-from iscore.stats.columns import setting_columns
-from iscore.stats.noise import (
+from iscore.frameworks import Spec
+from iscore.stats import (
     BROKEN_WORDS,
     SUSTAIN_STEPS,
     Baseline,
     early_steps,
     first_rise,
     ratio_bias,
+    setting_columns,
 )
 
 if TYPE_CHECKING:

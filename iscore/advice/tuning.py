@@ -36,10 +36,14 @@ import numpy as np
 from iscore import frameworks
 from iscore.dump import Data, load_data
 from iscore.errors import ConfigError
-from iscore.frameworks._config import check_choice
-from iscore.frameworks.base import Aggregation
-from iscore.frameworks.canonical import Canonical, mask_component, weight_component
-from iscore.frameworks.spec import Spec
+from iscore.frameworks import (
+    Aggregation,
+    Canonical,
+    Spec,
+    check_choice,
+    mask_component,
+    weight_component,
+)
 from iscore.packed import ops
 
 _TOKEN = Aggregation()  # token-mean: sum(w) / N

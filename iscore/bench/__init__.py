@@ -48,6 +48,8 @@ The engine never imports this package (only the CLI's `bench` command does, when
 
 >>> result = run_bench(tokens=50_000, repeats=1, memory=False)  # doctest: +SKIP
 >>> print(format_table(result))  # doctest: +SKIP
+
+Rule: measures the floors below it through their faces; nothing below imports it.
 """
 
 from iscore.bench.base import SETTINGS

@@ -29,8 +29,7 @@ import torch
 
 import iscore
 from iscore.bench.goals import GOAL_TEXT
-from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
-from iscore.frameworks.spec import Spec
+from iscore.frameworks import Spec, areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
 
 SETTINGS = (
     verl.PRESETS["decoupled_geo_rs_token_tis"],

@@ -10,8 +10,8 @@ import math
 import time
 
 from iscore.bench.base import Measured, Run, best, row
-from iscore.passes.analysis import analyze
-from iscore.utils.distributed import connect, ordered
+from iscore.passes import analyze
+from iscore.utils import connect, ordered
 
 TASKS = 200
 """Empty tasks timed for the per-task overhead."""

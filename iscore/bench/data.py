@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from iscore.dump.simulate import SimConfig, write_simulated
+from iscore.dump import SimConfig, write_simulated
 
 REGIME = "moe_routing"
 """Simulated regime: bf16-level noise plus routing-flip spans, so every setting acts."""

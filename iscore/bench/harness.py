@@ -23,7 +23,7 @@ from iscore.bench.baselines.comparison import baselines
 from iscore.bench.writer import writer
 from iscore.dump import DEFAULT_CHUNK_TOKENS
 from iscore.errors import ConfigError, quote
-from iscore.frameworks.resolve import Setting, resolve
+from iscore.frameworks import Setting, resolve
 from iscore.packed import kernels
 
 MEASUREMENTS: tuple[Measurement, ...] = (

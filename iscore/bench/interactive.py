@@ -12,12 +12,11 @@ import numpy as np
 
 import iscore
 from iscore import frameworks
-from iscore.advice.targets import Targets
-from iscore.advice.tuning import Tuner, query
+from iscore.advice import Targets, Tuner, query
 from iscore.bench.base import Measured, Run, best, row
 from iscore.bench.data import subset
 from iscore.dump import Dump, StepRange
-from iscore.session.workspace import Workspace
+from iscore.session import Workspace
 
 
 def tune(run: Run) -> Measured:

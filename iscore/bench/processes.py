@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from iscore.bench.base import COLUMNS, Measured, Run, best, package_root, row
-from iscore.dump.simulate import SimConfig, write_simulated
+from iscore.dump import SimConfig, write_simulated
 from iscore.packed import kernels
 
 _MARGINAL_SCRIPT = """

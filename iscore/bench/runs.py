@@ -10,11 +10,8 @@ import time
 from pathlib import Path
 
 from iscore.bench.base import Measured, Run, best, row
-from iscore.dump import Dump
-from iscore.dump.simulate import SimConfig, write_run
-from iscore.passes.analysis import analyze
-from iscore.passes.follow import Follower
-from iscore.passes.results_store import ResultStore
+from iscore.dump import Dump, SimConfig, write_run
+from iscore.passes import Follower, ResultStore, analyze
 
 SEQUENCES = 8
 """Sequences per step file (median 64 tokens each): small files, where fixed costs show."""

@@ -12,9 +12,8 @@ import torch
 import iscore
 from iscore.bench.base import COLUMNS, Measured, Run, best, row
 from iscore.dump import Dump
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
-from iscore.passes.analysis import analyze
+from iscore.packed import TokenBatch, ops
+from iscore.passes import analyze
 
 READ_ROW = "read (pyarrow, needed columns)"
 """The row every `ratio_vs_read` divides by: the floor any tool pays."""

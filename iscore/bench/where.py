@@ -13,8 +13,8 @@ from typing import Any
 from iscore.bench import data
 from iscore.bench.base import SETTINGS, best, loadavg, machine, row
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
-from iscore.frameworks.resolve import Setting, resolve
-from iscore.passes.analysis import analyze
+from iscore.frameworks import Setting, resolve
+from iscore.passes import analyze
 
 WHERE_PREDICATES = (
     "length > 0",

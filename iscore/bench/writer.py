@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from iscore.bench.base import Measured, Run, best, row
-from iscore.dump.writer import DumpWriter
+from iscore.dump import DumpWriter
 from iscore.frameworks import trl
 
 STEP_TOKENS = 1_000_000

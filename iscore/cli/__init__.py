@@ -4,6 +4,9 @@ Each subcommand is a thin layer over the Python API: parse arguments, call iscor
 Errors the user can cause are printed as one clear message each, never as a traceback:
 exit 1 for a dump with problems (unreadable files, wrong columns, invalid values), 2 for
 bad arguments.
+
+Rule: a module per command (its `add_parser` and `run`), over the floors below it and the
+options they share (`options`); nothing but `python -m iscore` imports it.
 """
 
 from __future__ import annotations

@@ -47,12 +47,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from iscore.advice.health import assess
-    from iscore.frameworks.resolve import resolve
-    from iscore.passes.analysis import analyze
-    from iscore.passes.sequences import SequenceTable, read_schema, write_rows
-    from iscore.present.figures import setting_name
-    from iscore.present.report import write_html
+    from iscore.advice import assess
+    from iscore.frameworks import resolve
+    from iscore.passes import SequenceTable, analyze, read_schema, write_rows
+    from iscore.present import setting_name, write_html
 
     options.distinct_outputs(args, "--json", "--html", "--sequences")
     specs = [resolve(s) for s in args.settings]

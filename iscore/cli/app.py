@@ -12,8 +12,7 @@ from pathlib import Path
 
 from iscore.cli import options
 from iscore.errors import IscoreError
-from iscore.session.launch import APP_FLAGS, APP_OPTIONS
-from iscore.session.serving import FOLLOW_INTERVAL_S, LOOPBACK_HOSTS
+from iscore.session import APP_FLAGS, APP_OPTIONS, FOLLOW_INTERVAL_S, LOOPBACK_HOSTS
 from iscore.utils import storage
 
 
@@ -166,7 +165,7 @@ def _check_where(paths: Sequence[str], predicate: str, follow: bool) -> None:
     if not paths:
         return
     from iscore.dump import Dump
-    from iscore.passes.follow import ready_files
+    from iscore.passes import ready_files
 
     files = [str(p) for p in ready_files(paths[0])] if follow else [paths[0]]
     if files:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from iscore.cli import options
-from iscore.dump.values import DEFAULT_CHUNK_TOKENS
-from iscore.utils.output import write_json
+from iscore.dump import DEFAULT_CHUNK_TOKENS
+from iscore.utils import write_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

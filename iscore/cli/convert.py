@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from iscore.dump.importers import FORMATS
+from iscore.dump import FORMATS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from iscore.dump.importers import convert
+    from iscore.dump import convert
 
     report = convert(args.source, args.out, args.fmt, allow_pickle=args.allow_pickle)
     print(

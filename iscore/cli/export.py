@@ -9,7 +9,7 @@ from pathlib import Path
 from iscore.cli import options
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.utils.output import check_output, output_path
+from iscore.utils import check_output, output_path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -52,8 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from iscore.advice.conversion import convert, to_file_text
-    from iscore.frameworks.resolve import resolve
+    from iscore.advice import export, to_file_text
+    from iscore.frameworks import resolve
 
     if args.dump is None:
         for option in args.dump_options:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.out, inputs=[args.config])
     spec = resolve(args.config)
     batch = options.load_dump(args, outputs=("--out",)) if args.dump else None
-    result = convert(spec, args.to, generation=args.generation, batch=batch)
+    result = export(spec, args.to, generation=args.generation, batch=batch)
     if args.exact and not result.exact:
         # Nothing is written: the translation changes what the setting does.
         print("\n".join(result.header()), file=sys.stderr)

@@ -9,18 +9,16 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from iscore.dump.importers import FORMATS
-from iscore.dump.values import DEFAULT_CHUNK_TOKENS
+from iscore.dump import DEFAULT_CHUNK_TOKENS, FORMATS
 from iscore.errors import IscoreError, counted, quote
-from iscore.utils.distributed import ENGINES
-from iscore.utils.output import check_output
+from iscore.utils import ENGINES, check_output
 
 if TYPE_CHECKING:
     from tqdm import tqdm
 
     from iscore.dump import Dump, StepRange
-    from iscore.packed.batch import TokenBatch
-    from iscore.passes.results_store import ResultStore
+    from iscore.packed import TokenBatch
+    from iscore.passes import ResultStore
 
 
 def step_range(text: str) -> StepRange:
@@ -168,8 +166,8 @@ def add_cache_options(parser: argparse.ArgumentParser) -> None:
 def open_store(args: argparse.Namespace) -> ResultStore | None:
     """The results store the arguments name: --cache-dir, else the user's cache; none with
     --no-cache."""
-    from iscore.passes.results_store import ResultStore
-    from iscore.utils.paths import default_folder
+    from iscore.passes import ResultStore
+    from iscore.utils import default_folder
 
     if args.no_cache:
         return None
@@ -201,8 +199,7 @@ def open_dump(
     """The dump the arguments name, opened (the footers `store` knows to be sound not
     parsed again); each output option of `outputs` is checked before any work (a missing
     folder, a directory, a file of the dump itself)."""
-    from iscore.dump import Dump
-    from iscore.dump.columns import parse_mapping
+    from iscore.dump import Dump, parse_mapping
 
     dump = Dump(
         args.dump,

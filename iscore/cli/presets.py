@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from iscore.frameworks.resolve import presets
+    from iscore.frameworks import presets
 
     for key, spec in presets().items():
         if args.framework in (None, spec.framework):

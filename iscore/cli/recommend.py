@@ -8,7 +8,7 @@ import warnings
 from iscore.cli import options
 from iscore.errors import ConfigError, IscoreError, clip, quote
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.utils.output import write_json
+from iscore.utils import write_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -75,11 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from iscore.advice.candidates import RULE_SYMBOLS
-    from iscore.advice.conversion import snippet
-    from iscore.advice.recommendation import recommend
-    from iscore.advice.targets import Targets
-    from iscore.frameworks.resolve import resolve
+    from iscore.advice import RULE_SYMBOLS, Targets, recommend, snippet
+    from iscore.frameworks import resolve
 
     lo, _, hi = args.lr_scale.partition(":")
     try:

@@ -29,8 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from iscore.frameworks.resolve import resolve
-    from iscore.passes.replay import write_replay
+    from iscore.frameworks import resolve
+    from iscore.passes import write_replay
 
     spec = resolve(args.config)
     dump = options.open_dump(args, outputs=("--out",))

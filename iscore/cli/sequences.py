@@ -49,9 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import duckdb
 
-    from iscore.frameworks.resolve import resolve
-    from iscore.passes.sequences import TABLES, catalog, sequence_table, write_rows
-    from iscore.utils.sql import QueryError, one_line, open_query, referenced
+    from iscore.frameworks import resolve
+    from iscore.passes import TABLES, catalog, sequence_table, write_rows
+    from iscore.utils import QueryError, one_line, open_query, referenced
 
     specs = [resolve(s) for s in args.settings]
     dump = options.open_dump(args, extras=True, outputs=("--out",))

@@ -107,13 +107,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from iscore.dump.simulate import (
-        BROKEN_FROM_SHARE,
-        REGIMES,
-        SimConfig,
-        write_run,
-        write_simulated,
-    )
+    from iscore.dump import BROKEN_FROM_SHARE, REGIMES, SimConfig, write_run, write_simulated
 
     if args.list_regimes:
         for name, regime in REGIMES.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from iscore.cli import options
-from iscore.utils.output import write_json
+from iscore.utils import write_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from iscore.passes.validation import validate
+    from iscore.passes import validate
 
     # Every column a command may read, the per-sequence ones (reward, group_id) too: a
     # reward that differs within a sequence is a problem `sequences` and `--where` meet.

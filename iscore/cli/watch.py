@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from iscore.cli import options
-from iscore.dump.values import DEFAULT_CHUNK_TOKENS
+from iscore.dump import DEFAULT_CHUNK_TOKENS
 from iscore.errors import IscoreError, clip
 
 
@@ -89,10 +89,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from iscore.dump.columns import parse_mapping
-    from iscore.frameworks.resolve import resolve
-    from iscore.passes.follow import Alert, Follower
-    from iscore.present.scalars import ScalarWriter
+    from iscore.dump import parse_mapping
+    from iscore.frameworks import resolve
+    from iscore.passes import Alert, Follower
+    from iscore.present import ScalarWriter
 
     specs = [resolve(s) for s in args.settings]
     if args.interval <= 0:

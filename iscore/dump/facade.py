@@ -44,13 +44,12 @@ from iscore.dump.tensors import concat_batches, to_batch
 from iscore.dump.values import DEFAULT_CHUNK_TOKENS, DropReport, DumpFile, Extra, Layout, StepRange
 from iscore.dump.where import Judge, Where
 from iscore.errors import ConfigError, DumpError, DumpProblems, Problem, clip, quote
-from iscore.utils import footer, storage
-from iscore.utils.distributed import Engine, check_engine, ordered
+from iscore.utils import Engine, check_engine, footer, ordered, storage
 
 if TYPE_CHECKING:
     import torch
 
-    from iscore.packed.batch import TokenBatch
+    from iscore.packed import TokenBatch
 
 
 class Dump:
@@ -680,7 +679,7 @@ def open_data(data: Data, **options: Any) -> Dump | TokenBatch:
     Raises:
         DumpError: `data` is none of those forms, or the dump cannot be opened.
     """
-    from iscore.packed.batch import TokenBatch  # torch, only when data is given
+    from iscore.packed import TokenBatch  # torch, only when data is given
 
     if isinstance(data, Dump | TokenBatch):
         given = sorted(k for k, v in options.items() if v not in (None, False))

@@ -18,8 +18,7 @@ from iscore.dump.schema import check_types, extras_of, is_list, scalar_type
 from iscore.dump.values import DumpFile, Layout
 from iscore.dump.writer import PROVENANCE_KEY
 from iscore.errors import DumpError, DumpProblems, Problem, clip, quote
-from iscore.utils import footer, storage
-from iscore.utils.paths import list_files
+from iscore.utils import footer, list_files, storage
 
 
 def resolve_files(source: str | Path | Sequence[str | Path]) -> list[str]:

@@ -90,7 +90,7 @@ import pyarrow.parquet as pq
 
 from iscore.dump.stepfiles import step_file, write_atomic
 from iscore.errors import ConfigError, DumpError, IscoreError, quote
-from iscore.utils.output import output_path
+from iscore.utils import output_path
 
 METADATA_KEY = b"iscore.simulate"
 """Parquet key-value metadata key of the file's `SimTruth` (JSON, see `SimTruth.to_dict`)."""

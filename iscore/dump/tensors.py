@@ -17,7 +17,7 @@ from iscore.errors import DumpError
 if TYPE_CHECKING:
     import torch
 
-    from iscore.packed.batch import TokenBatch
+    from iscore.packed import TokenBatch
 
 
 def _tensor(values: pa.Array, dtype: pa.DataType, torch_dtype: torch.dtype) -> torch.Tensor:
@@ -38,7 +38,7 @@ def to_batch(chunk: Chunk, carried: pa.Schema | None = None) -> TokenBatch:
     """The chunk as tensors; its extra columns as the `carried` schema (missing ones null)."""
     import torch  # here, where tensors are made: validating a dump needs none
 
-    from iscore.packed.batch import TokenBatch
+    from iscore.packed import TokenBatch
 
     t = chunk.per_token
     mask = t.get("loss_mask")
@@ -110,7 +110,7 @@ def concat_batches(parts: list[TokenBatch]) -> TokenBatch:
     """Join batches (chunks of one file or of several) into one."""
     import torch
 
-    from iscore.packed.batch import TokenBatch
+    from iscore.packed import TokenBatch
 
     def cat(name: str) -> torch.Tensor | None:
         tensors = [getattr(p, name) for p in parts]

@@ -19,9 +19,8 @@ import pyarrow as pa
 import torch
 
 from iscore.dump.columns import COMPUTED, MISMATCH
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
-from iscore.utils.sql import Evaluator, Predicate
+from iscore.packed import TokenBatch, ops
+from iscore.utils import Evaluator, Predicate
 
 
 class _Statistics:

@@ -68,7 +68,7 @@ import pyarrow.parquet as pq
 from iscore import frameworks
 from iscore.dump.stepfiles import StepFiles
 from iscore.errors import DumpError, quote
-from iscore.frameworks.base import BatchFields
+from iscore.frameworks import BatchFields
 
 __all__ = [
     "COLUMN_ORDER",

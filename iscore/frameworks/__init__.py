@@ -1,11 +1,12 @@
-"""The registry of frameworks: one module each, every one exposing a `base.Framework` named
-`FRAMEWORK`. Everything outside this package asks the registry and never imports one
-framework's module.
+"""What a correction setting is and does: the `Spec` protocol and a setting's `Replay`
+(`spec`), the registry of frameworks (`registry`), one module per framework (`verl`, `skyrl`,
+`nemo_rl`, `slime`, `areal`, `openrlhf`, `trl`, `fireworks`: its config keys, `parse`, replay,
+presets, canonical form, snippet, loss aggregation, metric names and traps), the contract they
+follow (`base`), the framework-neutral description of a setting (`canonical`), the text forms
+of a config (`snippets`) and any form of a setting resolved to a spec (`resolve`).
 
-Each module holds that framework's semantics in one place: its config keys and `parse(config)
--> Spec`, the spec dataclasses (typed fields, validated in `__post_init__`) whose `replay(batch)`
-composes `iscore.packed.ops` primitives in the framework's own order, its presets, its canonical
-form both ways, its snippet text, its loss aggregation, the metric names it logs and its traps.
+Rule: the only folder that names a framework; imports `iscore.packed` and `iscore.utils`
+below it. Everything outside asks the registry and never imports one framework's module.
 Adding a framework is one module and one entry of `NAMES` (docs/adding-a-framework.md).
 
 >>> from iscore import frameworks
@@ -21,5 +22,27 @@ import lazy_loader
 
 __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
-    submod_attrs={"registry": ["NAMES", "every", "get", "of"]},
+    submod_attrs={
+        "_config": ["check_choice"],
+        "base": [
+            "Aggregation",
+            "BatchFields",
+            "Citation",
+            "Framework",
+            "HealthBand",
+            "ReferencePoint",
+        ],
+        "canonical": ["Canonical", "Component", "mask_component", "sentence", "weight_component"],
+        "registry": ["NAMES", "every", "get", "of"],
+        "resolve": [
+            "Setting",
+            "load_config_text",
+            "parse_config",
+            "presets",
+            "resolve",
+            "resolve_all",
+        ],
+        "snippets": ["yaml_text"],
+        "spec": ["Replay", "Spec"],
+    },
 )

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from iscore.frameworks.canonical import Canonical, Translation
     from iscore.frameworks.spec import Spec
-    from iscore.packed.batch import TokenBatch
+    from iscore.packed import TokenBatch
 
 Measure = Callable[["Spec"], dict[str, float]]
 """What a setting does to a dump (`iscore.stats.setting.quick_stats` bound to it), for traps that
@@ -238,7 +238,7 @@ class Framework:
             when the correction is enabled (the app's starting point).
         to_canonical: a spec -> the framework-neutral setting.
         from_canonical: a neutral setting and a name -> candidate specs, each with notes on
-            what it could not express (`iscore.advice.conversion.convert` picks the closest).
+            what it could not express (`iscore.advice.conversion.export` picks the closest).
         render: the body of `spec.to_config()` (without `framework:`/`name:`) and a format
             ("yaml", "flags" or None for the usual one) -> the text to paste.
         aggregation: a spec -> the loss aggregation it trains with.

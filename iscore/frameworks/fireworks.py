@@ -79,8 +79,7 @@ from iscore.frameworks.canonical import (
 from iscore.frameworks.canonical import Anchor as CanonicalAnchor
 from iscore.frameworks.canonical import Level as CanonicalLevel
 from iscore.frameworks.spec import Replay, per_token
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
+from iscore.packed import TokenBatch, ops
 
 NAME = "fireworks"
 

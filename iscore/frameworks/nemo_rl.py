@@ -107,8 +107,7 @@ from iscore.frameworks.canonical import (
     weight_component,
 )
 from iscore.frameworks.spec import Replay, per_token
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
+from iscore.packed import TokenBatch, ops
 
 NAME = "nemo_rl"
 

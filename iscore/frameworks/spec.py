@@ -11,8 +11,7 @@ from typing import Protocol
 import pyarrow as pa
 import torch
 
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
+from iscore.packed import TokenBatch, ops
 
 
 @dataclass(frozen=True, slots=True, eq=False)

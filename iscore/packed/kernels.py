@@ -492,7 +492,7 @@ def _compiled() -> ModuleType | None:
     import numba
 
     if not os.environ.get("NUMBA_CACHE_DIR"):
-        from iscore.utils.paths import default_folder
+        from iscore.utils import default_folder
 
         numba.config.CACHE_DIR = str(default_folder() / "numba")
     from iscore.packed import numba_kernels

@@ -19,10 +19,7 @@ from typing import Any
 
 import torch
 
-from iscore.advice.attribution import attribute
-from iscore.advice.flags import find_flags
-from iscore.advice.targets import Targets
-from iscore.advice.trend import Trend
+from iscore.advice import Targets, Trend, attribute, find_flags
 from iscore.dump import (
     DEFAULT_CHUNK_TOKENS,
     Data,
@@ -31,10 +28,8 @@ from iscore.dump import (
     open_data,
 )
 from iscore.errors import ConfigError, DumpError, IscoreError
-from iscore.frameworks.resolve import Setting, resolve_all
-from iscore.frameworks.spec import Spec
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
+from iscore.frameworks import Setting, Spec, resolve_all
+from iscore.packed import TokenBatch, ops
 from iscore.passes.document import Analysis
 from iscore.passes.on_ray import ray_parts
 from iscore.passes.parts import StepPart, device_for, fresh_parts, owned_parts, storable
@@ -42,10 +37,8 @@ from iscore.passes.results_store import ResultStore, RunKey, StoredPart
 from iscore.passes.sequences import SequenceTable
 from iscore.passes.stored import known_footers, part_of, run_key, stored_parts, to_store
 from iscore.passes.streaming import HeapGuard
-from iscore.stats.attribution import AttributionStats
-from iscore.stats.mismatch import MismatchStats
-from iscore.stats.setting import SettingStats
-from iscore.utils.distributed import Engine
+from iscore.stats import AttributionStats, MismatchStats, SettingStats
+from iscore.utils import Engine
 
 
 def analyze(

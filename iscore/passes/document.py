@@ -11,10 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from iscore.advice.health import assess
-from iscore.advice.trend import Trend
-from iscore.stats.catalogue import BANDS, DEFINITIONS, METRIC_NAMES
-from iscore.utils.output import json_ready, write_json
+from iscore.advice import Trend, assess
+from iscore.stats import BANDS, DEFINITIONS, METRIC_NAMES
+from iscore.utils import json_ready, write_json
 
 SCHEMA_VERSION = 1
 

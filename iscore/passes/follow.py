@@ -37,21 +37,16 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from iscore.advice.targets import Targets
-from iscore.advice.trend import Event, GrowingTrend, Trend
+from iscore.advice import Event, GrowingTrend, Targets, Trend
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Dump
 from iscore.errors import IscoreError
-from iscore.frameworks.resolve import Setting, resolve_all
+from iscore.frameworks import Setting, resolve_all
 from iscore.passes.analysis import analyze, parts
 from iscore.passes.document import Analysis
 from iscore.passes.parts import StepPart
 from iscore.passes.results_store import Context, ResultStore, footer_complete, setting_key
-from iscore.stats.mismatch import MismatchStats
-from iscore.stats.setting import SettingStats
-from iscore.utils import paths, storage
-from iscore.utils.distributed import Engine, check_engine
-from iscore.utils.output import json_ready
-from iscore.utils.sql import Predicate
+from iscore.stats import MismatchStats, SettingStats
+from iscore.utils import Engine, Predicate, check_engine, json_ready, paths, storage
 
 
 def ready_files(

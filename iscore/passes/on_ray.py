@@ -18,7 +18,7 @@ from iscore.dump import (
     StepRange,
 )
 from iscore.errors import IscoreError
-from iscore.frameworks.spec import Spec
+from iscore.frameworks import Spec
 from iscore.packed import ops
 from iscore.passes.parts import StepPart, analyzed, step_runs
 from iscore.passes.results_store import (
@@ -31,7 +31,7 @@ from iscore.passes.results_store import (
 from iscore.passes.sequences import SequenceTable
 from iscore.passes.stored import part_of, served_parts, to_store
 from iscore.passes.streaming import prefetched
-from iscore.utils.distributed import Ready, ordered
+from iscore.utils import Ready, ordered
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,19 +13,16 @@ import torch
 from iscore.dump import (
     Dump,
 )
-from iscore.frameworks.spec import Spec
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
+from iscore.frameworks import Spec
+from iscore.packed import TokenBatch, ops
 from iscore.passes.replay import replay
 from iscore.passes.results_store import (
     StoredPart,
 )
 from iscore.passes.sequences import SequenceTable
 from iscore.passes.streaming import prefetched
-from iscore.stats.attribution import AttributionStats
-from iscore.stats.mismatch import MismatchStats
-from iscore.stats.setting import SettingStats
-from iscore.utils.distributed import Engine, check_engine
+from iscore.stats import AttributionStats, MismatchStats, SettingStats
+from iscore.utils import Engine, check_engine
 
 
 @dataclass(slots=True)

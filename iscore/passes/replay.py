@@ -23,9 +23,8 @@ import pyarrow.parquet as pq
 
 from iscore.dump import Data, Dump, load_data
 from iscore.errors import ConfigError, IscoreError, clip
-from iscore.frameworks.resolve import Setting, resolve
-from iscore.frameworks.spec import Replay, Spec
-from iscore.utils.output import output_path
+from iscore.frameworks import Replay, Setting, Spec, resolve
+from iscore.utils import output_path
 
 
 def replay(data: Data, config: Setting) -> Replay:

@@ -46,12 +46,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iscore.errors import IscoreError
-from iscore.frameworks.spec import Spec
-from iscore.stats.attribution import AttributionStats
-from iscore.stats.mismatch import MismatchStats
-from iscore.stats.setting import SettingStats
-from iscore.utils import storage
-from iscore.utils.footer import Passed
+from iscore.frameworks import Spec
+from iscore.stats import AttributionStats, MismatchStats, SettingStats
+from iscore.utils import Passed, storage
 
 FORMAT = 4
 """The layout of the entries; a store of another format is never read (1 had a SHA-256 per

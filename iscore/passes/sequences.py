@@ -38,20 +38,31 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import torch
 
-from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, DropReport, Dump, Piece, check_unique, open_data
-from iscore.dump.columns import dump_schema
-from iscore.dump.where import sequence_rows
+from iscore.dump import (
+    DEFAULT_CHUNK_TOKENS,
+    Data,
+    DropReport,
+    Dump,
+    Piece,
+    check_unique,
+    dump_schema,
+    open_data,
+    sequence_rows,
+)
 from iscore.errors import ConfigError, DumpProblems, IscoreError, quote
-from iscore.frameworks.resolve import Setting, resolve_all
-from iscore.frameworks.spec import Replay, Spec
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
+from iscore.frameworks import Replay, Setting, Spec, resolve_all
+from iscore.packed import TokenBatch, ops
 from iscore.passes.replay import replay
-from iscore.stats.columns import SETTING_STATISTICS, setting_columns
-from iscore.stats.setting import aggregation_of
-from iscore.utils.distributed import Engine, check_engine, ordered
-from iscore.utils.output import output_path
-from iscore.utils.sql import QueryError, TableSource, referenced
+from iscore.stats import SETTING_STATISTICS, aggregation_of, setting_columns
+from iscore.utils import (
+    Engine,
+    QueryError,
+    TableSource,
+    check_engine,
+    ordered,
+    output_path,
+    referenced,
+)
 
 
 @dataclass(slots=True)

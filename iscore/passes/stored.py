@@ -17,8 +17,8 @@ from iscore.dump import (
     StepRange,
 )
 from iscore.errors import IscoreError
-from iscore.frameworks.spec import Spec
-from iscore.packed.batch import TokenBatch
+from iscore.frameworks import Spec
+from iscore.packed import TokenBatch
 from iscore.passes.parts import StepPart, analyzed, step_runs
 from iscore.passes.results_store import (
     ATTRIBUTION,
@@ -32,7 +32,7 @@ from iscore.passes.results_store import (
     setting_key,
 )
 from iscore.passes.streaming import prefetched
-from iscore.utils.footer import Passed
+from iscore.utils import Passed
 
 
 def run_key(dump: Dump, device: torch.device) -> RunKey | None:

@@ -10,7 +10,7 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator
 
-from iscore.packed.batch import TokenBatch
+from iscore.packed import TokenBatch
 
 
 class HeapGuard:

@@ -20,12 +20,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from iscore.advice.health import assess_values
-from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, DropReport, Dump, open_data
-from iscore.dump.stepfiles import describe_runs
+from iscore.advice import assess_values
+from iscore.dump import DEFAULT_CHUNK_TOKENS, Data, DropReport, Dump, describe_runs, open_data
 from iscore.errors import DumpError, Problem, clip, counted
 from iscore.stats import noise
-from iscore.utils.output import json_ready
+from iscore.utils import json_ready
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 

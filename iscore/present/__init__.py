@@ -1,6 +1,20 @@
-"""Results into things people read: figures as plotly JSON specs (`figures`), the HTML report
-(`report`) and TensorBoard scalars (`scalars`), computing nothing new.
+"""Results into things people read, computing nothing new: figures as plotly JSON specs
+(`figures`), the HTML report (`report`), TensorBoard scalars (`scalars`) and the specs of the
+tables every surface draws (`tables`).
 
-Rule: imports the floors below it, never its sibling `iscore.session`; no streamlit, and plotly
-only as its JSON format.
+Rule: imports the floors below it, never its sibling `iscore.session`; no streamlit, and
+plotly only as its JSON format.
 """
+
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submodules=["figures"],
+    submod_attrs={
+        "figures": ["color", "setting_name"],
+        "report": ["render_html", "write_html"],
+        "scalars": ["ScalarWriter"],
+        "tables": ["SUMMARY_COLUMNS"],
+    },
+)

@@ -17,16 +17,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from iscore.advice.conversion import to_file_text
-from iscore.advice.flags import FLAG_KINDS, NO_SEMANTICS_BUG, flags_of
-from iscore.advice.targets import Targets
-from iscore.advice.trend import EVENT_KINDS
+from iscore.advice import EVENT_KINDS, FLAG_KINDS, NO_SEMANTICS_BUG, Targets, flags_of, to_file_text
 from iscore.errors import IscoreError
-from iscore.frameworks.resolve import parse_config
-from iscore.passes.document import Analysis
+from iscore.frameworks import parse_config
+from iscore.passes import Analysis
 from iscore.present.figures import all_figures, color, setting_name
 from iscore.present.tables import SUMMARY_COLUMNS
-from iscore.utils.output import output_path
+from iscore.utils import output_path
 
 _MISMATCH_ROWS = (
     "k1",

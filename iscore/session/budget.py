@@ -28,8 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iscore.dump.importers import SUFFIXES
-from iscore.dump.writer import is_tensor
+from iscore.dump import SUFFIXES, is_tensor
 from iscore.errors import DumpError, clip
 from iscore.utils import footer, storage
 

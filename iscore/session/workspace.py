@@ -28,35 +28,28 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from iscore.advice.recommendation import Recommendation, recommend
-from iscore.advice.targets import Targets
-from iscore.advice.trend import Trend
-from iscore.advice.tuning import Tuner, grid
+from iscore.advice import Recommendation, Targets, Trend, Tuner, grid, recommend
 from iscore.dump import (
+    PROVENANCE_KEY,
+    ROWS,
     DropReport,
     Dump,
+    Preview,
     StepRange,
+    Where,
+    describe_runs,
     importers,
     is_framework_dump,
+    preview_table,
     resolve_files,
 )
-from iscore.dump.preview import ROWS, Preview, preview_table
-from iscore.dump.stepfiles import describe_runs
-from iscore.dump.where import Where
-from iscore.dump.writer import PROVENANCE_KEY
 from iscore.errors import DumpError, quote
-from iscore.frameworks.spec import Spec
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
-from iscore.passes.analysis import analyze
-from iscore.passes.document import Analysis
-from iscore.passes.sequences import batch_schema, catalog, sequence_table
+from iscore.frameworks import Spec
+from iscore.packed import TokenBatch, ops
+from iscore.passes import Analysis, analyze, batch_schema, catalog, sequence_table
 from iscore.session.budget import check_paths, check_upload
-from iscore.stats.mismatch import broken_sequences
-from iscore.stats.setting import SettingStats
-from iscore.utils import storage
-from iscore.utils.paths import list_files
-from iscore.utils.sql import ROW_LIMIT, TIMEOUT_S, Result, query
+from iscore.stats import SettingStats, broken_sequences
+from iscore.utils import ROW_LIMIT, TIMEOUT_S, Result, list_files, query, storage
 
 T = TypeVar("T")
 

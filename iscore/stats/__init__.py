@@ -1,8 +1,54 @@
-"""The streaming accumulators: the mismatch diagnostics (`mismatch`), what one setting does to
-a dump (`setting`), what the attribution needs (`attribution`), the noise of a step (`noise`) and
-mergeable histograms (`histogram`). Each has `update` (a chunk), `merge`, `state` /
-`from_state` (what a results store keeps) and `compute`.
+"""The streaming accumulators: the mismatch diagnostics (`mismatch`, over its per-token terms,
+`token_terms`, its buckets, `buckets`, and its worst sequences and tokens, `worst`), what one
+setting does to a dump (`setting`), what the attribution needs (`attribution`), the noise of a
+step (`noise`) and mergeable histograms (`histogram`). Each has `update` (a chunk), `merge`,
+`state` / `from_state` (what a results store keeps) and `compute`. The statistics by name
+(`catalogue`) and the columns each setting gets in a table (`columns`) are here too.
 
 Rule: never reads a file and never decides; imports `iscore.frameworks`, `iscore.packed` and
 `iscore.utils` below it, never its sibling `iscore.dump`.
 """
+
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submodules=["noise"],
+    submod_attrs={
+        "attribution": [
+            "AttributionNumbers",
+            "AttributionStats",
+            "CLIP",
+            "SPAN_RATIO",
+            "TURN_TOKENS",
+            "WINDOW",
+        ],
+        "catalogue": ["BANDS", "DEFINITIONS", "METRIC_NAMES"],
+        "columns": ["SETTING_STATISTICS", "setting_columns"],
+        "histogram": ["BINS_PER_DECADE", "LOG10_RANGE"],
+        "mismatch": ["MismatchStats", "broken_sequences"],
+        "noise": [
+            "BIN_SAMPLE",
+            "BROKEN_WORDS",
+            "Baseline",
+            "FAR",
+            "MAD_SD",
+            "Noise",
+            "SCALE_EDGES",
+            "SPREAD_FLOOR",
+            "SUSTAIN_STEPS",
+            "early_steps",
+            "first_rise",
+            "outside",
+            "ratio_bias",
+        ],
+        "setting": [
+            "BROKEN_KEPT",
+            "SettingStats",
+            "TRUNCATION_TOLERANCE",
+            "aggregation_of",
+            "quick_stats",
+        ],
+        "worst": ["TOP_K"],
+    },
+)

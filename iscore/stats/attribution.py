@@ -14,8 +14,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iscore.packed import kernels, ops
-from iscore.packed.batch import TokenBatch
+from iscore.packed import TokenBatch, kernels, ops
 from iscore.stats.histogram import checked
 from iscore.stats.noise import step_groups
 

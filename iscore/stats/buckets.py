@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from iscore.packed import ops
-from iscore.packed.batch import TokenBatch
+from iscore.packed import TokenBatch, ops
 from iscore.stats.histogram import (
     log2_bucket,
 )

@@ -8,7 +8,7 @@ import re
 from collections.abc import Collection, Sequence
 
 from iscore.errors import IscoreError, quote
-from iscore.frameworks.spec import Spec
+from iscore.frameworks import Spec
 
 SETTING_STATISTICS = ("weight", "kept", "share")
 """Per-setting columns, as suffixes of the setting's name."""

@@ -27,8 +27,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iscore.packed import kernels, ops
-from iscore.packed.batch import TokenBatch
+from iscore.packed import TokenBatch, kernels, ops
 from iscore.stats import noise
 from iscore.stats.buckets import (
     BUCKET_FIELDS,
@@ -61,7 +60,7 @@ from iscore.stats.noise import (
 )
 from iscore.stats.token_terms import compiled_token_sums, keep_where, seq_max, token_sums
 from iscore.stats.worst import TOP_K, worst_sequences, worst_tokens
-from iscore.utils.arrow_ipc import from_ipc, to_ipc
+from iscore.utils import from_ipc, to_ipc
 
 Z90 = 1.2815515655446004
 """The standard normal's 90% quantile: p10/p90 of a normal are mean -+ Z90 * sd."""

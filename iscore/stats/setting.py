@@ -35,10 +35,8 @@ import numpy as np
 import torch
 
 from iscore import frameworks
-from iscore.frameworks.base import Aggregation
-from iscore.frameworks.spec import Replay, Spec
-from iscore.packed import kernels, ops
-from iscore.packed.batch import TokenBatch
+from iscore.frameworks import Aggregation, Replay, Spec
+from iscore.packed import TokenBatch, kernels, ops
 from iscore.stats.histogram import (
     Binned,
     LogHistogram,

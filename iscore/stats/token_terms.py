@@ -10,8 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from iscore.packed import kernels, ops
-from iscore.packed.batch import TokenBatch
+from iscore.packed import TokenBatch, kernels, ops
 
 TOKEN_TERMS = (
     "S",

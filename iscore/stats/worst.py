@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from iscore.packed.batch import TokenBatch
+from iscore.packed import TokenBatch
 
 TOP_K = 20
 """How many worst sequences and tokens are kept."""

@@ -1,7 +1,35 @@
-"""Plumbing that knows nothing of log-probs: object-storage URIs (`storage`), listing the
-files a path names (`paths`), safe output files and the JSON boundary (`output`), Parquet
-footers checked before pyarrow reads them (`footer`), the locked-down DuckDB (`sql`) and the fan-out
-over a Ray cluster (`distributed`).
+"""Plumbing that knows nothing of log-probs: object-storage URIs (`storage`), listing the files
+a path names and the cache folder (`paths`), safe output files and the JSON boundary
+(`output`), Parquet footers checked before pyarrow reads them (`footer`), Arrow arrays as
+bytes (`arrow_ipc`), the locked-down DuckDB (`sql`) and the fan-out over a Ray cluster
+(`distributed`).
 
 Rule: imports nothing of iscore but `iscore.errors`.
 """
+
+import lazy_loader
+
+__getattr__, __dir__, __all__ = lazy_loader.attach(
+    __name__,
+    submodules=["footer", "paths", "storage"],
+    submod_attrs={
+        "arrow_ipc": ["from_ipc", "to_ipc"],
+        "distributed": ["ENGINES", "Engine", "Ready", "check_engine", "connect", "ordered"],
+        "footer": ["Passed"],
+        "output": ["check_output", "json_ready", "output_path", "write_json"],
+        "paths": ["default_folder", "list_files"],
+        "sql": [
+            "Evaluator",
+            "Predicate",
+            "QueryError",
+            "ROW_LIMIT",
+            "Result",
+            "TIMEOUT_S",
+            "TableSource",
+            "one_line",
+            "open_query",
+            "query",
+            "referenced",
+        ],
+    },
+)

@@ -14,7 +14,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from iscore import frameworks
-from iscore.advice.conversion import convert, snippet, to_file_text
+from iscore.advice.conversion import export, snippet, to_file_text
 from iscore.errors import IscoreError
 from iscore.frameworks.resolve import load_config_text, parse_config
 from iscore.packed.batch import TokenBatch
@@ -59,7 +59,7 @@ def test_a_config_parses_replays_and_exports_or_is_refused(text):
     snippet(spec)
     for target in frameworks.NAMES:
         try:
-            exported = convert(spec, target, batch=BATCH)
+            exported = export(spec, target, batch=BATCH)
         except IscoreError:
             continue
         again = parse_config(load_config_text(to_file_text(exported.spec), "exported.yaml"))

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from iscore import frameworks
 from iscore.advice.conversion import (
     canonical,
-    convert,
+    export,
     shortest,
     shown_config,
     snippet,
@@ -430,7 +430,7 @@ def test_verl_k1_bounds_say_they_are_reciprocals():
     geo = skyrl.SkyRLSpec(
         sequence_mask_metric="geometric", geo_mask_low=0.96947, geo_mask_high=1.0307
     )
-    text = snippet(convert(geo, "verl").spec)
+    text = snippet(export(geo, "verl").spec)
     assert "keeps e^G in [0.96947, 1.0307]" in text
     assert "1/1.0307_1/0.96947 (the reciprocals)" in text
     assert "0.9702144173862424 = 1/1.0307, 1.0314914334636451 = 1/0.96947" in text
@@ -582,7 +582,7 @@ def test_fireworks_snippet_keys():
 
 def test_areal_log_space_bounds_keep_their_digits_and_say_what_they_are():
     # AReaL compares float64 log-space bounds: shortening ln 2 would move a mask.
-    spec = convert(skyrl.PRESETS["skyrl_product_mask"], "areal").spec
+    spec = export(skyrl.PRESETS["skyrl_product_mask"], "areal").spec
     lines = snippet(spec).splitlines()
     assert "    upper: 0.6931471805599453  # ln 2" in lines
     assert "    lower: -0.6931471805599453  # ln 0.5" in lines
@@ -596,7 +596,7 @@ def test_every_conversion_snippet_is_short_explained_and_never_empty(target):
     defaults = quiet_parse({"framework": target}).to_config()
     keep = frameworks.get(target).snippet_keys
     for name, spec in presets().items():
-        out = convert(spec, target).spec
+        out = export(spec, target).spec
         text = snippet(out)
         assert text.strip(), name
         shown = shown_config(out)
@@ -700,7 +700,7 @@ def test_canonical_equal_means_identical_replay():
 def test_conversions_are_exact_only_when_they_replay_identically(source, data):
     spec = data.draw(SPECS[source])
     for to in FRAMEWORKS:
-        out = convert(spec, to)
+        out = export(spec, to)
         assert out.spec.framework == to
         assert quiet_parse(out.spec.to_config()) == out.spec
         if out.exact:
@@ -736,7 +736,7 @@ def test_conversions_are_exact_only_when_they_replay_identically(source, data):
     ],
 )
 def test_exact_conversions(spec, to):
-    out = convert(spec, to, batch=BATCH)
+    out = export(spec, to, batch=BATCH)
     assert out.exact
     assert identical(spec, out.spec) and identical(spec, out.spec, EDGES)
     assert out.difference["identical"]
@@ -748,7 +748,7 @@ def test_exact_conversions(spec, to):
 
 
 def test_bypass_reinforce_becomes_rollout_anchored_cispo():
-    out = convert(verl.VerlSpec(is_level="token", is_upper=3.0, bypass=True,
+    out = export(verl.VerlSpec(is_level="token", is_upper=3.0, bypass=True,
                                 loss_type="reinforce"), "skyrl")  # fmt: skip
     assert out.exact
     assert (out.spec.policy_loss_type, out.spec.cispo_anchor) == ("cispo", "rollout")
@@ -794,7 +794,7 @@ WILD = from_log_ratios(
     ],
 )
 def test_inexact_conversions_carry_notes_and_the_measured_difference(spec, to, note):
-    out = convert(spec, to, batch=WILD)
+    out = export(spec, to, batch=WILD)
     assert not out.exact
     assert any(note in line for line in out.notes), out.notes
     difference = out.difference
@@ -808,11 +808,11 @@ def test_inexact_conversions_carry_notes_and_the_measured_difference(spec, to, n
 
 def test_side_effects_are_noted_even_when_the_weights_agree():
     # NeMo-RL's sequence weight needs GSPO's PPO ratio and a sequence-mean loss.
-    out = convert(verl.PRESETS["decoupled_seq_is"], "nemo_rl")
+    out = export(verl.PRESETS["decoupled_seq_is"], "nemo_rl")
     assert any("comes with GSPO" in note for note in out.notes)
     assert (out.spec.sequence_level_importance_ratios, out.spec.token_level_loss) == (True, False)
     # Fireworks' weight is always on: only its rollout anchor (a bypass) makes it 1.
-    out = convert(verl.PRESETS["disabled"], "fireworks", batch=BATCH)
+    out = export(verl.PRESETS["disabled"], "fireworks", batch=BATCH)
     assert out.difference["identical"] and not out.exact
     assert out.spec.anchor_logp == "rollout"
     assert any("anchor_logp: rollout" in note for note in out.notes)
@@ -821,28 +821,28 @@ def test_side_effects_are_noted_even_when_the_weights_agree():
 def test_same_rule_on_another_numerical_path_is_verified_on_the_batch():
     # verl clamps log-ratios to +-20 before e^d; TRL does not: a token at d = -30 differs.
     spec = verl.PRESETS["decoupled_token_is"]
-    assert not convert(spec, "trl").exact
-    on_random = convert(spec, "trl", batch=BATCH)
+    assert not export(spec, "trl").exact
+    on_random = export(spec, "trl", batch=BATCH)
     assert on_random.exact and on_random.difference["identical"]
-    on_edges = convert(spec, "trl", batch=EDGES)
+    on_edges = export(spec, "trl", batch=EDGES)
     assert not on_edges.exact
     assert any("they differ on this dump" in note for note in on_edges.notes)
 
 
 def test_aggregation_difference_is_noted():
-    out = convert(verl.PRESETS["decoupled_geo_rs"], "skyrl", batch=BATCH)
+    out = export(verl.PRESETS["decoupled_geo_rs"], "skyrl", batch=BATCH)
     assert (
         "verl averages the loss over the batch's tokens (the tokens it rejects leave the "
         "count); SkyRL averages the loss over the batch's tokens: the same weights give a "
         "different step size (compare the LR scale)."
     ) in out.notes
-    notes = convert(skyrl.PRESETS["skyrl_token_tis"], "slime").notes
+    notes = export(skyrl.PRESETS["skyrl_token_tis"], "slime").notes
     assert any("slime averages each sequence's tokens, then the sequences" in n for n in notes)
 
 
 def test_difference_is_skipped_without_the_policy_column():
     batch = make_batch([3, 4], policy=False)
-    out = convert(verl.PRESETS["bypass_pg_is"], "skyrl", batch=batch)
+    out = export(verl.PRESETS["bypass_pg_is"], "skyrl", batch=batch)
     assert out.difference is None
     assert any("Not measured on the batch" in note for note in out.notes)
 
@@ -850,18 +850,18 @@ def test_difference_is_skipped_without_the_policy_column():
 def test_convert_errors_name_the_argument():
     spec = verl.PRESETS["decoupled_token_is"]
     with pytest.raises(ConfigError, match=r"Expected `to` to be one of 'verl', .*'megatron'"):
-        convert(spec, "megatron")
+        export(spec, "megatron")
     with pytest.raises(ConfigError, match=r"`generation` to be None for skyrl"):
-        convert(spec, "skyrl", generation="gen1")
+        export(spec, "skyrl", generation="gen1")
     with pytest.raises(ConfigError, match=r"Expected `generation` to be one of gen0, .*'v0.5'"):
-        convert(spec, "verl", generation="v0.5")
+        export(spec, "verl", generation="v0.5")
 
 
 # ------------------------------------------------------------------ verl's older generations
 
 
 def test_verl_gen0_tis_imp_ratio_cap():
-    out = convert(fireworks.PRESETS["fireworks_deepmath"], "verl", generation="gen0")
+    out = export(fireworks.PRESETS["fireworks_deepmath"], "verl", generation="gen0")
     assert yaml.safe_load(out.text) == {
         "actor_rollout_ref": {
             "actor": {"tis_imp_ratio_cap": 2.0},
@@ -876,7 +876,7 @@ def test_verl_gen0_tis_imp_ratio_cap():
 
 
 def test_verl_gen1_keys_and_dropped_features():
-    out = convert(nemo_rl.PRESETS["nemo_icepop"], "verl", generation="v0.6.0")
+    out = export(nemo_rl.PRESETS["nemo_icepop"], "verl", generation="v0.6.0")
     assert out.exact
     # algorithm.* of v0.6.0's ppo_trainer.yaml; the veto (default 1e-4) explicitly off.
     assert yaml.safe_load(out.text)["algorithm"] == {
@@ -887,7 +887,7 @@ def test_verl_gen1_keys_and_dropped_features():
         "rollout_is_mode": "mask",
         "rollout_is_veto_threshold": None,
     }
-    out = convert(verl.PRESETS["decoupled_geo_rs_seq_tis"], "verl", generation="gen1")
+    out = export(verl.PRESETS["decoupled_geo_rs_seq_tis"], "verl", generation="gen1")
     assert not out.exact
     assert out.spec == verl.VerlSpec(name="decoupled_geo_rs_seq_tis", is_level="sequence",
                                      is_upper=2.0)  # fmt: skip
@@ -898,7 +898,7 @@ def test_verl_gen1_keys_and_dropped_features():
 
 
 def test_verl_gen2_keys():
-    out = convert(verl.PRESETS["decoupled_seq_is_rs"], "verl", generation="v0.7.0")
+    out = export(verl.PRESETS["decoupled_seq_is_rs"], "verl", generation="v0.7.0")
     correction = yaml.safe_load(out.text)["algorithm"]["rollout_correction"]
     # v0.7.0's rollout_correction.yaml: ratio-space RS, a veto key, loss_type.
     assert correction == {
@@ -913,29 +913,29 @@ def test_verl_gen2_keys():
         "loss_type": "ppo_clip",
     }
     assert not out.exact  # ratio vs k1 comparisons: named in the notes
-    pg = convert(verl.PRESETS["bypass_pg_is"], "verl", generation="v0.6.1")
+    pg = export(verl.PRESETS["bypass_pg_is"], "verl", generation="v0.6.1")
     correction = yaml.safe_load(pg.text)["algorithm"]["rollout_correction"]
     assert correction["use_policy_gradient"] is True and "loss_type" not in correction
     assert pg.exact
-    icepop = convert(verl.PRESETS["decoupled_token_icepop"], "verl", generation="gen2")
+    icepop = export(verl.PRESETS["decoupled_token_icepop"], "verl", generation="gen2")
     assert icepop.spec.is_lower is None and not icepop.exact
 
 
 def test_verl_gen3_before_icepop_strings():
-    out = convert(verl.PRESETS["decoupled_token_icepop"], "verl", generation="v0.7.1")
+    out = export(verl.PRESETS["decoupled_token_icepop"], "verl", generation="v0.7.1")
     assert (
         yaml.safe_load(out.text)["algorithm"]["rollout_correction"]["rollout_is_threshold"] == 5.0
     )
     assert any("has no IcePop" in note for note in out.notes)
-    current = convert(verl.PRESETS["decoupled_token_icepop"], "verl", generation="v0.8.0")
+    current = export(verl.PRESETS["decoupled_token_icepop"], "verl", generation="v0.8.0")
     assert current.exact and current.text == snippet(verl.PRESETS["decoupled_token_icepop"])
 
 
 @pytest.mark.parametrize("device", ACCELERATORS)
 def test_difference_on_device_matches_cpu(device):
     spec = verl.PRESETS["decoupled_seq_is"]
-    cpu = convert(spec, "areal", batch=WILD)
-    other = convert(spec, "areal", batch=WILD.to(device))
+    cpu = export(spec, "areal", batch=WILD)
+    other = export(spec, "areal", batch=WILD.to(device))
     assert other.exact == cpu.exact
     for side in ("source", "target"):
         assert other.difference[side] == pytest.approx(cpu.difference[side], rel=1e-6)

@@ -14,8 +14,8 @@ from iscore.bench.base import Measured, Run, best, row
 from iscore.bench.baselines import dataframe, implements, padded
 from iscore.bench.data import subset
 from iscore.dump import Dump, StepRange
-from iscore.packed.batch import TokenBatch
-from iscore.passes.analysis import analyze
+from iscore.packed import TokenBatch
+from iscore.passes import analyze
 
 KEY_STATISTICS = ("weight_mean", "token_masked_fraction", "seq_masked_fraction", "lr_scale", "ess")
 """Per-setting statistics both baselines compute and are checked against."""

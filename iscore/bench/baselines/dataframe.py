@@ -22,12 +22,24 @@ from iscore.frameworks.skyrl import SkyRLSpec
 from iscore.frameworks.slime import SlimeCorrection
 from iscore.frameworks.trl import TRLCorrection
 from iscore.frameworks.verl import VerlSpec
-from iscore.packed.batch import TokenBatch
-from iscore.stats.attribution import CLIP, SPAN_RATIO, WINDOW
-from iscore.stats.histogram import BINS_PER_DECADE, LOG10_RANGE
-from iscore.stats.noise import BIN_SAMPLE, FAR, MAD_SD, SCALE_EDGES, SPREAD_FLOOR, Noise, outside
-from iscore.stats.setting import TRUNCATION_TOLERANCE, aggregation_of
-from iscore.stats.worst import TOP_K
+from iscore.packed import TokenBatch
+from iscore.stats import (
+    BIN_SAMPLE,
+    BINS_PER_DECADE,
+    CLIP,
+    FAR,
+    LOG10_RANGE,
+    MAD_SD,
+    SCALE_EDGES,
+    SPAN_RATIO,
+    SPREAD_FLOOR,
+    TOP_K,
+    TRUNCATION_TOLERANCE,
+    WINDOW,
+    Noise,
+    aggregation_of,
+    outside,
+)
 
 if TYPE_CHECKING:
     from pandas.api.typing import DataFrameGroupBy

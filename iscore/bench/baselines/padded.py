@@ -22,8 +22,8 @@ from iscore.frameworks.skyrl import SkyRLSpec
 from iscore.frameworks.slime import SlimeCorrection
 from iscore.frameworks.trl import TRLCorrection
 from iscore.frameworks.verl import VerlSpec
-from iscore.packed.batch import TokenBatch
-from iscore.stats.setting import aggregation_of
+from iscore.packed import TokenBatch
+from iscore.stats import aggregation_of
 
 
 def pad(batch: TokenBatch) -> dict[str, torch.Tensor]:

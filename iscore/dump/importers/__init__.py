@@ -56,8 +56,7 @@ import pyarrow as pa
 
 from iscore.dump.writer import PROVENANCE_KEY, DumpWriter, schema_mismatch
 from iscore.errors import DumpError, DumpProblems, Problem, quote
-from iscore.utils.output import output_path
-from iscore.utils.paths import list_files
+from iscore.utils import list_files, output_path
 
 __all__ = [
     "FORMATS",

@@ -8,7 +8,7 @@ import itertools
 import math
 from typing import Any
 
-from iscore.passes.document import Analysis
+from iscore.passes import Analysis
 from iscore.present.figures.axes import (
     figure_layout,
     hline,

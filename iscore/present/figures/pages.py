@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from iscore.advice.tuning import TuneResult
+from iscore.advice import TuneResult
 from iscore.present.figures.axes import axis_layout, figure_layout, hline, vline
 from iscore.present.figures.style import ACCENT, DATA, NEUTRAL, TRAIN, Figure, style, text
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from iscore.advice.trend import EVENT_KINDS, Event, Trend
+from iscore.advice import EVENT_KINDS, Event, Trend
 from iscore.errors import IscoreError
 from iscore.present.figures.axes import figure_layout, hline, step_axis, vline
 from iscore.present.figures.style import ACCENT, DATA, NEUTRAL, Figure, style, text

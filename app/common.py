@@ -36,7 +36,6 @@ from iscore.advice import (
     Syntax,
     Targets,
     Trend,
-    assess,
     family_of,
     point_dict,
     points,
@@ -588,7 +587,7 @@ def show_health(analysis: Analysis) -> Health:
     """The verdict (`iscore.advice.health`) as a green, amber or red box with what decided it, the
     published bands it was judged against (with their sources) and each step's verdict in an
     expander; returns it."""
-    health = assess(analysis.mismatch)
+    health = analysis.health
     show, icon = _VERDICT[health.verdict]
     reasons = "\n".join(f"- {escape(r)}" for r in health.reasons)
     show(f"**{escape(health.headline)}**" + (f"\n\n{reasons}" if reasons else ""), icon=icon)
@@ -652,14 +651,14 @@ def show_reference(health: Health) -> None:
 def show_attribution(analysis: Analysis) -> None:
     """Where the mismatch comes from (`iscore.stats.attribution`): each finding, its evidence and
     what to do."""
-    findings = analysis.attribution.get("findings", [])
+    findings = analysis.attribution.findings
     if not findings:
         return
     st.subheader("Where it comes from")
     for f in findings:
         with st.container(border=True):
-            st.markdown(f"**{escape(f['title'])}** (`{f['kind']}`): {escape(f['summary'])}")
-            st.markdown(f":material/build: {escape(f['action'])}")
+            st.markdown(f"**{escape(f.title)}** (`{f.kind}`): {escape(f.summary)}")
+            st.markdown(f":material/build: {escape(f.action)}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -804,9 +803,9 @@ def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
     rows = [
         {
             "setting": setting_name(s),
-            "loss aggregation": s["aggregation"],
+            "loss aggregation": s.aggregation,
             # None (no broken sequences to keep) as NaN, which the table shows as "-".
-            **{header: _or_nan(s.get(key)) for key, header, _ in SUMMARY_COLUMNS},
+            **{header: _or_nan(s.value(key)) for key, header, _ in SUMMARY_COLUMNS},
         }
         for s in analysis.settings
     ]

@@ -6,7 +6,7 @@ The Python API in one screen:
 >>> batch = iscore.load("data/fp8.parquet")        # a packed TokenBatch (flat + cu_seqlens)
 >>> result = iscore.replay(batch, {"framework": "trl"})   # per-token weight and keep
 >>> analysis = iscore.analyze(batch, ["verl:decoupled_geo_rs"])
->>> analysis.settings[0]["lr_scale"]
+>>> analysis.settings[0].lr_scale
 1.0
 >>> best = iscore.recommend(batch, "skyrl").best.spec
 >>> print(iscore.export(best, "skyrl").text.splitlines()[0])

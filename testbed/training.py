@@ -260,7 +260,7 @@ def _add_stats(
     """Add iscore's statistics of candidate i's setting on each seed's batch (a step each)."""
     setting = SettingStats(spec, histograms=False)
     setting.update(batch, result)
-    for j, row in enumerate(setting.compute()["by_step"]):
+    for j, row in enumerate(setting.compute().by_step):
         for name in STATS:
             stats[name][i, j] += row[name]
 

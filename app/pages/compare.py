@@ -104,21 +104,21 @@ for spec in specs:
         common.say("warning", f"Removed {common.label(spec)}: {e}")
         st.rerun()
 analysis = ws.analysis(specs, steps)
-bugs = [f["code"] for f in flags_of(analysis.mismatch, "semantics_bug")]
+bugs = [f.code for f in flags_of(analysis.flags, "semantics_bug")]
 if bugs:  # the colours grade the corrections, not the data
     st.warning(
         f"Mismatch finds a semantics bug ({', '.join(bugs)}): no setting here corrects it, "
         "however green its row. Fix it first (see Mismatch).",
         icon=":material/bug_report:",
     )
-if flags_of(analysis.mismatch, "broken"):
+if flags_of(analysis.flags, "broken"):
     st.warning(
-        f"Mismatch finds {analysis.mismatch['broken_sequences']:,} broken sequences (a stale "
+        f"Mismatch finds {analysis.mismatch.broken_sequences:,} broken sequences (a stale "
         "replica or a bad rank): 'broken kept' says how much of their gradient each setting "
         "lets through; only a sequence-level mask removes them.",
         icon=":material/heart_broken:",
     )
-if flags_of(analysis.mismatch, "drift"):
+if flags_of(analysis.flags, "drift"):
     st.info(
         "The mismatch drifts over training (see Mismatch): these numbers pool every step, so "
         "a setting that is green here may act differently on the last steps than on the first.",

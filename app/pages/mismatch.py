@@ -33,18 +33,18 @@ _SHOW = {
     "heavy_tail": (st.info, ":material/warning:"),
 }
 for kind, (show, icon) in _SHOW.items():
-    for flag in flags_of(m, kind):
-        show(f"**{flag['code']}**: {common.escape(flag['message'])}", icon=icon)
-    if kind == "semantics_bug" and not flags_of(m, kind):  # the verdict on bugs, first
+    for flag in flags_of(analysis.flags, kind):
+        show(f"**{flag.code}**: {common.escape(flag.message)}", icon=icon)
+    if kind == "semantics_bug" and not flags_of(analysis.flags, kind):  # the verdict on bugs, first
         # Green only beside a normal verdict: no bug is no all-clear for FP8-like noise.
         (st.success if health.verdict == "normal" else st.info)(NO_SEMANTICS_BUG)
 
 cols = st.columns(4)
-cols[0].metric("mean |d|", f"{m['abs_diff_mean']:.3g}", border=True)
-cols[1].metric("max |d|", f"{m['abs_diff_max']:.3g}", border=True)
-cols[2].metric("k3", f"{m['k3']:.3g}", border=True)
+cols[0].metric("mean |d|", f"{m.abs_diff_mean:.3g}", border=True)
+cols[1].metric("max |d|", f"{m.abs_diff_max:.3g}", border=True)
+cols[2].metric("k3", f"{m.k3:.3g}", border=True)
 cols[3].metric(
-    "<e^d>", f"{m['ratio_mean']:.4f}", help="1 in expectation when both sides are right",
+    "<e^d>", f"{m.ratio_mean:.4f}", help="1 in expectation when both sides are right",
     border=True,
 )  # fmt: skip
 
@@ -58,7 +58,7 @@ st.dataframe(
         [
             {
                 "statistic": key,
-                "value": m.get(key),
+                "value": m.value(key),
                 "definition": DEFINITIONS[key],
                 "logged as": "; ".join(names),
                 "healthy, per the frameworks' docs": "; ".join(BANDS[key]),
@@ -79,7 +79,7 @@ st.dataframe(
 )
 
 st.subheader("Worst sequences (largest summed k3)")
-worst = m["worst_sequences"]
+worst = m.worst_sequences
 if not worst:
     st.stop()
 st.dataframe(

@@ -7,7 +7,7 @@ import common
 import pandas as pd
 import streamlit as st
 
-from iscore.advice import RULE_SYMBOLS, Targets, flags_of
+from iscore.advice import RULE_SYMBOLS, Targets
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.stats import BROKEN_KEPT
@@ -88,7 +88,7 @@ rows = [
         "setting": c.title,
         "misses": "; ".join(c.missed),  # beside the name: the table is wider than the page
         "objective": c.stats["objective"],
-        "misweighted (%)": (c.stats["bias_healthy"] + c.stats["bias_broken"]) * 100,
+        "misweighted (%)": c.misweighted * 100,
         "variance added (%)": c.stats["variance"] * 100,
         "LR scale": c.stats["lr_scale"],
         "ESS": c.stats["ess"] * 100,
@@ -146,9 +146,9 @@ cols[1].metric("ESS", f"{chosen.stats['ess']:.1%}", border=True)
 cols[2].metric("Tokens dropped", f"{chosen.stats['token_masked_fraction']:.2%}", border=True)
 cols[3].metric("Sequences dropped", f"{chosen.stats['seq_masked_fraction']:.2%}", border=True)
 # A semantics bug is not the correction's to fix: no green light then (the Mismatch page's
-# verdict, read from the same flags).
-clean = not flags_of(ws.mismatch(steps).mismatch, "semantics_bug")
-(st.success if chosen.passes and clean else st.warning)(common.escape(chosen.reason))
+# flags of the same steps).
+green = chosen.green_light(ws.mismatch(steps).flags)
+(st.success if green else st.warning)(common.escape(chosen.reason))
 st.markdown(f"**Rule:** `{chosen.rule}`", help=RULE_SYMBOLS)
 spec = common.recommended(rec, index)
 try:

@@ -16,10 +16,10 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submodules=["tuning"],
     submod_attrs={
-        "attribution": ["attribute"],
+        "attribution": ["Attribution", "Finding", "attribute"],
         "candidates": ["RULE_SYMBOLS"],
         "conversion": ["Syntax", "export", "snippet", "to_file_text"],
-        "flags": ["FLAG_KINDS", "NO_SEMANTICS_BUG", "find_flags", "flags_of"],
+        "flags": ["FLAG_KINDS", "Flag", "NO_SEMANTICS_BUG", "find_flags", "flags_of"],
         "health": ["Health", "assess", "assess_values"],
         "recommendation": ["Recommendation", "recommend"],
         "reference": ["point_dict", "points"],

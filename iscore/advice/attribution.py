@@ -34,21 +34,22 @@ A finding is `{kind, title, evidence, summary, action}`: the numbers that suppor
 same in words, and what to do about it.
 
 >>> from iscore.passes.analysis import analyze
->>> [f["kind"] for f in analyze("data/moe_routing.parquet").attribution["findings"]]
+>>> analyze("data/moe_routing.parquet").attribution.kinds
 ['routing', 'numerics']
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from iscore.advice.flags import flags_of
-from iscore.stats import SPAN_RATIO, TURN_TOKENS, WINDOW, AttributionNumbers
+from iscore.advice.flags import Flag, flags_of
+from iscore.stats import SPAN_RATIO, TURN_TOKENS, WINDOW, AttributionNumbers, MismatchSummary
 
 SPAN_SHARE = 0.01
 """and such sequences are at least this share of the healthy ones."""
@@ -161,10 +162,10 @@ def _carries(stats: dict[str, Any] | None, inside: str, outside: str) -> bool:
     )
 
 
-def _k3_share(mismatch: dict[str, Any]) -> tuple[float, float, list[dict[str, Any]]]:
+def _k3_share(mismatch: MismatchSummary) -> tuple[float, float, list[dict[str, Any]]]:
     """(the share of the k3 in tokens the rollout gave < `LOW_PROB`, their share of the tokens,
     the buckets' mean |d|) from `mismatch.by_prob`."""
-    buckets = mismatch.get("by_prob", [])
+    buckets = mismatch.by_prob
     total_k3 = sum(b["k3"] * b["tokens"] for b in buckets)
     tokens = sum(b["tokens"] for b in buckets)
     # A bucket's label is "lo-hi" (`mismatch.PROB_EDGES`).
@@ -175,12 +176,12 @@ def _k3_share(mismatch: dict[str, Any]) -> tuple[float, float, list[dict[str, An
     return k3_share, token_share, table
 
 
-def _broken(mismatch: dict[str, Any]) -> list[Finding]:
-    if not flags_of(mismatch, "broken"):
+def _broken(mismatch: MismatchSummary, flags: Sequence[Flag]) -> list[Finding]:
+    if not flags_of(flags, "broken"):
         return []
-    count = mismatch.get("broken_sequences", 0)
-    steps = [row["step"] for row in mismatch["by_step"] if row.get("broken_sequences")]
-    share = count / max(mismatch["sequences"], 1)
+    count = mismatch.broken_sequences
+    steps = [row["step"] for row in mismatch.by_step if row.get("broken_sequences")]
+    share = count / max(mismatch.sequences, 1)
     return [
         Finding(
             "broken",
@@ -196,12 +197,12 @@ def _broken(mismatch: dict[str, Any]) -> list[Finding]:
     ]
 
 
-def _semantics(mismatch: dict[str, Any]) -> list[Finding]:
-    codes = {f["code"] for f in flags_of(mismatch, "semantics_bug")}
-    ratio = mismatch.get("ratio_mean", 1.0)
-    se = mismatch.get("ratio_mean_stderr") or 0.0
+def _semantics(mismatch: MismatchSummary, flags: Sequence[Flag]) -> list[Finding]:
+    codes = {f.code for f in flags_of(flags, "semantics_bug")}
+    ratio = mismatch.ratio_mean
+    se = mismatch.ratio_mean_stderr or 0.0
     z = (ratio - 1.0) / se if se > 0 else 0.0
-    buckets = [{"bucket": b["bucket"], "d_mean": b["d_mean"]} for b in mismatch.get("by_prob", [])]
+    buckets = [{"bucket": b["bucket"], "d_mean": b["d_mean"]} for b in mismatch.by_prob]
     found = []
     if "ratio_mean_bias" in codes and ratio < 1.0:
         found.append(
@@ -211,11 +212,11 @@ def _semantics(mismatch: dict[str, Any]) -> list[Finding]:
                 {
                     "ratio_mean": ratio,
                     "z": z,
-                    "d_sign_fraction": mismatch.get("d_sign_fraction"),
+                    "d_sign_fraction": mismatch.d_sign_fraction,
                     "d_mean_by_prob": buckets,
                 },
                 f"<e^d> = {ratio:.4f} ({z:+.0f} standard errors from the 1 it is for any "
-                f"noise) and {mismatch.get('d_sign_fraction', 0):.0%} of the tokens on one side "
+                f"noise) and {mismatch.d_sign_fraction:.0%} of the tokens on one side "
                 "of 0: the rollout renormalized its log-probs over a nucleus that kept about "
                 f"{ratio:.1%} of the probability, the trainer scored the full vocabulary.",
                 "Fix the sampling parameters: have the engine report raw log-probs, or "
@@ -237,8 +238,8 @@ def _semantics(mismatch: dict[str, Any]) -> list[Finding]:
             )
         )
     if "logprob_dependent_offset" in codes and "ratio_mean_bias" not in codes:
-        corr = mismatch.get("d_rollout_correlation", 0.0)
-        slope = mismatch.get("d_rollout_slope", 0.0)
+        corr = mismatch.d_rollout_correlation
+        slope = mismatch.d_rollout_slope
         side = "sharper" if corr < 0 else "flatter"
         found.append(
             Finding(
@@ -442,11 +443,13 @@ def _staleness(by_step: list[dict[str, Any]]) -> list[Finding]:
     ]
 
 
-def _drift(mismatch: dict[str, Any], by_step: list[dict[str, Any]]) -> list[Finding]:
-    if not any(f["code"] == "drift" for f in mismatch.get("flags", [])):
+def _drift(
+    mismatch: MismatchSummary, flags: Sequence[Flag], by_step: list[dict[str, Any]]
+) -> list[Finding]:
+    if not any(f.code == "drift" for f in flags):
         return []
     k3 = [r["engine_k3"] for r in by_step]
-    growth = mismatch.get("k3_growth")
+    growth = mismatch.k3_growth
     return [
         Finding(
             "drift",
@@ -461,14 +464,14 @@ def _drift(mismatch: dict[str, Any], by_step: list[dict[str, Any]]) -> list[Find
     ]
 
 
-def _numerics(mismatch: dict[str, Any]) -> list[Finding]:
-    if flags_of(mismatch, "semantics_bug"):
+def _numerics(mismatch: MismatchSummary, flags: Sequence[Flag]) -> list[Finding]:
+    if flags_of(flags, "semantics_bug"):
         return []  # a bug's own signature also sits on the unlikely tokens
     k3_share, token_share, table = _k3_share(mismatch)
     if not k3_share > LOW_PROB_SHARE:
         return []
-    tail = mismatch.get("abs_diff_quantiles", {}).get("p99.9")
-    largest = mismatch.get("abs_diff_max")
+    tail = mismatch.abs_diff_quantiles.get("p99.9")
+    largest = mismatch.abs_diff_max
     said = (
         f"; the largest |d| is {largest:.3g} nats, 99.9% of tokens within {tail:.3g}"
         if (tail is not None and largest is not None and math.isfinite(largest))
@@ -496,17 +499,19 @@ def _numerics(mismatch: dict[str, Any]) -> list[Finding]:
     ]
 
 
-def attribute(numbers: AttributionNumbers, mismatch: dict[str, Any]) -> Attribution:
+def attribute(
+    numbers: AttributionNumbers, mismatch: MismatchSummary, flags: Sequence[Flag]
+) -> Attribution:
     """The findings the data supports, from what `AttributionStats.compute` gives and the
-    mismatch diagnostics of the same dump (with its `flags`), strongest evidence first."""
+    mismatch diagnostics of the same dump and their `flags`, strongest evidence first."""
     by_step = list(numbers.by_step)
     findings = [
-        *_broken(mismatch),
-        *_semantics(mismatch),
+        *_broken(mismatch, flags),
+        *_semantics(mismatch, flags),
         *_routing(numbers.span, numbers.steps, numbers.ids, numbers.broken, numbers.routing),
         *_retokenization(numbers.turns),
         *_staleness(by_step),
-        *_drift(mismatch, by_step),
-        *_numerics(mismatch),
+        *_drift(mismatch, flags, by_step),
+        *_numerics(mismatch, flags),
     ]
     return Attribution(tuple(findings), numbers.by_step, numbers.routing, numbers.turns)

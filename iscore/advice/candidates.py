@@ -4,10 +4,11 @@ one setting replayed, with its statistics and the targets it misses."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from iscore.advice.flags import Flag, flags_of
 from iscore.advice.thresholds import Thresholds
 from iscore.frameworks import Canonical, Component, Spec, mask_component, weight_component
 
@@ -47,6 +48,17 @@ class Candidate:
     @property
     def passes(self) -> bool:
         return not self.missed
+
+    @property
+    def misweighted(self) -> float:
+        """The gradient it misweights per token, on the healthy and the broken sequences
+        together: the objective's first two terms."""
+        return self.stats["bias_healthy"] + self.stats["bias_broken"]
+
+    def green_light(self, flags: Sequence[Flag]) -> bool:
+        """Whether to use it as it is: it meets the targets, and the mismatch `flags` of the
+        same data show no semantics bug (which no correction repairs)."""
+        return self.passes and not flags_of(flags, "semantics_bug")
 
     def to_dict(self) -> dict[str, Any]:
         return {

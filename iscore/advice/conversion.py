@@ -270,7 +270,7 @@ def _measure(
         return None, None
     identical = bool(torch.equal(a.weight, b.weight) and torch.equal(a.keep, b.keep))
     difference: dict[str, Any] = {
-        side: {key: values.get(key) for key in _DIFFERENCE_KEYS} for side, values in stats.items()
+        side: {key: values.value(key) for key in _DIFFERENCE_KEYS} for side, values in stats.items()
     }
     difference["identical"] = identical
     return identical, difference

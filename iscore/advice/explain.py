@@ -190,7 +190,7 @@ def trap_warnings(batch: TokenBatch, framework: Framework, normal: Normal) -> li
             "token-level or geometric-mean weights."
         )
     for trap in framework.traps:
-        warning = trap.warning(batch, lambda spec: quick_stats(batch, spec))
+        warning = trap.warning(batch, lambda spec: quick_stats(batch, spec).numbers())
         if warning is not None:
             warnings.append(warning)
     return warnings

@@ -5,11 +5,13 @@ decided here from the mismatch diagnostics and read by every surface."""
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from iscore.stats import Baseline, first_rise, noise, ratio_bias
+from iscore.stats import Baseline, MismatchSummary, first_rise, noise, ratio_bias
 
 FlagKind = Literal["semantics_bug", "broken", "drift", "heavy_tail"]
 """What a flag says about the mismatch: a bug in what one side computes (`semantics_bug`: no
@@ -44,22 +46,41 @@ _FLAG_KIND: dict[str, FlagKind] = {
 """The kind of each flag code: decided here, read by the app's pages and the report."""
 
 
-def flags_of(mismatch: dict[str, Any], kind: FlagKind) -> list[dict[str, str]]:
-    """The flags of `kind` among an analysis' mismatch `flags`."""
-    return [f for f in mismatch.get("flags", []) if f["kind"] == kind]
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One flag of the mismatch.
+
+    Attributes:
+        code: what was found (`broken_sequences`, `ratio_mean_bias`, `logprob_dependent_offset`,
+            `constant_offset`, `drift`, `heavy_tail`).
+        kind: what it says about the mismatch (`FlagKind`), decided with the code.
+        message: the evidence in words.
+    """
+
+    code: str
+    kind: FlagKind
+    message: str
+
+    @classmethod
+    def of(cls, code: str, message: str) -> Flag:
+        return cls(code, _FLAG_KIND[code], message)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "kind": self.kind, "message": self.message}
 
 
-def _flag(code: str, message: str) -> dict[str, str]:
-    return {"code": code, "kind": _FLAG_KIND[code], "message": message}
+def flags_of(flags: Sequence[Flag], kind: FlagKind) -> list[Flag]:
+    """The flags of `kind` among `flags`, in order."""
+    return [f for f in flags if f.kind == kind]
 
 
 def find_flags(
-    result: dict[str, Any],
+    result: MismatchSummary,
     s: dict[str, np.ndarray],
     broken: np.ndarray,
     regression: np.ndarray,
     signs: np.ndarray,
-) -> list[dict]:
+) -> tuple[Flag, ...]:
     """Signatures of semantics bugs, as opposed to numerical noise; broken sequences; drift
     over the steps; a heavy tail of far-off tokens. The identity E_rollout[e^d] = 1 is tested
     on the sequences that are not broken: a stale replica breaks it in its own sequences, and
@@ -72,14 +93,14 @@ def find_flags(
         regression, signs: the accumulator's sums of the regression of d on the rollout
             log-prob, and its counts of d below, at and above 0.
     """
-    flags = []
-    if not result.get("tokens"):
-        return flags
+    flags: list[Flag] = []
+    if not result.tokens:
+        return ()
     if broken.any():
         steps = np.unique(s["step"][broken])
         where = f"step {steps[0]}" if steps.size == 1 else f"{steps.size} steps, from {steps[0]}"
         flags.append(
-            _flag(
+            Flag.of(
                 "broken_sequences",
                 f"{int(broken.sum()):,} sequences ({broken.mean():.1%}) "
                 f"{noise.BROKEN_WORDS} ({where}): as a stale replica or a bad rank gives, not "
@@ -94,7 +115,7 @@ def find_flags(
     z = ratio_bias(ratio, math.sqrt(variance / tokens))
     if z is not None:
         flags.append(
-            _flag(
+            Flag.of(
                 "ratio_mean_bias",
                 f"<exp(d)> = {ratio:.4f} (z = {z:+.0f}"
                 + (", over the sequences that are not broken" if broken.any() else "")
@@ -104,10 +125,10 @@ def find_flags(
                 "on the other, a token shift, or stale weights.",
             )
         )
-    corr = result["d_rollout_correlation"]
+    corr = result.d_rollout_correlation
     if abs(corr) > 0.3:
         flags.append(
-            _flag(
+            Flag.of(
                 "logprob_dependent_offset",
                 f"d is correlated with the rollout log-prob (r = {corr:+.2f}): "
                 "numerical noise is symmetric at every probability. A temperature applied on "
@@ -117,26 +138,26 @@ def find_flags(
         )
     n = regression[0]  # the loss tokens
     negative, _, positive = signs.astype(float)
-    one_sided = result["d_sign_fraction"]
-    if one_sided > 0.8 and abs(result["d_mean"]) > 3.0 * math.sqrt(result["d_var"] / n):
+    one_sided = result.d_sign_fraction
+    if one_sided > 0.8 and abs(result.d_mean) > 3.0 * math.sqrt(result.d_var / n):
         side = "below" if negative > positive else "above"
         flags.append(
-            _flag(
+            Flag.of(
                 "constant_offset",
                 f"{one_sided:.0%} of the tokens have d {side} 0 (mean d = "
-                f"{result['d_mean']:+.4f}): a one-sided offset is a semantics bug (e.g. raw vs "
+                f"{result.d_mean:+.4f}): a one-sided offset is a semantics bug (e.g. raw vs "
                 "processed log-probs, renormalization after top-p), not numerical noise.",
             )
         )
     # The steps with tokens in the loss (a step whose tokens are all masked has no k3).
-    steps = [step for step in result.get("by_step", []) if step.get("tokens")]
+    steps = [step for step in result.by_step if step.get("tokens")]
     k3 = [row["healthy_k3"] for row in steps if row.get("healthy_k3") is not None]
     steps = [row for row in steps if row.get("healthy_k3") is not None]
     rise = first_rise(k3)
     if rise is not None:
         band = Baseline.of(k3)
         flags.append(
-            _flag(
+            Flag.of(
                 "drift",
                 f"k3 (the token mean over the sequences not called broken) rises from step "
                 f"{steps[rise]['step']} on, to "
@@ -145,15 +166,15 @@ def find_flags(
                 "divergence between the engines (weight sync, resume, growing off-policyness).",
             )
         )
-    largest, tail = result["abs_diff_max"], result["abs_diff_quantiles"].get("p99.9")
+    largest, tail = result.abs_diff_max, result.abs_diff_quantiles.get("p99.9")
     if largest > 2.0 and tail is not None:
         # Noise or not, a few far-off tokens are what token caps and bands are for.
         flags.append(
-            _flag(
+            Flag.of(
                 "heavy_tail",
                 f"the largest |d| is {largest:.3g} nats (a ratio of e^{largest:.3g}), while "
                 f"99.9% of the tokens are within {tail:.3g}: a few far-off tokens (fp8 outliers, "
                 "routing flips) that a token cap or band acts on.",
             )
         )
-    return flags
+    return tuple(flags)

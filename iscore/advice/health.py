@@ -2,7 +2,7 @@
 
 - `broken`: the data shows broken sequences (far outside their step's noise: a stale replica,
   a bad rank) or a semantics bug (a one-sided offset, a biased ratio, a temperature on one
-  side). Both are the mismatch flags' decisions (`iscore.stats.mismatch`, `iscore.stats.noise`),
+  side). Both are the mismatch flags' decisions (`iscore.advice.flags`, over `iscore.stats.noise`),
   read here, never re-derived: no IS correction repairs them.
 - `elevated`: no such flag, but a statistic lies outside a band a framework's docs publish
   (`Framework.bands`, listed by `iscore.advice.reference.bands`): FP8-like noise, MoE routing
@@ -16,7 +16,7 @@ statistics; a semantics bug found on the whole dump (a one-sided temperature is 
 correlation over every token) breaks every step.
 
 >>> from iscore.passes.analysis import analyze
->>> health = assess(analyze("data/dense_bf16.parquet").mismatch)
+>>> health = analyze("data/dense_bf16.parquet").health  # `assess` of its mismatch and flags
 >>> health.verdict, [s.verdict for s in health.by_step]
 ('normal', ['normal', 'normal'])
 """
@@ -24,13 +24,14 @@ correlation over every token) breaks every step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from iscore.advice.flags import flags_of
+from iscore.advice.flags import Flag, flags_of
 from iscore.advice.reference import Placement, bands, placements
 from iscore.frameworks import HealthBand
-from iscore.stats import noise
+from iscore.stats import MismatchSummary, noise
 
 Verdict = Literal["normal", "elevated", "broken"]
 
@@ -179,9 +180,10 @@ class Health:
         }
 
 
-def _checks(values: dict[str, Any]) -> tuple[Check, ...]:
+def _checks(value: Callable[[str], Any]) -> tuple[Check, ...]:
+    """Every band's check of the statistic `value` gives by name (None where there is none)."""
     return tuple(
-        Check(framework, band, _number(values.get(band.statistic))) for framework, band in bands()
+        Check(framework, band, _number(value(band.statistic))) for framework, band in bands()
     )
 
 
@@ -193,14 +195,14 @@ def _exceeded(checks: tuple[Check, ...]) -> list[str]:
     return [c.describe() for c in checks if c.within is False]
 
 
-def assess(mismatch: dict[str, Any]) -> Health:
-    """The verdict of an analysis' `mismatch` diagnostics (`iscore.stats.mismatch.MismatchStats`'s
-    result, flags and `by_step` included), and of each of its steps."""
-    broken = flags_of(mismatch, "broken") + flags_of(mismatch, "semantics_bug")
-    dump_bug = [f"{f['code']} (over the whole dump)" for f in flags_of(mismatch, "semantics_bug")]
-    by_step = tuple(_step(row, dump_bug) for row in mismatch.get("by_step", []))
-    found = [(f["code"], f"{f['code']}: {f['message']}") for f in broken]
-    return _judge(found, mismatch, by_step)
+def assess(mismatch: MismatchSummary, flags: Sequence[Flag]) -> Health:
+    """The verdict of an analysis' mismatch diagnostics (`MismatchStats.compute`, its
+    `by_step` included) and their `flags`, and of each of its steps."""
+    broken = flags_of(flags, "broken") + flags_of(flags, "semantics_bug")
+    dump_bug = [f"{f.code} (over the whole dump)" for f in flags_of(flags, "semantics_bug")]
+    by_step = tuple(_step(row, dump_bug) for row in mismatch.by_step)
+    found = [(f.code, f"{f.code}: {f.message}") for f in broken]
+    return _judge(found, mismatch.value, by_step)
 
 
 def assess_values(values: dict[str, Any], broken: int, ratio: float, stderr: float) -> Health:
@@ -221,19 +223,19 @@ def assess_values(values: dict[str, Any], broken: int, ratio: float, stderr: flo
         found.append(
             ("ratio_mean_bias", f"ratio_mean_bias: <e^d> = {ratio:.4f} (z = {z:+.0f}), not 1")
         )
-    return _judge(found, values, ())
+    return _judge(found, values.get, ())
 
 
 def _judge(
-    found: list[tuple[str, str]], values: dict[str, Any], by_step: tuple[StepHealth, ...]
+    found: list[tuple[str, str]], value: Callable[[str], Any], by_step: tuple[StepHealth, ...]
 ) -> Health:
     """Broken where something is `found` (a flag's code and its line), elevated where a value
-    lies outside a band, else normal."""
-    checks = _checks(values)
+    (`value` of a statistic's name) lies outside a band, else normal."""
+    checks = _checks(value)
     reasons = [line for _, line in found] + _exceeded(checks)
     verdict: Verdict = "broken" if found else "elevated" if reasons else "normal"
     codes = tuple(code for code, _ in found)
-    return Health(verdict, tuple(reasons), checks, by_step, codes, tuple(placements(values)))
+    return Health(verdict, tuple(reasons), checks, by_step, codes, tuple(placements(value)))
 
 
 def _step(row: dict[str, Any], dump_bug: list[str]) -> StepHealth:
@@ -245,7 +247,7 @@ def _step(row: dict[str, Any], dump_bug: list[str]) -> StepHealth:
     z = None if ratio is None or se is None or math.isnan(ratio) else noise.ratio_bias(ratio, se)
     if z is not None:
         found.append(f"<e^d> = {ratio:.4f} (z = {z:+.0f}): a biased ratio")
-    checks = _checks(row)
+    checks = _checks(row.get)
     exceeded = _exceeded(checks)
     verdict: Verdict = "broken" if found else "elevated" if exceeded else "normal"
     return StepHealth(int(row["step"]), verdict, tuple(found + exceeded), checks)

@@ -27,11 +27,14 @@ def measure(
     accumulator = SettingStats(spec, histograms=False)
     accumulator.update(batch, result)
     summary = accumulator.compute(normal.broken)
-    stats = {k: v for k, v in summary.items() if isinstance(v, float | int) and k != "tokens"}
-    stats["broken_gradient_kept"] = summary["broken_gradient_kept"] or 0.0
+    # The summary's numbers as a candidate's (its table's row): the counts of sequences, the
+    # headline numbers, the aggregation's flag, the broken gradient kept.
+    numbers = {"denominator_shrinks": summary.denominator_shrinks, **summary.numbers()}
+    stats = {k: v for k, v in numbers.items() if isinstance(v, float | int) and k != "tokens"}
+    stats["broken_gradient_kept"] = summary.broken_gradient_kept or 0.0
     stats |= _terms(batch, result, normal, anchor)
     missed = _violations(targets, normal, stats)
-    missed += _step_misses(targets, normal, summary["by_step"], result, batch)
+    missed += _step_misses(targets, normal, summary.by_step, result, batch)
     return stats, missed
 
 

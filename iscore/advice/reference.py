@@ -15,6 +15,7 @@ whose source could not be checked is left out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,9 +191,9 @@ def place(
     return Placement(statistic, value, below[-1] if below else None, above[0] if above else None)
 
 
-def placements(mismatch: dict[str, Any]) -> list[Placement]:
-    """The placement of each statistic of an analysis' `mismatch` that has published points,
-    in the order of the statistics' first point."""
+def placements(value: Callable[[str], Any]) -> list[Placement]:
+    """The placement of each statistic that has published points (`value` of its name: an
+    analysis' `MismatchSummary.value`), in the order of the statistics' first point."""
     order = list(dict.fromkeys(p.statistic for p in points()))
-    found = (place(s, mismatch.get(s)) for s in order)
+    found = (place(s, value(s)) for s in order)
     return [p for p in found if p is not None]

@@ -33,6 +33,8 @@ from iscore.stats import (
     BROKEN_WORDS,
     SUSTAIN_STEPS,
     Baseline,
+    MismatchSummary,
+    SettingSummary,
     early_steps,
     first_rise,
     ratio_bias,
@@ -133,20 +135,19 @@ class Trend:
     @classmethod
     def of(
         cls,
-        mismatch: dict[str, Any],
-        settings: Sequence[dict[str, Any]],
+        mismatch: MismatchSummary,
+        settings: Sequence[SettingSummary],
         specs: Sequence[Spec],
         targets: Targets,
     ) -> Trend:
-        """The trend of an analysis: its `mismatch` and `settings` (the dicts of
-        `iscore.passes.document.Analysis`, computed for `specs`), with the `setting_degrades`
-        events judged against `targets`."""
-        run = GrowingTrend(specs, [s["name"] for s in settings], targets)
+        """The trend of an analysis: its `mismatch` and `settings` (computed for `specs`),
+        with the `setting_degrades` events judged against `targets`."""
+        run = GrowingTrend(specs, [s.name for s in settings], targets)
         by_step: dict[int, tuple[dict[str, Any] | None, list[dict[str, Any] | None]]] = {}
-        for r in mismatch["by_step"]:
+        for r in mismatch.by_step:
             by_step[r["step"]] = (r, [None] * len(settings))
         for i, setting in enumerate(settings):
-            for r in setting["by_step"]:
+            for r in setting.by_step:
                 by_step.setdefault(r["step"], (None, [None] * len(settings)))[1][i] = r
         for step, (row, rows) in by_step.items():
             run.set(step, row, rows)

@@ -47,7 +47,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from iscore.advice import assess
     from iscore.frameworks import resolve
     from iscore.passes import SequenceTable, analyze, read_schema, write_rows
     from iscore.present import setting_name, write_html
@@ -82,23 +81,22 @@ def run(args: argparse.Namespace) -> int:
             write(path)
             written.append(path)
     m = result.mismatch
-    nan = float("nan")
     print(
         f"{result.source['loss_tokens']:,} loss tokens in {result.source['sequences']:,} "
-        f"sequences: k3 {m.get('k3', nan):.3g}, mean |d| {m.get('abs_diff_mean', nan):.3g}, "
-        f"max |d| {m.get('abs_diff_max', nan):.3g}"
+        f"sequences: k3 {m.k3:.3g}, mean |d| {m.abs_diff_mean:.3g}, "
+        f"max |d| {m.abs_diff_max:.3g}"
     )
-    print(f"  health: {assess(m).summary()}")
-    for flag in m.get("flags", []):
-        print(f"  ! {flag['code']}: {flag['message']}")
-    for finding in result.attribution.get("findings", []):
-        print(f"  from {finding['kind']}: {finding['summary']} To do: {finding['action']}")
+    print(f"  health: {result.health.summary()}")
+    for flag in result.flags:
+        print(f"  ! {flag.code}: {flag.message}")
+    for finding in result.attribution.findings:
+        print(f"  from {finding.kind}: {finding.summary} To do: {finding.action}")
     for s in result.settings:
         print(
-            f"  {clip(setting_name(s))}: LR scale {s.get('lr_scale', nan):.4g}, "
-            f"mean w {s.get('weight_mean', nan):.3g}, ESS {s.get('ess', nan):.1%}, "
-            f"tokens masked {s.get('token_masked_fraction', nan):.2%}, sequences masked "
-            f"{s.get('seq_masked_fraction', nan):.2%}"
+            f"  {clip(setting_name(s))}: LR scale {s.lr_scale:.4g}, "
+            f"mean w {s.weight_mean:.3g}, ESS {s.ess:.1%}, "
+            f"tokens masked {s.token_masked_fraction:.2%}, sequences masked "
+            f"{s.seq_masked_fraction:.2%}"
         )
     for path in written:
         print(f"wrote {path}")

@@ -3,7 +3,7 @@ each correction setting, what it does to the data; as a versioned JSON document 
 
 >>> settings = ["verl:decoupled_seq_is", "skyrl:skyrl_geo_mask"]
 >>> result = analyze("data/long_collapse.parquet", settings)  # doctest: +SKIP
->>> [round(s["lr_scale"], 3) for s in result.settings]  # doctest: +SKIP
+>>> [round(s.lr_scale, 3) for s in result.settings]  # doctest: +SKIP
 [0.059, 1.0]
 
 Every field of the JSON document is defined in docs/analysis.md; `SCHEMA_VERSION` changes when a
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from iscore.advice import Targets, Trend, attribute, find_flags
+from iscore.advice import Targets, Trend, assess, attribute, find_flags
 from iscore.dump import (
     DEFAULT_CHUNK_TOKENS,
     Data,
@@ -77,7 +77,7 @@ def analyze(
             worker sums with one thread). For a dump's files on disk only.
 
     >>> a = analyze("data/fp8.parquet", ["verl:decoupled_geo_rs"])
-    >>> a.settings[0]["name"], round(a.settings[0]["lr_scale"], 3)
+    >>> a.settings[0].name, round(a.settings[0].lr_scale, 3)
     ('decoupled_geo_rs', 1.0)
     """
     specs = resolve_all(settings)
@@ -99,11 +99,9 @@ def analyze(
         check_unique(numbers["step"], numbers["seq_id"], owners)
     broken = total.mismatch.broken(numbers)
     summary = total.mismatch.compute(numbers, broken)
-    summary["flags"] = find_flags(
-        summary, numbers, broken, total.mismatch.regression, total.mismatch.signs
-    )
-    if not summary["tokens"]:
+    if not summary.tokens:
         raise _nothing_to_analyze(plan, max_tokens)
+    flags = find_flags(summary, numbers, broken, total.mismatch.regression, total.mismatch.signs)
     if plan.run is not None and plan.held is None:
         try:
             plan.kept.save_merged(plan.run, to_store(total, 0, specs, plan.merged))
@@ -116,17 +114,17 @@ def analyze(
             "files": plan.files,
             "where": None if dump is None or dump.where is None else dump.where.text,
             "dropped": None if dump is None else dump.dropped.to_dict(),
-            "steps": [row["step"] for row in summary["by_step"]],
-            "sequences": summary.get("sequences", 0),
-            "loss_tokens": summary.get("tokens", 0),
+            "steps": [row["step"] for row in summary.by_step],
+            "sequences": summary.sequences,
+            "loss_tokens": summary.tokens,
             "device": device.type,
         },
         mismatch=summary,
+        flags=flags,
+        health=assess(summary, flags),
+        attribution=attribute(total.attribution.compute(summary, numbers, broken), summary, flags),
         settings=settings_done,
         trend=Trend.of(summary, settings_done, specs, targets or Targets()),
-        attribution=attribute(
-            total.attribution.compute(summary, numbers, broken), summary
-        ).to_dict(),
     )
 
 

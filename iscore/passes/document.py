@@ -11,33 +11,38 @@ from typing import Any
 
 import pandas as pd
 
-from iscore.advice import Trend, assess
-from iscore.stats import BANDS, DEFINITIONS, METRIC_NAMES
+from iscore.advice import Attribution, Flag, Health, Trend
+from iscore.stats import BANDS, DEFINITIONS, METRIC_NAMES, MismatchSummary, SettingSummary
 from iscore.utils import json_ready, write_json
 
 SCHEMA_VERSION = 1
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Analysis:
-    """The result of `analyze`: plain dicts and lists, JSON-ready.
+    """The result of `analyze`, as typed values; `to_dict` is the JSON document.
 
     Attributes:
-        source: what was read (files, layout, steps, sequences, tokens).
-        mismatch: the mismatch diagnostics (see `iscore.stats.mismatch`).
-        settings: one dict per setting (see `iscore.stats.setting`), in the order given.
-        trend: the per-step table and its events (see `iscore.advice.trend`).
-        attribution: where the mismatch comes from (see `iscore.stats.attribution`).
+        source: what was read (files, where, dropped, steps, sequences, loss tokens, device).
+        mismatch: the mismatch diagnostics (`iscore.stats.MismatchSummary`).
+        flags: the mismatch flags, each a code, a kind and a message (`iscore.advice.Flag`).
+        health: the verdict of the dump and of each step (`iscore.advice.Health`).
+        attribution: where the mismatch comes from (`iscore.advice.Attribution`).
+        settings: what each setting does (`iscore.stats.SettingSummary`), in the order given.
+        trend: the per-step table and its events (`iscore.advice.Trend`).
     """
 
     source: dict[str, Any]
-    mismatch: dict[str, Any]
-    settings: list[dict[str, Any]]
+    mismatch: MismatchSummary
+    flags: tuple[Flag, ...]
+    health: Health
+    attribution: Attribution
+    settings: list[SettingSummary]
     trend: Trend
-    attribution: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        """The versioned document; NaN and infinities become null (strict JSON)."""
+        """The versioned document; NaN and infinities become null (strict JSON): the one place
+        the typed values become plain ones."""
         return json_ready(
             {
                 "schema": "iscore.analysis",
@@ -45,14 +50,15 @@ class Analysis:
                 "iscore_version": version("iscore"),
                 "source": self.source,
                 "mismatch": {
-                    **self.mismatch,
+                    **self.mismatch.to_dict(),
+                    "flags": [f.to_dict() for f in self.flags],
                     "names": METRIC_NAMES,
                     "definitions": DEFINITIONS,
                     "bands": BANDS,
                 },
-                "health": assess(self.mismatch).to_dict(),
-                "attribution": self.attribution,
-                "settings": self.settings,
+                "health": self.health.to_dict(),
+                "attribution": self.attribution.to_dict(),
+                "settings": [s.to_dict() for s in self.settings],
                 "trend": self.trend.to_dict(),
             }
         )
@@ -68,7 +74,7 @@ class Analysis:
         setting), `settings_by_step`, `settings_by_length`, `weight_quantiles` (setting x
         quantile x raw/applied).
         """
-        m = self.mismatch
+        m = self.mismatch.to_dict()
         scalars = {k: v for k, v in m.items() if not isinstance(v, list | dict)}
         out = {
             "mismatch": pd.DataFrame([scalars]),
@@ -78,10 +84,14 @@ class Analysis:
             },
             "worst_sequences": pd.DataFrame(m["worst_sequences"]),
             "worst_tokens": pd.DataFrame(m["worst_tokens"]),
-            "flags": pd.DataFrame(m["flags"], columns=["code", "message"]),
+            "flags": pd.DataFrame(
+                [{"code": f.code, "message": f.message} for f in self.flags],
+                columns=["code", "message"],
+            ),
         }
         rows, by_step, by_length, quantiles = [], [], [], []
-        for s in self.settings:
+        for setting in self.settings:
+            s = setting.to_dict()
             key = {"setting": s["name"], "framework": s["framework"]}
             rows.append(
                 {

@@ -14,15 +14,25 @@ import hashlib
 import html
 import importlib.util
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from iscore.advice import EVENT_KINDS, FLAG_KINDS, NO_SEMANTICS_BUG, Targets, flags_of, to_file_text
+from iscore.advice import (
+    EVENT_KINDS,
+    FLAG_KINDS,
+    NO_SEMANTICS_BUG,
+    Flag,
+    Targets,
+    flags_of,
+    to_file_text,
+)
 from iscore.errors import IscoreError
 from iscore.frameworks import parse_config
 from iscore.passes import Analysis
 from iscore.present.figures import all_figures, color, setting_name
 from iscore.present.tables import SUMMARY_COLUMNS
+from iscore.stats import SettingSummary
 from iscore.utils import output_path
 
 _MISMATCH_ROWS = (
@@ -62,9 +72,9 @@ def render_html(analysis: Analysis, targets: Targets | None = None) -> str:
     parts = [
         _header(doc),
         _health(doc),
-        _flags(doc),
-        _summary_table(doc, targets or Targets()),
-        _configs(doc),
+        _flags(analysis.flags),
+        _summary_table(analysis.settings, doc["settings"], targets or Targets()),
+        _configs(analysis.settings),
         _mismatch_table(doc),
         _worst_table(doc),
     ]
@@ -198,15 +208,14 @@ _GRADE = {"normal": "good", "elevated": "fair", "broken": "bad"}
 """Each verdict in the colours of the settings table's grades."""
 
 
-def _flags(doc: dict[str, Any]) -> str:
-    mismatch = doc["mismatch"]
+def _flags(flags: Sequence[Flag]) -> str:
     parts = []
-    if not flags_of(mismatch, "semantics_bug"):
+    if not flags_of(flags, "semantics_bug"):
         parts.append(f"<p class='ok'>{html.escape(NO_SEMANTICS_BUG)}</p>")
     for kind, title in FLAG_KINDS.items():
         items = "".join(
-            f"<li><b>{html.escape(f['code'])}</b>: {html.escape(f['message'])}</li>"
-            for f in flags_of(mismatch, kind)
+            f"<li><b>{html.escape(f.code)}</b>: {html.escape(f.message)}</li>"
+            for f in flags_of(flags, kind)
         )
         if items:
             parts.append(
@@ -238,25 +247,28 @@ def _fmt(value: Any, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def _summary_table(doc: dict[str, Any], targets: Targets) -> str:
-    settings = doc["settings"]
+def _summary_table(
+    settings: Sequence[SettingSummary], values: list[dict[str, Any]], targets: Targets
+) -> str:
+    """The settings table: each setting's numbers as the document holds them (`values`: null
+    for a number that is not finite), graded against `targets`."""
     if not settings:
         return ""
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in SUMMARY_COLUMNS)
     rows = []
-    for i, s in enumerate(settings):
+    for i, (s, v) in enumerate(zip(settings, values, strict=True)):
         cells = []
         for key, _, pattern in SUMMARY_COLUMNS:
-            value = s.get(key)
+            value = v.get(key)
             grade = targets.grade(key, value)
             mark = f" class='{grade}'" if grade else ""
             cells.append(f"<td{mark}>{_fmt(value, pattern)}</td>")
         name = html.escape(setting_name(s))
-        upstream = html.escape(s.get("upstream", ""))
+        upstream = html.escape(s.upstream)
         rows.append(
             f"<tr><td><span class='dot' style='background:{color(i)}'></span>{name}"
             f"<br><span class='note'>{upstream}</span></td>"
-            f"<td>{html.escape(s['aggregation'])}</td>{''.join(cells)}</tr>"
+            f"<td>{html.escape(s.aggregation)}</td>{''.join(cells)}</tr>"
         )
     lo, hi = targets.lr_scale
     stricter = (
@@ -278,16 +290,16 @@ def _summary_table(doc: dict[str, Any], targets: Targets) -> str:
     )
 
 
-def _configs(doc: dict[str, Any]) -> str:
+def _configs(settings: Sequence[SettingSummary]) -> str:
     """Each setting as the config file that replays it (the framework's own keys, with
     `framework:` and `name:`), escaped."""
-    if not doc["settings"]:
+    if not settings:
         return ""
     blocks = "".join(
         f"<details><summary><span class='dot' style='background:{color(i)}'></span>"
         f"{html.escape(setting_name(s))}</summary>"
-        f"<pre>{html.escape(to_file_text(parse_config(s['config'])))}</pre></details>"
-        for i, s in enumerate(doc["settings"])
+        f"<pre>{html.escape(to_file_text(parse_config(s.config)))}</pre></details>"
+        for i, s in enumerate(settings)
     )
     return f"<h2>The settings' configs</h2>{blocks}"
 

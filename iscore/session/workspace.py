@@ -7,7 +7,7 @@ number it shows comes from here or from the modules these call.
 
 >>> from iscore.frameworks.resolve import presets
 >>> ws = open_path("data/dense_bf16.parquet")
->>> round(ws.analysis([presets()["verl:decoupled_geo_rs"]]).settings[0]["lr_scale"], 3)
+>>> round(ws.analysis([presets()["verl:decoupled_geo_rs"]]).settings[0].lr_scale, 3)
 1.0
 """
 
@@ -48,7 +48,7 @@ from iscore.frameworks import Spec
 from iscore.packed import TokenBatch, ops
 from iscore.passes import Analysis, analyze, batch_schema, catalog, sequence_table
 from iscore.session.budget import check_paths, check_upload
-from iscore.stats import SettingStats, broken_sequences
+from iscore.stats import SettingStats, SettingSummary, broken_sequences
 from iscore.utils import ROW_LIMIT, TIMEOUT_S, Result, list_files, query, storage
 
 T = TypeVar("T")
@@ -333,12 +333,12 @@ class Workspace:
 
         return self._mismatch.get(steps, compute)
 
-    def setting(self, spec: Spec, steps: Selection | StepRange | None = None) -> dict[str, Any]:
+    def setting(self, spec: Spec, steps: Selection | StepRange | None = None) -> SettingSummary:
         """What one setting does to the selected steps (one entry of `Analysis.settings`)."""
 
         chosen = self.selection(steps)
 
-        def compute() -> dict[str, Any]:
+        def compute() -> SettingSummary:
             broken = self.broken(chosen)  # outside `_sharing`, which it takes too
             batch, cache = self._loaded(chosen)
             with self._sharing, ops.shared(batch, cache):

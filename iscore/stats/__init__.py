@@ -26,7 +26,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "catalogue": ["BANDS", "DEFINITIONS", "METRIC_NAMES"],
         "columns": ["SETTING_STATISTICS", "setting_columns"],
         "histogram": ["BINS_PER_DECADE", "LOG10_RANGE"],
-        "mismatch": ["MismatchStats", "broken_sequences"],
+        "mismatch": ["MismatchStats", "MismatchSummary", "broken_sequences"],
         "noise": [
             "BIN_SAMPLE",
             "BROKEN_WORDS",
@@ -44,7 +44,9 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         ],
         "setting": [
             "BROKEN_KEPT",
+            "SettingNumbers",
             "SettingStats",
+            "SettingSummary",
             "TRUNCATION_TOLERANCE",
             "aggregation_of",
             "quick_stats",

@@ -16,6 +16,7 @@ import torch
 
 from iscore.packed import TokenBatch, kernels, ops
 from iscore.stats.histogram import checked
+from iscore.stats.mismatch import MismatchSummary
 from iscore.stats.noise import step_groups
 
 WINDOW = 32
@@ -142,7 +143,7 @@ class AttributionStats:
         return cls([span], policy, routing, turns)
 
     def compute(
-        self, mismatch: dict[str, Any], sequences: dict[str, Any], broken: np.ndarray
+        self, mismatch: MismatchSummary, sequences: dict[str, Any], broken: np.ndarray
     ) -> AttributionNumbers:
         """The numbers the findings read, from the mismatch diagnostics of the same chunks
         (`MismatchStats.compute()`), its sequences (`MismatchStats.sequences()`: their steps
@@ -348,10 +349,10 @@ def conditional(sums: np.ndarray | None, inside: str, outside: str) -> dict[str,
     }
 
 
-def _split(mismatch: dict[str, Any], policy: dict[int, np.ndarray]) -> list[dict[str, Any]]:
+def _split(mismatch: MismatchSummary, policy: dict[int, np.ndarray]) -> list[dict[str, Any]]:
     """Per step, the engine's and the policy lag's k3."""
     rows = []
-    for row in mismatch.get("by_step", []):
+    for row in mismatch.by_step:
         step, engine = row["step"], row.get("k3")
         sums = policy.get(int(step))
         lag = total = share = None

@@ -11,7 +11,7 @@ what each framework calls each number, so the values can be matched with W&B cha
 
 >>> import iscore                                           # doctest: +SKIP
 >>> stats = MismatchStats(); stats.update(iscore.load("data/fp8.parquet"))  # doctest: +SKIP
->>> stats.compute()["k3"]                                   # doctest: +SKIP
+>>> stats.compute().k3                                      # doctest: +SKIP
 0.0498
 """
 
@@ -365,42 +365,42 @@ class MismatchStats:
     @np.errstate(over="ignore")  # a finite but extreme d: e^d is inf, written as null
     def compute(
         self, sequences: dict[str, np.ndarray] | None = None, broken: np.ndarray | None = None
-    ) -> dict[str, Any]:
+    ) -> MismatchSummary:
         """Every statistic: overall, `by_step`, `by_length`, `by_prob`, `by_pos`, the worst
         sequences and tokens, the 2-D histogram and the broken sequences; from `sequences()`
         and `broken()` when at hand."""
         s = sequences if sequences is not None else self.sequences()
         numbers = {k: v for k, v in s.items() if k != "seq_id"}
         numbers["broken"] = (broken if broken is not None else self.broken(s)).astype(np.float64)
-        result = _summarize(numbers)
-        result["by_step"] = self.by_step(numbers)
-        result["by_length"] = self._by_length(numbers, result)
-        result["by_prob"] = bucket_rows(
-            self.by_prob,
-            [f"{lo:g}-{hi:g}" for lo, hi in itertools.pairwise(PROB_EDGES)],
-        )
-        # Position bucket b holds pos + 1 in [2^b, 2^(b+1)).
-        result["by_pos"] = bucket_rows(
-            self.by_pos, [f"{2**b - 1}-{2 ** (b + 1) - 2}" for b in range(32)]
-        )
+        scalars = _summarize(numbers)
+        by_step = self.by_step(numbers)
         every = self.abs_hist
         levels = (0.5, 0.9, 0.99, 0.999)
-        result["abs_diff_quantiles"] = {
-            f"p{q * 100:g}": v for q, v in zip(levels, every.quantiles(levels), strict=True)
-        }
         per_decade = plot_resolution(every)
-        result["abs_diff_hist"] = every.coarse(per_decade)
-        result["signed_diff_hist"] = _signed_hist(every, self.neg_hist, per_decade)
-        result["joint_hist"] = {
-            "edges": self.joint.edges().tolist(),
-            "counts": self.joint.counts.tolist(),
-            "x": "rollout_logprob",
-            "y": "train_logprob",
-        }
-        result["worst_sequences"] = worst_sequences(s)
-        result["worst_tokens"] = list(self.worst_tokens)
-        result |= _relations(result, self.regression, self.signs)
-        return result
+        return MismatchSummary(
+            **scalars,
+            by_step=by_step,
+            by_length=self._by_length(numbers, scalars),
+            by_prob=bucket_rows(
+                self.by_prob, [f"{lo:g}-{hi:g}" for lo, hi in itertools.pairwise(PROB_EDGES)]
+            ),
+            # Position bucket b holds pos + 1 in [2^b, 2^(b+1)).
+            by_pos=bucket_rows(self.by_pos, [f"{2**b - 1}-{2 ** (b + 1) - 2}" for b in range(32)]),
+            abs_diff_quantiles={
+                f"p{q * 100:g}": v for q, v in zip(levels, every.quantiles(levels), strict=True)
+            },
+            abs_diff_hist=every.coarse(per_decade),
+            signed_diff_hist=_signed_hist(every, self.neg_hist, per_decade),
+            joint_hist={
+                "edges": self.joint.edges().tolist(),
+                "counts": self.joint.counts.tolist(),
+                "x": "rollout_logprob",
+                "y": "train_logprob",
+            },
+            worst_sequences=worst_sequences(s),
+            worst_tokens=list(self.worst_tokens),
+            **_relations(scalars, by_step, self.regression, self.signs),
+        )
 
     def by_step(
         self, sequences: dict[str, np.ndarray] | None = None, steps: Collection[int] | None = None
@@ -463,6 +463,92 @@ class MismatchStats:
         return rows
 
 
+_SCALARS = (
+    "broken_sequences", "k1", "k2", "k3", "k3_reverse", "chi2_token", "chi2_seq",
+    "abs_diff_mean", "abs_diff_max", "token_mult_prob_error", "js", "log_ppl_diff",
+    "log_ppl_abs_diff", "log_ppl_diff_max", "log_ppl_diff_min", "ppl_ratio", "training_ppl",
+    "rollout_ppl", "ratio_mean", "ratio_mean_stderr", "ess", "d_mean", "d_var",
+)  # fmt: skip
+"""The overall statistics a dump has only with loss tokens, in the document's order."""
+
+_TABLES = (
+    "by_step", "by_length", "by_prob", "by_pos", "abs_diff_quantiles", "abs_diff_hist",
+    "signed_diff_hist", "joint_hist", "worst_sequences", "worst_tokens",
+)  # fmt: skip
+
+_RELATIONS = ("d_rollout_correlation", "d_rollout_slope", "d_sign_fraction", "k3_growth")
+"""How d relates to the rollout log-prob and to 0, and k3's growth, with loss tokens only."""
+
+_NAN = math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class MismatchSummary:
+    """The mismatch diagnostics of a dump (`MismatchStats.compute`), every field defined in
+    docs/analysis.md#mismatch: the loss tokens and sequences, the overall statistics (NaN
+    without a loss token, where the document leaves them out), the tables (`by_step`,
+    `by_length`, `by_prob`, `by_pos`: one dict per row), |d|'s quantiles and histograms, the
+    2-D histogram of the two log-probs, the worst sequences and tokens, and how d relates to
+    the rollout log-prob and to 0.
+    """
+
+    tokens: int
+    sequences: int
+    by_step: list[dict[str, Any]]
+    by_length: list[dict[str, Any]]
+    by_prob: list[dict[str, Any]]
+    by_pos: list[dict[str, Any]]
+    abs_diff_quantiles: dict[str, float]
+    abs_diff_hist: dict[str, Any]
+    signed_diff_hist: dict[str, Any]
+    joint_hist: dict[str, Any]
+    worst_sequences: list[dict[str, Any]]
+    worst_tokens: list[dict[str, Any]]
+    broken_sequences: int = 0
+    k1: float = _NAN
+    k2: float = _NAN
+    k3: float = _NAN
+    k3_reverse: float = _NAN
+    chi2_token: float = _NAN
+    chi2_seq: float = _NAN
+    abs_diff_mean: float = _NAN
+    abs_diff_max: float = _NAN
+    token_mult_prob_error: float = _NAN
+    js: float = _NAN
+    log_ppl_diff: float = _NAN
+    log_ppl_abs_diff: float = _NAN
+    log_ppl_diff_max: float = _NAN
+    log_ppl_diff_min: float = _NAN
+    ppl_ratio: float = _NAN
+    training_ppl: float = _NAN
+    rollout_ppl: float = _NAN
+    ratio_mean: float = _NAN
+    ratio_mean_stderr: float = _NAN
+    ess: float = _NAN
+    d_mean: float = _NAN
+    d_var: float = _NAN
+    d_rollout_correlation: float = _NAN
+    d_rollout_slope: float = _NAN
+    d_sign_fraction: float = _NAN
+    k3_growth: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The document's `mismatch` (without the flags and the catalogue the analysis adds
+        beside it), in its order; without a loss token, only the counts and the tables."""
+        counts = {"tokens": self.tokens, "sequences": self.sequences}
+        scalars = {name: getattr(self, name) for name in _SCALARS} if self.tokens else {}
+        tables = {name: getattr(self, name) for name in _TABLES}
+        relations = {name: getattr(self, name) for name in _RELATIONS} if self.tokens else {}
+        return counts | scalars | tables | relations
+
+    def value(self, statistic: str) -> float | None:
+        """The overall statistic named `statistic` (a key of `iscore.stats.catalogue
+        .DEFINITIONS`), None without a loss token or where the dump has no such statistic."""
+        if not self.tokens or statistic not in _SCALARS:
+            return None
+        return getattr(self, statistic)
+
+
 def _summarize(s: dict[str, np.ndarray]) -> dict[str, Any]:
     """The scalar statistics over the sequences of `s` (one array per field, a value each)."""
     n = float(s["T"].sum())
@@ -506,7 +592,12 @@ def _summarize(s: dict[str, np.ndarray]) -> dict[str, Any]:
     }
 
 
-def _relations(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray) -> dict[str, Any]:
+def _relations(
+    result: dict[str, Any],
+    by_step: list[dict[str, Any]],
+    regression: np.ndarray,
+    signs: np.ndarray,
+) -> dict[str, Any]:
     """How d relates to the rollout log-prob and to 0, and how k3 moved over the steps: the
     correlation and regression slope of d on the rollout log-prob (from the regression's
     sums), the share of the loss tokens on the more common side of 0, and the last step's k3
@@ -518,7 +609,7 @@ def _relations(result: dict[str, Any], regression: np.ndarray, signs: np.ndarray
     var_x, var_y = x2 / n - (x / n) ** 2, y2 / n - (y / n) ** 2
     negative, _, positive = signs.astype(float)
     # The steps with tokens in the loss (a step whose tokens are all masked has no k3).
-    steps = [step for step in result.get("by_step", []) if step.get("tokens")]
+    steps = [step for step in by_step if step.get("tokens")]
     growth = None
     if len(steps) >= 3 and steps[0].get("k3", 0) > 0:
         growth = steps[-1]["k3"] / steps[0]["k3"]

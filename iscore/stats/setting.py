@@ -70,7 +70,7 @@ class SettingStats:
     >>> stats = SettingStats(spec)                        # doctest: +SKIP
     >>> for chunk in dump.batches(whole_steps=True):      # doctest: +SKIP
     ...     stats.update(chunk, spec.replay(chunk))
-    >>> stats.compute()["lr_scale"]                       # doctest: +SKIP
+    >>> stats.compute().lr_scale                          # doctest: +SKIP
 
     With `histograms=False` only the per-sequence sums are kept (`quick_stats`): `compute`
     then has no quantiles or histograms.
@@ -182,36 +182,135 @@ class SettingStats:
         chosen = None if steps is None else np.isin(s["step"], np.fromiter(steps, np.int64))
         return _by_step(s, self.aggregation, chosen)
 
-    def compute(self, broken: np.ndarray | None = None) -> dict[str, Any]:
+    def compute(self, broken: np.ndarray | None = None) -> SettingSummary:
         """The setting's statistics: overall, `by_step`, `by_length`, quantiles, histograms;
         with `broken` (bool [B], the sequences in the order they were added, as
         `MismatchStats.broken` gives them), the share of their gradient the setting keeps."""
         s = self.sequences()
-        result: dict[str, Any] = {
-            "name": self.spec.name,
-            "framework": self.spec.framework,
-            "upstream": str(frameworks.of(self.spec).upstream),
+        hists: dict[str, Any] = {}
+        if self.histograms:
+            for label, hist in (("weight", self.weight_hist), ("raw", self.raw_hist)):
+                values = hist.quantiles(QUANTILES)
+                hists[f"{label}_quantiles"] = {
+                    f"p{q * 100:g}": v for q, v in zip(QUANTILES, values, strict=True)
+                }
+                hists[f"{label}_min"] = hist.min if hist.total else float("nan")
+                hists[f"{label}_max"] = hist.max if hist.total else float("nan")
+                hists[f"{label}_hist"] = hist.coarse(plot_resolution(hist))
+        return SettingSummary(
+            name=self.spec.name,
+            framework=self.spec.framework,
+            upstream=str(frameworks.of(self.spec).upstream),
             # With `framework:`, what `iscore replay --config` reads back as this setting.
-            "config": {"framework": self.spec.framework, **self.spec.to_config()},
-            "aggregation": self.aggregation.mode,
-            "denominator_shrinks": self.aggregation.shrinks,
+            config={"framework": self.spec.framework, **self.spec.to_config()},
+            aggregation=self.aggregation.mode,
+            denominator_shrinks=self.aggregation.shrinks,
             **_summarize(s, self.aggregation),
-            "broken_gradient_kept": None
+            broken_gradient_kept=None
             if broken is None
             else broken_gradient_kept(s["w"], s["T"], broken),
+            **hists,
+            by_step=self.by_step(s),
+            by_length=_by_length(s, self.aggregation),
+        )
+
+
+_NUMBERS = (
+    "weight_mean", "weight_mean_seq", "ess", "truncated_high_fraction",
+    "truncated_low_fraction", "token_masked_fraction", "token_rejected_fraction",
+    "seq_masked_fraction", "lr_scale",
+)  # fmt: skip
+"""A setting's headline numbers, in the document's order: there only with loss tokens."""
+
+_DISTRIBUTIONS = tuple(
+    f"{label}_{part}" for label in ("weight", "raw") for part in ("quantiles", "min", "max", "hist")
+)
+"""The weights' and raw ratios' distributions, in the document's order: there only when the
+accumulator kept histograms."""
+
+_NAN = math.nan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SettingNumbers:
+    """What one setting does to a dump, in its headline numbers (the module docstring defines
+    each; NaN without a loss token, where the document leaves them out): what `quick_stats`
+    gives, and every row of a setting's `by_step`."""
+
+    tokens: int
+    sequences: int
+    weight_mean: float = _NAN
+    weight_mean_seq: float = _NAN
+    ess: float = _NAN
+    truncated_high_fraction: float = _NAN
+    truncated_low_fraction: float = _NAN
+    token_masked_fraction: float = _NAN
+    token_rejected_fraction: float = _NAN
+    seq_masked_fraction: float = _NAN
+    lr_scale: float = _NAN
+
+    def numbers(self) -> dict[str, Any]:
+        """The counts and, with loss tokens, the headline numbers, in the document's order."""
+        counts = {"tokens": self.tokens, "sequences": self.sequences}
+        return counts | ({n: getattr(self, n) for n in _NUMBERS} if self.tokens else {})
+
+    def value(self, statistic: str) -> float | None:
+        """The number named `statistic` (a column of the settings table, `SUMMARY_COLUMNS`),
+        None where there is none."""
+        if statistic in _NUMBERS and not self.tokens:
+            return None
+        return getattr(self, statistic, None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SettingSummary(SettingNumbers):
+    """What one setting does to a dump (`SettingStats.compute`), every field defined in
+    docs/analysis.md#settings: the setting (its name, framework, upstream commit, replayable
+    config and loss aggregation), its headline numbers (`SettingNumbers`), the share of the
+    broken sequences' gradient it keeps (None without broken sequences), the distributions of
+    its weights and raw ratios (None where the accumulator kept no histograms), and its
+    `by_step` and `by_length` tables (one dict per row)."""
+
+    name: str
+    framework: str
+    upstream: str
+    config: dict[str, Any]
+    aggregation: str
+    denominator_shrinks: bool
+    broken_gradient_kept: float | None
+    by_step: list[dict[str, Any]]
+    by_length: list[dict[str, Any]]
+    weight_quantiles: dict[str, float] | None = None
+    weight_min: float | None = None
+    weight_max: float | None = None
+    weight_hist: dict[str, Any] | None = None
+    raw_quantiles: dict[str, float] | None = None
+    raw_min: float | None = None
+    raw_max: float | None = None
+    raw_hist: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The document's entry of this setting, in its order."""
+        who = {
+            "name": self.name,
+            "framework": self.framework,
+            "upstream": self.upstream,
+            "config": self.config,
+            "aggregation": self.aggregation,
+            "denominator_shrinks": self.denominator_shrinks,
         }
-        hists = (("weight", self.weight_hist), ("raw", self.raw_hist)) if self.histograms else ()
-        for label, hist in hists:
-            values = hist.quantiles(QUANTILES)
-            result[f"{label}_quantiles"] = {
-                f"p{q * 100:g}": v for q, v in zip(QUANTILES, values, strict=True)
-            }
-            result[f"{label}_min"] = hist.min if hist.total else float("nan")
-            result[f"{label}_max"] = hist.max if hist.total else float("nan")
-            result[f"{label}_hist"] = hist.coarse(plot_resolution(hist))
-        result["by_step"] = self.by_step(s)
-        result["by_length"] = _by_length(s, self.aggregation)
-        return result
+        shapes = (
+            {n: getattr(self, n) for n in _DISTRIBUTIONS}
+            if self.weight_quantiles is not None
+            else {}
+        )
+        return (
+            who
+            | self.numbers()
+            | {"broken_gradient_kept": self.broken_gradient_kept}
+            | shapes
+            | {"by_step": self.by_step, "by_length": self.by_length}
+        )
 
 
 BROKEN_KEPT = (
@@ -493,14 +592,13 @@ def _by_length(s: dict[str, np.ndarray], agg: Aggregation) -> list[dict[str, Any
     return rows
 
 
-def quick_stats(batch: TokenBatch, spec: Spec, result: Replay | None = None) -> dict[str, Any]:
+def quick_stats(batch: TokenBatch, spec: Spec, result: Replay | None = None) -> SettingNumbers:
     """The headline numbers of one setting on an in-memory batch (weight_mean, ess,
     token/seq masked fractions, lr_scale, ...), without histograms or breakdowns; `result`:
     the setting's replay of `batch`, when already at hand."""
     stats = SettingStats(spec, histograms=False)
     stats.update(batch, spec.replay(batch) if result is None else result)
-    s = stats.sequences()
-    return _summarize(s, stats.aggregation)
+    return SettingNumbers(**_summarize(stats.sequences(), stats.aggregation))
 
 
 def quick_stats_by_step(

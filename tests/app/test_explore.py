@@ -42,7 +42,7 @@ def test_default_query_lists_the_worst_sequences(loaded: AppTest) -> None:
     assert shown["seq_id"].tolist() == table["seq_id"].to_numpy()[order].tolist()
     np.testing.assert_allclose(shown["k3_sum"], k3_sum[order], rtol=1e-12)
     assert any("48 rows" in c.value for c in at.caption)
-    worst = analyze(load(DATA / "fp8.parquet"), []).mismatch["worst_sequences"]
+    worst = analyze(load(DATA / "fp8.parquet"), []).mismatch.worst_sequences
     assert shown["seq_id"].tolist()[: len(worst)] == [w["seq_id"] for w in worst]
     np.testing.assert_allclose(shown["k3_sum"][: len(worst)], [w["k3_sum"] for w in worst])
 

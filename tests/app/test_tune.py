@@ -123,7 +123,7 @@ def test_tune_reads_what_compare_shows(loaded: AppTest, framework: str) -> None:
     assert f"{row['ESS']:.1%}" == tuned["ESS"]
     if framework != "trl" or FAMILIES[family].statistic != "product":
         assert f"{row['tokens masked']:.2%}" == tuned["Tokens with weight 0"]
-    assert quick_stats(iscore.load(DATA / "fp8.parquet"), spec)["lr_scale"] == pytest.approx(
+    assert quick_stats(iscore.load(DATA / "fp8.parquet"), spec).lr_scale == pytest.approx(
         float(tuned["LR scale"]), rel=1e-3
     )
 

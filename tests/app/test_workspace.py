@@ -104,7 +104,7 @@ def test_workspace_memoizes_and_matches_analyze() -> None:
     result = ws.analysis([spec], steps)
     reference = analyze(select_steps(ws.full, steps), [spec])
     assert result.settings == reference.settings
-    assert result.mismatch["k3"] == reference.mismatch["k3"]
+    assert result.mismatch.k3 == reference.mismatch.k3
     assert ws.setting(spec, steps) is result.settings[0]
     assert ws.mismatch(StepRange(0, 3)) is ws.mismatch()  # every step is "all steps"
     assert ws.tuner(steps) is ws.tuner(steps)
@@ -197,11 +197,11 @@ def test_a_tuned_setting_replays_as_the_tuner_says(fp8, family: str, framework: 
     assert spec.framework == framework
     tuned = query(tuner, family, values, framework)
     replayed = quick_stats(batch, spec)
-    assert replayed["weight_mean"] == pytest.approx(tuned.weight_mean, rel=1e-4)
-    assert replayed["lr_scale"] == pytest.approx(tuned.lr_scale, rel=1e-4)
-    assert replayed["ess"] == pytest.approx(tuned.ess, rel=1e-4)
+    assert replayed.weight_mean == pytest.approx(tuned.weight_mean, rel=1e-4)
+    assert replayed.lr_scale == pytest.approx(tuned.lr_scale, rel=1e-4)
+    assert replayed.ess == pytest.approx(tuned.ess, rel=1e-4)
     if not (framework == "trl" and family == "seq_tis"):  # TRL's float32 e^S underflows to 0
-        masked = replayed["token_masked_fraction"]
+        masked = replayed.token_masked_fraction
         assert masked == pytest.approx(tuned.token_masked_fraction, abs=1e-6)
 
 

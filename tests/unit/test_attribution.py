@@ -17,7 +17,7 @@ from iscore.advice.attribution import attribute
 from iscore.dump.simulate import SimConfig, read_truth, write_simulated
 from iscore.packed.batch import TokenBatch
 from iscore.passes.analysis import analyze
-from iscore.stats import attribution
+from iscore.stats import MismatchSummary, attribution
 from iscore.stats.attribution import (
     SPAN_RATIO,
     TURN_TOKENS,
@@ -31,7 +31,7 @@ from tests.conftest import DEVICES
 def _attribution(tmp_path, **config):
     path = tmp_path / "sim.parquet"
     write_simulated(path, SimConfig(**{"sequences": 64, **config}))
-    return analyze(path).attribution, path
+    return analyze(path).attribution.to_dict(), path
 
 
 def _kinds(attribution):
@@ -144,6 +144,7 @@ def test_streamed_in_steps_equals_read_whole(tmp_path):
     steps = [batch.select(batch.step == s) for s in range(3)]
     # Equal up to float64 summation order (a cumulative sum per chunk or over the whole).
     streamed, whole_read = analyze(steps).attribution, analyze(batch).attribution
+    streamed, whole_read = streamed.to_dict(), whole_read.to_dict()
     assert _kinds(streamed) == _kinds(whole_read) == ["routing", "numerics"]
     assert streamed["by_step"] == whole_read["by_step"]
     merged = AttributionStats()
@@ -188,7 +189,7 @@ def test_streamed_in_steps_equals_read_whole(tmp_path):
 def test_the_source_is_named_exactly_when_present(tmp_path, layout, config, expected):
     path = tmp_path / "sim.parquet"
     write_simulated(path, SimConfig(**{"sequences": 64, **config}), layout=layout)
-    attribution = analyze(path).attribution
+    attribution = analyze(path).attribution.to_dict()
     kinds = _kinds(attribution)
     assert ("routing" in kinds) == (expected == "routing")
     assert ("retokenization" in kinds) == (expected == "retokenization")
@@ -215,7 +216,7 @@ def test_spans_without_the_expert_ids_behind_them_say_so(tmp_path):
     path = tmp_path / "sim.parquet"
     config = SimConfig("moe_routing", sequences=64, seed=90, experts=8, routing_differ=0.1)
     write_simulated(path, config)
-    attribution = analyze(path).attribution
+    attribution = analyze(path).attribution.to_dict()
     (finding,) = [f for f in attribution["findings"] if f["kind"] == "routing"]
     assert finding["title"] == "Spans of large |d|: MoE routing flips"
     assert finding["evidence"]["agreement"] == attribution["routing"]
@@ -330,8 +331,13 @@ def test_conditional_statistics_equal_a_float64_reference(lengths, options, devi
     stats = AttributionStats()
     stats.update(batch.to(device))
     summary = {"step": [0] * len(lengths), "seq_id": batch.seq_id}
-    mismatch = {"by_step": [{"step": 0, "k3": 0.0}], "sequences": len(lengths)}
-    result = attribute(stats.compute(mismatch, summary, np.zeros(len(lengths), bool)), mismatch)
+    mismatch = MismatchSummary(
+        tokens=0, sequences=len(lengths), by_step=[{"step": 0, "k3": 0.0}], by_length=[],
+        by_prob=[], by_pos=[], abs_diff_quantiles={}, abs_diff_hist={}, signed_diff_hist={},
+        joint_hist={}, worst_sequences=[], worst_tokens=[],
+    )  # fmt: skip
+    numbers = stats.compute(mismatch, summary, np.zeros(len(lengths), bool))
+    result = attribute(numbers, mismatch, ())
     boundary = _boundary_reference(batch.turn.tolist(), lengths, batch.loss_mask.tolist())
     assert (
         turn_boundary(batch.turn.numpy(), np.array(lengths), batch.loss_mask.numpy()).tolist()

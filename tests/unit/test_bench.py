@@ -256,7 +256,7 @@ def test_baselines_read_their_thresholds_from_the_spec(batch, setting):
     default = resolve(setting)
     moved = [move(default) for move in MOVED[default.framework]]
     # Each move changes what the engine computes, by more than the baselines' tolerances.
-    before, *after = analyze([batch], [default, *moved]).settings
+    before, *after = (s.to_dict() for s in analyze([batch], [default, *moved]).settings)
     for i, stats in enumerate(after):
         change = max(
             abs(before[k] - stats[k]) / max(abs(before[k]), abs(stats[k]), 1e-12)
@@ -443,7 +443,7 @@ def test_only_the_cli_bench_command_imports_the_bench():
                 if any(n == "iscore.bench" or n.startswith("iscore.bench.") for n in names):
                     where = getattr(scope, "name", "<module>")
                     importers.append(f"{path.relative_to(root)}:{where}")
-    assert importers == ["cli.py:_cmd_bench"]
+    assert importers == ["cli/bench.py:run"]
 
 
 def test_importing_the_engine_leaves_the_bench_out():

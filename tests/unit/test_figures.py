@@ -281,8 +281,8 @@ def _words(template: str) -> str:
 @pytest.mark.parametrize("which", ["four", "six"])
 def test_hovers_name_quantities_not_fields(which, request) -> None:
     analysis = request.getfixturevalue(which)
-    fields = {k for k in analysis.mismatch} | {k for s in analysis.settings for k in s}
-    fields |= {k for s in analysis.settings for r in s["by_length"] for k in r}
+    fields = set(analysis.mismatch.to_dict()) | {k for s in analysis.settings for k in s.to_dict()}
+    fields |= {k for s in analysis.settings for r in s.by_length for k in r}
     tokens = {"pos": np.arange(3), "rollout": np.zeros(3), "train": np.zeros(3), "d": np.zeros(3)}
     every = _every_figure(analysis) | {
         "length": figures.length_figure({"length_hist": {"edges": [1, 2, 4], "counts": [3, 1]}}),
@@ -313,8 +313,8 @@ def test_the_signed_histogram_counts_match_a_float64_reference() -> None:
         part = MismatchStats()
         part.update(chunk)
         merged.merge(part)
-    got = whole.compute()["signed_diff_hist"]
-    assert merged.compute()["signed_diff_hist"] == got
+    got = whole.compute().signed_diff_hist
+    assert merged.compute().signed_diff_hist == got
 
     d = np.concatenate(
         [
@@ -343,7 +343,7 @@ def test_the_signed_figure_shows_an_offset_and_marks_the_mean() -> None:
     np.testing.assert_allclose(x, -x[::-1])  # a symmetric axis
     assert mirror["y"] == bars["y"][::-1]
     assert shares[x < 0].sum() > 3 * shares[x > 0].sum()  # the offset is visible
-    d_mean = analysis.mismatch["d_mean"]
+    d_mean = analysis.mismatch.d_mean
     assert d_mean < 0 and mean["x"][0] < 0 and f"{d_mean:+.3g}" in mean["name"]
     # Every loss token is in some bar: the shares sum to 1.
     assert shares.sum() == pytest.approx(1.0)
@@ -376,7 +376,7 @@ def test_weight_histograms_choose_their_bins_from_the_data(four) -> None:
             shares = [c[2] for c in trace["customdata"][:-1]]
             lo, hi = binning.central_bins(shares, 0.98)
             i = _setting_of(trace, four)
-            fine = four.settings[i][f"{'weight' if key == 'weights' else 'raw'}_hist"]
+            fine = getattr(four.settings[i], f"{'weight' if key == 'weights' else 'raw'}_hist")
             fine_lo, fine_hi = binning.central_bins(fine["counts"], 0.98)
             assert hi - lo + 1 <= 80, (key, trace["name"])
             assert hi - lo + 1 >= min(40, fine_hi - fine_lo + 1), (key, trace["name"])
@@ -438,8 +438,8 @@ def test_per_sequence_weights_within_a_decade_get_3_labels(four) -> None:
     """Compare's per-sequence weight chart with weights from 0.25 to 2: its y-axis, whole
     decades across 1.5 decades, showed a single label (1)."""
     narrow = [
-        {**s, "by_length": [r | {"seq_weight_p10": 0.25, "seq_weight_median": 1.0,
-                                 "seq_weight_p90": 2.0} for r in s["by_length"]]}
+        dataclasses.replace(s, by_length=[r | {"seq_weight_p10": 0.25, "seq_weight_median": 1.0,
+                                               "seq_weight_p90": 2.0} for r in s.by_length])
         for s in four.settings
     ]  # fmt: skip
     fig = figures.collapse_by_length(dataclasses.replace(four, settings=narrow))
@@ -465,13 +465,15 @@ def test_no_two_settings_look_alike_up_to_60(n) -> None:
 
 def test_a_setting_named_after_its_framework_is_named_once(four) -> None:
     """A framework's default setting is named after it: "trl", not "trl (trl)"."""
-    assert figures.setting_name({"name": "trl", "framework": "trl"}) == "trl"
-    assert figures.setting_name({"name": "mine", "framework": "trl"}) == "mine (trl)"
-    renamed = [{**s, "name": s["framework"]} for s in four.settings[:1]] + four.settings[1:]
+    first = four.settings[0]
+    trl = dataclasses.replace(first, name="trl", framework="trl")
+    assert figures.setting_name(trl) == "trl"
+    assert figures.setting_name(dataclasses.replace(trl, name="mine")) == "mine (trl)"
+    renamed = [dataclasses.replace(first, name=first.framework), *four.settings[1:]]
     analysis = dataclasses.replace(four, settings=renamed)
     names = [t["name"] for t in figures.mask_rates(analysis)["data"]]
-    assert names[0] == four.settings[0]["framework"]
-    assert names[1] == f"{four.settings[1]['name']} ({four.settings[1]['framework']})"
+    assert names[0] == four.settings[0].framework
+    assert names[1] == f"{four.settings[1].name} ({four.settings[1].framework})"
 
 
 @pytest.mark.parametrize("steps", [2, 3, 20])
@@ -488,7 +490,7 @@ def test_names_from_a_config_or_a_dump_are_plain_text(four) -> None:
     """Plotly renders a subset of HTML in titles, legends and labels: a setting named
     `<b>x</b>` or a sequence id `<a href=...>` must show as written, not as markup."""
     hostile = "<a href='http://e.com'>x</a> & <b>y</b>"
-    settings = [{**s, "name": hostile} for s in four.settings]
+    settings = [dataclasses.replace(s, name=hostile) for s in four.settings]
     analysis = dataclasses.replace(four, settings=settings)
     spec = json.dumps(figures.all_figures(analysis))
     assert "<a href" not in spec and "<b>y" not in spec

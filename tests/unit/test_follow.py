@@ -225,7 +225,7 @@ def test_watch_writes_tensorboard_scalars_under_the_frameworks_names(source, tmp
     tags = set(events.Tags()["scalars"])
     assert {"iscore/k3", "iscore/decoupled_token_is_lr_scale", "verl/rollout_corr/k3_kl"} <= tags
     assert [e.step for e in events.Scalars("verl/rollout_corr/k3_kl")] == [0, 1, 2]
-    k3 = [row["k3"] for row in analyze(Dump(run), []).mismatch["by_step"]]
+    k3 = [row["k3"] for row in analyze(Dump(run), []).mismatch.by_step]
     assert [e.value for e in events.Scalars("iscore/k3")] == pytest.approx(k3, rel=1e-6)
 
 

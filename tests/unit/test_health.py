@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from iscore.advice.health import Check, assess
+from iscore.advice.health import Check
 from iscore.advice.reference import bands, place, points
 from iscore.cli import main
 from iscore.dump import Dump
@@ -23,7 +23,7 @@ SOURCE = Citation("a test", "https://example.org")
 def _health(tmp_path, **config):
     path = tmp_path / "sim.parquet"
     write_simulated(path, SimConfig(**config))
-    return assess(analyze(path).mismatch)
+    return analyze(path).health
 
 
 def test_every_band_and_reference_point_cites_a_source():
@@ -139,7 +139,7 @@ def test_validate_summarizes_the_same_verdict_without_torch(tmp_path, config):
     path = tmp_path / "sim.parquet"
     write_simulated(path, SimConfig(sequences=48, seed=41, **config))
     report = validate(Dump(path), max_tokens=20_000)  # several chunks
-    health = assess(analyze(path).mismatch)
+    health = analyze(path).health
     assert report.health["verdict"] == health.verdict
     if health.verdict == "broken":  # validate tests broken sequences and the ratio alone
         codes = report.health["summary"].removeprefix("broken: ").split(", ")

@@ -116,7 +116,7 @@ def test_statistics_match_float64_reference(setting, seed):
     result = spec.replay(batch)
     stats = SettingStats(spec)
     stats.update(batch, result)
-    got = stats.compute()
+    got = stats.compute().to_dict()
     for key, value in reference(batch, result, stats.aggregation).items():
         assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
     applied = result.weight.double().numpy()[batch.loss_mask.numpy()]
@@ -134,7 +134,7 @@ def test_edge_batch_counts_fully_masked_and_zero_weight_sequences():
     stats = SettingStats(spec)
     result = spec.replay(batch)
     stats.update(batch, result)
-    got = stats.compute()
+    got = stats.compute().to_dict()
     ref = reference(batch, result, stats.aggregation)
     assert got["sequences"] == batch.num_sequences - 1 == ref["sequences"]
     assert got["seq_masked_fraction"] == pytest.approx(ref["seq_masked_fraction"])
@@ -156,10 +156,10 @@ def test_aggregation_follows_each_framework():
 def test_lr_scale_of_geo_mask_renormalizes_surviving_tokens_in_verl_only():
     batch = make_batch([50] * 20, seed=4, sigma=0.3)
     verl = analyze(batch, ["verl:decoupled_geo_rs"]).settings[0]
-    assert verl["token_masked_fraction"] > 0.2
-    assert verl["lr_scale"] == pytest.approx(1.0)  # kept tokens, kept denominator
+    assert verl.token_masked_fraction > 0.2
+    assert verl.lr_scale == pytest.approx(1.0)  # kept tokens, kept denominator
     bypass = analyze(batch, ["verl:bypass_pg_geo_rs"]).settings[0]
-    assert bypass["lr_scale"] == pytest.approx(1 - bypass["token_masked_fraction"])
+    assert bypass.lr_scale == pytest.approx(1 - bypass.token_masked_fraction)
 
 
 def test_presets_and_resolution(tmp_path):
@@ -264,9 +264,9 @@ def test_html_report_holds_the_configs_and_the_worst_sequences(simulated):
     # Each block reads back (unescaped) as the setting it names.
     for text, setting in zip(configs, result.settings, strict=True):
         spec = parse_config(yaml.safe_load(html.unescape(text)))
-        assert (spec.framework, spec.name) == (setting["framework"], setting["name"])
+        assert (spec.framework, spec.name) == (setting.framework, setting.name)
     assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
-    worst = result.mismatch["worst_sequences"]
+    worst = result.mismatch.worst_sequences
     assert worst and "Worst sequences" in page
     first = re.search(r"Worst sequences.*?<tr><td>(.*?)</td><td>(.*?)</td>", page, flags=re.S)
     assert (first[1], first[2]) == (str(worst[0]["step"]), str(worst[0]["seq_id"]))
@@ -283,7 +283,7 @@ def test_html_report_grades_the_settings_against_the_targets(simulated):
 
     page = render_html(result)
     for row, setting in enumerate(result.settings):
-        expected = {k: Targets().grade(k, setting[k]) or "" for k, _, _ in SUMMARY_COLUMNS}
+        expected = {k: Targets().grade(k, setting.value(k)) or "" for k, _, _ in SUMMARY_COLUMNS}
         assert grades(page, row) == expected
     assert grades(page, 0)["lr_scale"] in ("fair", "bad")  # product weights collapse
     assert grades(page, 1)["lr_scale"] == "good"

@@ -65,7 +65,7 @@ def test_statistics_match_float64_reference(seed):
     batch = make_batch(lengths, seed=seed, sigma=[0.01, 0.1, 0.5][seed])
     stats = MismatchStats()
     stats.update(batch)
-    got = stats.compute()
+    got = stats.compute().to_dict()
     for key, value in reference(batch).items():
         assert got[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
@@ -74,7 +74,7 @@ def test_edge_cases_fully_masked_and_overflow():
     batch = edge_batch()
     stats = MismatchStats()
     stats.update(batch)
-    got = stats.compute()
+    got = stats.compute().to_dict()
     ref = reference(batch)
     for key in ("k1", "k3", "chi2_seq", "abs_diff_max", "sequences", "tokens"):
         assert got[key] == pytest.approx(ref[key], rel=1e-9), key
@@ -89,7 +89,7 @@ def test_per_step_and_buckets():
     batch = dataclasses.replace(batch, step=torch.tensor([0, 0, 1, 1, 1]), _seq_index=[])
     stats = MismatchStats()
     stats.update(batch)
-    got = stats.compute()
+    got = stats.compute().to_dict()
     cut = int(batch.cu_seqlens[2])
     first = TokenBatch(  # the first two sequences: step 0
         rollout=batch.rollout[:cut],
@@ -119,7 +119,7 @@ def test_worst_tokens_and_sequences():
     batch = edge_batch()
     stats = MismatchStats()
     stats.update(batch)
-    got = stats.compute()
+    got = stats.compute().to_dict()
     assert [abs(t["d"]) for t in got["worst_tokens"][:2]] == [30.0, 30.0]
     assert got["worst_sequences"][0]["k3_sum"] >= got["worst_sequences"][1]["k3_sum"]
 
@@ -144,7 +144,9 @@ def test_streamed_equals_whole(tmp_path, device):
 
 def assert_same(got, expected, where="result"):
     """Equal structure and integers; floats equal up to float64 summation order (1e-12)."""
-    if isinstance(expected, dict):
+    if hasattr(expected, "to_dict"):  # a typed summary: its document
+        assert_same(got.to_dict(), expected.to_dict(), where)
+    elif isinstance(expected, dict):
         assert got.keys() == expected.keys(), where
         for key in expected:
             assert_same(got[key], expected[key], f"{where}.{key}")
@@ -158,7 +160,7 @@ def assert_same(got, expected, where="result"):
         assert got == expected, where
 
 
-def _flags(stats: MismatchStats) -> list[dict]:
+def _flags(stats: MismatchStats) -> tuple:
     """The flags of an accumulator's diagnostics, as an analysis finds them."""
     s = stats.sequences()
     broken = stats.broken(s)
@@ -183,7 +185,7 @@ def test_bug_signatures_on_simulated_regimes(tmp_path, regime, expected):
     for chunk in Dump(path).batches():
         stats.update(chunk)
     flags = _flags(stats)
-    codes = {flag["code"] for flag in flags if flag["kind"] != "heavy_tail"}
+    codes = {flag.code for flag in flags if flag.kind != "heavy_tail"}
     assert expected <= codes
     if not expected:
         assert codes == set()
@@ -199,16 +201,16 @@ def test_each_flag_carries_its_kind_and_a_heavy_tail_is_one(tmp_path):
         for chunk in Dump(f"data/{name}.parquet").batches():
             stats.update(chunk)
         results[name] = {"flags": _flags(stats)}
-    kinds = {n: {(f["code"], f["kind"]) for f in r["flags"]} for n, r in results.items()}
+    kinds = {n: {(f.code, f.kind) for f in r["flags"]} for n, r in results.items()}
     assert kinds["fp8"] == {("heavy_tail", "heavy_tail")}  # max |d| 15.1, p99.9 3.85
     assert kinds["dense_bf16"] == set()  # max |d| 0.79
     assert ("drift", "drift") in kinds["drift"]
     assert {("ratio_mean_bias", "semantics_bug"), ("constant_offset", "semantics_bug")} <= kinds[
         "offset_bug"
     ]
-    heavy = flags_of(results["fp8"], "heavy_tail")[0]["message"]
+    heavy = flags_of(results["fp8"]["flags"], "heavy_tail")[0].message
     assert heavy.startswith("the largest |d| is 15.1 nats") and "within 3.85" in heavy
-    assert flags_of(results["drift"], "semantics_bug") == []
+    assert flags_of(results["drift"]["flags"], "semantics_bug") == []
 
 
 @pytest.mark.parametrize("length", [256, 1024, 4096])
@@ -231,7 +233,7 @@ def test_collapse_matches_independent_token_expectation(tmp_path, length):
     stats = MismatchStats()
     for chunk in Dump(path).batches():
         stats.update(chunk)
-    result = stats.compute()
+    result = stats.compute().to_dict()
     (row,) = result["by_length"]
     n, sd = row["sequences"], math.sqrt(result["d_var"] * length)
     for q, key in ((0.5, "median"), (0.1, "p10"), (0.9, "p90")):
@@ -252,7 +254,7 @@ def test_k3_growth_is_last_over_first_step_and_null_below_three_steps(tmp_path, 
     stats = MismatchStats()
     for chunk in Dump(path).batches(whole_steps=True):
         stats.update(chunk)
-    result = stats.compute()
+    result = stats.compute().to_dict()
     if steps < 3:
         assert result["k3_growth"] is None
     else:

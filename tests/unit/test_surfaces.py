@@ -78,7 +78,7 @@ def test_every_function_takes_every_form_of_setting(name, tmp_path):
 
 def test_a_string_is_one_setting_not_a_list_of_characters():
     analysis = iscore.analyze(FP8, PRESET)
-    assert [s["name"] for s in analysis.settings] == ["decoupled_geo_rs"]
+    assert [s.name for s in analysis.settings] == ["decoupled_geo_rs"]
 
 
 @pytest.mark.parametrize(

@@ -36,8 +36,8 @@ def test_growth_is_found_within_three_steps_of_where_it_began(tmp_path_factory, 
     (growth,) = _events(a)
     assert growth[0] == "growth" and grow_from <= growth[1] <= grow_from + 3
     # The drift flag is the same rise, from the same step.
-    (drift,) = [f for f in a.mismatch["flags"] if f["code"] == "drift"]
-    assert f"rises from step {growth[1]} on" in drift["message"]
+    (drift,) = [f for f in a.flags if f.code == "drift"]
+    assert f"rises from step {growth[1]} on" in drift.message
 
 
 @pytest.mark.parametrize(("seed", "regime", "ranks"), [(4, "dense_bf16", 1), (5, "fp8", 2)])
@@ -60,7 +60,7 @@ def test_broken_sequences_are_found_at_the_step_they_appear(tmp_path_factory, se
 def test_a_flat_run_has_no_event(tmp_path_factory, seed, regime):
     _, a = _run(tmp_path_factory, steps=16, seed=seed, regime=regime)
     assert a.trend.events == ()
-    assert not [f for f in a.mismatch["flags"] if f["code"] == "drift"]
+    assert not [f for f in a.flags if f.code == "drift"]
 
 
 def test_an_offset_is_found_at_its_first_step(tmp_path_factory):
@@ -85,8 +85,8 @@ def test_the_trend_table_joins_the_by_step_tables(tmp_path_factory):
     table = a.trend.table()
     assert table.column_names == a.trend.columns
     assert table["step"].to_pylist() == a.source["steps"]
-    assert table["k3"].to_pylist() == [row["k3"] for row in a.mismatch["by_step"]]
-    lr = [row["lr_scale"] for row in a.settings[1]["by_step"]]
+    assert table["k3"].to_pylist() == [row["k3"] for row in a.mismatch.by_step]
+    lr = [row["lr_scale"] for row in a.settings[1].by_step]
     assert table["decoupled_token_is_lr_scale"].to_pylist() == lr
     doc = a.to_dict()["trend"]
     assert doc["columns"] == a.trend.columns and len(doc["steps"]) == 5
@@ -112,9 +112,13 @@ def test_accumulator_states_round_trip(tmp_path):
         mismatch.update(batch)
         setting.update(batch, replay(batch, spec))
     back = MismatchStats.from_state(mismatch.state())
-    assert json.dumps(back.compute(), default=str) == json.dumps(mismatch.compute(), default=str)
+    assert json.dumps(back.compute().to_dict(), default=str) == json.dumps(
+        mismatch.compute().to_dict(), default=str
+    )
     again = SettingStats.from_state(spec, setting.state())
-    assert json.dumps(again.compute(), default=str) == json.dumps(setting.compute(), default=str)
+    assert json.dumps(again.compute().to_dict(), default=str) == json.dumps(
+        setting.compute().to_dict(), default=str
+    )
 
 
 @pytest.mark.parametrize(
@@ -200,5 +204,5 @@ def test_a_loaded_batch_judged_step_by_step_finds_what_the_analysis_reports(tmp_
     rollout = batch.rollout.double().numpy()
     broken = outside_by_step(d, rollout, T, *signs, batch.step.numpy())
     per_step = np.bincount(batch.step.numpy()[broken], minlength=8).tolist()
-    assert per_step == [row["broken_sequences"] for row in a.mismatch["by_step"]]
+    assert per_step == [row["broken_sequences"] for row in a.mismatch.by_step]
     assert per_step[:5] == [0] * 5 and min(per_step[5:]) >= 1

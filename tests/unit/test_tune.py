@@ -25,7 +25,7 @@ def replayed(batch, config) -> dict:
     spec = resolve(config)
     stats = SettingStats(spec)
     stats.update(batch, spec.replay(batch))
-    return stats.compute()
+    return stats.compute().to_dict()
 
 
 CASES = [

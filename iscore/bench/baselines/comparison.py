@@ -63,16 +63,18 @@ def check(
         {"padded": ..., "pandas": ...}, each as `agreement` returns it.
     """
     engine = analyze(chunks or [batch], specs, device="cpu")
-    steps = engine.mismatch["by_step"]
+    steps = engine.mismatch.by_step
     mismatch = {
-        **engine.mismatch,
+        **engine.mismatch.to_dict(),
         "d_median_by_step": [row["d_median"] for row in steps],
         "d_spread_by_step": [row["d_spread"] for row in steps],
-        "span_sequences": sum(row["span_sequences"] for row in engine.attribution["by_step"]),
+        "span_sequences": sum(row["span_sequences"] for row in engine.attribution.by_step),
     }
     reference = {
         "mismatch": {k: mismatch[k] for k in PANDAS_STATISTICS["mismatch"]},
-        "settings": [{k: s[k] for k in PANDAS_STATISTICS["settings"]} for s in engine.settings],
+        "settings": [
+            {k: s.to_dict()[k] for k in PANDAS_STATISTICS["settings"]} for s in engine.settings
+        ],
     }
     return {
         "padded": agreement(

@@ -37,6 +37,7 @@ from iscore.present.figures.style import (
     style,
 )
 from iscore.present.figures.trends import trend_figure
+from iscore.stats import SettingSummary
 
 
 def weight_histogram(analysis: Analysis, kind: str = "weight") -> Figure:
@@ -52,7 +53,7 @@ def weight_histogram(analysis: Analysis, kind: str = "weight") -> Figure:
     n = len(analysis.settings)
     low, high = math.inf, 0.0
     for i, s in enumerate(analysis.settings):
-        hist = s[f"{kind}_hist"]
+        hist = getattr(s, f"{kind}_hist")
         total = sum(hist["counts"]) + hist["zeros"] + hist["underflow"] + hist["overflow"]
         if not total:
             continue
@@ -104,9 +105,9 @@ def weight_histogram(analysis: Analysis, kind: str = "weight") -> Figure:
     return {"data": data, "layout": layout}
 
 
-def _weight_band(s: dict[str, Any], i: int, panels: bool) -> dict[str, Any]:
+def _weight_band(s: SettingSummary, i: int, panels: bool) -> dict[str, Any]:
     """Setting i's p10-p90 band of the per-sequence weight, by length."""
-    rows_ = s["by_length"]
+    rows_ = s.by_length
     x = [r["length_median"] for r in rows_]
     return {
         "type": "scatter",
@@ -124,9 +125,9 @@ def _weight_band(s: dict[str, Any], i: int, panels: bool) -> dict[str, Any]:
     }
 
 
-def _weight_line(s: dict[str, Any], i: int, n: int, panels: bool) -> dict[str, Any]:
+def _weight_line(s: SettingSummary, i: int, n: int, panels: bool) -> dict[str, Any]:
     """Setting i's median per-sequence weight, by length, of n settings."""
-    rows_ = s["by_length"]
+    rows_ = s.by_length
     return {
         "type": "scatter",
         "mode": "lines+markers",
@@ -165,12 +166,12 @@ def _expected_line(expected: list[dict[str, Any]], p: int, panels: bool) -> dict
     }
 
 
-def _weight_range(settings: list[dict[str, Any]]) -> list[float]:
+def _weight_range(settings: list[SettingSummary]) -> list[float]:
     """The log10 y-range of the settings' positive per-sequence weights, padded."""
     measured = [
         v
         for s in settings
-        for r in s["by_length"]
+        for r in s.by_length
         for v in (r["seq_weight_p10"], r["seq_weight_median"], r["seq_weight_p90"])
         if v and v > 0
     ]
@@ -182,14 +183,14 @@ def _weight_range(settings: list[dict[str, Any]]) -> list[float]:
 
 
 def _zero_medians(
-    settings: list[dict[str, Any]], floor: float, panels: bool
+    settings: list[SettingSummary], floor: float, panels: bool
 ) -> list[dict[str, Any]]:
     """Each setting's lengths with a median weight of 0 (most sequences masked), as markers on
     the y-axis' `floor`: 0 has no place on a log axis."""
     n = len(settings)
     zeros = []
     for i, s in enumerate(settings):
-        at = [r["length_median"] for r in s["by_length"] if not r["seq_weight_median"]]
+        at = [r["length_median"] for r in s.by_length if not r["seq_weight_median"]]
         if at:
             zeros.append(
                 {
@@ -211,7 +212,7 @@ def _zero_medians(
 
 
 def _collapse_panels(
-    layout: dict[str, Any], settings: list[dict[str, Any]], rows: int, columns: int
+    layout: dict[str, Any], settings: list[SettingSummary], rows: int, columns: int
 ) -> None:
     """Lay `layout` out as a grid of one panel per setting, each with its line at 1."""
     n = len(settings)
@@ -237,13 +238,13 @@ def collapse_by_length(analysis: Analysis) -> Figure:
     panels = n > OVERLAY_MAX
     columns = 2 if n <= 6 else 3
     rows = math.ceil(n / columns) if panels else 1
-    expected = analysis.mismatch["by_length"]
+    expected = analysis.mismatch.by_length
     bands = [_weight_band(s, i, panels) for i, s in enumerate(settings)]
     lines = [_weight_line(s, i, n, panels) for i, s in enumerate(settings)]
     references = (
         [_expected_line(expected, p, panels) for p in range(n if panels else 1)] if expected else []
     )
-    lengths = [r["length_median"] for s in settings for r in s["by_length"]]
+    lengths = [r["length_median"] for s in settings for r in s.by_length]
     y_range = _weight_range(settings)
     layout = figure_layout(
         "Per-sequence weight vs length (median and p10-p90)",
@@ -273,9 +274,9 @@ def mask_rate_by_length(analysis: Analysis) -> Figure:
             "type": "scatter",
             "mode": "lines+markers",
             **style(i, n),
-            "x": [r["length_median"] for r in s["by_length"]],
-            "y": [r["token_masked_fraction"] for r in s["by_length"]],
-            "customdata": [[r["bucket"], r["sequences"]] for r in s["by_length"]],
+            "x": [r["length_median"] for r in s.by_length],
+            "y": [r["token_masked_fraction"] for r in s.by_length],
+            "customdata": [[r["bucket"], r["sequences"]] for r in s.by_length],
             "name": legend_label(s),
             "hovertemplate": "<b>%{fullData.name}</b><br>"
             "sequence length ≈ %{x:,.0f} loss tokens (%{customdata[0]}, "
@@ -284,7 +285,7 @@ def mask_rate_by_length(analysis: Analysis) -> Figure:
         }
         for i, s in enumerate(analysis.settings)
     ]
-    lengths = [r["length_median"] for s in analysis.settings for r in s["by_length"]]
+    lengths = [r["length_median"] for s in analysis.settings for r in s.by_length]
     layout = figure_layout(
         "Masked token fraction vs length",
         "sequence length (loss tokens)",
@@ -314,7 +315,7 @@ def mask_rates(analysis: Analysis) -> Figure:
             "type": "bar",
             "name": legend_label(s),
             "x": [label for _, label in MASK_RATES],
-            "y": [s[key] for key, _ in MASK_RATES],
+            "y": [getattr(s, key) for key, _ in MASK_RATES],
             "marker": {"color": color(i), "line": {"width": 0}},
             "texttemplate": "%{y:.1%}" if n <= OVERLAY_MAX else "",
             "textposition": "outside",
@@ -339,15 +340,15 @@ def lr_scale_by_step(analysis: Analysis) -> Figure:
             "type": "scatter",
             "mode": "lines+markers",
             **style(i, n),
-            "x": [r["step"] for r in s["by_step"]],
-            "y": [r.get("lr_scale") for r in s["by_step"]],
-            "name": f"{legend_label(s)}: {s['aggregation']}",
+            "x": [r["step"] for r in s.by_step],
+            "y": [r.get("lr_scale") for r in s.by_step],
+            "name": f"{legend_label(s)}: {s.aggregation}",
             "hovertemplate": "<b>%{fullData.name}</b><br>training step %{x}<br>"
             "LR scale %{y:.4g} (corrected / uncorrected gradient)<extra></extra>",
         }
         for i, s in enumerate(analysis.settings)
     ]
-    scales = [r["lr_scale"] for s in analysis.settings for r in s["by_step"] if r.get("lr_scale")]
+    scales = [r["lr_scale"] for s in analysis.settings for r in s.by_step if r.get("lr_scale")]
     layout = figure_layout(
         "Effective learning-rate scale per step",
         "training step",
@@ -355,7 +356,7 @@ def lr_scale_by_step(analysis: Analysis) -> Figure:
         ylog=True,
         yspan=(min([*scales, 1.0]), max([*scales, 1.0])) if scales else None,
     )
-    step_axis(layout["xaxis"], sorted({r["step"] for s in analysis.settings for r in s["by_step"]}))
+    step_axis(layout["xaxis"], sorted({r["step"] for s in analysis.settings for r in s.by_step}))
     layout["shapes"] = [hline(1.0, "uncorrected")]
     layout["showlegend"] = True
     return {"data": data, "layout": layout}
@@ -365,7 +366,7 @@ def abs_diff_histogram(analysis: Analysis) -> Figure:
     """Distribution of |d| over loss tokens, log x-axis, re-binned for its spread, with the
     median and the 99th percentile marked."""
     m = analysis.mismatch
-    hist = m["abs_diff_hist"]
+    hist = m.abs_diff_hist
     total = max(sum(hist["counts"]) + hist["zeros"] + hist["underflow"] + hist["overflow"], 1)
     data = []
     layout_span = None
@@ -391,7 +392,7 @@ def abs_diff_histogram(analysis: Analysis) -> Figure:
         )
         layout_span = (edges[0], edges[-1])
         heights = [v for v in y if v > 0]
-        quantiles = m.get("abs_diff_quantiles") or {}
+        quantiles = m.abs_diff_quantiles or {}
         for key, label, style_ in (("p50", "median", "dash"), ("p99", "99th percentile", "dot")):
             value = quantiles.get(key)
             if value and value > 0:
@@ -417,7 +418,7 @@ def signed_diff_histogram(analysis: Analysis, central: float = 0.98) -> Figure:
     other; the dotted line is the histogram's mirror image (a symmetric d lies on it), and the
     mean of d is marked."""
     m = analysis.mismatch
-    hist = m["signed_diff_hist"]
+    hist = m.signed_diff_hist
     neg, pos = hist["negative"], hist["positive"]
     total = (
         sum(neg["counts"]) + sum(pos["counts"]) + hist["zeros"]
@@ -488,7 +489,7 @@ def signed_diff_histogram(analysis: Analysis, central: float = 0.98) -> Figure:
             "hoverinfo": "skip",
         },
     ]
-    mean = m.get("d_mean")
+    mean = m.d_mean
     if mean is not None and math.isfinite(mean):
         at = 0.0 if abs(mean) < floor else math.copysign(t(abs(mean)), mean)
         data.append(_marker_line(at, (0.0, max(shares) * 1.05), f"mean d = {mean:+.3g} nats"))
@@ -547,7 +548,7 @@ _BY_TITLES = {
 def mismatch_by(analysis: Analysis, key: str) -> Figure:
     """Mean |d| (bars, left axis) and k3 (line, right axis) per bucket: `key` is by_prob,
     by_pos, by_length or by_step. Each axis is titled in its trace's color: no legend."""
-    rows = analysis.mismatch[key]
+    rows = getattr(analysis.mismatch, key)
     x_title = _BY_TITLES[key]
     x = [r["step"] for r in rows] if key == "by_step" else [r["bucket"] for r in rows]
     hover_x = f"{x_title} %{{x}}<br>%{{customdata:,}} loss tokens<br>"
@@ -605,7 +606,7 @@ def joint_histogram(analysis: Analysis) -> Figure:
     |d| is huge, so it shows nothing that `signed_diff_histogram` and `mismatch_by(analysis,
     "by_prob")` do not show better.
     """
-    joint = analysis.mismatch["joint_hist"]
+    joint = analysis.mismatch.joint_hist
     edges = joint["edges"]
     centers = [(a + b) / 2 for a, b in itertools.pairwise(edges)]
     z = [[math.log10(c) if c else None for c in row] for row in joint["counts"]]
@@ -638,7 +639,7 @@ def joint_histogram(analysis: Analysis) -> Figure:
 
 
 def _steps(analysis: Analysis) -> int:
-    return len(analysis.mismatch.get("by_step") or [])
+    return len(analysis.mismatch.by_step or [])
 
 
 def mismatch_figures(analysis: Analysis) -> dict[str, Figure]:

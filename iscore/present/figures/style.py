@@ -4,7 +4,11 @@ from a config or a dump made safe to show (plotly renders a subset of HTML in te
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from iscore.frameworks import Spec
+    from iscore.stats import SettingSummary
 
 PALETTE = (
     "#1f77b4",
@@ -117,16 +121,18 @@ def style(i: int, n: int) -> dict[str, Any]:
     }
 
 
-def setting_name(setting: dict[str, Any]) -> str:
-    """How a setting is named in legends: `name (framework)`, or just `name` where the two
-    are the same (a framework's default setting is named after it: not "trl (trl)").
+def setting_name(setting: SettingSummary | Spec) -> str:
+    """How a setting (its summary, or its spec) is named in legends: `name (framework)`, or
+    just `name` where the two are the same (a framework's default setting is named after it:
+    not "trl (trl)").
 
-    >>> [setting_name({"name": name, "framework": "trl"}) for name in ("mine", "trl")]
-    ['mine (trl)', 'trl']
+    >>> from iscore.frameworks import presets, resolve
+    >>> setting_name(presets()["trl:trl_default"]), setting_name(resolve({"framework": "trl"}))
+    ('trl_default (trl)', 'trl')
     """
-    if setting["name"] == setting["framework"]:
-        return setting["name"]
-    return f"{setting['name']} ({setting['framework']})"
+    if setting.name == setting.framework:
+        return setting.name
+    return f"{setting.name} ({setting.framework})"
 
 
 def text(value: object) -> str:
@@ -140,6 +146,6 @@ def text(value: object) -> str:
     return html.escape(str(value), quote=False)
 
 
-def legend_label(setting: dict[str, Any]) -> str:
+def legend_label(setting: SettingSummary) -> str:
     """`setting_name`, as plotly text."""
     return text(setting_name(setting))

@@ -10,16 +10,18 @@ the network.
 
 from __future__ import annotations
 
-import common
+import compare_list
+import render
+import session
 import streamlit as st
 
 st.set_page_config(
     page_title="iscore",
-    page_icon=common.ROOT / "app" / "static" / "favicon.png",
+    page_icon=session.ROOT / "app" / "static" / "favicon.png",
     layout="wide",
 )
-common.init_state(common.options().preload, common.options().where)
-ws = common.workspace(quiet=True)
+session.init_state(session.options().preload, session.options().where)
+ws = session.workspace(quiet=True)
 # A run of more than one step opens on its trends, right after Data.
 trends = (
     [st.Page("pages/trends.py", title="Trends", icon=":material/timeline:")]
@@ -39,25 +41,24 @@ page = st.navigation(
     ]
 )
 if ws is not None:  # before the sidebar counts the settings
-    common.seed_settings(ws, common.selected_steps())
+    compare_list.seed_settings(ws, session.selected_steps())
 with st.sidebar:
-    st.caption(
-        f"**Your framework:** {common.framework_title(common.framework())} (change it on Recommend)"
-    )
+    title = compare_list.framework_title(compare_list.framework())
+    st.caption(f"**Your framework:** {title} (change it on Recommend)")
     loaded = st.session_state.loaded
     if loaded is None:
         st.caption("No dump loaded.")
     else:
-        chosen = common.selected_steps()
+        chosen = session.selected_steps()
         steps = None if chosen is None else chosen.steps
         where = "all steps" if steps is None or steps.lo is None else f"steps {steps.lo}-{steps.hi}"
-        st.caption(f"**Dump:** {common.escape(loaded.label)} ({where})")
-        if common.followed() is not None:
-            st.caption(f"**Following** its new step files (every {common.options().interval:g} s)")
+        st.caption(f"**Dump:** {render.escape(loaded.label)} ({where})")
+        if session.followed() is not None:
+            st.caption(f"**Following** its new step files (every {session.options().interval:g} s)")
         if chosen is not None and chosen.where is not None:
             st.caption(f"**Slice:** only sequences where `{chosen.where.replace('`', '')}`")
             st.button(
-                "Clear the slice", icon=":material/filter_alt_off:", on_click=common.clear_slice
+                "Clear the slice", icon=":material/filter_alt_off:", on_click=session.clear_slice
             )
     st.caption(f"**Settings in Compare:** {len(st.session_state.settings)}")
 page.run()

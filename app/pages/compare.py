@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import common
+import compare_list
+import render
+import session
 import streamlit as st
 
 from iscore.advice import FAMILIES, family_spec, flags_of, frameworks_for
@@ -11,10 +13,10 @@ from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.frameworks import load_config_text, parse_config
 from iscore.present import SUMMARY_COLUMNS, figures
 
-ws = common.require_workspace()
-steps = common.selected_steps()
+ws = compare_list.require_workspace()
+steps = session.selected_steps()
 state = st.session_state
-known = common.known_settings()
+known = compare_list.known_settings()
 
 
 def _pick() -> None:
@@ -22,8 +24,8 @@ def _pick() -> None:
 
 
 st.title("Compare settings")
-common.notice()
-state._w_compare = [common.label(s) for s in common.settings()]
+session.notice()
+state._w_compare = [compare_list.label(s) for s in compare_list.settings()]
 st.multiselect(
     "Settings compared: framework presets, and the settings added below or on the Tune page",
     list(known),
@@ -49,10 +51,10 @@ def _add_your_own() -> None:
         if st.button("Add this config", icon=":material/add:"):
             try:
                 config = load_config_text(text, "the pasted config") if text.strip() else None
-                common.say("success", f"Added {common.add_setting(parse_config(config))}.")
+                session.say("success", f"Added {compare_list.add_setting(parse_config(config))}.")
             except IscoreError as e:
                 # Here, under the text to fix: a whole-page rerun would fold the panel away.
-                st.error(common.escape(str(e)))
+                st.error(render.escape(str(e)))
             else:
                 st.rerun()
     with build:
@@ -60,7 +62,7 @@ def _add_your_own() -> None:
         framework = cols[0].selectbox(
             "Framework",
             FRAMEWORKS,
-            index=FRAMEWORKS.index(common.framework()),
+            index=FRAMEWORKS.index(compare_list.framework()),
             key="build_framework",
         )
         family = cols[1].selectbox(
@@ -82,9 +84,9 @@ def _add_your_own() -> None:
         if st.button("Add this setting", icon=":material/add:"):
             try:
                 spec = family_spec(family, values, framework, name.strip() or None)
-                common.say("success", f"Added {common.add_setting(spec)}.")
+                session.say("success", f"Added {compare_list.add_setting(spec)}.")
             except IscoreError as e:
-                st.error(common.escape(str(e)))
+                st.error(render.escape(str(e)))
             else:
                 st.rerun()
 
@@ -92,16 +94,16 @@ def _add_your_own() -> None:
 with st.expander("Add a setting of your own", icon=":material/add:"):
     _add_your_own()
 
-specs = common.settings()
+specs = compare_list.settings()
 if not specs:
     st.info("Pick at least one setting to compare.")
     st.stop()
 for spec in specs:
     try:
-        common.compute(f"Replaying {common.label(spec)}…", ws.setting, spec, steps)
+        session.compute(f"Replaying {compare_list.label(spec)}…", ws.setting, spec, steps)
     except IscoreError as e:
         state.settings.remove(spec)
-        common.say("warning", f"Removed {common.label(spec)}: {e}")
+        session.say("warning", f"Removed {compare_list.label(spec)}: {e}")
         st.rerun()
 analysis = ws.analysis(specs, steps)
 bugs = [f.code for f in flags_of(analysis.flags, "semantics_bug")]
@@ -137,7 +139,7 @@ _SHORT = {
 }
 st.subheader("Summary")
 st.dataframe(
-    common.summary_table(analysis),
+    render.summary_table(analysis),
     hide_index=True,
     width="stretch",
     column_config={
@@ -158,4 +160,4 @@ st.caption(
     "share). Click a column header to sort."
 )
 for figure in figures.setting_figures(analysis).values():
-    common.plot(figure)
+    render.plot(figure)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import common
 import pandas as pd
+import render
+import session
 import streamlit as st
 
 from iscore.dump import Preview
@@ -23,14 +24,14 @@ st.caption(
 state = st.session_state
 drop = st.toggle(
     "Drop sequences with invalid log-probs (NaN, infinite or positive) instead of failing",
-    **common.persist("drop_invalid", False),
+    **session.persist("drop_invalid", False),
 )
 pickles = st.toggle(
     "Allow pickled files (runs code from the file: only for files you trust)",
     help="slime's .pt and SkyRL's .pkl dumps are pickles. iscore reads them with restricted "
     "loaders that rebuild only tensors and plain containers, but a pickle is code: open only "
     "files you or your team wrote.",
-    **common.persist("allow_pickle", False),
+    **session.persist("allow_pickle", False),
 )
 errors = state.setdefault("load_errors", {})
 state.setdefault("mapping", ())  # the mapping chosen for the dump last tried (`attempt`)
@@ -62,9 +63,9 @@ def _open(attempt: tuple[str, str, str]) -> None:
     before = state.loaded
     try:
         if kind == "upload":
-            common.load_uploads(uploads, drop, state.mapping, pickles)
+            session.load_uploads(uploads, drop, state.mapping, pickles)
         else:
-            common.load_path(source, drop, state.mapping, pickles)
+            session.load_path(source, drop, state.mapping, pickles)
     except IscoreError as e:
         errors[tab] = e
     if state.loaded != before:
@@ -78,10 +79,10 @@ with upload_tab:
         type=["parquet", "pq", "parq", "jsonl", "pt", "pkl"],
         accept_multiple_files=True,
         help="Kept in this session's memory only, never written to disk; at most "
-        f"{common.options().max_upload_tokens:,} tokens. The CLI streams larger dumps "
+        f"{session.options().max_upload_tokens:,} tokens. The CLI streams larger dumps "
         "(`iscore analyze`).",
     )
-    digests = tuple(common.upload_digest(u) for u in uploads)
+    digests = tuple(session.upload_digest(u) for u in uploads)
     in_view = state.get("attempt", ("",))[0] == "upload"  # the uploads are the dump tried last
     if not uploads:
         state.pop("upload_digests", None)  # the same files uploaded again are new again
@@ -91,12 +92,12 @@ with upload_tab:
     elif in_view and (drop, pickles, state.mapping) != state.get("uploads_seen"):
         _open(state.attempt)
     if uploads and "upload" in errors:
-        common.show_error(errors["upload"])
+        render.show_error(errors["upload"])
 with path_tab:
-    app = common.options()
+    app = session.options()
     st.caption(
         "Inside the folders this server may read: "
-        + ", ".join(f"`{common.escape(str(f))}`" for f in app.roots.folders)
+        + ", ".join(f"`{render.escape(str(f))}`" for f in app.roots.folders)
         + f"; at most {app.max_path_tokens:,} tokens a dump"
         + (" (the one the app was started with may hold more)" if app.preload else "")
     )
@@ -109,29 +110,29 @@ with path_tab:
         )
         submitted = st.form_submit_button("Open", icon=":material/folder_open:")
     # The run `iscore app DIR --follow` names opens once its first step file is whole.
-    if submitted or (state.path_pending and not common.waiting()):
+    if submitted or (state.path_pending and not session.waiting()):
         state.path, state.path_pending = text, False
         _open(("path", "path", text.strip()))
     if "path" in errors:
-        common.show_error(errors["path"])
+        render.show_error(errors["path"])
 with sample_tab:
     st.caption(
         "Simulated dumps whose mismatch is known exactly (see data/README.md): a healthy bf16 "
         "baseline, FP8, MoE routing flips, an offset bug, drift, long responses, and an "
         "off-policy run with the current policy's log-probs (for bypass settings)."
     )
-    preload = common.options().preload
-    named = [s for s in common.SAMPLES if preload and s == Path(preload).resolve()]
+    preload = session.options().preload
+    named = [s for s in session.SAMPLES if preload and s == Path(preload).resolve()]
     sample = st.selectbox(
         "Sample",
-        common.SAMPLES,
+        session.SAMPLES,
         format_func=lambda p: p.stem,
-        **common.persist("sample", next(iter(named + common.SAMPLES), None)),
+        **session.persist("sample", next(iter(named + session.SAMPLES), None)),
     )
     if st.button("Open sample", icon=":material/science:", disabled=sample is None):
         _open(("sample", "path", str(sample)))
     if "sample" in errors:
-        common.show_error(errors["sample"])
+        render.show_error(errors["sample"])
 
 
 def _choices(preview: Preview, chosen: dict[str, str | None]) -> list[str]:
@@ -144,7 +145,7 @@ def _mapping_form(preview: Preview, attempt: tuple[str, str, str]) -> None:
     """The file's first rows and a column picker per canonical column; reloads the dump the
     mapping is for with the columns picked (those that differ from iscore's detection)."""
     chosen = dict(state.mapping)
-    st.caption(f"First rows of {common.escape(preview.name)}:")
+    st.caption(f"First rows of {render.escape(preview.name)}:")
     frame = pd.DataFrame(list(preview.rows), columns=list(preview.names))
     st.dataframe(frame, hide_index=True, width="stretch")
     if attempt[1] == "upload" and not uploads:
@@ -155,7 +156,7 @@ def _mapping_form(preview: Preview, attempt: tuple[str, str, str]) -> None:
         return
     for canonical, candidates in preview.ambiguous.items():
         if canonical not in chosen:
-            names = ", ".join(f"`{common.escape(c)}`" for c in candidates)
+            names = ", ".join(f"`{render.escape(c)}`" for c in candidates)
             st.warning(f"{names} could each be {canonical}: pick one.")
     # Keys of their own per file and mapping: a browser would keep a picker's old choice for
     # as long as its key lives, the previous file's column included.
@@ -181,14 +182,14 @@ def _mapping_form(preview: Preview, attempt: tuple[str, str, str]) -> None:
         state.mapping = tuple(sorted((c, s) for c, s in picks.items() if s != preview.found.get(c)))
         _open(attempt)
         if attempt[0] in errors:  # shown here too: the tab's own message is out of sight
-            common.show_error(errors[attempt[0]])
+            render.show_error(errors[attempt[0]])
 
 
-ws = common.workspace()
+ws = session.workspace()
 attempt = state.get("attempt")
 failed = attempt is not None and attempt[0] in errors
 if failed:
-    preview = common.preview_attempt(attempt[1], attempt[2], uploads or [])
+    preview = session.preview_attempt(attempt[1], attempt[2], uploads or [])
 elif ws is not None:
     preview = ws.source.preview
 else:
@@ -198,20 +199,20 @@ if preview is not None and attempt is not None:
         _mapping_form(preview, attempt)
 
 if ws is None:
-    if common.waiting():
+    if session.waiting():
         st.info(
-            f"Waiting for the first whole step file in {common.escape(app.preload)}: the run "
+            f"Waiting for the first whole step file in {render.escape(app.preload)}: the run "
             "opens as soon as one lands.",
             icon=":material/hourglass_top:",
         )
-        common.rerun_on_new_files(app.preload)
+        session.rerun_on_new_files(app.preload)
     else:
         st.info("No dump loaded yet.")
     st.stop()
 
-st.subheader(common.escape(ws.source.name))
+st.subheader(render.escape(ws.source.name))
 if state.loaded.label != ws.source.name:
-    st.caption(common.escape(state.loaded.label))
+    st.caption(render.escape(state.loaded.label))
 if len(ws.steps) > 1:
     # None is every step, those of a followed run that land later included.
     every = (ws.steps[0], ws.steps[-1])
@@ -228,16 +229,16 @@ if len(ws.steps) > 1:
             step_range=None if tuple(state[slider]) == every else state[slider]
         ),
     )
-analysis = common.compute(
-    "Computing the mismatch diagnostics…", ws.mismatch, common.selected_steps()
+analysis = session.compute(
+    "Computing the mismatch diagnostics…", ws.mismatch, session.selected_steps()
 )
-common.show_health(analysis)
+render.show_health(analysis)
 st.page_link(
     "pages/mismatch.py",
     label="Where it comes from, and the published measurements: Mismatch",
     icon=":material/query_stats:",
 )
-summary = common.compute("Summarizing…", ws.summary, common.selected_steps())
+summary = session.compute("Summarizing…", ws.summary, session.selected_steps())
 steps = summary["steps"]
 cols = st.columns(4)
 cols[0].metric("Training steps", len(steps), help=f"steps {steps[0]}…{steps[-1]}", border=True)
@@ -248,7 +249,7 @@ length = summary["length"]
 st.caption("Sequence length (tokens): " + " · ".join(f"{k} {v:,}" for k, v in length.items()))
 left, right = st.columns([3, 2])
 with left:
-    common.plot(figures.length_figure(summary))
+    render.plot(figures.length_figure(summary))
 with right:
     source = ws.source
     st.markdown(f"**Layout:** {source.layout} · **files:** {len(source.files)}")
@@ -258,14 +259,14 @@ with right:
         width="stretch",
     )
     if source.unused:
-        names = ", ".join(f"`{common.escape(n)}`" for n in source.unused)
+        names = ", ".join(f"`{render.escape(n)}`" for n in source.unused)
         st.warning(
             f"These columns were not used: {names}. They look like log-probs: if one is the "
             "column to read, pick it under Columns above and reload.",
             icon=":material/warning:",
         )
     for line in source.provenance:
-        st.info(common.escape(line))
+        st.info(render.escape(line))
     if source.dropped.sequences:
         st.warning(
             f"{source.dropped.sequences:,} sequences ({source.dropped.tokens:,} tokens) dropped "
@@ -273,6 +274,6 @@ with right:
         )
     with st.expander("Files"):
         st.text("\n".join(source.files))
-folder = common.followed()
+folder = session.followed()
 if folder is not None:
-    common.rerun_on_new_files(folder)
+    session.rerun_on_new_files(folder)

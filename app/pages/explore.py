@@ -3,23 +3,26 @@ curves under each setting, and a slice that every page then looks at."""
 
 from __future__ import annotations
 
-import common
+import compare_list
+import render
+import session
 import streamlit as st
 
 from iscore.errors import IscoreError
 from iscore.present import figures
+from iscore.session import worst_sequences_sql
 from iscore.stats import setting_columns
 from iscore.utils import ROW_LIMIT, TIMEOUT_S
 
-ws = common.require_workspace()
-selection = common.selected_steps()
-specs = common.settings()
+ws = compare_list.require_workspace()
+selection = session.selected_steps()
+specs = compare_list.settings()
 state = st.session_state
 columns = ws.schema.names
 prefixes = setting_columns(specs, columns)
 
 st.title("Explore")
-common.notice()
+session.notice()
 st.caption(
     "`sequences` has one row per sequence of the selection: its step, seq_id and the dump's "
     "own per-sequence columns, length, loss_tokens, its mismatch (d_mean, abs_diff_mean, "
@@ -64,14 +67,14 @@ text = st.text_input(
 left, right = st.columns(2)
 if left.button("Apply as slice", icon=":material/filter_alt:", type="primary"):
     try:
-        common.apply_slice(ws, text.strip())
+        session.apply_slice(ws, text.strip())
         st.rerun()
     except IscoreError as e:
-        common.show_error(e)
+        render.show_error(e)
 right.button(
     "Clear the slice",
     icon=":material/filter_alt_off:",
-    on_click=common.clear_slice,
+    on_click=session.clear_slice,
     disabled=state.get("slice") is None,
 )
 if state.get("slice") is not None:
@@ -87,7 +90,7 @@ if state.get("slice") is not None:
 
 first = prefixes[0] if prefixes else None
 QUERIES = {
-    "worst sequences": common.worst_sequences_query(),
+    "worst sequences": worst_sequences_sql(),
     "k3 by step": "SELECT step, count(*) AS sequences, avg(k3) AS k3, "
     "max(abs_diff_max) AS abs_diff_max\nFROM sequences GROUP BY step ORDER BY step",
     "worst groups": "SELECT group_id, count(*) AS sequences, avg(k3) AS k3, "
@@ -124,17 +127,17 @@ st.pills(
 sql = st.text_area(
     "DuckDB SQL over `sequences` and `tokens`",
     height=110,
-    **common.persist("explore_sql", QUERIES["worst sequences"]),
+    **session.persist("explore_sql", QUERIES["worst sequences"]),
 )
 try:
-    result = common.compute(
+    result = session.compute(
         "Running the query…",
         ws.cached,
         ("explore", sql, tuple(specs), ws.selection(selection)),
         lambda: ws.query(sql, specs, selection, limit=ROW_LIMIT, timeout=TIMEOUT_S),
     )
 except IscoreError as e:
-    common.show_error(e)
+    render.show_error(e)
     st.stop()
 
 rows = result.table.to_pandas()
@@ -173,19 +176,19 @@ if pick is None or pick[0] != state.loaded:
 _, step, seq_id = pick
 try:
     tokens = ws.sequence(step, seq_id)
-    weights = common.compute(
+    weights = session.compute(
         "Replaying the settings on its step…", ws.sequence_weights, specs, step, seq_id, selection
     )
 except IscoreError as e:
-    common.show_error(e)
+    render.show_error(e)
     st.stop()
 st.subheader(f"Sequence {seq_id} of step {step}")
-common.plot(
+render.plot(
     figures.sequence_figure(
         tokens,
         f"Sequence {seq_id} of step {step}: "
         + ("log-probs, d and each setting's weight" if specs else "log-probs and d"),
-        {common.label(spec): weights[spec] for spec in specs},
+        {compare_list.label(spec): weights[spec] for spec in specs},
     )
 )
 if specs:

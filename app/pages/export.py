@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 
-import common
+import compare_list
+import exports
+import render
+import session
 import streamlit as st
 
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.present import render_html
 
-ws = common.require_workspace()
-steps = common.selected_steps()
-specs = common.settings()
+ws = compare_list.require_workspace()
+steps = session.selected_steps()
+specs = compare_list.settings()
 st.title("Export")
 
 st.subheader("A setting as a framework config")
@@ -22,12 +25,12 @@ if not specs:
     st.info("The Compare list is empty: add a setting there (or on the Tune page) first.")
     st.page_link("pages/compare.py", label="Go to Compare", icon=":material/arrow_forward:")
 else:
-    labels = [common.label(s) for s in specs]
+    labels = [compare_list.label(s) for s in specs]
     if st.session_state.get("export_setting") not in labels:
         st.session_state.export_setting = labels[0]
     cols = st.columns(2)
     choice = cols[0].selectbox(
-        "Setting (from the Compare list)", labels, **common.persist("export_setting", labels[0])
+        "Setting (from the Compare list)", labels, **session.persist("export_setting", labels[0])
     )
     spec = specs[labels.index(choice)]
     to = cols[1].selectbox(
@@ -37,14 +40,14 @@ else:
         key=f"export_to_{choice}",
     )
     try:
-        out = common.compute(f"Writing it for {to}…", common.export, ws, spec, to, steps)
+        out = session.compute(f"Writing it for {to}…", exports.export, ws, spec, to, steps)
     except IscoreError as e:
-        common.show_error(e)
+        render.show_error(e)
     else:
         if not out.exact:
             st.warning(
                 "**Not an exact translation.** "
-                + common.escape(" ".join(out.notes) or "The settings replay differently.")
+                + render.escape(" ".join(out.notes) or "The settings replay differently.")
             )
         elif to != spec.framework:
             # What is exact is the weights and masks; a note is about what surrounds them
@@ -54,15 +57,15 @@ else:
                 + (" (see the note below)." if out.notes else ".")
             )
         if out.exact and out.notes:
-            st.info("**Note.** " + common.escape(" ".join(out.notes)), icon=":material/info:")
+            st.info("**Note.** " + render.escape(" ".join(out.notes)), icon=":material/info:")
         if out.difference is not None:
             st.dataframe(out.difference, width="content")
-        st.code(out.snippet, language=common.LANGUAGE[out.syntax])
+        st.code(out.snippet, language=render.LANGUAGE[out.syntax])
         cols = st.columns(2)
         cols[0].download_button(
             "Download the snippet",
             out.commented,
-            file_name=f"{spec.name}.{to}.{common.EXTENSION[out.syntax]}",
+            file_name=f"{spec.name}.{to}.{render.EXTENSION[out.syntax]}",
             mime="text/plain",
             icon=":material/download:",
             on_click="ignore",

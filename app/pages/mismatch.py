@@ -3,17 +3,19 @@ like a bug rather than noise."""
 
 from __future__ import annotations
 
-import common
+import compare_list
 import pandas as pd
+import render
+import session
 import streamlit as st
 
 from iscore.advice import NO_SEMANTICS_BUG, flags_of
 from iscore.present import figures
 from iscore.stats import BANDS, DEFINITIONS, METRIC_NAMES
 
-ws = common.require_workspace()
-analysis = common.compute(
-    "Computing the mismatch diagnostics…", ws.mismatch, common.selected_steps()
+ws = compare_list.require_workspace()
+analysis = session.compute(
+    "Computing the mismatch diagnostics…", ws.mismatch, session.selected_steps()
 )
 m = analysis.mismatch
 
@@ -22,9 +24,9 @@ st.caption(
     "d = train_logprob - rollout_logprob over loss tokens; k3 = e^d - 1 - d estimates "
     "KL(rollout ‖ train)."
 )
-health = common.show_health(analysis)
-common.show_reference(health)
-common.show_attribution(analysis)
+health = render.show_health(analysis)
+render.show_reference(health)
+render.show_attribution(analysis)
 
 _SHOW = {
     "semantics_bug": (st.warning, ":material/bug_report:"),
@@ -34,7 +36,7 @@ _SHOW = {
 }
 for kind, (show, icon) in _SHOW.items():
     for flag in flags_of(analysis.flags, kind):
-        show(f"**{flag.code}**: {common.escape(flag.message)}", icon=icon)
+        show(f"**{flag.code}**: {render.escape(flag.message)}", icon=icon)
     if kind == "semantics_bug" and not flags_of(analysis.flags, kind):  # the verdict on bugs, first
         # Green only beside a normal verdict: no bug is no all-clear for FP8-like noise.
         (st.success if health.verdict == "normal" else st.info)(NO_SEMANTICS_BUG)
@@ -50,7 +52,7 @@ cols[3].metric(
 
 # One per row: beside another, a plot keeps a third of its width once its legend is placed.
 for figure in figures.mismatch_figures(analysis).values():
-    common.plot(figure)
+    render.plot(figure)
 
 st.subheader("The numbers, and what each framework logs them as")
 st.dataframe(
@@ -102,7 +104,7 @@ row = st.selectbox(
 )
 pick = worst[row]
 tokens = ws.sequence(pick["step"], pick["seq_id"])
-common.plot(
+render.plot(
     figures.sequence_figure(
         tokens, f"Sequence {pick['seq_id']} of step {pick['step']}: log-probs and d per token"
     )

@@ -3,8 +3,11 @@ does; "Use this setting" hands it to Compare, Tune and Export."""
 
 from __future__ import annotations
 
-import common
+import compare_list
+import exports
 import pandas as pd
+import render
+import session
 import streamlit as st
 
 from iscore.advice import RULE_SYMBOLS, Targets
@@ -12,10 +15,10 @@ from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.stats import BROKEN_KEPT
 
-ws = common.require_workspace()
-steps = common.selected_steps()
+ws = compare_list.require_workspace()
+steps = session.selected_steps()
 state = st.session_state
-title = common.framework_title(common.framework())
+title = compare_list.framework_title(compare_list.framework())
 
 st.title(f"Which {title} setting?")
 st.caption(
@@ -24,16 +27,16 @@ st.caption(
     "the targets, then by the gradient they misweight plus the variance they add "
     "(docs/recommend.md)."
 )
-common.notice()
+session.notice()
 st.selectbox(
     "Your framework",
     FRAMEWORKS,
-    format_func=common.framework_title,
+    format_func=compare_list.framework_title,
     help="Recommend ranks its settings; Compare, Tune and Export start from them.",
-    on_change=common.framework_changed,
-    **common.persist("framework", FRAMEWORKS[0], on_change=False),
+    on_change=compare_list.framework_changed,
+    **session.persist("framework", FRAMEWORKS[0], on_change=False),
 )
-common.seed_settings(ws, steps)  # a Compare list that followed the framework
+compare_list.seed_settings(ws, steps)  # a Compare list that followed the framework
 
 
 def _set_targets() -> None:
@@ -42,7 +45,7 @@ def _set_targets() -> None:
             state.t_token / 100, state.t_seq / 100, tuple(state.t_lr), state.t_ess / 100
         )
     except IscoreError as e:
-        common.say("error", str(e))
+        session.say("error", str(e))
 
 
 with st.expander("Targets: what a good setting may do to this data", icon=":material/flag:"):
@@ -74,12 +77,12 @@ LR_SCALE_HELP = (
     "The corrected gradient's size over the uncorrected one under the framework's loss "
     "aggregation: 1 leaves the step size alone, 0.5 halves the effective learning rate"
 )
-rec = common.recommendation(ws, steps)
+rec = compare_list.recommendation(ws, steps)
 best = rec.best
 
 if rec.regimes:
     st.subheader("What this dump shows")
-    st.markdown("\n".join(f"- {common.escape(r)}" for r in rec.regimes))
+    st.markdown("\n".join(f"- {render.escape(r)}" for r in rec.regimes))
 
 st.subheader("Ranked candidates")
 rows = [
@@ -131,7 +134,7 @@ st.dataframe(
     hide_index=True,
     width="stretch",
 )
-st.caption(common.escape(f"Why the first: {rec.pick}"))
+st.caption(render.escape(f"Why the first: {rec.pick}"))
 
 index = st.selectbox(
     "Setting",
@@ -148,22 +151,22 @@ cols[3].metric("Sequences dropped", f"{chosen.stats['seq_masked_fraction']:.2%}"
 # A semantics bug is not the correction's to fix: no green light then (the Mismatch page's
 # flags of the same steps).
 green = chosen.green_light(ws.mismatch(steps).flags)
-(st.success if green else st.warning)(common.escape(chosen.reason))
+(st.success if green else st.warning)(render.escape(chosen.reason))
 st.markdown(f"**Rule:** `{chosen.rule}`", help=RULE_SYMBOLS)
-spec = common.recommended(rec, index)
+spec = compare_list.recommended(rec, index)
 try:
-    out = common.export(ws, spec, spec.framework, steps)
+    out = exports.export(ws, spec, spec.framework, steps)
 except IscoreError as e:
-    common.show_error(e)
+    render.show_error(e)
 else:
-    st.code(out.snippet, language=common.LANGUAGE[out.syntax])
+    st.code(out.snippet, language=render.LANGUAGE[out.syntax])
 
 
 def _use() -> None:
-    name = common.use_setting(common.recommended(rec, index))
-    common.say("success", f"{name} is in Compare, Tune and Export.")
+    name = compare_list.use_setting(compare_list.recommended(rec, index))
+    session.say("success", f"{name} is in Compare, Tune and Export.")
 
 
 st.button("Use this setting", icon=":material/check:", type="primary", on_click=_use)
 for warning in rec.warnings:
-    st.warning(common.escape(warning), icon=":material/warning:")
+    st.warning(render.escape(warning), icon=":material/warning:")

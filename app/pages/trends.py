@@ -6,27 +6,29 @@ from __future__ import annotations
 
 from typing import Any
 
-import common
+import compare_list
+import render
+import session
 import streamlit as st
 
 from iscore.advice import EVENT_KINDS, Trend
 from iscore.errors import IscoreError
 from iscore.present import figures
 
-ws = common.require_workspace()
-specs = common.settings()
-folder = common.followed()
+ws = compare_list.require_workspace()
+specs = compare_list.settings()
+folder = session.followed()
 state = st.session_state
 
 st.title("Trends")
-common.notice()
+session.notice()
 st.caption(
     "Each diagnostic, and each setting in Compare, per training step: faint the step's own "
     "value, solid its smoothing (an exponential moving average, as TensorBoard smooths). A "
     "dotted line marks the step where the run changed; hover its triangle for the evidence. "
     "Click a step to open its worst sequences on Explore."
 )
-if common.selected_steps() is not None:
+if session.selected_steps() is not None:
     st.caption(
         "Trends shows the whole run: the selected steps and the slice apply to the other pages."
     )
@@ -47,7 +49,7 @@ def _chart(column: str, figure: dict[str, Any]) -> None:
     st.plotly_chart(
         figure,
         width="stretch",
-        config=common.PLOT_CONFIG,
+        config=render.PLOT_CONFIG,
         theme="streamlit",
         key=key,
         on_select=lambda: _clicked(key),
@@ -64,26 +66,26 @@ def _events(trend: Trend) -> None:
         return
     st.markdown(
         "\n".join(
-            f"- **Step {e.step}: {common.escape(EVENT_KINDS[e.kind])}**: "
-            f"{common.escape(e.evidence)}"
+            f"- **Step {e.step}: {render.escape(EVENT_KINDS[e.kind])}**: "
+            f"{render.escape(e.evidence)}"
             for e in trend.events
         )
     )
 
 
-@st.fragment(run_every=common.options().interval if folder is not None else None)
+@st.fragment(run_every=session.options().interval if folder is not None else None)
 def trends() -> None:
     step = state.pop("trends_step", None)
     if step is not None:
         state.trends_clicks = state.get("trends_clicks", 0) + 1
-        common.open_worst_sequences(step)
+        session.open_worst_sequences(step)
     try:
         if folder is None:
-            trend = common.compute("Computing each step's figures…", ws.analysis, specs).trend
+            trend = session.compute("Computing each step's figures…", ws.analysis, specs).trend
         else:
-            trend = common.run_trend(folder, specs)
+            trend = session.run_trend(folder, specs)
     except IscoreError as e:
-        common.show_error(e)
+        render.show_error(e)
         return
     if not trend.rows:
         st.info("No step yet.")
@@ -94,8 +96,8 @@ def trends() -> None:
     cols[2].metric("Events", len(trend.events), border=True)
     if folder is not None:
         st.caption(
-            f"Following {common.escape(folder)}: new steps appear here as they land (looked "
-            f"for every {common.options().interval:g} s)."
+            f"Following {render.escape(folder)}: new steps appear here as they land (looked "
+            f"for every {session.options().interval:g} s)."
         )
     _events(trend)
     smoothing = st.slider(
@@ -103,7 +105,7 @@ def trends() -> None:
         min_value=0.0,
         max_value=0.99,
         step=0.01,
-        **common.persist("trends_smoothing", figures.SMOOTHING),
+        **session.persist("trends_smoothing", figures.SMOOTHING),
     )
     drawn = figures.trend_figures(trend, smoothing)
     st.subheader("The mismatch")

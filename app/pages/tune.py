@@ -3,7 +3,9 @@ read-out is a binary search over the dump's sorted statistics, never a replay)."
 
 from __future__ import annotations
 
-import common
+import compare_list
+import render
+import session
 import streamlit as st
 
 from iscore import frameworks
@@ -12,11 +14,11 @@ from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
 from iscore.present import figures
 
-ws = common.require_workspace()
-steps = common.selected_steps()
+ws = compare_list.require_workspace()
+steps = session.selected_steps()
 state = st.session_state
-tuner = common.compute("Sorting the dump's ratios (once per dump and steps)…", ws.tuner, steps)
-rec = common.recommendation(ws, steps)
+tuner = session.compute("Sorting the dump's ratios (once per dump and steps)…", ws.tuner, steps)
+rec = compare_list.recommendation(ws, steps)
 
 st.title("Tune thresholds")
 st.caption(
@@ -24,20 +26,20 @@ st.caption(
     "the share of the data beyond the threshold by a constant factor, so the range is where "
     "your data is."
 )
-common.notice()
+session.notice()
 
 cols = st.columns(2)
 framework = cols[0].selectbox(
-    "Framework", FRAMEWORKS, format_func=common.framework_title,
+    "Framework", FRAMEWORKS, format_func=compare_list.framework_title,
     help="Whose setting this is: the LR scale follows that framework's loss aggregation",
-    **common.persist("tune_framework", common.framework()),
+    **session.persist("tune_framework", compare_list.framework()),
 )  # fmt: skip
 choices = [k for k in FAMILIES if k in frameworks.get(framework).families]
 if state.get("tune_family") not in choices:  # a family the framework cannot express
     state.tune_family = choices[0]
 family = cols[1].selectbox(
     "Method", choices, format_func=lambda k: FAMILIES[k].label,
-    **common.persist("tune_family", choices[0]),
+    **session.persist("tune_family", choices[0]),
 )  # fmt: skip
 f = FAMILIES[family]
 
@@ -85,7 +87,7 @@ def _sliders() -> None:
         values.append(
             col.select_slider(
                 bound, grids[bound], format_func=lambda v: f"{v:.6g}",
-                **common.persist(key, default),
+                **session.persist(key, default),
             )
         )  # fmt: skip
     result = tuning.query(tuner, family, values, framework)
@@ -143,7 +145,7 @@ def _sliders() -> None:
             ),
         )
         at = [(label, v[i]) for label, v in marks]
-        common.plot(figures.tune_figure(bound, grids[bound], curve, values[i], shown, at))
+        render.plot(figures.tune_figure(bound, grids[bound], curve, values[i], shown, at))
 
 
 _sliders()
@@ -153,10 +155,10 @@ def _use() -> None:
     chosen = [state[f"tune_{family}_{bound}"] for bound in f.bounds]
     try:
         spec = tuning.family_spec(family, chosen, framework, state.tune_name.strip() or None)
-        name = common.use_setting(spec)
-        common.say("success", f"{name} is in Compare and Export.")
+        name = compare_list.use_setting(spec)
+        session.say("success", f"{name} is in Compare and Export.")
     except IscoreError as e:
-        common.say("error", str(e))
+        session.say("error", str(e))
 
 
 st.subheader("Use this setting")

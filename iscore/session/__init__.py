@@ -15,6 +15,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "serving": ["FOLLOW_INTERVAL_S", "LOOPBACK_HOSTS", "host_allowed"],
         "workspace": [
             "Selection",
+            "worst_sequences_sql",
             "Workspace",
             "digest",
             "fingerprint",

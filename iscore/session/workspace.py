@@ -567,3 +567,19 @@ def fingerprint(source: str) -> tuple[tuple[str, int, int], ...]:
         stat = Path(path).stat()
         out.append((str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns))
     return tuple(out)
+
+
+def worst_sequences_sql(step: int | None = None) -> str:
+    """The query of `Workspace.query` that lists the worst sequences, of one step or of all,
+    ranked as the mismatch diagnostics rank them (`worst_sequences`): by summed k3, not the
+    mean.
+
+    >>> print(worst_sequences_sql(3))
+    SELECT step, seq_id, length, k3 * loss_tokens AS k3_sum, abs_diff_max, d_sum
+    FROM sequences WHERE step = 3 ORDER BY k3_sum DESC LIMIT 50
+    """
+    where = "" if step is None else f"WHERE step = {int(step)} "
+    return (
+        "SELECT step, seq_id, length, k3 * loss_tokens AS k3_sum, abs_diff_max, d_sum\n"
+        f"FROM sequences {where}ORDER BY k3_sum DESC LIMIT 50"
+    )

@@ -1,4 +1,5 @@
-"""Shared helpers of the pages: the session's state, the cached workspaces, plots and errors.
+"""The browser session's state: what it loaded (uploads, server paths, a followed run) and
+holds in the process's caches, the widgets' values kept across pages, and its messages.
 
 Caching: a loaded dump is an `iscore.session.workspace.Workspace` (the batch, and the analyses,
 settings and tuner computed from it on demand, memoized inside), held in the process's
@@ -14,39 +15,27 @@ a mirror key (`persist`), since Streamlit drops the state of widgets that are no
 
 from __future__ import annotations
 
-import math
-import re
 import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pandas as pd
 import streamlit as st
+from render import escape, show_error
 
 from iscore import frameworks
 from iscore.advice import (
-    FAMILIES,
-    Health,
-    Recommendation,
-    Syntax,
     Targets,
     Trend,
-    family_of,
-    point_dict,
-    points,
-    to_file_text,
 )
-from iscore.advice import export as export_setting
 from iscore.dump import PICKLED, SUFFIXES, Preview, StepRange, preview_parquet
-from iscore.errors import DumpProblems, IscoreError
-from iscore.frameworks import Spec, presets
-from iscore.passes import Analysis, Follower, ResultStore, ready_files
-from iscore.present import SUMMARY_COLUMNS, color, setting_name
+from iscore.errors import IscoreError
+from iscore.frameworks import Spec
+from iscore.passes import Follower, ResultStore, ready_files
 from iscore.session import (
     Options,
     Selection,
@@ -57,6 +46,7 @@ from iscore.session import (
     open_path,
     open_uploads,
     parse_options,
+    worst_sequences_sql,
 )
 from iscore.utils import default_folder
 
@@ -67,8 +57,6 @@ ROOT = Path(__file__).resolve().parents[1]
 puts them in the same layout (pyproject.toml)."""
 SAMPLES = sorted((ROOT / "data").glob("*.parquet"))
 """The bundled sample dumps."""
-
-PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 
 # ------------------------------------------------------------------------------------------
@@ -413,17 +401,6 @@ def workspace(*, quiet: bool = False) -> Workspace | None:
         return None
 
 
-def require_workspace() -> Workspace:
-    """The session's dump; without one, a pointer to the Data page and the page stops."""
-    ws = workspace()
-    if ws is None:
-        st.info("Load a dump first: upload one, open a server path or pick a sample.")
-        st.page_link("pages/data.py", label="Go to the Data page", icon=":material/upload:")
-        st.stop()
-    seed_settings(ws, selected_steps())
-    return ws
-
-
 def compute(what: str, fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` under a spinner saying `what` (workspaces memoize, so repeats are free)."""
     with st.spinner(what):
@@ -523,16 +500,6 @@ def run_trend(folder: str, specs: Sequence[Spec]) -> Trend:
         return followed.follower.poll().trend
 
 
-def worst_sequences_query(step: int | None = None) -> str:
-    """Explore's query of the worst sequences, of one step or of all, ranked as Mismatch
-    ranks them: by summed k3, not the mean."""
-    where = "" if step is None else f"WHERE step = {int(step)} "
-    return (
-        "SELECT step, seq_id, length, k3 * loss_tokens AS k3_sum, abs_diff_max, d_sum\n"
-        f"FROM sequences {where}ORDER BY k3_sum DESC LIMIT 50"
-    )
-
-
 def open_worst_sequences(step: int) -> None:
     """Switch to Explore on the worst sequences of `step` (a click on a step's row then opens
     its per-token curves); a step outside the selected steps selects all of them again,
@@ -545,7 +512,7 @@ def open_worst_sequences(step: int) -> None:
         say(
             "warning", f"Step {step} lies outside the selected steps: all steps are selected again."
         )
-    state.explore_sql = worst_sequences_query(step)
+    state.explore_sql = worst_sequences_sql(step)
     state.pop("explore_pick", None)
     st.switch_page("pages/explore.py")
 
@@ -554,338 +521,17 @@ def open_worst_sequences(step: int) -> None:
 # Errors
 
 
-_MARKDOWN = re.compile(r"([\\`*_\[\]<>|$~])")
-
-
-def escape(text: str) -> str:
-    """Text shown literally by Streamlit's Markdown (paths and column names have `_`, `*`)."""
-    return _MARKDOWN.sub(r"\\\1", text)
-
-
-def show_error(error: Exception) -> None:
-    """An error the user can fix, as the CLI words it: every problem of a dump, listed."""
-    if isinstance(error, DumpProblems):
-        count = len(error.problems)
-        items = "\n".join(f"- {escape(str(p))}" for p in error.problems)
-        st.error(f"**{count} problem{'s' * (count > 1)}:**\n\n{items}", icon=":material/error:")
-    else:
-        st.error(escape(str(error)), icon=":material/error:")
-
-
 # ------------------------------------------------------------------------------------------
 # Health: is the mismatch normal, and where does it come from
-
-
-_VERDICT = {
-    "normal": (st.success, ":material/check_circle:"),
-    "elevated": (st.warning, ":material/warning:"),
-    "broken": (st.error, ":material/heart_broken:"),
-}
-
-
-def show_health(analysis: Analysis) -> Health:
-    """The verdict (`iscore.advice.health`) as a green, amber or red box with what decided it, the
-    published bands it was judged against (with their sources) and each step's verdict in an
-    expander; returns it."""
-    health = analysis.health
-    show, icon = _VERDICT[health.verdict]
-    reasons = "\n".join(f"- {escape(r)}" for r in health.reasons)
-    show(f"**{escape(health.headline)}**" + (f"\n\n{reasons}" if reasons else ""), icon=icon)
-    with st.expander("The published bands it was judged against", icon=":material/rule:"):
-        st.dataframe(
-            pd.DataFrame(
-                [
-                    {
-                        "statistic": c.band.statistic,
-                        "value": c.value,
-                        "healthy": c.band.describe(),
-                        "within": c.within,
-                        "published as": f"{c.framework} {c.band.logged_as}",
-                        "outside it": c.band.meaning,
-                        "source": c.band.source.name,
-                        "link": c.band.source.url,
-                    }
-                    for c in health.checks
-                ]
-            ),
-            column_config={
-                "value": st.column_config.NumberColumn(format="%.4g"),
-                "link": st.column_config.LinkColumn(display_text="open"),
-            },
-            hide_index=True,
-            width="stretch",
-        )
-        if len(health.by_step) > 1:
-            st.caption(
-                "By step: "
-                + " · ".join(
-                    f"{', '.join(map(str, steps))}: {verdict}"
-                    for verdict, steps in health.steps_by_verdict().items()
-                )
-            )
-    return health
-
-
-def show_reference(health: Health) -> None:
-    """Where the dump sits among published measurements, and the measurements, each with its
-    source."""
-    if not health.placements:
-        return
-    st.markdown(
-        "**Among published measurements:**\n\n"
-        + "\n".join(f"- {escape(p.describe())}" for p in health.placements)
-    )
-    with st.expander("The published measurements", icon=":material/menu_book:"):
-        rows = [point_dict(p) | {"source": p.source.name, "link": p.source.url} for p in points()]
-        st.dataframe(
-            pd.DataFrame(rows),
-            column_config={
-                "value": st.column_config.NumberColumn(format="%.4g"),
-                "link": st.column_config.LinkColumn(display_text="open"),
-            },
-            hide_index=True,
-            width="stretch",
-        )
-
-
-def show_attribution(analysis: Analysis) -> None:
-    """Where the mismatch comes from (`iscore.stats.attribution`): each finding, its evidence and
-    what to do."""
-    findings = analysis.attribution.findings
-    if not findings:
-        return
-    st.subheader("Where it comes from")
-    for f in findings:
-        with st.container(border=True):
-            st.markdown(f"**{escape(f.title)}** (`{f.kind}`): {escape(f.summary)}")
-            st.markdown(f":material/build: {escape(f.action)}")
 
 
 # ------------------------------------------------------------------------------------------
 # Settings (the Compare list)
 
 
-def label(spec: Spec) -> str:
-    """`framework:name`, the form of `iscore.passes.analysis.presets()` keys."""
-    return f"{spec.framework}:{spec.name}"
-
-
-def settings() -> list[Spec]:
-    """The session's settings, in order: setting i is drawn in `iscore.present.figures.color(i)`."""
-    return list(st.session_state.settings)
-
-
-def known_settings() -> dict[str, Spec]:
-    """Every setting the user can pick: the presets and those added this session."""
-    return {**presets(), **st.session_state.custom}
-
-
-def add_setting(spec: Spec) -> str:
-    """Add a custom setting to the Compare list (renamed if its label is taken by another
-    setting); returns its label."""
-    known = known_settings()
-    name, n = spec.name, 1
-    while label(spec) in known and known[label(spec)] != spec:
-        n += 1
-        spec = replace(spec, name=f"{name}_{n}")
-    st.session_state.custom[label(spec)] = spec
-    if spec not in st.session_state.settings:
-        st.session_state.settings.append(spec)
-    return label(spec)
-
-
-def use_setting(spec: Spec) -> str:
-    """Make `spec` the setting the pages work on: add it to the Compare list, open it on the
-    Export page, and move Tune's sliders to it when it is one of Tune's families; returns
-    its label."""
-    state = st.session_state
-    name = add_setting(spec)
-    state.export_setting = name
-    found = family_of(spec)
-    if found is not None:
-        family, values = found
-        state.tune_family = family
-        state.tune_framework = spec.framework
-        for bound, value in zip(FAMILIES[family].bounds, values, strict=True):
-            state[f"tune_{family}_{bound}"] = value
-    return name
-
-
 # ------------------------------------------------------------------------------------------
 # The user's framework and the recommendation
 
 
-def framework() -> str:
-    """The user's framework (the sidebar's choice): Recommend ranks its settings, and Compare,
-    Tune and Export start from them."""
-    return st.session_state.framework
-
-
-def framework_title(name: str) -> str:
-    """A framework's name for people, e.g. "NeMo-RL"."""
-    return frameworks.get(name).title
-
-
-def framework_changed() -> None:
-    """A Compare list still as the app started it follows a new framework choice."""
-    store("framework")
-    state = st.session_state
-    if state.settings and state.settings == state.get("_seeded_list"):
-        state.settings.clear()
-        state.pop("_seeded", None)
-
-
-def framework_default(name: str | None = None) -> Spec:
-    """The preset users of a framework (default: the user's) most likely run."""
-    fw = frameworks.get(name or framework())
-    return presets()[f"{fw.name}:{fw.default}"]
-
-
-def recommendation(ws: Workspace, steps: StepRange | None) -> Recommendation:
-    """The user's framework's settings ranked on the selected steps for the session's targets
-    (memoized with the workspace)."""
-    state = st.session_state
-    what = f"Ranking {state.framework}'s settings on this dump…"
-    return compute(what, ws.recommend, state.framework, state.targets, steps)
-
-
-def recommended(rec: Recommendation, index: int = 0) -> Spec:
-    """Candidate `index` of `rec` named for the Compare list, e.g. `recommended_token_tis`."""
-    candidate = rec.candidates[index]
-    return replace(candidate.spec, name=f"recommended_{candidate.kind}")
-
-
-def seed_settings(ws: Workspace, steps: StepRange | None) -> None:
-    """Once per dump, the Compare list starts with the user's framework's default and the
-    recommended setting, so that every page has something to show on first open; a list the
-    user emptied stays empty until another dump is opened.
-
-    A new dump drops the previous one's recommended settings (their thresholds were placed on
-    that dump, and this dump's may take their names) and its unchanged seeds; the settings the
-    user added otherwise stay."""
-    state = st.session_state
-    if state.get("_seeded") == state.loaded:
-        return
-    # The ranking is the step a rerun can cut short (the user switching page while it runs):
-    # nothing changes before it is done, so that the next run seeds again, not half.
-    best = recommended(recommendation(ws, steps))
-    stale = [
-        s
-        for s in state.settings
-        if s.name.startswith("recommended_") or s in state.get("_seeded_list", ())
-    ]
-    for spec in stale:
-        state.settings.remove(spec)
-        state.custom.pop(label(spec), None)
-    default = framework_default()
-    if default not in state.settings:
-        state.settings.append(default)
-    name = use_setting(best)
-    state._seeded = state.loaded
-    state._seeded_list = [default, state.custom[name]]
-
-
-_GRADES = {
-    "good": "background-color: rgba(46, 160, 67, 0.22)",
-    "fair": "background-color: rgba(210, 153, 34, 0.25)",
-    "bad": "background-color: rgba(248, 81, 73, 0.25)",
-}
-"""A cell's colour per `Targets.grade`."""
-
-
-def _or_nan(value: float | None) -> float:
-    return math.nan if value is None else value
-
-
-def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
-    """One row per setting, its name in its plot colour; each number coloured by whether it is
-    good (green), fair (amber) or bad (red) for training, against the session's targets."""
-    rows = [
-        {
-            "setting": setting_name(s),
-            "loss aggregation": s.aggregation,
-            # None (no broken sequences to keep) as NaN, which the table shows as "-".
-            **{header: _or_nan(s.value(key)) for key, header, _ in SUMMARY_COLUMNS},
-        }
-        for s in analysis.settings
-    ]
-    frame = pd.DataFrame(rows)
-    names = {setting_name(s): i for i, s in enumerate(analysis.settings)}
-    targets = st.session_state.targets
-    style = frame.style.format({header: fmt for _, header, fmt in SUMMARY_COLUMNS}, na_rep="-").map(
-        lambda v: f"color: {color(names[v])}; font-weight: 600", subset=["setting"]
-    )
-    for key, header, _ in SUMMARY_COLUMNS:
-        style = style.map(
-            lambda v, key=key: _GRADES.get(targets.grade(key, v), ""), subset=[header]
-        )
-    return style
-
-
-LANGUAGE = {"yaml": "yaml", "flags": "bash"}
-"""The code block language of each snippet syntax."""
-
-EXTENSION = {"yaml": "yaml", "flags": "sh"}
-"""The file extension of each snippet syntax."""
-
-
-@dataclass(frozen=True, slots=True)
-class Exported:
-    """A setting written for one framework.
-
-    Attributes:
-        snippet: the text to paste into the framework's own config.
-        syntax: the snippet's syntax (`iscore.advice.conversion.Syntax`).
-        commented: the snippet under comment lines saying whether it is exact and what it
-            could not express (`iscore.advice.conversion.Export.commented`), for downloads.
-        config: the iscore config file (YAML with `framework:`), for `iscore replay --config`.
-        exact: whether the framework's setting replays identically to the chosen one.
-        notes: what differs, and numerical fine print.
-        difference: measured on the loaded dump: a table of both settings' headline numbers.
-    """
-
-    snippet: str
-    syntax: Syntax
-    commented: str
-    config: str
-    exact: bool
-    notes: tuple[str, ...]
-    difference: pd.DataFrame | None
-
-
-def export(ws: Workspace, spec: Spec, framework: str, steps: StepRange | None) -> Exported:
-    """`spec` as a setting of `framework` (`iscore.advice.conversion.export`), measured on the
-    selected steps when the framework differs; memoized with the workspace."""
-
-    def build() -> Exported:
-        batch = None if framework == spec.framework else ws.batch(steps)
-        result = export_setting(spec, framework, batch=batch)
-        difference = None
-        if result.difference is not None:
-            difference = pd.DataFrame(
-                {
-                    label(spec): result.difference["source"],
-                    f"as {framework}": result.difference["target"],
-                }
-            )
-        return Exported(
-            result.text,
-            result.syntax,
-            result.commented(),
-            to_file_text(result.spec),
-            result.exact,
-            tuple(result.notes),
-            difference,
-        )
-
-    return ws.cached(("export", spec, framework, ws.selection(steps)), build)
-
-
 # ------------------------------------------------------------------------------------------
 # Plots
-
-
-def plot(figure: dict[str, Any]) -> None:
-    """Show an `iscore.present.figures` figure across the column, in the app's light or dark theme
-    (fonts, axes and grid from Streamlit; the settings keep their colours)."""
-    st.plotly_chart(figure, width="stretch", config=PLOT_CONFIG, theme="streamlit")

@@ -33,7 +33,8 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "ReferencePoint",
         ],
         "canonical": ["Canonical", "Component", "mask_component", "sentence", "weight_component"],
-        "registry": ["NAMES", "every", "get", "of"],
+        "names": ["NAMES"],
+        "registry": ["every", "get", "of"],
         "resolve": [
             "Setting",
             "load_config_text",

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from iscore.frameworks.registry import NAMES
+from iscore.frameworks.names import NAMES
 from iscore.frameworks.spec import Spec
 from iscore.packed import ops
 

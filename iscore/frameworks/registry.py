@@ -10,12 +10,10 @@ from typing import TYPE_CHECKING
 
 from iscore.errors import ConfigError
 from iscore.frameworks._config import check_choice
+from iscore.frameworks.names import NAMES
 
 if TYPE_CHECKING:
     from iscore.frameworks.base import Framework
-
-NAMES = ("verl", "skyrl", "nemo_rl", "slime", "areal", "openrlhf", "trl", "fireworks")
-"""The frameworks whose corrections iscore replays, each a module of this package."""
 
 
 def get(name: str) -> Framework:

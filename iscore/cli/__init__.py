@@ -23,6 +23,7 @@ from iscore.cli import (
     analyze,
     app,
     bench,
+    cache,
     convert,
     export,
     presets,
@@ -89,6 +90,7 @@ COMMANDS = (
     bench,
     presets,
     simulate,
+    cache,
     app,
 )
 """The commands, in the order `iscore --help` lists them: each module's `add_parser` adds it,

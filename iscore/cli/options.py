@@ -61,6 +61,19 @@ def chunk_tokens(text: str) -> int:
         ) from None
 
 
+def positive_float(text: str) -> float:
+    """An argument that must be a positive finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number, but got {quote(text[:200])}"
+        ) from None
+    return value
+
+
 def positive_int(name: str, text: str) -> int:
     try:
         value = int(text)
@@ -161,6 +174,13 @@ def add_cache_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--no-cache", action="store_true", help="read and compute everything; keep nothing"
     )
+    parser.add_argument(
+        "--cache-max-mb",
+        type=positive_float,
+        metavar="MB",
+        help="the most the results store may take on disk: past it, the least recently used "
+        "entries go (default: $ISCORE_CACHE_MAX_MB, else 2048)",
+    )
 
 
 def open_store(args: argparse.Namespace) -> ResultStore | None:
@@ -171,7 +191,8 @@ def open_store(args: argparse.Namespace) -> ResultStore | None:
 
     if args.no_cache:
         return None
-    return ResultStore(args.cache_dir or default_folder())
+    cap = None if args.cache_max_mb is None else int(args.cache_max_mb * (1 << 20))
+    return ResultStore(args.cache_dir or default_folder(), max_bytes=cap)
 
 
 def distinct_outputs(args: argparse.Namespace, *flags: str) -> None:

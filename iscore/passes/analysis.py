@@ -244,7 +244,7 @@ def parts(
     device: str | torch.device | None = None,
     engine: Engine = "local",
 ) -> Iterator[tuple[str, StepPart]]:
-    """What each run of one step's sequences of `dump` adds to an analysis of `specs`, with
+    """What each step of each chunk of `dump` adds to an analysis of `specs`, with
     the file it is in, in the order read: from `store` where it holds them (`storable`),
     else computed (here, or on a Ray cluster: `engine`) and kept there. `analyze` merges
     them; a followed run (`iscore.passes.follow`) merges new ones as they come."""

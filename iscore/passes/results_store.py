@@ -4,7 +4,7 @@ analyzing a run again reads and computes only what changed (docs/runs.md#the-res
 One Arrow IPC file per dump file (`<folder>/iscore-results-v4/<key[:2]>/<key>.arrow`), keyed by
 the file's identity (its resolved path, size, modification time and a digest of its Parquet
 footer), iscore's version, the column mapping and the device. It holds, for each part of the
-file (a run of one step's sequences, in the order read), the state of the mismatch's, the
+file (one step's sequences of a chunk, in the order read), the state of the mismatch's, the
 attribution's and each setting's accumulators (`MismatchStats.state`, `AttributionStats.state`,
 `SettingStats.state`: plain arrays, one row each, never pickled), and a BLAKE2b checksum of
 them all. A setting is known by its config (`framework` and the framework's own keys; the
@@ -33,7 +33,9 @@ import contextlib
 import functools
 import hashlib
 import json
+import math
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -79,6 +81,31 @@ _SCHEMA = pa.schema(
 )
 _DTYPES = frozenset({"|u1", "<i4", "<i8", "<f8"})
 """The array types a state holds; any other in an entry makes it foreign."""
+
+
+MAX_MB = 2048
+"""The store's default size cap, in MB: past it, the least recently used entries go."""
+
+MAX_MB_ENV = "ISCORE_CACHE_MAX_MB"
+"""The environment variable that sets the cap (`--cache-max-mb` wins)."""
+
+
+def default_max_bytes() -> int:
+    """The cap `ISCORE_CACHE_MAX_MB` names, else `MAX_MB`, in bytes.
+
+    Raises:
+        IscoreError: the variable is not a positive number of MB.
+    """
+    text = os.environ.get(MAX_MB_ENV)
+    if text is None:
+        return MAX_MB << 20
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = 0.0
+    if not (math.isfinite(mb) and mb > 0):
+        raise IscoreError(f"Expected {MAX_MB_ENV} to be a positive number of MB, but got {text}")
+    return int(mb * (1 << 20))
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +221,7 @@ def _digest(text: str) -> str:
 
 @dataclass(slots=True)
 class StoredPart:
-    """One part of a file (a run of one step's sequences) as the store holds it.
+    """One part of a file (one step's sequences of a chunk) as the store holds it.
 
     Attributes:
         step, run: the step, and how many parts of that step came before it in the file.
@@ -267,12 +294,70 @@ class ResultStore:
             again.
     """
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, max_bytes: int | None = None):
         self.folder = Path(folder)
         self.root = self.folder / f"iscore-results-v{FORMAT}"
         self.footers = Passed(self.root / "footers" / _version())
+        self.max_bytes = default_max_bytes() if max_bytes is None else max_bytes
         self.reads = 0
         self.writes = 0
+        self.evicted = 0
+        self._sizes: dict[Path, int] | None = None  # the entries on disk, once listed
+
+    def entries(self) -> list[tuple[Path, int, int]]:
+        """(path, size in bytes, last use in ns) of every entry of every format in the
+        folder (the files' and the runs' entries, the merges and the footers' marks), least
+        recently used first: what `evict` removes first."""
+        found = [e for root in self.folder.glob("iscore-results-v*") for e in _listing(root)]
+        return sorted(found, key=lambda e: (e[2], str(e[0])))
+
+    def size(self) -> int:
+        """The bytes the store's entries take on disk."""
+        return sum(size for _, size, _ in self.entries())
+
+    def clear(self) -> int:
+        """Remove every entry of every format (nothing else of the folder); returns the bytes
+        freed."""
+        freed = 0
+        for root in sorted(self.folder.glob("iscore-results-v*")):
+            freed += sum(size for _, size, _ in _listing(root))
+            shutil.rmtree(root, ignore_errors=True)
+        self._sizes = None
+        return freed
+
+    def _used(self, path: Path) -> None:
+        """Mark an entry as just used (its modification time): the last to be evicted."""
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+    def _written(self, path: Path) -> None:
+        """Count a new entry against `max_bytes`, evicting the least recently used entries
+        past it (the store is listed once per process, then followed as it is written)."""
+        if self._sizes is None:
+            self._sizes = {p: size for p, size, _ in self.entries()}
+        with contextlib.suppress(OSError):
+            self._sizes[path] = path.stat().st_size
+        if sum(self._sizes.values()) > self.max_bytes:
+            self.evict(keep=path)
+
+    def evict(self, keep: Path | None = None) -> int:
+        """Remove the least recently used entries until the store fits in `max_bytes` (never
+        `keep`, the entry just written); returns how many were removed."""
+        entries = self.entries()
+        total = sum(size for _, size, _ in entries)
+        removed = 0
+        for path, size, _ in entries:
+            if total <= self.max_bytes:
+                break
+            if path == keep:
+                continue
+            with contextlib.suppress(OSError):
+                path.unlink()
+                total -= size
+                removed += 1
+        self._sizes = {p: size for p, size, _ in self.entries()}
+        self.evicted += removed
+        return removed
 
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.arrow"
@@ -315,7 +400,9 @@ class ResultStore:
         if header.get("checksum") != _checksum(key, complete, columns):
             return None
         stored = _parts(columns, complete)
-        self.reads += stored is not None
+        if stored is not None:
+            self.reads += 1
+            self._used(path)
         return stored
 
     def save(self, file: FileIdentity, context: str, stored: StoredFile) -> None:
@@ -369,6 +456,7 @@ class ResultStore:
         except OSError as e:
             raise IscoreError(f"results store {self.folder}: cannot write: {e}") from e
         self.writes += 1
+        self._written(path)
 
     def _run_path(self, key: str) -> Path:
         return self.root / "runs" / f"{key}.json"
@@ -385,6 +473,7 @@ class ResultStore:
         if not isinstance(payload, dict):
             return None
         self.reads += 1
+        self._used(self._run_path(key))
         return payload
 
     def save_run(self, key: str, payload: dict[str, Any]) -> None:
@@ -403,6 +492,7 @@ class ResultStore:
         except OSError as e:
             raise IscoreError(f"results store {self.folder}: cannot write: {e}") from e
         self.writes += 1
+        self._written(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,3 +597,14 @@ def _beside(path: Path) -> Iterator[str]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _listing(root: Path) -> list[tuple[Path, int, int]]:
+    """(path, size, modification time in ns) of every file below `root`."""
+    out = []
+    for path in root.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file():
+                st = path.stat()
+                out.append((path, st.st_size, st.st_mtime_ns))
+    return out

@@ -42,7 +42,7 @@ _K3_CLAMP = 20.0
 @dataclass(slots=True)
 class AttributionStats:
     """Streaming accumulator of what the findings need beyond `MismatchStats`, updated with
-    the same runs of one step's sequences: per sequence (in the order added, as
+    the same parts (one step's sequences of a chunk): per sequence (in the order added, as
     `MismatchStats.sequences` lists them), its worst window's mean |d| over its run's mean;
     per step, with `policy_logprob`, the sums of the policy lag's k3.
 

@@ -17,8 +17,8 @@ import torch
 
 from iscore.cli import main
 from iscore.dump import Dump, StepRange
-from iscore.dump.simulate import SimConfig, write_run
-from iscore.errors import DumpError
+from iscore.dump.simulate import SimConfig, write_run, write_simulated
+from iscore.errors import DumpError, IscoreError
 from iscore.passes.analysis import analyze
 from iscore.passes.results_store import (
     ATTRIBUTION,
@@ -343,3 +343,79 @@ def test_a_histogram_read_back_sparse_merges_and_reads_as_the_dense_one():
     steps = {k: dense[k % 3] for k in (7, 1, 4, 2)}
     back = from_keyed_state(keyed_state(steps))
     assert back == steps
+
+
+def test_interleaved_steps_are_one_part_per_step_and_give_the_sorted_numbers(tmp_path):
+    """A file whose steps interleave row by row (`step = seq_id % 4`, as ranks' outputs
+    concatenated give) made a part of every sequence: 7 ms and a stored entry's histograms
+    each, and a noise estimate per sequence. Its steps are now gathered per chunk: one part
+    per step, and the numbers of the same rows sorted by step."""
+    ordered = tmp_path / "sorted.parquet"
+    config = SimConfig("moe_routing", sequences=16, steps=4, median_len=60, seed=8)
+    write_simulated(ordered, config)
+    table = pq.read_table(ordered)
+    steps = table["step"].to_numpy()
+    # Row r of the interleaved file is the (r // 4)-th sequence of step r % 4.
+    rows = np.stack([np.flatnonzero(steps == s) for s in range(4)], axis=1).ravel()
+    mixed = tmp_path / "mixed.parquet"
+    pq.write_table(table.take(pa.array(rows)), mixed)
+    assert (pq.read_table(mixed)["step"].to_numpy()[:8] == [0, 1, 2, 3] * 2).all()
+
+    store = ResultStore(tmp_path / "cache")
+    interleaved = analyze(Dump(mixed), SETTINGS, store=store)
+    (info,) = Dump(mixed).files
+    context = Context(tuple(sorted(info.columns.source.items())), "cpu").key
+    stored = store.load(FileIdentity.of(mixed), context)
+    assert sorted(p.step for p in stored.parts) == [0, 1, 2, 3]
+
+    reference = analyze(Dump(ordered), SETTINGS, store=None)
+    got, want = interleaved.mismatch, reference.mismatch
+    for name in ("tokens", "sequences", "broken_sequences"):
+        assert getattr(got, name) == getattr(want, name), name
+    for name in ("k3", "abs_diff_mean", "chi2_token", "ratio_mean", "ess", "d_rollout_slope"):
+        assert getattr(got, name) == pytest.approx(getattr(want, name), rel=1e-12), name
+    for a, b in zip(got.by_step, want.by_step, strict=True):
+        assert a.keys() == b.keys()
+        for key, value in b.items():
+            assert a[key] == pytest.approx(value, rel=1e-12, nan_ok=True), (b["step"], key)
+    for a, b in zip(interleaved.settings, reference.settings, strict=True):
+        for name in ("lr_scale", "weight_mean", "ess", "token_masked_fraction"):
+            assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-12), name
+    assert [f.code for f in interleaved.flags] == [f.code for f in reference.flags]
+
+
+def test_the_store_stays_within_its_cap_and_evicts_the_least_recently_used(run, tmp_path):
+    """Nothing bounded the store (two analyses left 697 MB): past its cap, the entries used
+    longest ago go, and an analysis through a store too small still equals a fresh one."""
+    fresh = _doc(run)
+    unbounded = ResultStore(tmp_path / "all")
+    _doc(run, store=unbounded)
+    sizes = sorted(size for _, size, _ in unbounded.entries())
+    cap = sum(sizes) // 2
+    small = ResultStore(tmp_path / "small", max_bytes=cap)
+    assert _doc(run, store=small) == fresh
+    assert small.evicted > 0 and small.size() <= cap + sizes[-1]
+    # A read marks an entry used: what the next analysis reads again is kept.
+    kept = {path.name for path, _, _ in small.entries()}
+    again = ResultStore(tmp_path / "small", max_bytes=cap)
+    assert _doc(run, store=again) == fresh
+    assert again.reads > 0 and kept & {path.name for path, _, _ in again.entries()}
+
+
+def test_cache_info_and_clear_touch_the_store_alone(run, tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "cache"
+    _doc(run, store=ResultStore(folder))
+    (folder / "numba").mkdir()
+    (folder / "numba" / "kernel.nbi").write_bytes(b"compiled")
+    assert main(["cache", "info", "--cache-dir", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert f"results store {folder}: " in out and "of at most 2,048.0 MB" in out
+    assert main(["cache", "clear", "--cache-dir", str(folder)]) == 0
+    assert "cleared" in capsys.readouterr().out
+    assert ResultStore(folder).entries() == []
+    assert (folder / "numba" / "kernel.nbi").read_bytes() == b"compiled"
+    monkeypatch.setenv("ISCORE_CACHE_MAX_MB", "0.5")
+    assert ResultStore(folder).max_bytes == 1 << 19
+    monkeypatch.setenv("ISCORE_CACHE_MAX_MB", "-3")
+    with pytest.raises(IscoreError, match="ISCORE_CACHE_MAX_MB"):
+        ResultStore(folder)

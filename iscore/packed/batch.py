@@ -199,6 +199,42 @@ class TokenBatch:
             routing_agrees=pick(self.routing_agrees),
         )
 
+    def take(self, order: torch.Tensor) -> TokenBatch:
+        """The sequences at the indices `order` [K] (int64), in that order: one gather of
+        every per-token tensor, where `select` of several masks reads them each time.
+
+        >>> b = TokenBatch(rollout=torch.arange(3.0), train=torch.zeros(3),
+        ...                cu_seqlens=torch.tensor([0, 2, 3]))
+        >>> t = b.take(torch.tensor([1, 0]))
+        >>> t.rollout.tolist(), t.cu_seqlens.tolist(), t.seq_id.to_pylist()
+        ([2.0, 0.0, 1.0], [0, 1, 3], [1, 0])
+        """
+        order = order.to(self.device)
+        lengths = self.lengths[order]
+        cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(lengths, 0, out=cu[1:])
+        # Token j of the result is token j - cu[k] of sequence order[k], k its sequence.
+        shift = torch.repeat_interleave(self.cu_seqlens[:-1][order] - cu[:-1], lengths)
+        tokens = torch.arange(int(cu[-1]), device=self.device) + shift
+        rows = pa.array(order.cpu().numpy())
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[tokens]
+
+        return TokenBatch(
+            rollout=self.rollout[tokens],
+            train=self.train[tokens],
+            cu_seqlens=cu,
+            loss_mask=pick(self.loss_mask),
+            policy=pick(self.policy),
+            step=self.step[order],
+            seq_id=self.seq_id.take(rows),
+            pos=pick(self.pos),
+            extra=None if self.extra is None else self.extra.take(rows),
+            turn=pick(self.turn),
+            routing_agrees=pick(self.routing_agrees),
+        )
+
     def slice(self, start: int, stop: int) -> TokenBatch:
         """Sequences `start` to `stop - 1`, viewing this batch's tensors (nothing is copied
         but the offsets).

@@ -106,9 +106,16 @@ def step_runs(batch: TokenBatch) -> Iterator[tuple[int, TokenBatch]]:
         for a, b in zip(starts, ends, strict=True):
             yield int(steps[a]), batch if b - a == steps.size else batch.slice(int(a), int(b))
         return
-    _, first = np.unique(steps, return_index=True)
-    for step in steps[np.sort(first)]:
-        yield int(step), batch.select(torch.from_numpy(steps == step))
+    # The sequences grouped by step (steps in the order of their first rows, each step's
+    # sequences in file order), gathered once; then one view per step.
+    _, first, inverse = np.unique(steps, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))[inverse]
+    order = np.argsort(rank, kind="stable")
+    grouped = batch.take(torch.from_numpy(order))
+    counts = np.bincount(rank)
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    for k in range(counts.size):
+        yield int(steps[order[bounds[k]]]), grouped.slice(int(bounds[k]), int(bounds[k + 1]))
 
 
 def fresh_parts(

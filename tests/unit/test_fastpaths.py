@@ -9,6 +9,8 @@ including empty sequences, masks and in-place modification.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -306,3 +308,50 @@ def test_float64_log_probs_are_never_overwritten():
         with ops.shared(batch):
             np.testing.assert_array_equal(ops.log_ratio(batch).numpy(), expected)
     assert torch.equal(batch.train, kept)
+
+
+def _every_field(lengths: list[int], seed: int = 0) -> TokenBatch:
+    """A batch with every optional per-token and per-sequence field, for gathers."""
+    rng = np.random.default_rng(seed)
+    n = sum(lengths)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64)
+    return TokenBatch(
+        rollout=torch.tensor(-rng.random(n), dtype=torch.float32),
+        train=torch.tensor(-rng.random(n), dtype=torch.float32),
+        cu_seqlens=cu,
+        loss_mask=torch.tensor(rng.random(n) < 0.8),
+        policy=torch.tensor(-rng.random(n), dtype=torch.float32),
+        step=torch.tensor(rng.integers(0, 3, len(lengths))),
+        seq_id=pa.array([f"s{i}" for i in range(len(lengths))]),
+        pos=torch.tensor(np.concatenate([rng.permutation(k) for k in lengths]), dtype=torch.int64),
+        extra=pa.table({"reward": rng.random(len(lengths))}),
+        turn=torch.tensor(np.concatenate([np.sort(rng.integers(0, 3, k)) for k in lengths])),
+        routing_agrees=torch.tensor(rng.random(n) < 0.5),
+    )
+
+
+@pytest.mark.parametrize("lengths", [[3, 1, 4, 1, 5, 9, 2, 6], [1] * 7, [40, 0, 2]])
+def test_take_equals_the_slices_of_its_sequences_in_order(lengths):
+    """`take` gathers every field at once; the reference is one slice per sequence."""
+    batch = _every_field(lengths, seed=len(lengths))
+    order = torch.tensor(np.random.default_rng(1).permutation(len(lengths)))
+    got = batch.take(order)
+    parts = [batch.slice(int(i), int(i) + 1) for i in order]
+    for name in ("rollout", "train", "loss_mask", "policy", "pos", "turn", "routing_agrees"):
+        assert torch.equal(getattr(got, name), torch.cat([getattr(p, name) for p in parts])), name
+    assert got.lengths.tolist() == [lengths[i] for i in order.tolist()]
+    assert got.step.tolist() == batch.step[order].tolist()
+    assert got.seq_id.to_pylist() == [f"s{i}" for i in order.tolist()]
+    assert got.extra["reward"].to_pylist() == [batch.extra["reward"][i].as_py() for i in order]
+
+
+def test_interleaved_steps_are_gathered_as_one_selection_per_step():
+    from iscore.passes.parts import step_runs
+
+    batch = _every_field([2, 3, 1, 4, 2, 5, 1, 3, 2], seed=3)
+    batch = dataclasses.replace(batch, step=torch.tensor([2, 0, 2, 1, 0, 2, 1, 0, 2]))
+    runs = list(step_runs(batch))
+    assert [step for step, _ in runs] == [2, 0, 1]  # in the order of their first rows
+    for step, run in runs:
+        expected = batch.select(batch.step == step)
+        assert run.equal(expected) and run.seq_id.equals(expected.seq_id), step

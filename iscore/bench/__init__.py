@@ -23,6 +23,9 @@
 - `runs`: a simulated run of 1,000 small step files analyzed once through an empty results
   store, then again from it; its per-step trend opened from the store; and a new step
   landing in the followed run, against that step's file analyzed alone;
+- `store`: the bench dump analyzed with no results store, through an empty one and from the
+  filled one, each entry's size against its dump; and a copy whose steps interleave row by
+  row against the same sequences sorted by step;
 - peak memory (fresh subprocesses): streaming the whole dump, streaming a quarter of it, and
   loading it whole;
 - with CUDA: the replay of the settings on chunks resident on the GPU, and including the
@@ -37,9 +40,10 @@ The package, by responsibility:
 - `harness`: `run_bench` and the list of measurements it runs, `format_table`;
 - `base`: what a measurement is given (`Run`) and returns (`Measured`), rows and timing;
 - `data`: the bench dump, simulated or reused, and prefixes of whole steps;
-- `throughput`, `interactive`, `processes`, `writer`, `runs`: the measurements (read, load,
+- `throughput`, `interactive`, `processes`, `writer`, `runs`, `store`: the measurements (read, load,
   analyze, replay, CUDA; Tuner and app latency; marginal cost, start-up and peak memory in
-  fresh processes; the dump writer; a run's store, trend and new steps);
+  fresh processes; the dump writer; a run's store, trend and new steps; the store on one
+  large dump, and interleaved steps);
 - `goals`: the goals and how each is judged;
 - `baselines`: the padded torch and pandas implementations and their comparison with iscore;
 - `where`: the `--where` benchmark.

@@ -26,6 +26,10 @@ GOALS = {
     "run_trend_open_s": 1.0,
     "run_new_step_vs_alone": 2.0,
     "ray_vs_local": 1.3,
+    "store_vs_dump": 0.05,
+    "store_first_vs_none": 1.1,
+    "store_second_vs_first": 0.10,
+    "interleaved_vs_sorted": 1.2,
 }
 """Each goal's threshold (seconds, a ratio or tokens per second)."""
 
@@ -43,6 +47,9 @@ GOAL_TEXT = {
     "run_trend_open_s": "<= 1 s",
     "run_new_step_vs_alone": "<= 2x alone",
     "ray_vs_local": "<= 1.3x local",
+    "store_first_vs_none": "<= 1.1x none",
+    "store_second_vs_first": "<= 10% first",
+    "interleaved_vs_sorted": "<= 1.2x sorted",
 }
 """The goal as the table's `goal` column shows it beside the row judged by it."""
 
@@ -329,6 +336,52 @@ def runs(result: dict[str, Any]) -> list[Goal]:
     ]
 
 
+def results_store(result: dict[str, Any]) -> list[Goal]:
+    """The results store on the bench dump: its entries against the dump (and on the
+    interleaved copy), the first analyze through it against none, the second against the
+    first; and the interleaved copy against the same sequences sorted by step."""
+    r = result["store"]
+    checks = [
+        (
+            "store_vs_dump",
+            f"the store's entries of the {name} dump <= {GOALS['store_vs_dump']:.0%} of its size",
+            f"{size['entries'] / size['dump']:.1%} ({size['entries'] / 1e6:.2f} MB of "
+            f"{size['dump'] / 1e6:.1f} MB)",
+            size["entries"] <= GOALS["store_vs_dump"] * size["dump"],
+        )
+        for name, size in r["sizes"].items()
+    ]
+    for key, goal, a, b in (
+        (
+            "store_first_vs_none",
+            "a first analyze through the store <= {:g}x one without it",
+            "first_s",
+            "none_s",
+        ),
+        (
+            "store_second_vs_first",
+            "a second analyze of the unchanged dump <= {:.0%} of the first",
+            "second_s",
+            "first_s",
+        ),
+        (
+            "interleaved_vs_sorted",
+            f"a dump whose {r['interleaved_steps']} steps interleave row by row analyzes in "
+            "<= {:g}x the same dump sorted by step",
+            "interleaved_s",
+            "sorted_s",
+        ),
+    ):
+        ratio = r[a] / r[b]
+        shown = f"{ratio:.1%}" if key == "store_second_vs_first" else f"{ratio:.2f}x"
+        measured = f"{shown} ({r[a]:.2f} s vs {r[b]:.2f} s)"
+        checks.append((key, goal.format(GOALS[key]), measured, ratio <= GOALS[key]))
+    return [
+        {"id": key, "goal": goal, "measured": measured, "met": met}
+        for key, goal, measured, met in checks
+    ]
+
+
 def ray_vs_local(result: dict[str, Any]) -> list[Goal]:
     """The streamed analyze on a local Ray cluster against one process; not measured where
     Ray is not installed, or the two disagree."""
@@ -358,6 +411,7 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Goal]], ...] = (
     app_steps,
     writer_vs_step,
     runs,
+    results_store,
     cuda_replay,
     ray_vs_local,
 )

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from iscore.bench import cluster, data, goals, interactive, processes, runs, throughput
+from iscore.bench import cluster, data, goals, interactive, processes, runs, store, throughput
 from iscore.bench.base import SETTINGS, Measurement, Run, loadavg, machine
 from iscore.bench.baselines.comparison import baselines
 from iscore.bench.writer import writer
@@ -38,6 +38,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     processes.startup,
     writer,
     runs.runs,
+    store.store,
     processes.memory,
     throughput.cuda,
     cluster.ray_engine,  # last: a cluster's processes slow nothing else
@@ -83,7 +84,8 @@ def run_bench(
 
     Returns:
         A JSON-ready dict: `machine`, `dump`, `rows` (the table), `goals`, `agreement`,
-        `memory`, `marginal`, `tune`, `app`, `startup`, `writer`, `runs`, `cuda`, `ray`.
+        `memory`, `marginal`, `tune`, `app`, `startup`, `writer`, `runs`, `store`, `cuda`,
+            `ray`.
 
     Raises:
         ConfigError: `tokens` < 1000, or `device` is neither None, "cpu" nor "cuda".

@@ -1,7 +1,7 @@
 """The results store: what an analysis computed of each step of each file, kept on disk so that
 analyzing a run again reads and computes only what changed (docs/runs.md#the-results-store).
 
-One Arrow IPC file per dump file (`<folder>/iscore-results-v4/<key[:2]>/<key>.arrow`), keyed by
+One Arrow IPC file per dump file (`<folder>/iscore-results-v5/<key[:2]>/<key>.arrow`), keyed by
 the file's identity (its resolved path, size, modification time and a digest of its Parquet
 footer), iscore's version, the column mapping and the device. It holds, for each part of the
 file (one step's sequences of a chunk, in the order read), the state of the mismatch's, the
@@ -11,10 +11,10 @@ them all. A setting is known by its config (`framework` and the framework's own 
 display name is not part of it).
 
 Beside them, the merge of every part of a dump's files (`RunKey`:
-`<folder>/iscore-results-v4/merged/<slot>.arrow`, one per folder, step selection and device,
+`<folder>/iscore-results-v5/merged/<slot>.arrow`, one per folder, step selection and device,
 keyed by the files' own entries), so that a run of thousands of unchanged step files
 is read back in one entry; and the footers that passed `iscore.utils.footer.check`
-(`<folder>/iscore-results-v4/footers/<version>/`), which are not parsed again.
+(`<folder>/iscore-results-v5/footers/<version>/`), which are not parsed again.
 
 Nothing read is trusted (but the footers' marks: whoever can write the folder can skip a
 footer's check, docs/security.md): an entry of another version, file or mapping, or one whose
@@ -52,12 +52,13 @@ from iscore.frameworks import Spec
 from iscore.stats import AttributionStats, MismatchStats, SettingStats
 from iscore.utils import Passed, storage
 
-FORMAT = 4
+FORMAT = 5
 """The layout of the entries; a store of another format is never read (1 had a SHA-256 per
 part's state, checked much more slowly than one checksum per entry; 2 lacked each sequence's
 spread against the noise, `iscore.stats.noise.deviations`; 3 held the d-on-rollout regression's
 sums as torch's parallel dot products gave them, which a fresh analysis now sums per
-sequence: they differ in the last bits)."""
+sequence: they differ in the last bits; 4 was uncompressed, its checksum over the rows as Python
+values, which cost more than the analysis on a large entry)."""
 
 MISMATCH = "mismatch"
 """The `what` of the mismatch's accumulator (a setting's is its `setting_key`)."""
@@ -396,10 +397,10 @@ class ResultStore:
         if not table.schema.remove_metadata().equals(_SCHEMA):
             return None
         complete = header.get("complete") is True
-        columns = {name: table.column(name).to_pylist() for name in _SCHEMA.names}
-        if header.get("checksum") != _checksum(key, complete, columns):
+        table = table.combine_chunks()
+        if header.get("checksum") != _checksum(key, complete, table):
             return None
-        stored = _parts(columns, complete)
+        stored = _parts(table, complete)
         if stored is not None:
             self.reads += 1
             self._used(path)
@@ -425,24 +426,8 @@ class ResultStore:
 
     def _save(self, path: Path, key: str, stored: StoredFile) -> None:
         """Write `stored` as the entry of `key` at `path`, replacing what was there whole."""
-        columns: dict[str, list[Any]] = {name: [] for name in _SCHEMA.names}
-        for index, part in enumerate(stored.parts):
-            for what, state in sorted(part.states.items()):
-                for name, array in sorted(state.items()):
-                    array = np.ascontiguousarray(array)
-                    columns["part"].append(index)
-                    columns["step"].append(part.step)
-                    columns["run"].append(part.run)
-                    columns["tokens"].append(part.tokens)
-                    columns["what"].append(what)
-                    columns["name"].append(name)
-                    columns["dtype"].append(array.dtype.str)
-                    columns["shape"].append(list(array.shape))
-                    columns["data"].append(array.tobytes())
-        table = pa.table(columns, schema=_SCHEMA)
-        # Of the rows as a reader gets them back, so that both compute it from the same values.
-        read = {name: table.column(name).to_pylist() for name in _SCHEMA.names}
-        checksum = _checksum(key, stored.complete, read)
+        table = _table(stored)
+        checksum = _checksum(key, stored.complete, table)
         header = json.dumps(
             {"key": key, "complete": stored.complete, "format": FORMAT, "checksum": checksum}
         )
@@ -450,7 +435,8 @@ class ResultStore:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with _beside(path) as tmp:
-                options = pa.ipc.IpcWriteOptions(compression=None)
+                # zstd: a histogram's bins are mostly empty, and shrink tenfold.
+                options = pa.ipc.IpcWriteOptions(compression="zstd")
                 with pa.ipc.new_file(tmp, table.schema, options=options) as writer:
                     writer.write_table(table)
         except OSError as e:
@@ -550,38 +536,87 @@ def _entry_key(file: FileIdentity, context: str) -> str:
     return _digest(file.key + context)
 
 
-def _checksum(key: str, complete: bool, columns: dict[str, list[Any]]) -> str | None:
-    """The BLAKE2b of an entry's rows (`_SCHEMA`'s columns as lists), its key and whether it
-    is complete; None where a row has no data."""
-    data = columns["data"]
-    if any(d is None for d in data):
-        return None
-    rows = [columns[name] for name in _SCHEMA.names if name != "data"]
-    digest = hashlib.blake2b(
-        json.dumps([key, complete, rows, [len(d) for d in data]]).encode(), digest_size=32
+def _table(stored: StoredFile) -> pa.Table:
+    """The rows of an entry (`_SCHEMA`): one per array of each state of each part, the
+    arrays' bytes laid end to end in one buffer."""
+    names = [f.name for f in _SCHEMA if f.name != "data"]
+    columns: dict[str, list[Any]] = {name: [] for name in names}
+    blobs: list[bytes] = []
+    for index, part in enumerate(stored.parts):
+        for what, state in sorted(part.states.items()):
+            for name, array in sorted(state.items()):
+                array = np.ascontiguousarray(array)
+                row = (index, part.step, part.run, part.tokens, what, name, array.dtype.str)
+                for column, value in zip(names, (*row, list(array.shape)), strict=True):
+                    columns[column].append(value)
+                blobs.append(array.tobytes())
+    offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in blobs], out=offsets[1:])
+    data = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(blobs), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(blobs))]
     )
-    digest.update(b"".join(data))
+    arrays = [pa.array(columns[name], _SCHEMA.field(name).type) for name in names]
+    return pa.Table.from_arrays([*arrays, data], schema=_SCHEMA)
+
+
+def _checksum(key: str, complete: bool, table: pa.Table) -> str | None:
+    """The BLAKE2b of an entry's key, whether it is complete and its columns' values, read
+    from their Arrow buffers (one chunk each); None where a value is missing."""
+    digest = hashlib.blake2b(json.dumps([key, complete]).encode(), digest_size=32)
+    for column in table.columns:
+        array = column.chunk(0) if column.num_chunks == 1 else None
+        if array is None or array.null_count:
+            return None
+        for view in _values(array):
+            digest.update(view)
     return digest.hexdigest()
 
 
-def _parts(columns: dict[str, list[Any]], complete: bool) -> StoredFile | None:
-    """The parts an entry's rows (checked against its checksum) describe; None where they
-    do not describe any."""
+def _values(array: pa.Array) -> list[np.ndarray]:
+    """The values of one column as numpy views of its buffers: a fixed-width column's
+    values; a list column's offsets (from 0) and the values they span; a string or binary
+    column's offsets (from 0) and the bytes they span."""
+    if pa.types.is_list(array.type):
+        offsets = array.offsets.to_numpy()
+        return [offsets - offsets[0], array.flatten().to_numpy(zero_copy_only=True)]
+    if not (pa.types.is_string(array.type) or pa.types.is_large_binary(array.type)):
+        return [array.to_numpy(zero_copy_only=True)]
+    offsets, values = _binary(array)
+    return [offsets - offsets[0], values[offsets[0] : offsets[-1]]]
+
+
+def _binary(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A string or binary array's offsets and bytes, as numpy views of its buffers."""
+    kind = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    _, offsets, values = array.buffers()
+    count = len(array) + 1
+    offsets = np.frombuffer(offsets, kind, count, array.offset * np.dtype(kind).itemsize)
+    return offsets, np.frombuffer(values, np.uint8)
+
+
+def _parts(table: pa.Table, complete: bool) -> StoredFile | None:
+    """The parts an entry's rows (checked against its checksum) describe, each array a view
+    of the entry's buffer; None where they do not describe any."""
+    offsets, buffer = _binary(table.column("data").chunk(0))
+    meta = [table.column(name).to_pylist() for name in _SCHEMA.names if name != "data"]
     parts: list[StoredPart] = []
-    for index, step, run, tokens, what, name, dtype, shape, data in zip(
-        *(columns[name] for name in _SCHEMA.names), strict=True
+    for row, (index, step, run, tokens, what, name, dtype, shape) in enumerate(
+        zip(*meta, strict=True)
     ):
-        if index is None or index < 0 or index > len(parts) or what is None:
+        if index < 0 or index > len(parts):
             return None
         if index == len(parts):
             parts.append(StoredPart(step, run, tokens))
-        if dtype not in _DTYPES or shape is None:
+        if dtype not in _DTYPES:
             return None
-        try:
-            array = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
-        except (ValueError, TypeError):
+        kind = np.dtype(dtype)
+        size = int(offsets[row + 1] - offsets[row])
+        if size % kind.itemsize or math.prod(shape) * kind.itemsize != size:
             return None
-        parts[index].states.setdefault(what, {})[name] = array
+        array = buffer[offsets[row] : offsets[row + 1]].view(kind)
+        if not array.flags.aligned:  # after an odd-length array: compiled kernels want aligned
+            array = array.copy()
+        parts[index].states.setdefault(what, {})[name] = array.reshape(shape)
     return StoredFile(parts, complete)
 
 

@@ -37,7 +37,10 @@ from iscore.utils import Passed
 
 def run_key(dump: Dump, device: torch.device) -> RunKey | None:
     """The key of the merge of every file of `dump` in the store (None where a file has no
-    identity: it is still being written, or cannot be read)."""
+    identity: it is still being written, or cannot be read; and for one file, whose own entry
+    is read in one piece: its merge would double what the store keeps of it)."""
+    if len(dump.files) < 2:
+        return None
     files = []
     for info in dump.files:
         identity = FileIdentity.of(info.path)

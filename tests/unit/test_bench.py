@@ -68,6 +68,11 @@ ROWS = {
     "run: open the per-step trend from the store",
     "run: a new step, followed",
     "run: that step file analyzed alone",
+    "store: analyze, no store",
+    "store: first analyze, empty store",
+    "store: second analyze, from it",
+    "interleaved steps: analyze",
+    "the same sorted by step: analyze",
 } | (
     {
         "ray: start a local cluster, or join one",
@@ -93,6 +98,10 @@ GOALS = {
     "run_second_vs_first",
     "run_trend_open_s",
     "run_new_step_vs_alone",
+    "store_vs_dump",
+    "store_first_vs_none",
+    "store_second_vs_first",
+    "interleaved_vs_sorted",
     "ray_vs_local",
 }
 
@@ -162,6 +171,11 @@ def test_structure(result):
     runs = result["runs"]
     assert runs["files"] == 6 and runs["sequences_per_file"] == 8
     assert min(runs["second_s"], runs["trend_open_s"], runs["new_step_s"]) > 0
+    store = result["store"]
+    assert store["interleaved_steps"] == 8 and 0 < store["interleaved_tokens"] <= dump["tokens"]
+    assert min(store["none_s"], store["first_s"], store["second_s"], store["sorted_s"]) > 0
+    for name, size in store["sizes"].items():  # the store wrote entries, smaller than the dump
+        assert 0 < size["entries"] < size["dump"], name
 
 
 @pytest.mark.slow
@@ -408,6 +422,27 @@ def test_a_speedup_over_a_baseline_that_disagrees_is_not_met():
     padded, pandas = goals.speedups({"rows": rows, "agreement": agreement})
     assert padded["met"] is None and "the padded baseline disagrees" in padded["measured"]
     assert pandas["met"] is True and pandas["measured"] == "20.0x"
+
+
+def test_the_store_goals_hold_each_figure_to_its_threshold():
+    sizes = {"bench": {"dump": 1000, "entries": 50}, "interleaved": {"dump": 1000, "entries": 51}}
+    times = {"none_s": 10.0, "first_s": 11.0, "second_s": 1.2, "sorted_s": 2.0}
+    store = {**times, "interleaved_s": 2.5, "interleaved_steps": 8, "sizes": sizes}
+    judged = {(g["id"], g["goal"]): g for g in goals.results_store({"store": store})}
+    met = {key: g["met"] for (key, _), g in judged.items() if key != "store_vs_dump"}
+    # Exactly at 5% and 1.1x is met; 5.1%, 10.9% and 1.25x are not.
+    assert met == {
+        "store_first_vs_none": True,
+        "store_second_vs_first": False,
+        "interleaved_vs_sorted": False,
+    }
+    by_dump = {
+        goal.split(" dump")[0].rsplit(" ", 1)[-1]: g
+        for (key, goal), g in judged.items()
+        if key == "store_vs_dump"
+    }
+    assert by_dump["bench"]["met"] is True and by_dump["interleaved"]["met"] is False
+    assert by_dump["interleaved"]["measured"].startswith("5.1%")
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,10 @@ class DumpProblems(DumpError):
         self.problems = tuple(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
 
+    def __reduce__(self) -> tuple[type, tuple[tuple[Problem, ...]]]:
+        # Made again from its problems (not its message) where a worker process raised it.
+        return type(self), (self.problems,)
+
 
 QUOTE_LIMIT = 200
 """The most characters of a user's value an error message quotes."""

@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also write the sequence table (as `iscore sequences` does), from the same pass",
     )
     options.add_cache_options(p)
-    options.add_engine(p)
+    options.add_engine(p, jobs=True)
     p.set_defaults(func=run)
 
 
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             sequences=table,
             store=store,
             engine=args.engine,
+            jobs=args.jobs,
         )
     written = []
     for path, write in (

@@ -7,6 +7,7 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from iscore.dump import DEFAULT_CHUNK_TOKENS, FORMATS
@@ -52,13 +53,21 @@ def share(text: str) -> float:
     return value
 
 
-def chunk_tokens(text: str) -> int:
-    try:
-        return positive_int("--chunk-tokens", text)
-    except IscoreError:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer, but got {quote(text[:200])}"
-        ) from None
+def counted_option(name: str) -> Callable[[str], int]:
+    """The argparse type of option `name`, a positive integer."""
+
+    def parse(text: str) -> int:
+        try:
+            return positive_int(name, text)
+        except IscoreError:
+            raise argparse.ArgumentTypeError(
+                f"expected a positive integer, but got {quote(text[:200])}"
+            ) from None
+
+    return parse
+
+
+chunk_tokens = counted_option("--chunk-tokens")
 
 
 def positive_float(text: str) -> float:
@@ -146,7 +155,18 @@ def add_dump_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     ]
 
 
-def add_engine(parser: argparse.ArgumentParser) -> None:
+def add_engine(parser: argparse.ArgumentParser, jobs: bool = False) -> None:
+    """`--engine`, and with `jobs` the local engine's `--jobs`."""
+    if jobs:
+        parser.add_argument(
+            "--jobs",
+            type=counted_option("--jobs"),
+            metavar="N",
+            help="with the local engine, worker processes of one thread each, fed a file's "
+            "pieces as Ray tasks are, with the same results (default: every core on a machine "
+            "of more than two, else 1: this process; a dump of one piece or a GPU analysis runs "
+            "here; docs/performance.md#every-core)",
+        )
     parser.add_argument(
         "--engine",
         choices=ENGINES,

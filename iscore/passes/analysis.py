@@ -12,6 +12,7 @@ field changes meaning or disappears.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,14 +32,14 @@ from iscore.errors import ConfigError, DumpError, IscoreError
 from iscore.frameworks import Setting, Spec, resolve_all
 from iscore.packed import TokenBatch, ops
 from iscore.passes.document import Analysis
-from iscore.passes.on_ray import ray_parts
 from iscore.passes.parts import StepPart, device_for, fresh_parts, owned_parts, storable
 from iscore.passes.results_store import ResultStore, RunKey, StoredPart
 from iscore.passes.sequences import SequenceTable
 from iscore.passes.stored import known_footers, part_of, run_key, stored_parts, to_store
 from iscore.passes.streaming import HeapGuard
+from iscore.passes.tasks import FanOut, task_parts
 from iscore.stats import AttributionStats, MismatchStats, SettingStats
-from iscore.utils import Engine
+from iscore.utils import Engine, default_jobs, ordered, ordered_here
 
 
 def analyze(
@@ -52,6 +53,7 @@ def analyze(
     targets: Targets | None = None,
     store: ResultStore | None = None,
     engine: Engine = "local",
+    jobs: int | None = None,
 ) -> Analysis:
     """Stream a dump once, computing the mismatch diagnostics and every setting's statistics.
 
@@ -75,6 +77,11 @@ def analyze(
             task per file or range of a file's steps, on the workers' CPUs, merged here in
             the order one process reads them (the same result, to about 1e-15 relative: a
             worker sums with one thread). For a dump's files on disk only.
+        jobs: with the local engine, worker processes for a dump's files on disk, each one
+            thread, fed a file's pieces as Ray tasks are (the same result, to about 1e-15
+            relative); default every core on a machine of more than two, else one (this
+            process). A dump of one piece (`Dump.pieces`), a GPU, loaded batches or files
+            held in memory are analyzed in this process (`worker_jobs`).
 
     >>> a = analyze("data/fp8.parquet", ["verl:decoupled_geo_rs"])
     >>> a.settings[0].name, round(a.settings[0].lr_scale, 3)
@@ -82,12 +89,14 @@ def analyze(
     """
     specs = resolve_all(settings)
     device = device_for(device, engine)
-    plan = _plan(source, specs, store, sequences, max_tokens, engine, device)
+    plan = _plan(source, specs, store, sequences, max_tokens, engine, device, jobs)
     owners: list[tuple[str, int]] = []
     if plan.held is not None:
         found: Iterable[StepPart] = [plan.held]  # no file changed since: their merge, in one entry
-    elif engine == "ray":
-        found = ray_parts(plan.dump, specs, plan.kept, max_tokens, sequences, progress, owners)
+    elif plan.fan_out is not None:
+        found = task_parts(
+            plan.fan_out, plan.dump, specs, plan.kept, max_tokens, sequences, progress, owners
+        )
         progress = None  # said as each task finishes
     elif plan.by_file:
         found = stored_parts(plan.dump, specs, store, device, max_tokens, owners)
@@ -135,8 +144,9 @@ class _Plan:
     Attributes:
         dump: the dump opened (None for loaded batches); chunks: what is read of it, or the
             batches given.
-        by_file: read file by file (through the store, or on Ray): the reader sees one file
-            at a time (see `check_unique`), and a file's lack is not the dump's.
+        by_file: read file by file (through the store, or as tasks): the reader sees one
+            file at a time (see `check_unique`), and a file's lack is not the dump's.
+        fan_out: how its pieces run as tasks (on Ray, or worker processes); None: here.
         kept: the store the merge of every file is kept in (None where it is not kept); run:
             its key there; merged: what the store holds under it; held: that as a part, where
             it holds every setting (no file changed since).
@@ -145,6 +155,7 @@ class _Plan:
     dump: Dump | None
     chunks: Any
     by_file: bool
+    fan_out: FanOut | None
     kept: ResultStore | None
     run: RunKey | None
     merged: StoredPart | None
@@ -163,6 +174,7 @@ def _plan(
     max_tokens: int,
     engine: Engine,
     device: torch.device,
+    jobs: int | None,
 ) -> _Plan:
     """Open `source` and decide how its parts are read (`_Plan`).
 
@@ -186,14 +198,37 @@ def _plan(
             "the Ray engine reads a dump's files on its workers; a loaded batch is "
             "analyzed here (engine='local')"
         )
+    fan_out: FanOut | None = ordered if engine == "ray" else None
+    workers = (
+        1 if dump is None or engine != "local" else worker_jobs(dump, jobs, device, max_tokens)
+    )
+    if workers > 1:
+        fan_out = functools.partial(ordered_here, jobs=workers)
     by_file = dump is not None and (
-        engine == "ray" or (store is not None and storable(dump) and sequences is None)
+        fan_out is not None or (store is not None and storable(dump) and sequences is None)
     )
     kept = store if by_file and storable(dump) and sequences is None else None
     run = None if kept is None else run_key(dump, device)
     merged = None if run is None else kept.load_merged(run)
     held = None if merged is None else part_of(merged, specs)
-    return _Plan(dump, chunks, by_file, kept, run, merged, held)
+    return _Plan(dump, chunks, by_file, fan_out, kept, run, merged, held)
+
+
+def worker_jobs(dump: Dump, jobs: int | None, device: torch.device, max_tokens: int) -> int:
+    """Worker processes for a local analysis of `dump`: `jobs` (default `default_jobs()`),
+    at most its pieces of `max_tokens` tokens; 1 (this process) for a GPU, or files that
+    another process cannot open (held in memory, or imported).
+
+    Raises:
+        ConfigError: `jobs` is not a positive int.
+    """
+    if jobs is not None and (not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1):
+        raise ConfigError(f"Expected argument `jobs` to be an int >= 1, but got {jobs!r}")
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs == 1 or device.type != "cpu" or dump.in_memory or dump.imported:
+        return 1
+    pieces = sum(len(dump.pieces(i, max_tokens)) for i in range(len(dump.files)))
+    return min(jobs, pieces)
 
 
 def _merged(
@@ -243,16 +278,20 @@ def parts(
     max_tokens: int = DEFAULT_CHUNK_TOKENS,
     device: str | torch.device | None = None,
     engine: Engine = "local",
+    jobs: int | None = None,
 ) -> Iterator[tuple[str, StepPart]]:
     """What each step of each chunk of `dump` adds to an analysis of `specs`, with
     the file it is in, in the order read: from `store` where it holds them (`storable`),
-    else computed (here, or on a Ray cluster: `engine`) and kept there. `analyze` merges
+    else computed (here, in worker processes: `jobs`, or on a Ray cluster: `engine`) and
+    kept there. `analyze` merges
     them; a followed run (`iscore.passes.follow`) merges new ones as they come."""
     device = device_for(device, engine)
     owners: list[tuple[str, int]] = []
     kept = store if store is not None and storable(dump) else None
-    if engine == "ray":
-        found = ray_parts(dump, specs, kept, max_tokens, None, None, owners)
+    workers = worker_jobs(dump, jobs, device, max_tokens) if engine == "local" else 1
+    if engine == "ray" or workers > 1:
+        fan_out = ordered if engine == "ray" else functools.partial(ordered_here, jobs=workers)
+        found = task_parts(fan_out, dump, specs, kept, max_tokens, None, None, owners)
     elif kept is not None:
         found = stored_parts(dump, specs, kept, device, max_tokens, owners)
     else:

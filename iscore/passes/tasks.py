@@ -1,6 +1,7 @@
-"""The parts of an analysis computed on a Ray cluster (`--engine ray`): a task per piece of a
-file, each analyzed on a worker's CPU as one process analyzes a file, merged here in the order
-one process reads them."""
+"""The parts of an analysis computed as tasks, on a Ray cluster (`--engine ray`) or in this
+machine's worker processes (`--jobs N`): a task per piece of a file, each analyzed on a
+worker's CPU as one process analyzes a file, merged here in the order one process reads
+them."""
 
 from __future__ import annotations
 
@@ -31,12 +32,17 @@ from iscore.passes.results_store import (
 from iscore.passes.sequences import SequenceTable
 from iscore.passes.stored import part_of, served_parts, to_store
 from iscore.passes.streaming import prefetched
-from iscore.utils import Ready, ordered
+from iscore.utils import Ready
+
+FanOut = Callable[..., Iterator[tuple[Any, Any]]]
+"""How tasks run: `iscore.utils.ordered` (Ray) or `iscore.utils.ordered_here` with its jobs
+(worker processes); either takes `(fn, work, name=, done=)` and yields `(task, result)` in
+the order of the work."""
 
 
 @dataclass(frozen=True, slots=True)
 class _PieceTask:
-    """What a Ray task analyzes (`_analyze_piece`): a piece of a dump's file, with what the
+    """What a task analyzes (`_analyze_piece`): a piece of a dump's file, with what the
     results store holds of it (parts to take settings from), and the sequence table's
     columns where one is filled in the same pass.
 
@@ -56,7 +62,7 @@ class _PieceTask:
 
 @dataclass(slots=True)
 class _PieceDone:
-    """What a Ray task hands back: its parts as the store keeps them (plain arrays), the
+    """What a task hands back: its parts as the store keeps them (plain arrays), the
     tokens read, the sequences `drop_invalid` dropped and its rows of the sequence table."""
 
     parts: list[StoredPart]
@@ -66,7 +72,7 @@ class _PieceDone:
 
 
 def _analyze_piece(task: _PieceTask) -> _PieceDone:
-    """A piece analyzed on a Ray worker (on its CPU), as `stored_parts` analyzes a file."""
+    """A piece analyzed by a worker (on its CPU), as `stored_parts` analyzes a file."""
     dump = task.piece.open()
     held = {(p.step, p.run): p for p in task.held}
     table = None if task.table is None else SequenceTable(task.table, task.specs)
@@ -85,7 +91,8 @@ def _analyze_piece(task: _PieceTask) -> _PieceDone:
     return _PieceDone(done, tokens, dump.dropped, table)
 
 
-def ray_parts(
+def task_parts(
+    fan_out: FanOut,
     dump: Dump,
     specs: Sequence[Spec],
     store: ResultStore | None,
@@ -95,8 +102,8 @@ def ray_parts(
     owners: list[tuple[str, int]],
 ) -> Iterator[StepPart]:
     """The parts of `dump`, in the order one process reads them: from `store` where it
-    holds a file, else analyzed by Ray tasks (a file's pieces of at least `max_tokens`
-    tokens, `Dump.pieces`) and kept in the store. `sequences` gets the tasks' rows, the
+    holds a file, else analyzed by tasks that `fan_out` runs (a file's pieces of at least
+    `max_tokens` tokens, `Dump.pieces`) and kept in the store. `sequences` gets the tasks' rows, the
     dump's `dropped` what they dropped, `progress` each file's tokens as it is done and
     `owners` the file and sequences of each part.
 
@@ -136,7 +143,7 @@ def ray_parts(
         if progress is not None:
             progress(result.tokens)
 
-    tasks = ordered(_analyze_piece, work(), name=lambda task: task.piece.path, done=finished)
+    tasks = fan_out(_analyze_piece, work(), name=lambda task: task.piece.path, done=finished)
     for item, result in tasks:
         if isinstance(item, Ready):
             index, served = result
@@ -153,7 +160,7 @@ def ray_parts(
         for held in result.parts:
             part = part_of(held, specs)
             if part is None:
-                raise IscoreError(f"{path}: the Ray task's results do not make accumulators")
+                raise IscoreError(f"{path}: the task's results do not make accumulators")
             owners.append((path, part.sequences))
             yield part
         saved += result.parts

@@ -2,7 +2,7 @@
 a path names and the cache folder (`paths`), safe output files and the JSON boundary
 (`output`), Parquet footers checked before pyarrow reads them (`footer`), Arrow arrays as
 bytes (`arrow_ipc`), the locked-down DuckDB (`sql`) and the fan-out over a Ray cluster
-(`distributed`).
+(`distributed`) or this machine's cores (`workers`).
 
 Rule: imports nothing of iscore but `iscore.errors`.
 """
@@ -18,6 +18,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "footer": ["Passed"],
         "output": ["check_output", "json_ready", "output_path", "write_json"],
         "paths": ["default_folder", "list_files"],
+        "workers": ["cores", "default_jobs", "ordered_here"],
         "sql": [
             "Evaluator",
             "Predicate",

@@ -26,6 +26,8 @@
 - `store`: the bench dump analyzed with no results store, through an empty one and from the
   filled one, each entry's size against its dump; and a copy whose steps interleave row by
   row against the same sequences sorted by step;
+- `cores`: the streamed analyze in worker processes (every core, at least 2), cold and warm,
+  against one worker's compute (a process of one thread) and one process;
 - peak memory (fresh subprocesses): streaming the whole dump, streaming a quarter of it, and
   loading it whole;
 - with CUDA: the replay of the settings on chunks resident on the GPU, and including the
@@ -40,10 +42,10 @@ The package, by responsibility:
 - `harness`: `run_bench` and the list of measurements it runs, `format_table`;
 - `base`: what a measurement is given (`Run`) and returns (`Measured`), rows and timing;
 - `data`: the bench dump, simulated or reused, and prefixes of whole steps;
-- `throughput`, `interactive`, `processes`, `writer`, `runs`, `store`: the measurements (read, load,
-  analyze, replay, CUDA; Tuner and app latency; marginal cost, start-up and peak memory in
-  fresh processes; the dump writer; a run's store, trend and new steps; the store on one
-  large dump, and interleaved steps);
+- `throughput`, `interactive`, `processes`, `writer`, `runs`, `store`, `cores`: the
+  measurements (read, load, analyze, replay, CUDA; Tuner and app latency; marginal cost,
+  start-up and peak memory in fresh processes; the dump writer; a run's store, trend and new
+  steps; the store on one large dump, and interleaved steps; worker processes);
 - `goals`: the goals and how each is judged;
 - `baselines`: the padded torch and pandas implementations and their comparison with iscore;
 - `where`: the `--where` benchmark.

@@ -62,7 +62,7 @@ def _measured(run: Run) -> Measured:
         return json.loads(json.dumps(analysis.to_dict()))
 
     local_doc, ray_doc = run_on("local"), run_on("ray")
-    worst = max(_differences(local_doc, ray_doc), default=0.0)
+    worst = max(differences(local_doc, ray_doc), default=0.0)
     # The engines alternate, so that a slow spell of a shared machine slows both.
     local_s = ray_s = math.inf
     for _ in range(max(run.repeats, 1)):
@@ -96,13 +96,13 @@ def _measured(run: Run) -> Measured:
     )
 
 
-def _differences(a: object, b: object) -> list[float]:
+def differences(a: object, b: object) -> list[float]:
     """The relative difference of each pair of numbers of two JSON documents (inf where
     they differ otherwise)."""
     if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
-        return [d for key in a for d in _differences(a[key], b[key])]
+        return [d for key in a for d in differences(a[key], b[key])]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for x, y in zip(a, b, strict=True) for d in _differences(x, y)]
+        return [d for x, y in zip(a, b, strict=True) for d in differences(x, y)]
     if isinstance(a, float) and isinstance(b, float) and a != b and a == a and b == b:
         return [abs(a - b) / max(abs(a), abs(b))]
     return [] if a == b or (a != a and b != b) else [float("inf")]  # NaN == NaN here

@@ -30,6 +30,8 @@ GOALS = {
     "store_first_vs_none": 1.1,
     "store_second_vs_first": 0.10,
     "interleaved_vs_sorted": 1.2,
+    "workers_vs_one": 1.7,
+    "workers_vs_one_16": 10.0,
 }
 """Each goal's threshold (seconds, a ratio or tokens per second)."""
 
@@ -50,6 +52,8 @@ GOAL_TEXT = {
     "store_first_vs_none": "<= 1.1x none",
     "store_second_vs_first": "<= 10% first",
     "interleaved_vs_sorted": "<= 1.2x sorted",
+    "workers_vs_one": ">= 1.7x | 10x",
+    "workers_cold": "<= 1 process",
 }
 """The goal as the table's `goal` column shows it beside the row judged by it."""
 
@@ -382,6 +386,41 @@ def results_store(result: dict[str, Any]) -> list[Goal]:
     ]
 
 
+def every_core(result: dict[str, Any]) -> list[Goal]:
+    """Worker processes against one worker's compute (1.7x with 2 workers on 2 cores, 10x
+    on 16 or more; not judged on other machines, nor where they disagree with one process),
+    and a cold pool never slower than one process."""
+    w = result["workers"]
+    ratio = w["one_thread_s"] / w["warm_s"]
+    need = {2: GOALS["workers_vs_one"]}.get(w["cores"])
+    if w["cores"] >= 16:
+        need = GOALS["workers_vs_one_16"]
+    agrees = "" if w["agrees"] else ": the workers DISAGREE with one process"
+    speedup = {
+        "id": "workers_vs_one",
+        "goal": f"{w['jobs']} workers >= "
+        + ("the goal of 2 or 16 cores" if need is None else f"{need:g}x")
+        + " one worker's compute",
+        "measured": f"{ratio:.2f}x ({w['warm_s']:.2f} s vs {w['one_thread_s']:.2f} s, warm; "
+        f"largest relative difference {w['max_rel_diff']:.1e}){agrees}",
+        "met": None if need is None or not w["agrees"] else ratio >= need,
+    }
+    cold = w["cold_s"] / w["one_process_s"]
+    measured = f"{cold:.2f}x ({w['cold_s']:.2f} s vs {w['one_process_s']:.2f} s)"
+    if w["cores"] <= 2:  # the default here is one process: a command never starts workers
+        measured += "; not judged on 2 cores, where the default is one process"
+    return [
+        speedup,
+        {
+            "id": "workers_cold",
+            "goal": f"{w['jobs']} workers, started for the command (the default on more than "
+            "2 cores), never slower than one process",
+            "measured": measured,
+            "met": None if w["cores"] <= 2 else cold <= 1.0,
+        },
+    ]
+
+
 def ray_vs_local(result: dict[str, Any]) -> list[Goal]:
     """The streamed analyze on a local Ray cluster against one process; not measured where
     Ray is not installed, or the two disagree."""
@@ -412,6 +451,7 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Goal]], ...] = (
     writer_vs_step,
     runs,
     results_store,
+    every_core,
     cuda_replay,
     ray_vs_local,
 )

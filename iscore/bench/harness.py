@@ -17,7 +17,17 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from iscore.bench import cluster, data, goals, interactive, processes, runs, store, throughput
+from iscore.bench import (
+    cluster,
+    cores,
+    data,
+    goals,
+    interactive,
+    processes,
+    runs,
+    store,
+    throughput,
+)
 from iscore.bench.base import SETTINGS, Measurement, Run, loadavg, machine
 from iscore.bench.baselines.comparison import baselines
 from iscore.bench.writer import writer
@@ -39,6 +49,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     writer,
     runs.runs,
     store.store,
+    cores.workers,
     processes.memory,
     throughput.cuda,
     cluster.ray_engine,  # last: a cluster's processes slow nothing else
@@ -84,8 +95,8 @@ def run_bench(
 
     Returns:
         A JSON-ready dict: `machine`, `dump`, `rows` (the table), `goals`, `agreement`,
-        `memory`, `marginal`, `tune`, `app`, `startup`, `writer`, `runs`, `store`, `cuda`,
-            `ray`.
+        `memory`, `marginal`, `tune`, `app`, `startup`, `writer`, `runs`, `store`,
+            `workers`, `cuda`, `ray`.
 
     Raises:
         ConfigError: `tokens` < 1000, or `device` is neither None, "cpu" nor "cuda".

@@ -130,7 +130,7 @@ class Dump:
         extras: bool = False,
         imported: bool = False,
         piece: Piece | None = None,
-        footers: footer.Passed | None = None,
+        footers: footer.Passed | footer.Known | None = None,
     ) -> None:
         self.imported = imported  # a framework's own dump, converted to Parquet in memory
         self._mapping = dict(columns or {})
@@ -372,6 +372,7 @@ class Dump:
             schema=self.sequence_schema,
             carried=self.carried,
             tokens=info.num_tokens,
+            footer=info.footer,
         )
 
     def pieces(self, index: int, tokens: int) -> list[Piece]:
@@ -531,6 +532,8 @@ class Piece:
         schema: the dump's `sequence_schema` (`where` is checked against it).
         carried: the dump's `carried` columns, which each batch's `extra` table holds.
         tokens: its tokens, as the footer counts them (for progress).
+        footer: the SHA-256 of the file's footer as its dump checked it: not parsed again
+            where the file still has it.
     """
 
     path: str
@@ -542,6 +545,7 @@ class Piece:
     schema: pa.Schema
     carried: pa.Schema
     tokens: int
+    footer: str = ""
 
     def open(self) -> Dump:
         """A dump of this piece alone, reading what its dump reads of it.
@@ -557,6 +561,7 @@ class Piece:
             self.drop_invalid,
             self.where,
             piece=self,
+            footers=footer.Known([self.footer] if self.footer else []),
         )
         return dump
 

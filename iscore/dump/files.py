@@ -58,7 +58,7 @@ def open_file(
     path: str,
     mapping: Mapping[str, str],
     data: bytes | None = None,
-    passed: footer.Passed | None = None,
+    passed: footer.Passed | footer.Known | None = None,
 ) -> tuple[pq.ParquetFile, DumpFile]:
     """Open one file, telling an empty, truncated or non-Parquet file apart.
 
@@ -98,7 +98,7 @@ def open_file(
             "was the write interrupted?"
         )
     end = footer.tail(remote if remote is not None else path) if data is None else data
-    footer.check(end, path, passed)  # before pyarrow
+    digest = footer.check(end, path, passed)  # before pyarrow
     try:
         # Pages written with a CRC are checked against it as they are read (Parquet's
         # checksums are optional: pages without one are read as they are).
@@ -141,7 +141,9 @@ def open_file(
     if "seq_id" in columns:
         seq_id_type = scalar_type(schema.field(columns.source["seq_id"]).type)
     extras = extras_of(schema, columns, layout)
-    info = DumpFile(path, layout, columns, meta.num_rows, tokens, extras, seq_id_type, provenance)
+    info = DumpFile(
+        path, layout, columns, meta.num_rows, tokens, extras, seq_id_type, provenance, digest
+    )
     return parquet, info
 
 

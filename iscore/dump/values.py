@@ -116,6 +116,8 @@ class DumpFile:
     seq_id_type: pa.DataType
     provenance: dict = field(default_factory=dict)
     """Where an imported file came from (`iscore.provenance`), or {}."""
+    footer: str = ""
+    """The SHA-256 of the footer checked when it was opened (`iscore.utils.footer.check`)."""
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "footer": ["Passed"],
         "output": ["check_output", "json_ready", "output_path", "write_json"],
         "paths": ["default_folder", "list_files"],
-        "workers": ["cores", "default_jobs", "ordered_here"],
+        "workers": ["WORKER_ENV", "cores", "default_jobs", "ordered_here"],
         "sql": [
             "Evaluator",
             "Predicate",

@@ -20,6 +20,7 @@ iscore.errors.DumpError: x.parquet: unreadable Parquet footer: a value of unknow
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -278,13 +279,14 @@ def tail(path: str | pa.NativeFile) -> bytes:
         return f.read()
 
 
-def check(data: bytes, name: str, passed: Passed | None = None) -> None:
+def check(data: bytes, name: str, passed: Passed | Known | None = None) -> str:
     """Raise unless the footer of the Parquet file `data` (the whole file, or its tail from
     the footer on) is one pyarrow reads without aborting: every row group holds a column
     chunk per schema column, with metadata of the column's physical type, and level
     histograms (where it has them) the size its schema's levels give. Stricter than that
     where a field has another Thrift type than its own (only damage does that). A footer
-    `passed` holds is not parsed again; one that passes is added to it.
+    `passed` holds is not parsed again; one that passes is added to it. Returns the footer's
+    SHA-256 (hex), which another process reading the file can be told (`Known`).
 
     Raises:
         DumpError: "NAME: unreadable Parquet footer: ...", saying what does not fit.
@@ -295,12 +297,37 @@ def check(data: bytes, name: str, passed: Passed | None = None) -> None:
             raise _Malformed("it claims more bytes than the file has")
         footer = data[-8 - length :]
         if passed is not None and footer in passed:
-            return
+            return _sha256(footer)
         _check(_Thrift(footer[:-8]).struct(_FILE))
     except _Malformed as e:
         raise DumpError(f"{name}: unreadable Parquet footer: {e}") from None
     if passed is not None:
         passed.add(footer)
+    return _sha256(footer)
+
+
+def _sha256(footer: bytes) -> str:
+    return hashlib.sha256(footer).hexdigest()
+
+
+class Known:
+    """Footers another process of this run checked, by their SHA-256 (`check` returns it): a
+    worker opening a piece of a file the driver opened does not parse its footer again. A
+    footer that changed since has another digest, and is checked.
+
+    >>> known = Known(["ab" * 32])
+    >>> b"a footer" in known
+    False
+    """
+
+    def __init__(self, digests: Iterable[str]):
+        self.digests = set(digests)
+
+    def __contains__(self, footer: bytes) -> bool:
+        return _sha256(footer) in self.digests
+
+    def add(self, footer: bytes) -> None:
+        self.digests.add(_sha256(footer))
 
 
 class Passed:
@@ -318,7 +345,7 @@ class Passed:
         self.folder = Path(folder)
 
     def _marker(self, footer: bytes) -> Path:
-        digest = hashlib.sha256(footer).hexdigest()
+        digest = _sha256(footer)
         return self.folder / digest[:2] / digest
 
     def __contains__(self, footer: bytes) -> bool:

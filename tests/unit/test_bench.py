@@ -35,6 +35,7 @@ from iscore.dump.simulate import SimConfig, write_simulated
 from iscore.errors import ConfigError
 from iscore.frameworks.resolve import resolve
 from iscore.passes.analysis import analyze
+from iscore.utils import cores
 from iscore.utils.output import write_json
 
 ROWS = {
@@ -73,6 +74,9 @@ ROWS = {
     "store: second analyze, from it",
     "interleaved steps: analyze",
     "the same sorted by step: analyze",
+    "cores: one worker's compute (1 core)",
+    f"cores: {max(2, cores())} workers, warm",
+    f"cores: {max(2, cores())} workers, cold (a command)",
 } | (
     {
         "ray: start a local cluster, or join one",
@@ -102,6 +106,8 @@ GOALS = {
     "store_first_vs_none",
     "store_second_vs_first",
     "interleaved_vs_sorted",
+    "workers_vs_one",
+    "workers_cold",
     "ray_vs_local",
 }
 
@@ -176,6 +182,9 @@ def test_structure(result):
     assert min(store["none_s"], store["first_s"], store["second_s"], store["sorted_s"]) > 0
     for name, size in store["sizes"].items():  # the store wrote entries, smaller than the dump
         assert 0 < size["entries"] < size["dump"], name
+    workers = result["workers"]
+    assert workers["jobs"] == max(2, cores()) and workers["agrees"]
+    assert min(workers["one_thread_s"], workers["cold_s"], workers["warm_s"]) > 0
 
 
 @pytest.mark.slow
@@ -422,6 +431,24 @@ def test_a_speedup_over_a_baseline_that_disagrees_is_not_met():
     padded, pandas = goals.speedups({"rows": rows, "agreement": agreement})
     assert padded["met"] is None and "the padded baseline disagrees" in padded["measured"]
     assert pandas["met"] is True and pandas["measured"] == "20.0x"
+
+
+@pytest.mark.parametrize(
+    ("machine", "warm_s", "cold_s", "met"),
+    [
+        (2, 5.8, 20.0, (True, None)),  # 1.72x; cold not judged where the default is 1 process
+        (2, 6.0, 5.0, (False, None)),
+        (16, 1.0, 9.0, (True, True)),  # 10x, and cold within one process
+        (16, 1.1, 10.5, (False, False)),
+        (8, 1.0, 9.0, (None, True)),  # no goal for 8 cores
+    ],
+)
+def test_the_worker_goals_are_judged_by_the_cores(machine, warm_s, cold_s, met):
+    w = {"jobs": machine, "cores": machine, "one_thread_s": 10.0, "one_process_s": 10.0}
+    w |= {"warm_s": warm_s, "cold_s": cold_s, "max_rel_diff": 0.0, "agrees": True}
+    assert tuple(g["met"] for g in goals.every_core({"workers": w})) == met
+    disagrees = goals.every_core({"workers": {**w, "agrees": False, "max_rel_diff": 1e-9}})
+    assert disagrees[0]["met"] is None and "DISAGREE" in disagrees[0]["measured"]
 
 
 def test_the_store_goals_hold_each_figure_to_its_threshold():

@@ -150,3 +150,20 @@ def test_a_file_a_worker_cannot_read_is_named_as_one_process_names_it(run, tmp_p
         messages.append(str(raised.value))
     assert messages[0] == messages[1]
     assert messages[0].startswith(f"{bad}: corrupt data in row group 0")
+
+
+def test_a_piece_does_not_parse_again_the_footer_its_dump_checked(run, tmp_path, monkeypatch):
+    """A worker opening a piece is told the SHA-256 of the footer the driver checked; a file
+    replaced since has another footer, which is checked."""
+    from iscore.utils import footer
+
+    path = tmp_path / "f.parquet"
+    path.write_bytes((run / "step_000000" / "rank_0000.parquet").read_bytes())
+    (piece,) = Dump(path).pieces(0, 10**9)
+    assert len(piece.footer) == 64
+    parsed = []
+    real = footer._check
+    monkeypatch.setattr(footer, "_check", lambda meta: parsed.append(1) or real(meta))
+    assert piece.open().files[0].footer == piece.footer and parsed == []
+    path.write_bytes((run / "step_000001" / "rank_0000.parquet").read_bytes())
+    assert piece.open().files[0].footer != piece.footer and parsed == [1]

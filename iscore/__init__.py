@@ -11,6 +11,8 @@ The Python API in one screen:
 >>> best = iscore.recommend(batch, "skyrl").best.spec
 >>> print(iscore.export(best, "skyrl").text.splitlines()[0])
 trainer:
+>>> iscore.diff("data/dense_bf16.parquet", "data/fp8.parquet").metric("k3").verdict
+'worse'
 
 `iscore.DumpWriter` writes the canonical Parquet dump from a training loop's own batch objects
 (`add_batch`) or padded tensors (`add`);
@@ -30,6 +32,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "errors": ["ConfigError", "DumpError", "IscoreError", "Problem"],
         "frameworks": ["Replay", "parse_config"],
         "packed": ["TokenBatch"],
-        "passes": ["analyze", "replay"],
+        "passes": ["analyze", "diff", "replay"],
     },
 )

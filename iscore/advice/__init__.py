@@ -4,7 +4,8 @@ values (`reference`), the targets a setting is held to and each statistic's grad
 (`targets`), the recommendation of a setting (`recommendation`, over the thresholds placed on
 the data, `thresholds`, its candidates, `candidates`, the objective they are ranked by,
 `objective`, and the words, `explain`), threshold tuning (`tuning`), export between frameworks
-(`conversion`) and a run's trend and its events (`trend`).
+(`conversion`), a run's trend and its events (`trend`) and the verdicts on two dumps compared
+(`comparison`).
 
 Rule: reads statistics and dumps from the floors below (`iscore.stats`, `iscore.dump` and
 down); never streams a dump through settings into statistics (`iscore.passes` does).
@@ -18,6 +19,15 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     submod_attrs={
         "attribution": ["Attribution", "Finding", "attribute"],
         "candidates": ["RULE_SYMBOLS"],
+        "comparison": [
+            "METRICS",
+            "MISMATCH_METRICS",
+            "SETTING_METRICS",
+            "VERDICTS",
+            "Metric",
+            "Verdict",
+            "verdict",
+        ],
         "conversion": ["Syntax", "export", "snippet", "to_file_text"],
         "flags": ["FLAG_KINDS", "Flag", "NO_SEMANTICS_BUG", "find_flags", "flags_of"],
         "health": ["Health", "assess", "assess_values"],

@@ -19,21 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "come from framework configs (--config) and presets (--preset; see `iscore presets`).",
     )
     options.add_dump_arguments(p)
-    p.add_argument(
-        "--config",
-        action="append",
-        default=[],
-        dest="settings",
-        metavar="CFG.yaml",
-        help="a framework config with a top-level `framework:` (repeatable)",
-    )
-    p.add_argument(
-        "--preset",
-        action="append",
-        dest="settings",
-        metavar="NAME",
-        help="a named setting, e.g. verl:decoupled_geo_rs (repeatable)",
-    )
+    options.add_settings(p)
     p.add_argument("--json", metavar="OUT.json", help="write the analysis document")
     p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report")
     p.add_argument(

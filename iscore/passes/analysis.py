@@ -89,6 +89,76 @@ def analyze(
     """
     specs = resolve_all(settings)
     device = device_for(device, engine)
+    done = accumulate(
+        source,
+        specs,
+        max_tokens=max_tokens,
+        device=device,
+        progress=progress,
+        sequences=sequences,
+        store=store,
+        engine=engine,
+        jobs=jobs,
+    )
+    total, numbers, dump = done.total, done.numbers, done.plan.dump
+    broken = total.mismatch.broken(numbers)
+    summary = total.mismatch.compute(numbers, broken)
+    flags = find_flags(summary, numbers, broken, total.mismatch.regression, total.mismatch.signs)
+    settings_done = [acc.compute(broken) for acc in total.settings]
+    return Analysis(
+        source={
+            "files": done.plan.files,
+            "where": None if dump is None or dump.where is None else dump.where.text,
+            "dropped": None if dump is None else dump.dropped.to_dict(),
+            "steps": [row["step"] for row in summary.by_step],
+            "sequences": summary.sequences,
+            "loss_tokens": summary.tokens,
+            "device": device.type,
+        },
+        mismatch=summary,
+        flags=flags,
+        health=assess(summary, flags),
+        attribution=attribute(total.attribution.compute(summary, numbers, broken), summary, flags),
+        settings=settings_done,
+        trend=Trend.of(summary, settings_done, specs, targets or Targets()),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Accumulated:
+    """A dump streamed once into its accumulators (`accumulate`), before anything is computed
+    of them.
+
+    Attributes:
+        plan: where its parts came from (its `dump`, None for loaded batches; its `files`).
+        total: every part merged in order (step -1).
+        numbers: the mismatch's per-sequence numbers (`MismatchStats.sequences`).
+    """
+
+    plan: _Plan
+    total: StepPart
+    numbers: dict[str, Any]
+
+
+def accumulate(
+    source: Data | Sequence[TokenBatch],
+    specs: Sequence[Spec],
+    *,
+    max_tokens: int = DEFAULT_CHUNK_TOKENS,
+    device: torch.device,
+    progress: Callable[[int], None] | None = None,
+    sequences: SequenceTable | None = None,
+    store: ResultStore | None = None,
+    engine: Engine = "local",
+    jobs: int | None = None,
+) -> Accumulated:
+    """Stream `source` once through `specs` into the accumulators, merged in the order read,
+    as `analyze` (which takes the same arguments) computes its document from them; the run's
+    merge kept in `store` where it is kept.
+
+    Raises:
+        DumpError: no token is in the loss.
+    """
     plan = _plan(source, specs, store, sequences, max_tokens, engine, device, jobs)
     owners: list[tuple[str, int]] = []
     if plan.held is not None:
@@ -106,35 +176,14 @@ def analyze(
     numbers = total.mismatch.sequences()
     if len({path for path, _ in owners}) > 1:
         check_unique(numbers["step"], numbers["seq_id"], owners)
-    broken = total.mismatch.broken(numbers)
-    summary = total.mismatch.compute(numbers, broken)
-    if not summary.tokens:
+    if not numbers["T"].sum():
         raise _nothing_to_analyze(plan, max_tokens)
-    flags = find_flags(summary, numbers, broken, total.mismatch.regression, total.mismatch.signs)
     if plan.run is not None and plan.held is None:
         try:
             plan.kept.save_merged(plan.run, to_store(total, 0, specs, plan.merged))
         except IscoreError as e:
             warnings.warn(f"{e}; going on without keeping the results", stacklevel=2)
-    settings_done = [acc.compute(broken) for acc in total.settings]
-    dump = plan.dump
-    return Analysis(
-        source={
-            "files": plan.files,
-            "where": None if dump is None or dump.where is None else dump.where.text,
-            "dropped": None if dump is None else dump.dropped.to_dict(),
-            "steps": [row["step"] for row in summary.by_step],
-            "sequences": summary.sequences,
-            "loss_tokens": summary.tokens,
-            "device": device.type,
-        },
-        mismatch=summary,
-        flags=flags,
-        health=assess(summary, flags),
-        attribution=attribute(total.attribution.compute(summary, numbers, broken), summary, flags),
-        settings=settings_done,
-        trend=Trend.of(summary, settings_done, specs, targets or Targets()),
-    )
+    return Accumulated(plan, total, numbers)
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
 """The streaming accumulators: the mismatch diagnostics (`mismatch`, over its per-token terms,
 `token_terms`, its buckets, `buckets`, and its worst sequences and tokens, `worst`), what one
 setting does to a dump (`setting`), what the attribution needs (`attribution`), the noise of a
-step (`noise`) and mergeable histograms (`histogram`). Each has `update` (a chunk), `merge`,
+step (`noise`), mergeable histograms (`histogram`) and intervals by resampling sequences
+(`bootstrap`). Each has `update` (a chunk), `merge`,
 `state` / `from_state` (what a results store keeps) and `compute`. The statistics by name
 (`catalogue`) and the columns each setting gets in a table (`columns`) are here too.
 
@@ -15,6 +16,14 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submodules=["noise"],
     submod_attrs={
+        "bootstrap": [
+            "LEVEL",
+            "RESAMPLES",
+            "SEED",
+            "Interval",
+            "percentile_interval",
+            "resample_rows",
+        ],
         "attribution": [
             "AttributionNumbers",
             "AttributionStats",
@@ -26,7 +35,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "catalogue": ["BANDS", "DEFINITIONS", "METRIC_NAMES"],
         "columns": ["SETTING_STATISTICS", "setting_columns"],
         "histogram": ["BINS_PER_DECADE", "LOG10_RANGE"],
-        "mismatch": ["MismatchStats", "MismatchSummary", "broken_sequences"],
+        "mismatch": ["MismatchStats", "MismatchSummary", "broken_sequences", "mismatch_scalars"],
         "noise": [
             "BIN_SAMPLE",
             "BROKEN_WORDS",
@@ -50,6 +59,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "TRUNCATION_TOLERANCE",
             "aggregation_of",
             "quick_stats",
+            "setting_scalars",
         ],
         "worst": ["TOP_K"],
     },

@@ -372,7 +372,7 @@ class MismatchStats:
         s = sequences if sequences is not None else self.sequences()
         numbers = {k: v for k, v in s.items() if k != "seq_id"}
         numbers["broken"] = (broken if broken is not None else self.broken(s)).astype(np.float64)
-        scalars = _summarize(numbers)
+        scalars = mismatch_scalars(numbers)
         by_step = self.by_step(numbers)
         every = self.abs_hist
         levels = (0.5, 0.9, 0.99, 0.999)
@@ -416,7 +416,7 @@ class MismatchStats:
         return [
             {
                 "step": int(step),
-                **_summarize(group),
+                **mismatch_scalars(group),
                 **_step_noise(group, self.step_hists.get(int(step)), noise.get(int(step))),
             }
             for step, group in ops.groups(numbers, s["step"], chosen)
@@ -549,7 +549,7 @@ class MismatchSummary:
         return getattr(self, statistic)
 
 
-def _summarize(s: dict[str, np.ndarray]) -> dict[str, Any]:
+def mismatch_scalars(s: dict[str, np.ndarray]) -> dict[str, Any]:
     """The scalar statistics over the sequences of `s` (one array per field, a value each)."""
     n = float(s["T"].sum())
     has = s["T"] > 0

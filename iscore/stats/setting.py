@@ -205,7 +205,7 @@ class SettingStats:
             config={"framework": self.spec.framework, **self.spec.to_config()},
             aggregation=self.aggregation.mode,
             denominator_shrinks=self.aggregation.shrinks,
-            **_summarize(s, self.aggregation),
+            **setting_scalars(s, self.aggregation),
             broken_gradient_kept=None
             if broken is None
             else broken_gradient_kept(s["w"], s["T"], broken),
@@ -524,7 +524,7 @@ def _truncated(
     )
 
 
-def _summarize(s: dict[str, np.ndarray], agg: Aggregation) -> dict[str, Any]:
+def setting_scalars(s: dict[str, np.ndarray], agg: Aggregation) -> dict[str, Any]:
     """Scalar statistics over the sequences of `s` (one array per field, a value each)."""
     T = s["T"]
     has = T > 0
@@ -563,7 +563,7 @@ def _by_step(
 ) -> list[dict[str, Any]]:
     """The scalar statistics per training step (of the `chosen` sequences), ascending."""
     return [
-        {"step": int(step), **_summarize(group, agg)}
+        {"step": int(step), **setting_scalars(group, agg)}
         for step, group in ops.groups(s, s["step"], chosen)
     ]
 
@@ -581,7 +581,7 @@ def _by_length(s: dict[str, np.ndarray], agg: Aggregation) -> list[dict[str, Any
                 "length_lo": 2 ** int(b),
                 "length_hi": 2 ** (int(b) + 1) - 1,
                 "length_median": ops.median(group["T"]),
-                **_summarize(group, agg),
+                **setting_scalars(group, agg),
                 "seq_weight_mean": float(seq_weight.mean()),
                 "seq_weight_median": ops.median(seq_weight),
                 "seq_weight_p10": float(p10),
@@ -598,7 +598,7 @@ def quick_stats(batch: TokenBatch, spec: Spec, result: Replay | None = None) -> 
     the setting's replay of `batch`, when already at hand."""
     stats = SettingStats(spec, histograms=False)
     stats.update(batch, spec.replay(batch) if result is None else result)
-    return SettingNumbers(**_summarize(stats.sequences(), stats.aggregation))
+    return SettingNumbers(**setting_scalars(stats.sequences(), stats.aggregation))
 
 
 def quick_stats_by_step(

@@ -1,0 +1,402 @@
+"""`iscore diff`: two dumps (a baseline and a candidate: before and after a fix, bf16 and FP8
+rollouts, two engine versions) streamed through the same settings, every metric's ratio with
+its interval and a verdict (docs/compare.md).
+
+Each arm is streamed once into its accumulators (`accumulate`, as `analyze` streams a dump);
+the intervals come from resampling each arm's sequences within steps (`iscore.stats.bootstrap`),
+every statistic on a resample computed by the function that computes it on the dump
+(`mismatch_scalars`, `setting_scalars`). Where both arms hold the same sequences (the same
+`(step, seq_id)` and lengths: the same rollouts scored two ways) they are resampled together
+and the comparison is paired.
+
+>>> d = diff("data/dense_bf16.parquet", "data/fp8.parquet", ["verl:decoupled_geo_rs"])
+>>> d.paired, d.metric("k3").verdict, d.metric("k3").ci[0] > 1
+(False, 'worse', True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from iscore.advice import METRICS, MISMATCH_METRICS, SETTING_METRICS, Metric, Verdict, verdict
+from iscore.dump import DEFAULT_CHUNK_TOKENS, Data
+from iscore.errors import ConfigError
+from iscore.frameworks import Setting, resolve_all
+from iscore.passes.analysis import Accumulated, accumulate
+from iscore.passes.parts import device_for
+from iscore.stats import (
+    LEVEL,
+    RESAMPLES,
+    SEED,
+    mismatch_scalars,
+    percentile_interval,
+    resample_rows,
+    setting_scalars,
+)
+from iscore.utils import write_json
+
+SCHEMA = "iscore.diff"
+SCHEMA_VERSION = 1
+"""The JSON document's name and version (docs/compare.md#the-document)."""
+
+_TOKEN_MEANS = {
+    "k3": ("k3", 0.0),
+    "abs_diff_mean": ("abs", 0.0),
+    "chi2_token": ("chi", -1.0),
+    "token_mult_prob_error": ("mult", 0.0),
+    "ratio_mean": ("rho", 0.0),
+    "far_share": ("far", 0.0),
+}
+"""The metrics that are a token mean of one per-sequence sum (field, offset): per step, they
+are resampled as sums per step (`_by_step`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """One side of a diff.
+
+    Attributes:
+        name: its label; source: its files; tokens, sequences: in the loss, with loss
+            tokens; steps: the steps it holds.
+    """
+
+    name: str
+    source: tuple[str, ...]
+    tokens: int
+    sequences: int
+    steps: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "source": list(self.source),
+            "tokens": self.tokens,
+            "sequences": self.sequences,
+            "steps": list(self.steps),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDiff:
+    """One metric on both arms.
+
+    Attributes:
+        name: the metric (`iscore.advice.comparison`).
+        baseline, candidate: its values.
+        ratio: candidate / baseline of its badness (`Metric.badness`; None where the
+            baseline's is 0); ci: that ratio's interval (NaN ends where it has none).
+        difference: candidate - baseline of the badness; difference_ci: its interval.
+        verdict: "better", "worse" or "same" for the candidate.
+    """
+
+    name: str
+    baseline: float
+    candidate: float
+    ratio: float | None
+    ci: tuple[float, float]
+    difference: float
+    difference_ci: tuple[float, float]
+    verdict: Verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "baseline": self.baseline,
+            "candidate": self.candidate,
+            "ratio": self.ratio,
+            "ci": list(self.ci),
+            "difference": self.difference,
+            "difference_ci": list(self.difference_ci),
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SettingDiff:
+    """One setting's metrics on both arms; `setting` is `framework:name`."""
+
+    setting: str
+    metrics: tuple[MetricDiff, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"setting": self.setting, "metrics": [m.to_dict() for m in self.metrics]}
+
+
+@dataclass(frozen=True, slots=True)
+class Diff:
+    """Two arms compared (`diff`).
+
+    Attributes:
+        arms: the baseline and the candidate.
+        paired: both hold the same sequences, resampled together.
+        resamples, seed, level: the bootstrap's.
+        metrics: the mismatch's metrics (`MISMATCH_METRICS`).
+        settings: each setting's (`SETTING_METRICS`).
+        by_step: per step both arms hold, the token-mean metrics (`step` and `metrics`).
+    """
+
+    arms: tuple[Arm, Arm]
+    paired: bool
+    resamples: int
+    seed: int
+    level: float
+    metrics: tuple[MetricDiff, ...]
+    settings: tuple[SettingDiff, ...]
+    by_step: tuple[dict[str, Any], ...]
+
+    def metric(self, name: str) -> MetricDiff:
+        """The mismatch's metric `name`."""
+        return next(m for m in self.metrics if m.name == name)
+
+    def worse(self) -> list[str]:
+        """Where the candidate is worse: `metric` or `setting: metric`, overall only."""
+        found = [m.name for m in self.metrics if m.verdict == "worse"]
+        for s in self.settings:
+            found += [f"{s.setting}: {m.name}" for m in s.metrics if m.verdict == "worse"]
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "arms": [a.to_dict() for a in self.arms],
+            "paired": self.paired,
+            "bootstrap": {"resamples": self.resamples, "seed": self.seed, "level": self.level},
+            "metrics": [m.to_dict() for m in self.metrics],
+            "settings": [s.to_dict() for s in self.settings],
+            "by_step": [
+                {"step": row["step"], "metrics": [m.to_dict() for m in row["metrics"]]}
+                for row in self.by_step
+            ],
+        }
+
+    def write_json(self, path: str | Path) -> None:
+        """Write `to_dict()` as JSON (non-finite numbers as null)."""
+        write_json(self.to_dict(), path)
+
+
+def diff(
+    baseline: Data,
+    candidate: Data,
+    settings: Setting | Sequence[Setting] = (),
+    *,
+    names: tuple[str, str] = ("baseline", "candidate"),
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    max_tokens: int = DEFAULT_CHUNK_TOKENS,
+    device: str | torch.device | None = None,
+    jobs: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Diff:
+    """Compare `candidate` with `baseline` through `settings` (as `analyze` takes them).
+
+    Args:
+        baseline, candidate: dumps (paths, globs, URIs, opened dumps or loaded batches).
+        names: their labels.
+        resamples, seed: the bootstrap's resamples and seed (the same give the same intervals).
+        max_tokens, device, jobs, progress: as `analyze` takes them.
+
+    Raises:
+        ConfigError: fewer than 2 resamples.
+        DumpError: as `analyze` raises it, for either arm.
+    """
+    if not isinstance(resamples, int) or resamples < 2:
+        raise ConfigError(f"Expected argument `resamples` to be an int >= 2, but got {resamples}")
+    specs = resolve_all(settings)
+    place = device_for(device, "local")
+    arms = [
+        _Numbers.of(
+            accumulate(
+                source, specs, max_tokens=max_tokens, device=place, progress=progress, jobs=jobs
+            ),
+            name,
+        )
+        for source, name in zip((baseline, candidate), names, strict=True)
+    ]
+    pairing = _pairing(*arms)
+    steps = sorted(set(arms[0].steps.tolist()) & set(arms[1].steps.tolist()))
+    draws = _draws(arms, pairing, steps, resamples, seed)
+    overall = [arm.values(None) for arm in arms]
+    stepwise = [arm.by_step(None, steps) for arm in arms]
+    return Diff(
+        arms=(arms[0].arm, arms[1].arm),
+        paired=pairing is not None,
+        resamples=resamples,
+        seed=seed,
+        level=LEVEL,
+        metrics=tuple(_compared(m, ("mismatch", m.name), overall, draws) for m in MISMATCH_METRICS),
+        settings=tuple(
+            SettingDiff(
+                f"{spec.framework}:{spec.name}",
+                tuple(_compared(m, (i, m.name), overall, draws) for m in SETTING_METRICS),
+            )
+            for i, spec in enumerate(specs)
+        ),
+        by_step=tuple(
+            {
+                "step": step,
+                "metrics": [
+                    _compared(METRICS[name], (j, name), stepwise, draws, by_step=True)
+                    for name in _TOKEN_MEANS
+                ],
+            }
+            for j, step in enumerate(steps)
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Numbers:
+    """An arm's per-sequence numbers: the mismatch's (with `broken`) and each setting's, in the
+    same order (every accumulator adds a part's sequences in the order read)."""
+
+    arm: Arm
+    mismatch: dict[str, np.ndarray]
+    settings: tuple[tuple[dict[str, np.ndarray], Any], ...]
+    seq_id: Any
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.mismatch["step"]
+
+    @classmethod
+    def of(cls, done: Accumulated, name: str) -> _Numbers:
+        numbers = done.numbers
+        mismatch = {k: v for k, v in numbers.items() if k != "seq_id"}
+        mismatch["broken"] = done.total.mismatch.broken(numbers).astype(np.float64)
+        settings = tuple((acc.sequences(), acc.aggregation) for acc in done.total.settings)
+        has = mismatch["T"] > 0
+        arm = Arm(
+            name,
+            tuple(done.plan.files),
+            int(mismatch["T"].sum()),
+            int(has.sum()),
+            tuple(int(s) for s in np.unique(mismatch["step"][has])),
+        )
+        return cls(arm, mismatch, settings, numbers["seq_id"])
+
+    def values(self, row: np.ndarray | None) -> dict[Any, float]:
+        """Every overall metric on the sequences `row` (None: as they are)."""
+        m = _take(self.mismatch, row)
+        scalars = mismatch_scalars(m)
+        has = m["T"] > 0
+        out: dict[Any, float] = {
+            ("mismatch", k): float(scalars[k]) for k in METRICS if k in scalars
+        }
+        out["mismatch", "broken_share"] = float(m["broken"][has].sum() / max(has.sum(), 1))
+        out["mismatch", "far_share"] = float(m["far"].sum() / max(m["T"].sum(), 1.0))
+        for i, (seq, agg) in enumerate(self.settings):
+            found = setting_scalars(_take(seq, row), agg)
+            out |= {
+                (i, metric.name): float(found.get(metric.name, np.nan))
+                for metric in SETTING_METRICS
+            }
+        return out
+
+    def by_step(self, row: np.ndarray | None, steps: Sequence[int]) -> dict[Any, float]:
+        """The token-mean metrics of each of `steps` on the sequences `row`, as sums per step."""
+        m = _take(self.mismatch, row)
+        codes = np.searchsorted(np.asarray(steps), m["step"])
+        known = (codes < len(steps)) & np.isin(m["step"], steps)
+        T = np.bincount(codes[known], weights=m["T"][known], minlength=len(steps))
+        out: dict[Any, float] = {}
+        for name, (field, offset) in _TOKEN_MEANS.items():
+            sums = np.bincount(codes[known], weights=m[field][known], minlength=len(steps))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                means = np.where(T > 0, sums / T, np.nan) + offset
+            out |= {(j, name): float(v) for j, v in enumerate(means)}
+        return out
+
+
+def _take(numbers: Mapping[str, np.ndarray], row: np.ndarray | None) -> dict[str, np.ndarray]:
+    if row is None:
+        return dict(numbers)
+    return {k: v[row] for k, v in numbers.items()}
+
+
+def _pairing(base: _Numbers, cand: _Numbers) -> np.ndarray | None:
+    """Where both arms hold the same sequences (each `(step, seq_id, T)` once in each), for
+    each of the baseline's sequences the candidate's index of it; else None."""
+
+    def keys(arm: _Numbers) -> list[tuple[int, str, float]]:
+        return list(
+            zip(
+                arm.steps.tolist(),
+                map(str, arm.seq_id.to_pylist()),
+                arm.mismatch["T"].tolist(),
+                strict=True,
+            )
+        )
+
+    a, b = keys(base), keys(cand)
+    if len(a) != len(b) or len(set(a)) != len(a):
+        return None
+    where = {key: i for i, key in enumerate(b)}
+    if where.keys() != set(a):
+        return None
+    return np.array([where[key] for key in a], dtype=np.int64)
+
+
+def _draws(
+    arms: Sequence[_Numbers],
+    pairing: np.ndarray | None,
+    steps: Sequence[int],
+    resamples: int,
+    seed: int,
+) -> dict[Any, np.ndarray]:
+    """float64 [resamples, 2] per metric key (overall and by step): both arms' values on each
+    resample; paired arms on the same draws."""
+    rows = [resample_rows(arms[0].steps, resamples, seed)]
+    rows.append(
+        iter(()) if pairing is not None else resample_rows(arms[1].steps, resamples, seed + 1)
+    )
+    draws: dict[Any, np.ndarray] = {}
+    for k, row in enumerate(rows[0]):
+        other = pairing[row] if pairing is not None else next(rows[1])
+        for a, (arm, r) in enumerate(zip(arms, (row, other), strict=True)):
+            for key, value in _keyed(arm, r, steps):
+                draws.setdefault(key, np.full((resamples, 2), np.nan))[k, a] = value
+    return draws
+
+
+def _keyed(arm: _Numbers, row: np.ndarray, steps: Sequence[int]) -> Iterator[tuple[Any, float]]:
+    yield from arm.values(row).items()
+    yield from ((("step", key), v) for key, v in arm.by_step(row, steps).items())
+
+
+def _compared(
+    metric: Metric,
+    key: Any,
+    values: Sequence[Mapping[Any, float]],
+    draws: Mapping[Any, np.ndarray],
+    *,
+    by_step: bool = False,
+) -> MetricDiff:
+    """`metric` on both arms (`values`, keyed by `key`), its ratio and difference with their
+    intervals from `draws`, and the verdict."""
+    drawn = draws[("step", key) if by_step else key]
+    base, cand = (float(v[key]) for v in values)
+    bad_b, bad_c = metric.badness(base), metric.badness(cand)
+    bad = np.abs(drawn - 1.0) if metric.bad == "away_from_1" else drawn
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(bad[:, 0] > 0, bad[:, 1] / bad[:, 0], np.nan)
+    ratio = bad_c / bad_b if bad_b > 0 else None
+    ratio_ci = percentile_interval(np.nan if ratio is None else ratio, ratios)
+    difference_ci = percentile_interval(bad_c - bad_b, bad[:, 1] - bad[:, 0])
+    ci = (ratio_ci.lo, ratio_ci.hi)
+    return MetricDiff(
+        metric.name,
+        base,
+        cand,
+        ratio,
+        ci,
+        bad_c - bad_b,
+        (difference_ci.lo, difference_ci.hi),
+        verdict(metric, ci, (difference_ci.lo, difference_ci.hi)),
+    )

@@ -49,6 +49,8 @@ class _PieceTask:
     Attributes:
         index: the file's index in its dump; last: whether it is the file's last piece (the
             driver's bookkeeping).
+        keep: hand back the parts as the store keeps them (a store keeps them), else the
+            accumulators themselves (nothing to decode on the driver's side).
     """
 
     index: int
@@ -58,14 +60,16 @@ class _PieceTask:
     max_tokens: int
     held: tuple[StoredPart, ...] = ()
     table: pa.Schema | None = None
+    keep: bool = True
 
 
 @dataclass(slots=True)
 class _PieceDone:
-    """What a task hands back: its parts as the store keeps them (plain arrays), the
-    tokens read, the sequences `drop_invalid` dropped and its rows of the sequence table."""
+    """What a task hands back: its parts (as the store keeps them, plain arrays, or as
+    accumulators: `_PieceTask.keep`), the tokens read, the sequences `drop_invalid` dropped
+    and its rows of the sequence table."""
 
-    parts: list[StoredPart]
+    parts: list[StoredPart] | list[StepPart]
     tokens: int
     dropped: DropReport
     table: SequenceTable | None
@@ -77,7 +81,7 @@ def _analyze_piece(task: _PieceTask) -> _PieceDone:
     held = {(p.step, p.run): p for p in task.held}
     table = None if task.table is None else SequenceTable(task.table, task.specs)
     runs: dict[int, int] = {}
-    done: list[StoredPart] = []
+    done: list[Any] = []
     tokens = 0
     chunks = dump.batches(task.max_tokens, whole_steps=True, part=True)
     with ops.reused_buffers():
@@ -87,7 +91,7 @@ def _analyze_piece(task: _PieceTask) -> _PieceDone:
                 runs[step] = runs.get(step, -1) + 1
                 stored = held.get((step, runs[step]))
                 part = analyzed(run, step, task.specs, table, stored)
-                done.append(to_store(part, runs[step], task.specs, stored))
+                done.append(to_store(part, runs[step], task.specs, stored) if task.keep else part)
     return _PieceDone(done, tokens, dump.dropped, table)
 
 
@@ -137,6 +141,7 @@ def task_parts(
                     max_tokens,
                     tuple(p for p in held if piece.steps.row_group_may_match(p.step, p.step)),
                     None if sequences is None else sequences.schema,
+                    keep=whole and store is not None,
                 )
 
     def finished(task: _PieceTask, result: _PieceDone) -> None:
@@ -158,12 +163,13 @@ def task_parts(
         if sequences is not None:
             sequences.extend(result.table)
         for held in result.parts:
-            part = part_of(held, specs)
+            part = held if isinstance(held, StepPart) else part_of(held, specs)
             if part is None:
                 raise IscoreError(f"{path}: the task's results do not make accumulators")
             owners.append((path, part.sequences))
             yield part
-        saved += result.parts
+        if item.keep:
+            saved += result.parts
         if item.last:
             identity, context = keys.get(item.index, (None, ""))
             if whole and store is not None and identity is not None:

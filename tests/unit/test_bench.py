@@ -424,6 +424,16 @@ def test_a_marginal_cost_within_the_noise_is_inconclusive(
     assert goal["measured"].startswith("inconclusive: ") and why in goal["measured"]
 
 
+@pytest.mark.parametrize(
+    ("cpus", "ratio", "met"), [(2, 4.9, True), (2, 5.1, False), (16, 2.1, False)]
+)
+def test_the_marginal_goal_is_5x_below_16_cores_and_2x_from_16(cpus, ratio, met):
+    times = {"half": 1.0, "all": 2.0}
+    marginal = {"ratio": ratio, "repeats": 5, "analyze_s": times, "read_s": times}
+    (goal,) = goals.marginal_vs_read({"marginal": marginal, "machine": {"cpus": cpus}})
+    assert goal["met"] is met and f"<= {5 if cpus < 16 else 2}x" in goal["goal"]
+
+
 def test_a_speedup_over_a_baseline_that_disagrees_is_not_met():
     rows = [{"goal": "padded_speedup", "speedup": 9.0}, {"goal": "pandas_speedup", "speedup": 20.0}]
     worst = {"worst": "trl:trl_default.ess", "max_rel_diff": 0.3, "tolerance": 2e-3}

@@ -5,7 +5,7 @@ values (`reference`), the targets a setting is held to and each statistic's grad
 the data, `thresholds`, its candidates, `candidates`, the objective they are ranked by,
 `objective`, and the words, `explain`), threshold tuning (`tuning`), export between frameworks
 (`conversion`), a run's trend and its events (`trend`) and the verdicts on two dumps compared
-(`comparison`).
+(`comparison`), and the bars a dump is gated by (`gates`).
 
 Rule: reads statistics and dumps from the floors below (`iscore.stats`, `iscore.dump` and
 down); never streams a dump through settings into statistics (`iscore.passes` does).
@@ -29,6 +29,16 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "verdict",
         ],
         "conversion": ["Syntax", "export", "snippet", "to_file_text"],
+        "gates": [
+            "GATED",
+            "TABLES",
+            "Bound",
+            "Check",
+            "Table",
+            "judge",
+            "parse_bound",
+            "read_table",
+        ],
         "flags": ["FLAG_KINDS", "Flag", "NO_SEMANTICS_BUG", "find_flags", "flags_of"],
         "health": ["Health", "assess", "assess_values"],
         "recommendation": ["Recommendation", "recommend"],

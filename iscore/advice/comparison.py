@@ -48,10 +48,10 @@ class Metric:
 
 
 MISMATCH_METRICS = (
-    Metric("k3", "higher", "<e^d - 1 - d>_tok, verl's and NeMo-RL's mismatch KL"),
-    Metric("abs_diff_mean", "higher", "<|d|>_tok, slime's abs_diff"),
+    Metric("k3", "higher", "<e^d - 1 - d>_tok, the mismatch KL"),
+    Metric("abs_diff_mean", "higher", "<|d|>_tok, the mean absolute log-prob difference"),
     Metric("chi2_token", "higher", "<e^2d>_tok - 1"),
-    Metric("token_mult_prob_error", "away_from_1", "<e^|d|>_tok, NeMo-RL's; 1 where equal"),
+    Metric("token_mult_prob_error", "away_from_1", "<e^|d|>_tok; 1 where both sides agree"),
     Metric("ratio_mean", "away_from_1", "<e^d>_tok; 1 in expectation"),
     Metric("ess", "lower", "<e^d>^2 / <e^2d>, the raw ratios' effective sample size"),
     Metric("broken_share", "higher", "the share of sequences outside their step's noise"),

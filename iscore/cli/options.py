@@ -155,16 +155,23 @@ def add_dump_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     ]
 
 
-def add_settings(
-    parser: argparse.ArgumentParser,
-    config: str = "a framework config with a top-level `framework:` (repeatable)",
-    preset: str = "a named setting, e.g. verl:decoupled_geo_rs (repeatable)",
-) -> None:
-    """`--config` and `--preset`, both into `args.settings`, with their help texts."""
+def add_settings(parser: argparse.ArgumentParser) -> None:
+    """`--config` and `--preset`, both into `args.settings` (analyze's and diff's)."""
     parser.add_argument(
-        "--config", action="append", default=[], dest="settings", metavar="CFG.yaml", help=config
+        "--config",
+        action="append",
+        default=[],
+        dest="settings",
+        metavar="CFG.yaml",
+        help="a framework config with a top-level `framework:` (repeatable)",
     )
-    parser.add_argument("--preset", action="append", dest="settings", metavar="NAME", help=preset)
+    parser.add_argument(
+        "--preset",
+        action="append",
+        dest="settings",
+        metavar="NAME",
+        help="a named setting, e.g. verl:decoupled_geo_rs (repeatable)",
+    )
 
 
 def add_engine(parser: argparse.ArgumentParser, jobs: bool = False) -> None:

@@ -20,10 +20,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "`tokens` view of the dump's tokens. Without --out, CSV on stdout.",
     )
     options.add_dump_arguments(p)
-    options.add_settings(
-        p,
-        "a setting whose columns the table gets (repeatable)",
-        "a named setting whose columns the table gets (repeatable)",
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        dest="settings",
+        metavar="CFG.yaml",
+        help="a setting whose columns the table gets (repeatable)",
+    )
+    p.add_argument(
+        "--preset",
+        action="append",
+        dest="settings",
+        metavar="NAME",
+        help="a named setting whose columns the table gets (repeatable)",
     )
     p.add_argument(
         "--sql",

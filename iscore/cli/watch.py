@@ -27,10 +27,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="the run's folder (step files below it), or its s3://, gs:// or az:// prefix",
     )
-    options.add_settings(
-        p,
-        "a framework config whose per-step figures are followed (repeatable)",
-        "a named setting whose per-step figures are followed (repeatable)",
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        dest="settings",
+        metavar="CFG.yaml",
+        help="a framework config whose per-step figures are followed (repeatable)",
+    )
+    p.add_argument(
+        "--preset",
+        action="append",
+        dest="settings",
+        metavar="NAME",
+        help="a named setting whose per-step figures are followed (repeatable)",
     )
     p.add_argument(
         "--alert",

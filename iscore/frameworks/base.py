@@ -245,6 +245,8 @@ class Framework:
         families: the `iscore.advice.tuning.FAMILIES` it expresses exactly.
         metrics: per iscore mismatch statistic, the name(s) it logs it under.
         bands: the health bands its docs publish on iscore's mismatch statistics.
+        gates: the bars its CI or docs hold a run to, on iscore's mismatch statistics
+            (`iscore gate --table`; `meaning` says how its metric relates to iscore's).
         references: mismatch measurements published in its own repository (issues, pull
             requests, docs), to place a dump among (`iscore.advice.reference`).
         columns: per canonical dump column, the names it writes for it (its batch's keys),
@@ -278,6 +280,7 @@ class Framework:
     families: frozenset[str] = frozenset()
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     bands: tuple[HealthBand, ...] = ()
+    gates: tuple[HealthBand, ...] = ()
     references: tuple[ReferencePoint, ...] = ()
     columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     traps: tuple[Trap, ...] = ()

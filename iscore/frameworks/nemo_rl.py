@@ -705,6 +705,7 @@ FRAMEWORK = Framework(
         "js": ("js_divergence_error",),
     },
     bands=BANDS,
+    gates=BANDS[:1],  # token_mult_prob_error <= 1.05, the rule its docs give
     references=REFERENCES,
     traps=(
         Trap(

@@ -122,7 +122,14 @@ from iscore.frameworks._config import (
     parse_flags,
     top_level,
 )
-from iscore.frameworks.base import Aggregation, BatchFields, Framework, Upstream
+from iscore.frameworks.base import (
+    Aggregation,
+    BatchFields,
+    Citation,
+    Framework,
+    HealthBand,
+    Upstream,
+)
 from iscore.frameworks.canonical import (
     BIG,
     TINY,
@@ -1006,6 +1013,18 @@ def _render(body: Mapping[str, Any], fmt: str | None) -> str:
     return text
 
 
+CI_GATE = HealthBand(
+    "abs_diff_mean",
+    None,
+    0.1,
+    "train_rollout_logprob_abs_diff",
+    "its CI run (--ci-test) fails above 0.1; slime averages each sample's tokens first, then "
+    "the samples, where iscore's abs_diff_mean is a token mean: they differ where long and short "
+    "sequences differ",
+    Citation("slime PR #1968", "https://github.com/THUDM/slime/pull/1968"),
+)
+"""The bar slime's CI holds the mismatch to."""
+
 FRAMEWORK = Framework(
     name=NAME,
     title="slime",
@@ -1019,6 +1038,7 @@ FRAMEWORK = Framework(
     render=_render,
     aggregation=_aggregation,
     families=frozenset({"token_tis", "icepop", "seq_tis"}),
+    gates=(CI_GATE,),
     columns={  # the --save-debug-train-data sample dicts
         "seq_id": ("sample_index",),
         "step": ("rollout_id",),

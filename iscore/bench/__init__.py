@@ -28,6 +28,7 @@
   row against the same sequences sorted by step;
 - `cores`: the streamed analyze in worker processes (every core, at least 2), cold and warm,
   against one worker's compute (a process of one thread) and one process;
+- `compare`: `iscore diff` of two arms of consecutive whole steps, against one analyze;
 - peak memory (fresh subprocesses): streaming the whole dump, streaming a quarter of it, and
   loading it whole;
 - with CUDA: the replay of the settings on chunks resident on the GPU, and including the
@@ -42,7 +43,7 @@ The package, by responsibility:
 - `harness`: `run_bench` and the list of measurements it runs, `format_table`;
 - `base`: what a measurement is given (`Run`) and returns (`Measured`), rows and timing;
 - `data`: the bench dump, simulated or reused, and prefixes of whole steps;
-- `throughput`, `interactive`, `processes`, `writer`, `runs`, `store`, `cores`: the
+- `throughput`, `interactive`, `processes`, `writer`, `runs`, `store`, `cores`, `compare`: the
   measurements (read, load, analyze, replay, CUDA; Tuner and app latency; marginal cost,
   start-up and peak memory in fresh processes; the dump writer; a run's store, trend and new
   steps; the store on one large dump, and interleaved steps; worker processes);

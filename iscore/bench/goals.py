@@ -31,6 +31,7 @@ GOALS = {
     "store_first_vs_none": 1.1,
     "store_second_vs_first": 0.10,
     "interleaved_vs_sorted": 1.2,
+    "diff_vs_analyze": 2.5,
     "workers_vs_one": 1.7,
     "workers_vs_one_16": 10.0,
 }
@@ -53,6 +54,7 @@ GOAL_TEXT = {
     "store_first_vs_none": "<= 1.1x none",
     "store_second_vs_first": "<= 10% first",
     "interleaved_vs_sorted": "<= 1.2x sorted",
+    "diff_vs_analyze": "<= 2.5x analyze",
     "workers_vs_one": ">= 1.7x | 10x",
     "workers_cold": "<= 1 process",
 }
@@ -425,6 +427,26 @@ def every_core(result: dict[str, Any]) -> list[Goal]:
     ]
 
 
+def diff_vs_analyze(result: dict[str, Any]) -> list[Goal]:
+    """`iscore diff` of two arms against one analyze of one of them."""
+    d = result["diff"]
+    goal = f"iscore diff of two arms <= {GOALS['diff_vs_analyze']:g}x one analyze of an arm"
+    if "skipped" in d:
+        return [{"id": "diff_vs_analyze", "goal": goal, "measured": d["skipped"], "met": None}]
+    ratio = d["diff_s"] / d["analyze_s"]
+    measured = (
+        f"{ratio:.2f}x ({d['diff_s']:.2f} s vs {d['analyze_s']:.2f} s, {d['tokens']:,} tokens)"
+    )
+    return [
+        {
+            "id": "diff_vs_analyze",
+            "goal": goal,
+            "measured": measured,
+            "met": ratio <= GOALS["diff_vs_analyze"],
+        }
+    ]
+
+
 def ray_vs_local(result: dict[str, Any]) -> list[Goal]:
     """The streamed analyze on a local Ray cluster against one process; not measured where
     Ray is not installed, or the two disagree."""
@@ -456,6 +478,7 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Goal]], ...] = (
     runs,
     results_store,
     every_core,
+    diff_vs_analyze,
     cuda_replay,
     ray_vs_local,
 )

@@ -19,6 +19,7 @@ from typing import Any
 
 from iscore.bench import (
     cluster,
+    compare,
     cores,
     data,
     goals,
@@ -50,6 +51,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     runs.runs,
     store.store,
     cores.workers,
+    compare.compared,
     processes.memory,
     throughput.cuda,
     cluster.ray_engine,  # last: a cluster's processes slow nothing else
@@ -96,7 +98,7 @@ def run_bench(
     Returns:
         A JSON-ready dict: `machine`, `dump`, `rows` (the table), `goals`, `agreement`,
         `memory`, `marginal`, `tune`, `app`, `startup`, `writer`, `runs`, `store`,
-            `workers`, `cuda`, `ray`.
+            `workers`, `diff`, `cuda`, `ray`.
 
     Raises:
         ConfigError: `tokens` < 1000, or `device` is neither None, "cpu" nor "cuda".

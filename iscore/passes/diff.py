@@ -222,8 +222,8 @@ def diff(
     pairing = _pairing(*arms)
     steps = sorted(set(arms[0].steps.tolist()) & set(arms[1].steps.tolist()))
     draws = _draws(arms, pairing, steps, resamples, seed)
-    overall = [arm.values(None) for arm in arms]
-    stepwise = [arm.by_step(None, steps) for arm in arms]
+    overall = [arm.values(arm.resampled(None)) for arm in arms]
+    stepwise = [arm.by_step(arm.resampled(None), steps) for arm in arms]
     return Diff(
         arms=(arms[0].arm, arms[1].arm),
         paired=pairing is not None,
@@ -253,24 +253,31 @@ def diff(
 
 @dataclass(frozen=True, slots=True)
 class _Numbers:
-    """An arm's per-sequence numbers: the mismatch's (with `broken`) and each setting's, in the
-    same order (every accumulator adds a part's sequences in the order read)."""
+    """An arm's per-sequence numbers, the mismatch's (with `broken`) and each setting's in the
+    same order (every accumulator adds a part's sequences in the order read), as the rows of
+    one float64 matrix: a resample takes its sequences in one gather."""
 
     arm: Arm
-    mismatch: dict[str, np.ndarray]
-    settings: tuple[tuple[dict[str, np.ndarray], Any], ...]
+    table: np.ndarray
+    fields: tuple[tuple[Any, str], ...]
+    aggregations: tuple[Any, ...]
     seq_id: Any
 
     @property
     def steps(self) -> np.ndarray:
-        return self.mismatch["step"]
+        return self.table[self.fields.index(("mismatch", "step"))].astype(np.int64)
 
     @classmethod
     def of(cls, done: Accumulated, name: str) -> _Numbers:
         numbers = done.numbers
         mismatch = {k: v for k, v in numbers.items() if k != "seq_id"}
-        mismatch["broken"] = done.total.mismatch.broken(numbers).astype(np.float64)
-        settings = tuple((acc.sequences(), acc.aggregation) for acc in done.total.settings)
+        mismatch["broken"] = done.total.mismatch.broken(numbers)
+        groups: list[tuple[Any, dict[str, np.ndarray]]] = [("mismatch", mismatch)]
+        groups += [(i, acc.sequences()) for i, acc in enumerate(done.total.settings)]
+        fields = tuple((group, k) for group, values in groups for k in values)
+        table = np.stack(
+            [np.asarray(values[k], np.float64) for _, values in groups for k in values]
+        )
         has = mismatch["T"] > 0
         arm = Arm(
             name,
@@ -279,11 +286,21 @@ class _Numbers:
             int(has.sum()),
             tuple(int(s) for s in np.unique(mismatch["step"][has])),
         )
-        return cls(arm, mismatch, settings, numbers["seq_id"])
+        aggregations = tuple(acc.aggregation for acc in done.total.settings)
+        return cls(arm, table, fields, aggregations, numbers["seq_id"])
 
-    def values(self, row: np.ndarray | None) -> dict[Any, float]:
-        """Every overall metric on the sequences `row` (None: as they are)."""
-        m = _take(self.mismatch, row)
+    def resampled(self, row: np.ndarray | None) -> dict[Any, dict[str, np.ndarray]]:
+        """Each group's per-sequence numbers (the mismatch's, each setting's) on the
+        sequences `row` (None: as they are), views of one gather."""
+        taken = self.table if row is None else self.table[:, row]
+        out: dict[Any, dict[str, np.ndarray]] = {}
+        for (group, name), values in zip(self.fields, taken, strict=True):
+            out.setdefault(group, {})[name] = values
+        return out
+
+    def values(self, numbers: Mapping[Any, Mapping[str, np.ndarray]]) -> dict[Any, float]:
+        """Every overall metric of `numbers` (`resampled`)."""
+        m = numbers["mismatch"]
         scalars = mismatch_scalars(m)
         has = m["T"] > 0
         out: dict[Any, float] = {
@@ -291,18 +308,19 @@ class _Numbers:
         }
         out["mismatch", "broken_share"] = float(m["broken"][has].sum() / max(has.sum(), 1))
         out["mismatch", "far_share"] = float(m["far"].sum() / max(m["T"].sum(), 1.0))
-        for i, (seq, agg) in enumerate(self.settings):
-            found = setting_scalars(_take(seq, row), agg)
-            out |= {
-                (i, metric.name): float(found.get(metric.name, np.nan))
-                for metric in SETTING_METRICS
-            }
+        for i, agg in enumerate(self.aggregations):
+            found = setting_scalars(numbers[i], agg)
+            out |= {(i, m.name): float(found.get(m.name, np.nan)) for m in SETTING_METRICS}
         return out
 
-    def by_step(self, row: np.ndarray | None, steps: Sequence[int]) -> dict[Any, float]:
-        """The token-mean metrics of each of `steps` on the sequences `row`, as sums per step."""
-        m = _take(self.mismatch, row)
-        codes = np.searchsorted(np.asarray(steps), m["step"])
+    @staticmethod
+    def by_step(
+        numbers: Mapping[Any, Mapping[str, np.ndarray]], steps: Sequence[int]
+    ) -> dict[Any, float]:
+        """The token-mean metrics of each of `steps` in `numbers` (`resampled`), as sums per
+        step."""
+        m = numbers["mismatch"]
+        codes = np.searchsorted(np.asarray(steps, np.float64), m["step"])
         known = (codes < len(steps)) & np.isin(m["step"], steps)
         T = np.bincount(codes[known], weights=m["T"][known], minlength=len(steps))
         out: dict[Any, float] = {}
@@ -314,25 +332,14 @@ class _Numbers:
         return out
 
 
-def _take(numbers: Mapping[str, np.ndarray], row: np.ndarray | None) -> dict[str, np.ndarray]:
-    if row is None:
-        return dict(numbers)
-    return {k: v[row] for k, v in numbers.items()}
-
-
 def _pairing(base: _Numbers, cand: _Numbers) -> np.ndarray | None:
     """Where both arms hold the same sequences (each `(step, seq_id, T)` once in each), for
     each of the baseline's sequences the candidate's index of it; else None."""
 
     def keys(arm: _Numbers) -> list[tuple[int, str, float]]:
-        return list(
-            zip(
-                arm.steps.tolist(),
-                map(str, arm.seq_id.to_pylist()),
-                arm.mismatch["T"].tolist(),
-                strict=True,
-            )
-        )
+        ids = map(str, arm.seq_id.to_pylist())
+        lengths = arm.table[arm.fields.index(("mismatch", "T"))].tolist()
+        return list(zip(arm.steps.tolist(), ids, lengths, strict=True))
 
     a, b = keys(base), keys(cand)
     if len(a) != len(b) or len(set(a)) != len(a):
@@ -361,13 +368,16 @@ def _draws(
         other = pairing[row] if pairing is not None else next(rows[1])
         for a, (arm, r) in enumerate(zip(arms, (row, other), strict=True)):
             for key, value in _keyed(arm, r, steps):
-                draws.setdefault(key, np.full((resamples, 2), np.nan))[k, a] = value
+                if key not in draws:
+                    draws[key] = np.full((resamples, 2), np.nan)
+                draws[key][k, a] = value
     return draws
 
 
 def _keyed(arm: _Numbers, row: np.ndarray, steps: Sequence[int]) -> Iterator[tuple[Any, float]]:
-    yield from arm.values(row).items()
-    yield from ((("step", key), v) for key, v in arm.by_step(row, steps).items())
+    numbers = arm.resampled(row)
+    yield from arm.values(numbers).items()
+    yield from ((("step", key), v) for key, v in arm.by_step(numbers, steps).items())
 
 
 def _compared(

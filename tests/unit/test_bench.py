@@ -108,6 +108,7 @@ GOALS = {
     "interleaved_vs_sorted",
     "workers_vs_one",
     "workers_cold",
+    "diff_vs_analyze",
     "ray_vs_local",
 }
 
@@ -182,6 +183,7 @@ def test_structure(result):
     assert min(store["none_s"], store["first_s"], store["second_s"], store["sorted_s"]) > 0
     for name, size in store["sizes"].items():  # the store wrote entries, smaller than the dump
         assert 0 < size["entries"] < size["dump"], name
+    assert result["diff"] == {"skipped": "a dump of one step has no second arm"}
     workers = result["workers"]
     assert workers["jobs"] == max(2, cores()) and workers["agrees"]
     assert min(workers["one_thread_s"], workers["cold_s"], workers["warm_s"]) > 0
@@ -459,6 +461,22 @@ def test_the_worker_goals_are_judged_by_the_cores(machine, warm_s, cold_s, met):
     assert tuple(g["met"] for g in goals.every_core({"workers": w})) == met
     disagrees = goals.every_core({"workers": {**w, "agrees": False, "max_rel_diff": 1e-9}})
     assert disagrees[0]["met"] is None and "DISAGREE" in disagrees[0]["measured"]
+
+
+def test_diff_is_timed_on_two_arms_of_whole_steps(tmp_path):
+    from iscore.bench.base import Run
+    from iscore.bench.compare import compared
+
+    path = tmp_path / "four_steps.parquet"
+    write_simulated(
+        path, SimConfig("dense_bf16", sequences=8, steps=4, median_len=50), layout="token"
+    )
+    run = Run(path=path, tokens=1, specs=tuple(SETTINGS[:1]), chunk_tokens=50_000, repeats=1)
+    measured = compared(run)
+    d = measured.entries["diff"]
+    assert d["arm_steps"] == 2 and d["diff_s"] > 0 and d["analyze_s"] > 0
+    (goal,) = goals.diff_vs_analyze({"diff": d})
+    assert goal["met"] is (d["diff_s"] <= 2.5 * d["analyze_s"])
 
 
 def test_the_store_goals_hold_each_figure_to_its_threshold():

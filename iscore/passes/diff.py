@@ -4,10 +4,10 @@ its interval and a verdict (docs/compare.md).
 
 Each arm is streamed once into its accumulators (`accumulate`, as `analyze` streams a dump);
 the intervals come from resampling each arm's sequences within steps (`iscore.stats.bootstrap`),
-every statistic on a resample computed by the function that computes it on the dump
-(`mismatch_scalars`, `setting_scalars`). Where both arms hold the same sequences (the same
-`(step, seq_id)` and lengths: the same rollouts scored two ways) they are resampled together
-and the comparison is paired.
+each resample's statistics from its sums over the sequences it draws (the formulas of
+`mismatch_scalars` and `setting_scalars`, tested equal to them). Where both arms hold the same
+sequences (the same `(step, seq_id)` and lengths: the same rollouts scored two ways) they are
+resampled together and the comparison is paired.
 
 >>> d = diff("data/dense_bf16.parquet", "data/fp8.parquet", ["verl:decoupled_geo_rs"])
 >>> d.paired, d.metric("k3").verdict, d.metric("k3").ci[0] > 1
@@ -16,7 +16,7 @@ and the comparison is paired.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +34,15 @@ from iscore.stats import (
     LEVEL,
     RESAMPLES,
     SEED,
+    counts,
+    mismatch_from_sums,
     mismatch_scalars,
+    mismatch_sum_columns,
     percentile_interval,
     resample_rows,
+    setting_from_sums,
     setting_scalars,
+    setting_sum_columns,
 )
 from iscore.utils import write_json
 
@@ -54,7 +59,7 @@ _TOKEN_MEANS = {
     "far_share": ("far", 0.0),
 }
 """The metrics that are a token mean of one per-sequence sum (field, offset): per step, they
-are resampled as sums per step (`_by_step`)."""
+are compared per step too (`_Numbers.by_step`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +318,39 @@ class _Numbers:
             out |= {(i, m.name): float(found.get(m.name, np.nan)) for m in SETTING_METRICS}
         return out
 
+    def sum_columns(self, steps: Sequence[int]) -> tuple[list[Any], np.ndarray]:
+        """(names, float64 [B, K]): the per-sequence columns whose sums give every compared
+        metric, overall and (the token-mean ones) per step of `steps`."""
+        numbers = self.resampled(None)
+        named: dict[Any, np.ndarray] = {
+            ("mismatch", k): v for k, v in mismatch_sum_columns(numbers["mismatch"]).items()
+        }
+        for i, agg in enumerate(self.aggregations):
+            named |= {(i, k): v for k, v in setting_sum_columns(numbers[i], agg).items()}
+        step = numbers["mismatch"]["step"]
+        for j, value in enumerate(steps):
+            inside = (step == value).astype(np.float64)
+            for field in ("T", *(f for f, _ in _TOKEN_MEANS.values())):
+                named["step", j, field] = inside * numbers["mismatch"][field]
+        return list(named), np.stack(list(named.values()), axis=1)
+
+    def from_sums(
+        self, sums: Mapping[Any, np.ndarray], steps: Sequence[int]
+    ) -> dict[Any, np.ndarray]:
+        """Every compared metric of each resample (keyed as `values` keys them; the per-step
+        ones as ("step", (j, name))), from its sums of `sum_columns`."""
+        m = mismatch_from_sums(_group(sums, "mismatch"))
+        out: dict[Any, np.ndarray] = {("mismatch", k): v for k, v in m.items()}
+        for i, agg in enumerate(self.aggregations):
+            out |= {(i, k): v for k, v in setting_from_sums(_group(sums, i), agg).items()}
+        for j in range(len(steps)):
+            T = sums["step", j, "T"]
+            for name, (field, offset) in _TOKEN_MEANS.items():
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    means = np.where(T > 0, sums["step", j, field] / T, np.nan)
+                out["step", (j, name)] = means + offset
+        return out
+
     @staticmethod
     def by_step(
         numbers: Mapping[Any, Mapping[str, np.ndarray]], steps: Sequence[int]
@@ -330,6 +368,11 @@ class _Numbers:
                 means = np.where(T > 0, sums / T, np.nan) + offset
             out |= {(j, name): float(v) for j, v in enumerate(means)}
         return out
+
+
+def _group(sums: Mapping[Any, np.ndarray], group: Any) -> dict[str, np.ndarray]:
+    """The sums of one group's columns (the mismatch's, a setting's), by name."""
+    return {key[1]: v for key, v in sums.items() if len(key) == 2 and key[0] == group}
 
 
 def _pairing(base: _Numbers, cand: _Numbers) -> np.ndarray | None:
@@ -350,6 +393,10 @@ def _pairing(base: _Numbers, cand: _Numbers) -> np.ndarray | None:
     return np.array([where[key] for key in a], dtype=np.int64)
 
 
+_BATCH = 100
+"""Resamples drawn at once: their counts per sequence are one matrix [100, B]."""
+
+
 def _draws(
     arms: Sequence[_Numbers],
     pairing: np.ndarray | None,
@@ -358,26 +405,26 @@ def _draws(
     seed: int,
 ) -> dict[Any, np.ndarray]:
     """float64 [resamples, 2] per metric key (overall and by step): both arms' values on each
-    resample; paired arms on the same draws."""
+    resample, from the sums over the sequences each draws (`counts @ columns`: every compared
+    statistic is a function of sums over sequences, `iscore.stats.bootstrap`); paired arms on
+    the same draws."""
     rows = [resample_rows(arms[0].steps, resamples, seed)]
-    rows.append(
-        iter(()) if pairing is not None else resample_rows(arms[1].steps, resamples, seed + 1)
-    )
+    unpaired = pairing is None
+    rows.append(resample_rows(arms[1].steps, resamples, seed + 1) if unpaired else iter(()))
+    columns = [arm.sum_columns(steps) for arm in arms]
     draws: dict[Any, np.ndarray] = {}
-    for k, row in enumerate(rows[0]):
-        other = pairing[row] if pairing is not None else next(rows[1])
-        for a, (arm, r) in enumerate(zip(arms, (row, other), strict=True)):
-            for key, value in _keyed(arm, r, steps):
+    for start in range(0, resamples, _BATCH):
+        batch = [next(rows[0]) for _ in range(min(_BATCH, resamples - start))]
+        others = [next(rows[1]) for _ in batch] if unpaired else [pairing[r] for r in batch]
+        for a, (arm, drawn) in enumerate(zip(arms, (batch, others), strict=True)):
+            names, matrix = columns[a]
+            sums = counts(drawn, matrix.shape[0]) @ matrix
+            found = arm.from_sums(dict(zip(names, sums.T, strict=True)), steps)
+            for key, values in found.items():
                 if key not in draws:
                     draws[key] = np.full((resamples, 2), np.nan)
-                draws[key][k, a] = value
+                draws[key][start : start + len(batch), a] = values
     return draws
-
-
-def _keyed(arm: _Numbers, row: np.ndarray, steps: Sequence[int]) -> Iterator[tuple[Any, float]]:
-    numbers = arm.resampled(row)
-    yield from arm.values(numbers).items()
-    yield from ((("step", key), v) for key, v in arm.by_step(numbers, steps).items())
 
 
 def _compared(

@@ -21,8 +21,13 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "RESAMPLES",
             "SEED",
             "Interval",
+            "counts",
+            "mismatch_sum_columns",
+            "mismatch_from_sums",
             "percentile_interval",
             "resample_rows",
+            "setting_from_sums",
+            "setting_sum_columns",
         ],
         "attribution": [
             "AttributionNumbers",

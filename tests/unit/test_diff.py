@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from iscore.advice.comparison import METRICS, MISMATCH_METRICS, SETTING_METRICS, Metric, verdict
 from iscore.cli import main
@@ -200,3 +201,35 @@ def test_the_cli_writes_the_document_and_gates_on_worse(arms, tmp_path, capsys):
     assert main([*same, "--resamples", "50"]) == 0
     assert main(["diff", str(arms["fp8"]), str(arms["fp8"]), "--name", "C=x", "-q"]) == 2
     assert "Expected --name to be A=LABEL or B=LABEL, but got C=x" in capsys.readouterr().err
+
+
+def test_the_sum_forms_equal_the_statistics_own_functions(arms):
+    """Each resample's metrics come from sums over the sequences it draws
+    (`iscore.stats.bootstrap`); on the dump and on a resample they equal what
+    `mismatch_scalars` and `setting_scalars` compute, under every framework's aggregation."""
+    from iscore.bench import SETTINGS
+    from iscore.passes.analysis import accumulate
+    from iscore.passes.diff import _Numbers
+    from iscore.stats.bootstrap import counts
+
+    done = accumulate(arms["fp8"], list(SETTINGS), device=torch.device("cpu"))
+    numbers = _Numbers.of(done, "x")
+    modes = {(agg.mode, agg.shrinks) for agg in numbers.aggregations}
+    assert len(modes) >= 2, modes
+    steps = sorted(set(numbers.steps.tolist()))
+    names, matrix = numbers.sum_columns(steps)
+    row = next(resample_rows(numbers.steps, 1, seed=11))
+    for drawn in (None, row):
+        c = np.ones((1, matrix.shape[0])) if drawn is None else counts([drawn], matrix.shape[0])
+        sums = dict(zip(names, (c @ matrix).T, strict=True))
+        fast = numbers.from_sums(sums, steps)
+        slow = numbers.values(numbers.resampled(drawn))
+        slow |= {
+            ("step", k): v for k, v in numbers.by_step(numbers.resampled(drawn), steps).items()
+        }
+        assert slow.keys() <= fast.keys()
+        for key, value in slow.items():
+            if math.isnan(value):
+                assert math.isnan(fast[key][0]), key
+            else:
+                assert fast[key][0] == pytest.approx(value, rel=1e-9, abs=1e-15), key

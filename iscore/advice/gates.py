@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from iscore.errors import ConfigError, clip, quote
-from iscore.frameworks import Citation, every
+from iscore.frameworks import Citation, every, limits
 
 GATED = (
     "k1", "k2", "k3", "k3_reverse", "chi2_token", "chi2_seq", "abs_diff_mean", "abs_diff_max",
@@ -52,11 +52,7 @@ class Bound:
 
     def describe(self) -> str:
         """The bar in symbols: "k3 <= 0.015", "ess >= 0.9", "ratio_mean in [0.99, 1.01]"."""
-        if self.low is None:
-            return f"{self.metric} <= {self.high:g}"
-        if self.high is None:
-            return f"{self.metric} >= {self.low:g}"
-        return f"{self.metric} in [{self.low:g}, {self.high:g}]"
+        return f"{self.metric} {limits(self.low, self.high)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "Framework",
             "HealthBand",
             "ReferencePoint",
+            "limits",
         ],
         "canonical": ["Canonical", "Component", "mask_component", "sentence", "weight_component"],
         "names": ["NAMES"],

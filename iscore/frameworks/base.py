@@ -133,11 +133,20 @@ class HealthBand:
 
     def describe(self) -> str:
         """The healthy range in symbols: "<= 1.05", ">= 0.3" or "in [0.5, 2]"."""
-        if self.low is None:
-            return f"<= {self.high:g}"
-        if self.high is None:
-            return f">= {self.low:g}"
-        return f"in [{self.low:g}, {self.high:g}]"
+        return limits(self.low, self.high)
+
+
+def limits(low: float | None, high: float | None) -> str:
+    """A range with either end open, in symbols.
+
+    >>> limits(None, 1.05), limits(0.3, None), limits(0.5, 2.0)
+    ('<= 1.05', '>= 0.3', 'in [0.5, 2]')
+    """
+    if low is None:
+        return f"<= {high:g}"
+    if high is None:
+        return f">= {low:g}"
+    return f"in [{low:g}, {high:g}]"
 
 
 @dataclass(frozen=True, slots=True)

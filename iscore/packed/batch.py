@@ -175,33 +175,12 @@ class TokenBatch:
         >>> b.select(torch.tensor([False, True])).seq_id.to_pylist()
         [1]
         """
-        keep = keep.to(self.device)
-        tokens = keep[self.seq_index]
-        lengths = self.lengths[keep]
-        cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=self.device)
-        torch.cumsum(lengths, 0, out=cu[1:])
-        rows = pa.array(keep.cpu().numpy())
-
-        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[tokens]
-
-        return TokenBatch(
-            rollout=self.rollout[tokens],
-            train=self.train[tokens],
-            cu_seqlens=cu,
-            loss_mask=pick(self.loss_mask),
-            policy=pick(self.policy),
-            step=self.step[keep],
-            seq_id=self.seq_id.filter(rows),
-            pos=pick(self.pos),
-            extra=None if self.extra is None else self.extra.filter(rows),
-            turn=pick(self.turn),
-            routing_agrees=pick(self.routing_agrees),
-        )
+        return self.take(torch.nonzero(keep.to(self.device)).flatten())
 
     def take(self, order: torch.Tensor) -> TokenBatch:
         """The sequences at the indices `order` [K] (int64), in that order: one gather of
-        every per-token tensor, where `select` of several masks reads them each time.
+        every per-token tensor (a step's sequences of a chunk whose steps interleave, gathered
+        once where a `select` per step would read every tensor each time).
 
         >>> b = TokenBatch(rollout=torch.arange(3.0), train=torch.zeros(3),
         ...                cu_seqlens=torch.tensor([0, 2, 3]))

@@ -11,7 +11,8 @@ sizes, and those cases are refused as an unreadable footer.
 >>> import io, pyarrow as pa, pyarrow.parquet as pq
 >>> sink = io.BytesIO()
 >>> pq.write_table(pa.table({"x": [[1.0, 2.0]]}), sink)
->>> check(sink.getvalue(), "x.parquet")
+>>> len(check(sink.getvalue(), "x.parquet"))  # the footer's SHA-256, in hex
+64
 >>> check(sink.getvalue()[:-9] + b"\\xff" + sink.getvalue()[-8:], "x.parquet")
 Traceback (most recent call last):
 iscore.errors.DumpError: x.parquet: unreadable Parquet footer: a value of unknown Thrift type 15

@@ -1,10 +1,10 @@
 """`iscore diff`: a candidate dump against a baseline, every metric's ratio with its interval
-and a verdict; `--fail-on worse` for CI (docs/compare.md)."""
+and a verdict; `--json` the document, `--html` a page of it; `--fail-on worse` for CI
+(docs/compare.md)."""
 
 from __future__ import annotations
 
 import argparse
-import math
 
 from iscore.cli import options
 from iscore.errors import IscoreError, clip
@@ -34,6 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", metavar="OUT.json", help="write the diff document")
     p.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="write a self-contained HTML page of the diff (no script, no network)",
+    )
+    p.add_argument(
         "--fail-on",
         choices=("worse",),
         help="exit 1 when a metric's verdict is worse (CI); 0 otherwise",
@@ -51,15 +56,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from iscore.frameworks import resolve
     from iscore.passes import diff
+    from iscore.present import MISMATCH, diff_rows, write_diff_html
     from iscore.stats import RESAMPLES
 
     names = _names(args.name)
-    options.distinct_outputs(args, "--json")
+    outputs = ("--json", "--html")
+    options.distinct_outputs(args, *outputs)
     specs = [resolve(s) for s in args.settings]
     arms = []
     for path in (args.baseline, args.candidate):
         args.dump = [path]
-        arms.append(options.open_dump(args, outputs=("--json",)))
+        arms.append(options.open_dump(args, outputs=outputs))
     with options.progress_bar(arms[0], "diff", args) as bar:
         result = diff(
             arms[0],
@@ -70,20 +77,28 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.chunk_tokens,
             progress=bar.update,
         )
-    if args.json:
-        result.write_json(args.json)
+    written = []
+    for path, write in (
+        (args.json, result.write_json),
+        (args.html, lambda p: write_diff_html(result, p)),
+    ):
+        if path:
+            write(path)
+            written.append(path)
     a, b = result.arms
     print(
         f"{clip(b.name)} against {clip(a.name)}: {b.tokens:,} against {a.tokens:,} loss tokens"
         f"{', paired (the same sequences)' if result.paired else ''}; "
         f"{result.level:.0%} intervals of {result.resamples:,} resamples"
     )
-    rows = [("", m) for m in result.metrics]
-    rows += [(f"{clip(s.setting)}: ", m) for s in result.settings for m in s.metrics]
-    for where, m in rows:
-        print(f"  {where}{m.name}: {m.baseline:.4g} -> {m.candidate:.4g}  {_ratio(m)}  {m.verdict}")
-    if args.json:
-        print(f"wrote {args.json}")
+    for r in diff_rows(result):
+        where = "" if r.group == MISMATCH else f"{clip(r.group)}: "
+        print(
+            f"  {where}{r.metric}: {r.baseline:.4g} -> {r.candidate:.4g}  "
+            f"{r.change_text} {r.interval_text}  {r.verdict}"
+        )
+    for path in written:
+        print(f"wrote {path}")
     worse = result.worse()
     if args.fail_on == "worse" and worse:
         print(f"failed: worse on {', '.join(worse)}")
@@ -104,12 +119,3 @@ def _names(given: list[str]) -> tuple[str, str]:
             raise IscoreError(f"Expected --name to be A=LABEL or B=LABEL, but got {clip(item)}")
         names[key] = label
     return names["A"], names["B"]
-
-
-def _ratio(m) -> str:
-    """The ratio of badness with its interval, or the difference where it has none."""
-    lo, hi = m.ci
-    if m.ratio is not None and not (math.isnan(lo) or math.isnan(hi)):
-        return f"x{m.ratio:.3g} [{lo:.3g}, {hi:.3g}]"
-    lo, hi = m.difference_ci
-    return f"{m.difference:+.3g} [{lo:+.3g}, {hi:+.3g}]"

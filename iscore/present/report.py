@@ -97,19 +97,34 @@ def render_html(analysis: Analysis, targets: Targets | None = None) -> str:
         parts.append("</div>")
     plotly = plotly_js()
     figures_js = "\n" + "\n".join(scripts) + "\n" + _FOLLOW_THEME
-    csp = "; ".join(
+    return _PAGE.format(
+        csp=content_policy((plotly, figures_js)),
+        style=STYLE,
+        plotly=plotly,
+        body="\n".join(parts),
+        scripts=figures_js,
+    )
+
+
+def content_policy(scripts: Sequence[str] = ()) -> str:
+    """A report's Content-Security-Policy, escaped for its `<meta>` element: nothing loaded
+    from anywhere, and no script run but the inline `scripts` (allowed by their SHA-256).
+
+    >>> content_policy().split("; ")[:2]
+    ["default-src 'none'", "style-src 'unsafe-inline'"]
+    """
+    allowed = [f"script-src {' '.join(_sha256(s) for s in scripts)}"] if scripts else []
+    policy = "; ".join(
         (
             "default-src 'none'",  # no fetch, image, font or frame from anywhere
-            f"script-src {_sha256(plotly)} {_sha256(figures_js)}",
+            *allowed,
             "style-src 'unsafe-inline'",  # the report's <style> and plotly's inline styles
             "img-src data:",  # plotly's modebar icons and downloads
             "base-uri 'none'",
             "form-action 'none'",
         )
     )
-    return _PAGE.format(
-        csp=html.escape(csp, quote=False), plotly=plotly, body="\n".join(parts), scripts=figures_js
-    )
+    return html.escape(policy, quote=False)
 
 
 def script_json(value: Any) -> str:
@@ -359,41 +374,46 @@ dark.addEventListener('change', paint);
 """The figures' text in the page's ink: their backgrounds are transparent, so they follow the
 reader's light or dark system theme with the page, and switch with it."""
 
+STYLE = """\
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; }
+h1 { margin-bottom: 4px; } .meta, .note { color: #666; font-size: 13px; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
+td, th { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
+td.good { background: #dcf1de; } td.fair { background: #f8ecd0; }
+td.bad { background: #fddcda; }
+.dot { display: inline-block; width: 10px; height: 10px; border-radius: 5px; margin-right: 6px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(760px, 1fr)); gap: 12px; }
+.flags { background: #fff4e5; border: 1px solid #f0b45c; padding: 8px 12px; }
+.ok { color: #2a7a2a; }
+.verdict { padding: 8px 12px; margin: 8px 0; border: 1px solid; }
+.verdict.normal { background: #dcf1de; border-color: #7cc287; }
+.verdict.elevated { background: #f8ecd0; border-color: #f0b45c; }
+.verdict.broken { background: #fddcda; border-color: #e0807a; }
+pre { background: #f6f6f4; padding: 8px 12px; font-size: 12px; overflow-x: auto; }
+summary { cursor: pointer; margin: 4px 0; }
+:root { color-scheme: light dark; }
+@media (prefers-color-scheme: dark) {
+  body { background: #0e1117; color: #e6e6e6; }
+  .meta, .note { color: #a8a8a8; }
+  td, th { border-color: #3a3d44; }
+  td.good { background: #1e3d25; } td.fair { background: #4a3b16; }
+  td.bad { background: #4d2626; }
+  .flags { background: #3b2b12; border-color: #8a6420; }
+  .ok { color: #6fcf6f; }
+  .verdict.normal { background: #1e3d25; } .verdict.elevated { background: #4a3b16; }
+  .verdict.broken { background: #4d2626; }
+  pre { background: #1b1e24; }
+}
+"""
+"""The reports' style sheet (`render_html`, and the diff's page in `iscore.present.diffs`): a
+light page, dark where the reader's system is."""
+
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{csp}">
 <title>iscore report</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
-h1 {{ margin-bottom: 4px; }} .meta, .note {{ color: #666; font-size: 13px; }}
-table {{ border-collapse: collapse; font-size: 13px; margin: 8px 0; }}
-td, th {{ border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }}
-td.good {{ background: #dcf1de; }} td.fair {{ background: #f8ecd0; }}
-td.bad {{ background: #fddcda; }}
-.dot {{ display: inline-block; width: 10px; height: 10px; border-radius: 5px; margin-right: 6px; }}
-.grid {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(760px, 1fr)); gap: 12px; }}
-.flags {{ background: #fff4e5; border: 1px solid #f0b45c; padding: 8px 12px; }}
-.ok {{ color: #2a7a2a; }}
-.verdict {{ padding: 8px 12px; margin: 8px 0; border: 1px solid; }}
-.verdict.normal {{ background: #dcf1de; border-color: #7cc287; }}
-.verdict.elevated {{ background: #f8ecd0; border-color: #f0b45c; }}
-.verdict.broken {{ background: #fddcda; border-color: #e0807a; }}
-pre {{ background: #f6f6f4; padding: 8px 12px; font-size: 12px; overflow-x: auto; }}
-summary {{ cursor: pointer; margin: 4px 0; }}
-:root {{ color-scheme: light dark; }}
-@media (prefers-color-scheme: dark) {{
-  body {{ background: #0e1117; color: #e6e6e6; }}
-  .meta, .note {{ color: #a8a8a8; }}
-  td, th {{ border-color: #3a3d44; }}
-  td.good {{ background: #1e3d25; }} td.fair {{ background: #4a3b16; }}
-  td.bad {{ background: #4d2626; }}
-  .flags {{ background: #3b2b12; border-color: #8a6420; }}
-  .ok {{ color: #6fcf6f; }}
-  .verdict.normal {{ background: #1e3d25; }} .verdict.elevated {{ background: #4a3b16; }}
-  .verdict.broken {{ background: #4d2626; }}
-  pre {{ background: #1b1e24; }}
-}}
-</style>
+{style}</style>
 <script>{plotly}</script></head>
 <body>
 {body}

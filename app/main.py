@@ -22,10 +22,11 @@ st.set_page_config(
 )
 session.init_state(session.options().preload, session.options().where)
 ws = session.workspace(quiet=True)
-# A run of more than one step opens on its trends, right after Data.
+# A run of more than one step opens on its trends, right after Data; so do several runs.
+overlaid = len(st.session_state.runs) >= 2
 trends = (
     [st.Page("pages/trends.py", title="Trends", icon=":material/timeline:")]
-    if ws is not None and len(ws.steps) > 1
+    if ws is not None and (len(ws.steps) > 1 or overlaid)
     else []
 )
 page = st.navigation(
@@ -34,6 +35,7 @@ page = st.navigation(
         *trends,
         st.Page("pages/recommend.py", title="Recommend", icon=":material/recommend:"),
         st.Page("pages/compare.py", title="Compare", icon=":material/stacked_line_chart:"),
+        st.Page("pages/runs.py", title="Runs", icon=":material/difference:"),
         st.Page("pages/tune.py", title="Tune", icon=":material/tune:"),
         st.Page("pages/mismatch.py", title="Mismatch", icon=":material/compare_arrows:"),
         st.Page("pages/explore.py", title="Explore", icon=":material/query_stats:"),
@@ -61,4 +63,6 @@ with st.sidebar:
                 "Clear the slice", icon=":material/filter_alt_off:", on_click=session.clear_slice
             )
     st.caption(f"**Settings in Compare:** {len(st.session_state.settings)}")
+    if st.session_state.runs:
+        st.caption("**Runs:** " + ", ".join(render.escape(r.name) for r in st.session_state.runs))
 page.run()

@@ -18,7 +18,8 @@ from iscore.advice import (
 )
 from iscore.errors import DumpProblems
 from iscore.passes import Analysis
-from iscore.present import SUMMARY_COLUMNS, color, setting_name
+from iscore.present import GRADES, SUMMARY_COLUMNS, color, setting_name
+from iscore.stats import SettingSummary
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
@@ -134,6 +135,10 @@ _GRADES = {
 """A cell's colour per `Targets.grade`."""
 
 
+VERDICT_STYLE = {verdict: _GRADES[grade] for verdict, grade in GRADES.items() if grade}
+"""A diff verdict's cell colour: better as good, worse as bad (`iscore.present.GRADES`)."""
+
+
 def _or_nan(value: float | None) -> float:
     return math.nan if value is None else value
 
@@ -141,17 +146,33 @@ def _or_nan(value: float | None) -> float:
 def summary_table(analysis: Analysis) -> pd.io.formats.style.Styler:
     """One row per setting, its name in its plot colour; each number coloured by whether it is
     good (green), fair (amber) or bad (red) for training, against the session's targets."""
-    rows = [
-        {
-            "setting": setting_name(s),
-            "loss aggregation": s.aggregation,
-            # None (no broken sequences to keep) as NaN, which the table shows as "-".
-            **{header: _or_nan(s.value(key)) for key, header, _ in SUMMARY_COLUMNS},
-        }
-        for s in analysis.settings
-    ]
-    frame = pd.DataFrame(rows)
-    names = {setting_name(s): i for i, s in enumerate(analysis.settings)}
+    return _summary([(None, s) for s in analysis.settings])
+
+
+def runs_summary_table(analyses: dict[str, Analysis]) -> pd.io.formats.style.Styler:
+    """`summary_table` of each setting on each run (`analyses` by run name): a row per setting
+    and run, the settings in their order, the runs in theirs under each."""
+    settings = zip(*(a.settings for a in analyses.values()), strict=True)
+    return _summary([(run, s) for row in settings for run, s in zip(analyses, row, strict=True)])
+
+
+def _summary(rows: list[tuple[str | None, SettingSummary]]) -> pd.io.formats.style.Styler:
+    """The settings table of `rows` (the run, None for none, and a setting's summary)."""
+    frame = pd.DataFrame(
+        [
+            {
+                "setting": setting_name(s),
+                **({} if run is None else {"run": run}),
+                "loss aggregation": s.aggregation,
+                # None (no broken sequences to keep) as NaN, which the table shows as "-".
+                **{header: _or_nan(s.value(key)) for key, header, _ in SUMMARY_COLUMNS},
+            }
+            for run, s in rows
+        ]
+    )
+    names = {}
+    for _, s in rows:
+        names.setdefault(setting_name(s), len(names))
     targets = st.session_state.targets
     style = frame.style.format({header: fmt for _, header, fmt in SUMMARY_COLUMNS}, na_rep="-").map(
         lambda v: f"color: {color(names[v])}; font-weight: 600", subset=["setting"]

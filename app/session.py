@@ -4,10 +4,15 @@ holds in the process's caches, the widgets' values kept across pages, and its me
 Caching: a loaded dump is an `iscore.session.workspace.Workspace` (the batch, and the analyses,
 settings and tuner computed from it on demand, memoized inside), held in the process's
 `iscore.session.budget.WorkspaceCache` within its memory budget. Uploads are keyed by the session
-and the content digest, so each browser session has its own (one at a time, within the token
-budget); dumps opened from a server-side path (only inside the data folders, see
+and the content digest, so each browser session has its own (the loaded one and those kept as
+runs, within one token budget together); dumps opened from a server-side path (only inside the
+data folders, see
 `iscore.session.serving.DataRoots`) or a bundled sample are shared, keyed by their files' (path,
 size, mtime). A session's holds are released when Streamlit drops the session.
+
+Runs: the session may keep up to `MAX_RUNS` dumps it opened, each under a name (`Run`), to
+compare them (`add_run`, `run_workspaces`); each is got back from the caches as the loaded dump
+is, through the same checks.
 
 State that outlives a page switch lives in `st.session_state` under plain keys; widgets get
 a mirror key (`persist`), since Streamlit drops the state of widgets that are not rendered.
@@ -33,7 +38,7 @@ from iscore.advice import (
     Trend,
 )
 from iscore.dump import PICKLED, SUFFIXES, Preview, StepRange, preview_parquet
-from iscore.errors import IscoreError
+from iscore.errors import DumpError, DumpProblems, IscoreError
 from iscore.frameworks import Spec
 from iscore.passes import Follower, ResultStore, ready_files
 from iscore.session import (
@@ -88,6 +93,24 @@ class Loaded:
     allow_pickle: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A dump the session keeps under a name, to compare it with others.
+
+    Attributes:
+        name: for people (unique among the session's runs).
+        loaded: how to get it back from the caches.
+    """
+
+    name: str
+    loaded: Loaded
+
+
+MAX_RUNS = 6
+"""Runs one session may keep: each holds its dump in memory (an upload's within the session's
+token budget, shared by all its uploads), so their number is bounded too."""
+
+
 def init_state(preload: str | None, where: str | None = None) -> None:
     """Defaults of the session's state; `preload` is the dump `iscore app PATH` named, `where`
     the slice `iscore app --where` applies from the start."""
@@ -98,6 +121,7 @@ def init_state(preload: str | None, where: str | None = None) -> None:
         state.slice = where
     for key, value in (
         ("loaded", None),
+        ("runs", []),
         ("settings", []),
         ("custom", {}),
         ("notice", None),
@@ -319,23 +343,46 @@ def load_uploads(
     files = tuple((u.name, u.getvalue()) for u in uploads)
     session = _this_session()
     this = _upload_key(session, loaded)
+    # The session's uploads share its token budget: the loaded one and those kept as runs.
+    kept = {k: n for k, n in _run_uploads(session).items() if k != this}
+    budget, held = options().max_upload_tokens, sum(kept.values())
     with _progress(f"Reading {len(files)} uploaded file{'s' * (len(files) > 1)}…") as read:
-        workspace = session.cache.get(
-            this,
-            session.id,
-            lambda: open_uploads(
-                files,
-                columns=dict(columns),
-                drop_invalid=drop_invalid,
-                allow_pickle=pickled,
-                max_tokens=options().max_upload_tokens,
-                progress=read,
-            ),
-        )
-    # A session holds one uploaded dump: its token budget bounds what it keeps.
-    session.cache.discard(session.id, keep=lambda k: k[0] != "upload" or k == this)
+        try:
+            workspace = session.cache.get(
+                this,
+                session.id,
+                lambda: open_uploads(
+                    files,
+                    columns=dict(columns),
+                    drop_invalid=drop_invalid,
+                    allow_pickle=pickled,
+                    max_tokens=budget - held,
+                    progress=read,
+                ),
+            )
+        except DumpError as e:
+            if not held or isinstance(e, DumpProblems):  # a problem of the files themselves
+                raise
+            raise DumpError(
+                f"{e} (this session's runs hold {held:,} uploaded tokens of its {budget:,}: "
+                "remove a run on the Data page to make room)"
+            ) from e
+    session.cache.discard(session.id, keep=lambda k: k[0] != "upload" or k == this or k in kept)
     _set_loaded(loaded)
     return workspace
+
+
+def _run_uploads(session: _Session) -> dict[tuple, int]:
+    """The cache keys of the session's runs that are uploads still held, with their tokens."""
+    found = {}
+    for run in st.session_state.get("runs", []):
+        if run.loaded.kind == "upload":
+            key = _upload_key(session, run.loaded)
+            try:
+                found[key] = session.cache.get(key, session.id, _gone).full.num_tokens
+            except IscoreError:
+                continue  # evicted: it holds nothing
+    return found
 
 
 def load_path(
@@ -391,14 +438,102 @@ def workspace(*, quiet: bool = False) -> Workspace | None:
     if loaded is None:
         return None
     try:
-        if loaded.kind == "upload":
-            session = _this_session()
-            return session.cache.get(_upload_key(session, loaded), session.id, _gone)
-        return _path_workspace(loaded)
+        return _held(loaded)
     except IscoreError as e:
         if not quiet:
             show_error(e)
         return None
+
+
+def _held(loaded: Loaded) -> Workspace:
+    """The workspace of `loaded`, from the caches (a server path checked again: inside the
+    data folders, within the token budget).
+
+    Raises:
+        IscoreError: as `_path_workspace` raises it, or an upload that is no longer held.
+    """
+    if loaded.kind == "upload":
+        session = _this_session()
+        return session.cache.get(_upload_key(session, loaded), session.id, _gone)
+    return _path_workspace(loaded)
+
+
+# ------------------------------------------------------------------------------------------
+# Runs: dumps kept under a name, to compare
+
+
+def runs() -> list[Run]:
+    """The session's runs, in the order added: run i is drawn in `iscore.present.color(i)`,
+    and the first is the baseline of the Runs page."""
+    return list(st.session_state.get("runs", []))
+
+
+def add_run(name: str) -> str:
+    """Keep the loaded dump as a run named `name` (its file's name when empty; a number
+    added when another run has the name); returns the name.
+
+    Raises:
+        IscoreError: no dump is loaded, it is a run already, or the session keeps
+            `MAX_RUNS` runs.
+    """
+    loaded = st.session_state.get("loaded")
+    kept = runs()
+    if loaded is None:
+        raise IscoreError("load a dump first, then add it as a run")
+    same = next((r for r in kept if r.loaded == loaded), None)
+    if same is not None:
+        raise IscoreError(f"this dump is the run {same.name} already")
+    if len(kept) >= MAX_RUNS:
+        raise IscoreError(f"a session keeps at most {MAX_RUNS} runs: remove one first")
+    name = _free_name(name.strip() or _held(loaded).source.name, kept)
+    st.session_state.runs = [*kept, Run(name, loaded)]
+    return name
+
+
+def _free_name(name: str, kept: Sequence[Run]) -> str:
+    """`name`, or `name (2)`, `name (3)`... where a run in `kept` has it."""
+    taken = {r.name for r in kept}
+    found, n = name, 1
+    while found in taken:
+        n += 1
+        found = f"{name} ({n})"
+    return found
+
+
+def rename_run(index: int, name: str) -> str:
+    """Give run `index` the name `name` (a number added when another run has it; unchanged
+    when empty); returns its name."""
+    kept = runs()
+    others = kept[:index] + kept[index + 1 :]
+    if name.strip():
+        kept[index] = Run(_free_name(name.strip(), others), kept[index].loaded)
+        st.session_state.runs = kept
+    return kept[index].name
+
+
+def remove_run(index: int) -> None:
+    """Stop keeping run `index`; an upload that is not the loaded dump leaves memory."""
+    kept = runs()
+    del kept[index]
+    st.session_state.runs = kept
+    session = _this_session()
+    wanted = {_upload_key(session, r.loaded) for r in kept if r.loaded.kind == "upload"}
+    loaded = st.session_state.get("loaded")
+    if loaded is not None and loaded.kind == "upload":
+        wanted.add(_upload_key(session, loaded))
+    session.cache.discard(session.id, keep=lambda k: k[0] != "upload" or k in wanted)
+
+
+def run_workspaces() -> dict[str, Workspace]:
+    """Each run's workspace by name, in order; a run that cannot be had (an upload evicted
+    from memory, a file gone or changed past the budget) is left out, saying why."""
+    found = {}
+    for run in runs():
+        try:
+            found[run.name] = _held(run.loaded)
+        except IscoreError as e:
+            st.warning(f"Run {escape(run.name)} is left out: {escape(str(e))}")
+    return found
 
 
 def compute(what: str, fn: Callable[..., T], *args: Any) -> T:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compare_list
 import render
+import runs
 import session
 import streamlit as st
 
@@ -159,5 +160,28 @@ st.caption(
     "of them still reads about 1 (a step as large, on less data: read it with the masked "
     "share). Click a column header to sort."
 )
+kept = runs.overlaid()
+if kept is not None:
+    st.subheader("Each setting on each run")
+    st.caption(
+        "Each run whole (the step selection and the slice are the loaded dump's), coloured as "
+        "above; Runs says where a difference is more than the runs' noise."
+    )
+    st.dataframe(
+        render.runs_summary_table(runs.settings(kept, specs)),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "setting": st.column_config.Column(width="medium"),
+            "run": st.column_config.Column(width="small"),
+            "loss aggregation": st.column_config.Column("aggregation", width="small"),
+            **{
+                header: st.column_config.Column(
+                    _SHORT.get(header, header), help=header, width="small"
+                )
+                for _, header, _ in SUMMARY_COLUMNS
+            },
+        },
+    )
 for figure in figures.setting_figures(analysis).values():
     render.plot(figure)

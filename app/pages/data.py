@@ -135,6 +135,67 @@ with sample_tab:
         render.show_error(errors["sample"])
 
 
+def _add_run() -> None:
+    try:
+        name = session.add_run(state.get("_w_run_name", ""))
+    except IscoreError as e:
+        session.say("warning", str(e))
+    else:
+        state._w_run_name = ""
+        session.say("success", f"Kept as the run {name}.")
+
+
+def _rename_run(index: int, key: str) -> None:
+    session.rename_run(index, state[key])
+
+
+def _runs() -> None:
+    """The session's runs: the loaded dump added under a name, each run renamed or removed."""
+    kept = session.runs()
+    with st.expander(
+        f"Runs ({len(kept)})", expanded=state.loaded is not None, icon=":material/stacks:"
+    ):
+        st.caption(
+            "Keep dumps as named runs to compare them: open one (upload, server path or "
+            "sample), add it, open the next, add it too. With two runs or more, Mismatch and "
+            "Trends overlay them (a colour each), Compare shows each setting on each run, and "
+            f"Runs compares any two (the first is the baseline). At most {session.MAX_RUNS}; "
+            "uploads share this session's token budget."
+        )
+        cols = st.columns([3, 1], vertical_alignment="bottom")
+        cols[0].text_input(
+            "Name of the loaded dump as a run",
+            key="_w_run_name",
+            placeholder="its file's name",
+            disabled=state.loaded is None,
+        )
+        cols[1].button(
+            "Add as a run",
+            icon=":material/add:",
+            on_click=_add_run,
+            disabled=state.loaded is None,
+        )
+        for i, run in enumerate(kept):
+            cols = st.columns([3, 1], vertical_alignment="bottom")
+            # Keyed by the name too: a run renamed or moved up starts from its own name.
+            key = f"_w_run_{i}_{run.name}"
+            cols[0].text_input(
+                f"Run {i + 1}" + (" (the baseline)" if i == 0 else ""),
+                value=run.name,
+                key=key,
+                on_change=_rename_run,
+                args=(i, key),
+                help=f"Opened from {render.escape(run.loaded.label)}",
+            )
+            cols[1].button(
+                "Remove",
+                key=f"remove_run_{i}_{run.name}",
+                icon=":material/delete:",
+                on_click=session.remove_run,
+                args=(i,),
+            )
+
+
 def _choices(preview: Preview, chosen: dict[str, str | None]) -> list[str]:
     """The canonical columns to offer: the main ones, and the extras the file has."""
     extra = [c for c in EXTRA if c in preview.found or c in chosen]
@@ -185,6 +246,8 @@ def _mapping_form(preview: Preview, attempt: tuple[str, str, str]) -> None:
             render.show_error(errors[attempt[0]])
 
 
+session.notice()
+_runs()
 ws = session.workspace()
 attempt = state.get("attempt")
 failed = attempt is not None and attempt[0] in errors

@@ -6,6 +6,7 @@ from __future__ import annotations
 import compare_list
 import pandas as pd
 import render
+import runs
 import session
 import streamlit as st
 
@@ -49,6 +50,18 @@ cols[3].metric(
     "<e^d>", f"{m.ratio_mean:.4f}", help="1 in expectation when both sides are right",
     border=True,
 )  # fmt: skip
+
+kept = runs.overlaid()
+if kept is not None:
+    st.subheader("The runs, overlaid")
+    st.caption(
+        "Each run whole, a colour each (the loaded dump's own figures follow): "
+        + ", ".join(render.escape(name) for name in kept)
+        + ". Runs compares any two, with intervals and verdicts."
+    )
+    for figure in figures.runs_mismatch_figures(runs.analyses(kept)).values():
+        render.plot(figure)
+    st.subheader("The loaded dump")
 
 # One per row: beside another, a plot keeps a third of its width once its legend is placed.
 for figure in figures.mismatch_figures(analysis).values():

@@ -8,6 +8,7 @@ from typing import Any
 
 import compare_list
 import render
+import runs
 import session
 import streamlit as st
 
@@ -32,6 +33,23 @@ if session.selected_steps() is not None:
     st.caption(
         "Trends shows the whole run: the selected steps and the slice apply to the other pages."
     )
+
+
+kept = runs.overlaid()
+if kept is not None:
+    with st.expander("The runs, overlaid", expanded=True, icon=":material/stacks:"):
+        st.caption(
+            "Each diagnostic of each run per training step, a colour each, smoothed as below: "
+            + ", ".join(render.escape(name) for name in kept)
+            + "."
+        )
+        smoothing = st.session_state.get("trends_smoothing", figures.SMOOTHING)
+        drawn = figures.runs_trend_figures(runs.trends(kept), smoothing)
+        for pair in range(0, len(drawn), 2):
+            shown = list(drawn.values())[pair : pair + 2]
+            for cell, figure in zip(st.columns(2), shown, strict=False):
+                with cell:
+                    render.plot(figure)
 
 
 def _clicked(key: str) -> None:

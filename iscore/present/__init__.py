@@ -16,6 +16,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "GRADES",
             "MISMATCH",
             "DiffRow",
+            "diff_figure",
             "diff_rows",
             "render_diff_html",
             "step_rows",

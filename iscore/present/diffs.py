@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import html
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from iscore.advice import METRICS, SETTING_METRICS, Metric, Verdict
 from iscore.passes import Diff, MetricDiff
+from iscore.present.figures import NEUTRAL, Figure, figure_layout, text, vline
 from iscore.present.report import STYLE, content_policy
 from iscore.utils import output_path
 
@@ -146,6 +148,52 @@ def _evidence(row: DiffRow, diff: Diff, metric: Metric) -> str:
 
 def _number(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else "-"
+
+
+_COLORS: dict[Verdict, str] = {
+    "better": "rgb(46, 160, 67)",
+    "worse": "rgb(248, 81, 73)",
+    "same": NEUTRAL,
+}
+"""Each verdict's marker: the colours of `GRADES`, opaque."""
+
+
+def diff_figure(diff: Diff) -> Figure:
+    """Each overall metric's ratio of badness (candidate / baseline) with its interval, on a
+    log axis about 1, its marker in its verdict's colour and its evidence on hover; a metric
+    compared by its difference (no ratio) is left to the table."""
+    rows = [r for r in diff_rows(diff) if r.by == "ratio"]
+    labels = [text(r.metric if r.group == MISMATCH else f"{r.group}: {r.metric}") for r in rows]
+    data = [
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "x": [r.change for r in rows],
+            "y": labels,
+            "error_x": {
+                "type": "data",
+                "symmetric": False,
+                "array": [r.interval[1] - r.change for r in rows],
+                "arrayminus": [r.change - r.interval[0] for r in rows],
+                "color": NEUTRAL,
+            },
+            "marker": {"color": [_COLORS[r.verdict] for r in rows], "size": 10},
+            "hovertext": ["<br>".join(map(text, textwrap.wrap(r.evidence, 80))) for r in rows],
+            "hovertemplate": "%{hovertext}<extra></extra>",
+            "showlegend": False,
+        }
+    ]
+    layout = figure_layout(
+        f"Candidate / baseline of each metric's badness, with its {diff.level:.0%} interval",
+        "ratio of badness (1: the same; hover a point for its evidence)",
+        "",
+        xlog=True,
+        height=max(300, 110 + 30 * len(rows)),
+    )
+    # Every metric named (plotly thins category labels that would crowd), the first on top.
+    layout["yaxis"] |= {"autorange": "reversed", "type": "category", "dtick": 1}
+    layout["shapes"] = [vline(1.0, "the same")]
+    return {"data": data, "layout": layout}
 
 
 def render_diff_html(diff: Diff) -> str:

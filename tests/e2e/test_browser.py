@@ -195,3 +195,43 @@ def test_a_new_dump_shows_its_own_step_range(page: Page, app_url: str) -> None:
     _idle(page)
     assert _metric(page, "Training steps") == "2"
     expect(thumbs.first).to_have_attribute("aria-valuetext", "0")
+
+
+def _add_run(page: Page, name: str) -> None:
+    page.get_by_role("textbox", name="Name of the loaded dump as a run").fill(name)
+    page.get_by_role("button", name="Add as a run").click()
+    _idle(page)
+    expect(
+        page.get_by_test_id("stAlert").filter(has_text=f"Kept as the run {name}.")
+    ).to_be_visible()
+
+
+def test_two_samples_as_runs_overlaid_and_compared(page: Page, app_url: str, screens: Path) -> None:
+    """Two samples kept as runs: Mismatch overlays them (a legend entry a run), and Runs shows
+    the verdict table (fp8 against bf16: k3 worse) and downloads the diff as a page."""
+    page.set_viewport_size({"width": 1440, "height": 900})
+    page.goto(app_url)
+    _idle(page)
+    for sample, name in (("dense_bf16", "bf16"), ("fp8", "fp8")):
+        _open_sample(page, sample)
+        _add_run(page, name)
+    expect(page.get_by_test_id("stSidebar")).to_contain_text("Runs: bf16, fp8")
+
+    _go(page, "Mismatch")
+    expect(page.get_by_role("heading", name="The runs, overlaid")).to_be_visible()
+    overlay = page.locator(".js-plotly-plot").filter(has_text="each run").first
+    expect(overlay.locator(".legendtext")).to_have_text(["bf16", "fp8"])
+    expect(page.get_by_test_id("stException")).to_have_count(0)
+    _shoot(page, screens, "runs-1-mismatch")
+
+    _go(page, "Runs")
+    table = page.get_by_test_id("stDataFrame").first
+    expect(table).to_be_visible()
+    expect(table).to_contain_text("worse")  # the grid draws on a canvas: its text is for a11y
+    expect(page.get_by_test_id("stAlert").filter(has_text="Worse on the candidate")).to_be_visible()
+    expect(page.get_by_test_id("stException")).to_have_count(0)
+    _shoot(page, screens, "runs-2-runs")
+    with page.expect_download(timeout=60_000) as info:
+        page.get_by_role("button", name="Diff HTML").click()
+    text = Path(info.value.path()).read_text()
+    assert text.startswith("<!doctype html>") and "worse" in text and "<script" not in text

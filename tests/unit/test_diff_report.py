@@ -15,7 +15,7 @@ from iscore.cli import main
 from iscore.dump.simulate import SimConfig, write_simulated
 from iscore.frameworks import resolve
 from iscore.passes.diff import diff
-from iscore.present import diff_rows, render_diff_html, step_rows
+from iscore.present import diff_figure, diff_rows, render_diff_html, step_rows
 
 SETTING = "verl:decoupled_geo_rs_token_tis"
 EVIL = "<script>alert(1)</script>"
@@ -35,7 +35,7 @@ def arms(tmp_path_factory) -> dict[str, Path]:
 class _Page(HTMLParser):
     """What a browser would build of the page: its elements, cells, titles and text."""
 
-    VOID = {"meta", "br"}
+    VOID = frozenset({"meta", "br"})
 
     def __init__(self) -> None:
         super().__init__()
@@ -145,3 +145,16 @@ def test_the_rows_say_what_the_cli_prints_and_why(arms) -> None:
     none = next(r for r in rows if r.metric == "broken_share")
     assert none.by == "difference" and none.change_text.startswith(("+", "-"))
     assert len(step_rows(found)) == 6 * len(found.by_step)
+
+
+def test_the_figure_draws_each_ratio_with_its_interval_and_evidence(arms) -> None:
+    found = diff(arms["dense_bf16"], arms["fp8"], resamples=50, names=("<i>a</i>", "b"))
+    (trace,) = diff_figure(found)["data"]
+    ratios = [r for r in diff_rows(found) if r.by == "ratio"]
+    assert trace["y"] == [r.metric for r in ratios] and trace["x"] == [r.change for r in ratios]
+    k3 = ratios[0]
+    assert trace["error_x"]["array"][0] == pytest.approx(k3.interval[1] - k3.change)
+    assert (
+        trace["hovertext"][0].startswith("k3 (&lt;e^d")
+        and "&lt;i&gt;a&lt;/i&gt;" in (trace["hovertext"][0])
+    )

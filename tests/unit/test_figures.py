@@ -661,3 +661,31 @@ def test_trend_figures_keep_to_the_house_style(four) -> None:
             assert _legend_outside(layout), column
         assert layout["paper_bgcolor"] == layout["plot_bgcolor"] == "rgba(0,0,0,0)", column
         assert layout["xaxis"]["tickformat"] == "d" and layout["xaxis"]["dtick"] >= 1, column
+
+
+# ------------------------------------------------------------------ several runs overlaid
+
+
+def test_runs_are_overlaid_a_colour_each_their_names_as_text() -> None:
+    """The app's runs on one figure: a line per run in the i-th setting's style, named as
+    plotly text (a run named from an upload cannot inject markup), k3 per step only where a
+    run has two steps."""
+    bf16, drift = analyze("data/dense_bf16.parquet", []), analyze("data/drift.parquet", [])
+    runs = {"<b>bf16</b>": bf16, "drift": drift}
+    drawn = figures.runs_mismatch_figures(runs)
+    assert list(drawn) == ["abs_diff", "by_prob", "by_step"]
+    for figure in drawn.values():
+        names = [t["name"] for t in figure["data"]]
+        assert names == ["&lt;b&gt;bf16&lt;/b&gt;", "drift"]
+        assert [t["line"]["color"] for t in figure["data"]] == [figures.color(0), figures.color(1)]
+    by_step = drawn["by_step"]["data"]
+    assert by_step[1]["x"] == [r["step"] for r in drift.mismatch.by_step]
+    assert by_step[1]["y"] == [r["k3"] for r in drift.mismatch.by_step]
+    one_step = analyze("data/fp8.parquet", [])
+    assert "by_step" not in figures.runs_mismatch_figures({"a": one_step, "b": one_step})
+
+    trends = figures.runs_trend_figures({"bf16": bf16.trend, "drift": drift.trend}, 0.6)
+    assert list(trends) == [m.column for m in figures.DIAGNOSTICS]
+    lines = [t for t in trends["k3"]["data"] if t.get("legendgroup")]
+    assert {t["name"] for t in lines} == {"bf16", "drift"}  # raw and smoothed, per run
+    assert len(trends["k3"]["data"][-1]["x"]) == 0  # no events marked: each run has its own

@@ -1,8 +1,8 @@
 """Figures as plotly JSON specs (plain dicts): of an analysis (`analysis`), shared by the HTML
 report and the app, and the app's own (`pages`: lengths, one sequence's tokens, a threshold's
 read-outs), a run's per-step figures (`trends`: each diagnostic and each setting's statistics
-per step, smoothed, with the run's events), drawn with the shared `style`, `axes` and
-`binning`.
+per step, smoothed, with the run's events), several runs on one figure (`runs`, and
+`trends.runs_trend_figures`), drawn with the shared `style`, `axes` and `binning`.
 
 The engine never imports plotly: a figure here is the `{"data": [...], "layout": {...}}` dict
 that plotly.js renders (and `plotly.graph_objects.Figure` accepts). Every figure is built from
@@ -43,6 +43,7 @@ from iscore.present.figures.analysis import (
     signed_diff_histogram,
     weight_histogram,
 )
+from iscore.present.figures.axes import figure_layout, vline
 from iscore.present.figures.binning import rebin, widths
 from iscore.present.figures.pages import (
     LABEL_ROW,
@@ -51,8 +52,10 @@ from iscore.present.figures.pages import (
     sequence_figure,
     tune_figure,
 )
+from iscore.present.figures.runs import runs_abs_diff, runs_mismatch_by, runs_mismatch_figures
 from iscore.present.figures.style import (
     DASHES,
+    NEUTRAL,
     PALETTE,
     SYMBOLS,
     Figure,
@@ -68,6 +71,7 @@ from iscore.present.figures.trends import (
     SETTING_METRICS,
     SMOOTHING,
     log_axis,
+    runs_trend_figures,
     setting_trend_figure,
     smooth,
     trend_figure,
@@ -79,6 +83,7 @@ __all__ = [
     "DIAGNOSTICS",
     "LABEL_ROW",
     "MASK_RATES",
+    "NEUTRAL",
     "PALETTE",
     "READOUTS",
     "SETTING_METRICS",
@@ -90,6 +95,7 @@ __all__ = [
     "collapse_by_length",
     "color",
     "dash",
+    "figure_layout",
     "joint_histogram",
     "length_figure",
     "log_axis",
@@ -99,6 +105,10 @@ __all__ = [
     "mismatch_by",
     "mismatch_figures",
     "rebin",
+    "runs_abs_diff",
+    "runs_mismatch_by",
+    "runs_mismatch_figures",
+    "runs_trend_figures",
     "sequence_figure",
     "setting_figures",
     "setting_name",
@@ -111,6 +121,7 @@ __all__ = [
     "trend_figure",
     "trend_figures",
     "tune_figure",
+    "vline",
     "weight_histogram",
     "widths",
 ]

@@ -4,7 +4,8 @@ its scalars, on a log y-axis where the values span decades, with each event mark
 it begins (a dotted line, and a marker at the top whose hover says what changed).
 
 The HTML report draws `trend_figure(trend)` (k3 per step, unsmoothed); the app's Trends page
-draws `trend_figures(trend, smoothing)`.
+draws `trend_figures(trend, smoothing)`, and with several runs `runs_trend_figures` (each
+diagnostic, a line per run).
 
 >>> fig = trend_figure(analysis.trend, "healthy_k3", smoothing=0.6)  # doctest: +SKIP
 >>> [t["name"] for t in fig["data"]]                                 # doctest: +SKIP
@@ -16,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,7 +231,7 @@ def trend_figure(trend: Trend, column: str = "healthy_k3", smoothing: float = 0.
         ]
     if metric.reference is not None:
         shapes.append(hline(*metric.reference))
-    figure = _figure(metric, trend, steps, data, span, shapes)
+    figure = _figure(metric, trend.events, steps, data, span, shapes)
     figure["layout"]["showlegend"] = bool(broken)
     return figure
 
@@ -240,14 +241,42 @@ def setting_trend_figure(trend: Trend, column: str, smoothing: float = 0.0) -> F
     setting in its style (`iscore.present.figures.style`), faint behind its smoothing when
     `smoothing` > 0, with each event marked at its step."""
     metric = next(m for m in SETTING_METRICS if m.column == column)
-    n = len(trend.settings)
+    series = [
+        (name, trend.rows, f"{prefix}_{column}")
+        for prefix, name in zip(trend.settings, trend.names, strict=True)
+    ]
+    return _series_figure(metric, series, smoothing, trend.events)
+
+
+def runs_trend_figures(
+    trends: Mapping[str, Trend], smoothing: float = SMOOTHING
+) -> dict[str, Figure]:
+    """Every diagnostic (`DIAGNOSTICS`) of several runs per training step, by column: a line
+    per run in its style (the i-th run as the i-th setting), smoothed as `trend_figures`
+    smooths; no events marked (each run has its own)."""
+    series = [(name, trend.rows) for name, trend in trends.items()]
+    return {
+        m.column: _series_figure(
+            m, [(name, rows, m.column) for name, rows in series], smoothing, ()
+        )
+        for m in DIAGNOSTICS
+    }
+
+
+def _series_figure(
+    metric: Metric,
+    series: Sequence[tuple[str, Sequence[dict[str, Any]], str]],
+    smoothing: float,
+    events: Sequence[Event],
+) -> Figure:
+    """`metric` of each series (its name, its per-step rows and their column) per training
+    step, a line each in its style, faint behind its smoothing, with `events` marked."""
     data, span, steps = [], [], set()
-    for i, (prefix, name) in enumerate(zip(trend.settings, trend.names, strict=True)):
-        key = f"{prefix}_{column}"
-        rows = [r for r in trend.rows if _finite(r.get(key))]
-        x, y = [r["step"] for r in rows], [r[key] for r in rows]
+    for i, (name, rows, key) in enumerate(series):
+        found = [r for r in rows if _finite(r.get(key))]
+        x, y = [r["step"] for r in found], [r[key] for r in found]
         hover = f"<b>%{{fullData.name}}</b><br>training step %{{x}}<br>{metric.quantity}"
-        lines = _lines(x, y, smoothing, hover, text(name), style(i, n)["line"])
+        lines = _lines(x, y, smoothing, hover, text(name), style(i, len(series))["line"])
         for trace in lines:
             trace["legendgroup"] = str(i)
             trace["name"] = text(name)
@@ -257,8 +286,8 @@ def setting_trend_figure(trend: Trend, column: str, smoothing: float = 0.0) -> F
         span += y
         steps.update(x)
     shapes = [] if metric.reference is None else [hline(*metric.reference)]
-    figure = _figure(metric, trend, sorted(steps), data, span, shapes)
-    figure["layout"]["showlegend"] = n > 0
+    figure = _figure(metric, events, sorted(steps), data, span, shapes)
+    figure["layout"]["showlegend"] = bool(series)
     return figure
 
 
@@ -319,7 +348,7 @@ def _lines(
 
 def _figure(
     metric: Metric,
-    trend: Trend,
+    events: Sequence[Event],
     steps: list[int],
     data: list[dict[str, Any]],
     span: list[float],
@@ -341,7 +370,7 @@ def _figure(
         if all(v >= 0 for v in span if _finite(v)):
             layout["yaxis"]["rangemode"] = "nonnegative"  # a share or a count: from 0
     step_axis(layout["xaxis"], steps)
-    data.append(_event_markers(trend.events))
+    data.append(_event_markers(events))
     # A second, hidden y-axis from 0 to 1 over the plot: the events' markers sit at its top
     # whatever the metric's range.
     layout["yaxis2"] = {
@@ -350,8 +379,8 @@ def _figure(
         "visible": False,
         "fixedrange": True,
     }
-    for step, events in itertools.groupby(trend.events, key=lambda e: e.step):
-        label = ", ".join(dict.fromkeys(e.kind.replace("_", " ") for e in events))
+    for step, group in itertools.groupby(events, key=lambda e: e.step):
+        label = ", ".join(dict.fromkeys(e.kind.replace("_", " ") for e in group))
         shapes.append(vline(step, text(label), position="start"))
     layout["shapes"] = shapes
     return {"data": data, "layout": layout}

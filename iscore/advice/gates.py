@@ -21,13 +21,32 @@ import yaml
 
 from iscore.errors import ConfigError, clip, quote
 from iscore.frameworks import Citation, every, limits
+from iscore.stats import RETENTION_BANDS, MismatchSummary
 
-GATED = (
+_SCALARS = (
     "k1", "k2", "k3", "k3_reverse", "chi2_token", "chi2_seq", "abs_diff_mean", "abs_diff_max",
-    "token_mult_prob_error", "js", "log_ppl_abs_diff", "ratio_mean", "ess", "broken_share",
+    "token_mult_prob_error", "js", "log_ppl_abs_diff", "ratio_mean", "ess",
 )  # fmt: skip
-"""The metrics a bound may name: the analysis document's `mismatch.*`, and `broken_share`
-(`broken_sequences` / `sequences`)."""
+
+_FLOOR = {
+    "floor_k3": "k3",
+    "floor_abs_diff_mean": "abs_diff_mean",
+    "k3_ratio": "k3_ratio",
+    "abs_diff_ratio": "abs_diff_ratio",
+}
+
+_RETENTION = {
+    f"{kind}_retention_{band}": (where, band)
+    for kind, where in (("token", "token"), ("seq", "sequence"))
+    for band in RETENTION_BANDS
+}
+
+GATED = (*_SCALARS, "broken_share", *_FLOOR, *_RETENTION)
+"""The metrics a bound may name: the analysis document's `mismatch.*`; `broken_share`
+(`broken_sequences` / `sequences`); the noise floor's (`mismatch.floor`: `floor_k3`,
+`floor_abs_diff_mean`, `k3_ratio`, `abs_diff_ratio`; NaN without a floor column); MaxText's
+retention, the share of loss tokens and of sequences inside each ratio band
+(`mismatch.retention`: `token_retention_strict`, `seq_retention_1pct`, ...)."""
 
 TABLES_VERSION = 1
 """The shipped tables' version: a table's bounds change only with it."""
@@ -175,9 +194,29 @@ TABLES: dict[str, Table] = {
         _health(),
     )
 }
-"""The shipped tables by name (`iscore gate --list-tables`). MaxText's retention bands (the
-share of tokens whose ratio lies in [0.999, 1.002], +-1%, +-5%) are not among them: iscore
-keeps no per-token share inside a ratio band."""
+"""The shipped tables by name (`iscore gate --list-tables`). MaxText's retention bands are
+metrics (`token_retention_strict`, ...), not a table: MaxText reports the share inside each band
+and publishes no share a run must reach (docs/compare.md#gates)."""
+
+
+def gated_values(summary: MismatchSummary) -> dict[str, float]:
+    """Every `GATED` metric of an analysis' mismatch (NaN where the dump gives none).
+
+    >>> from iscore.passes import analyze
+    >>> values = gated_values(analyze("data/fp8.parquet", store=None).mismatch)
+    >>> round(values["k3"], 4), values["k3_ratio"], round(values["token_retention_5pct"], 3)
+    (0.0498, nan, 0.763)
+    """
+    values = {name: float(getattr(summary, name)) for name in _SCALARS}
+    values["broken_share"] = summary.broken_sequences / max(summary.sequences, 1)
+    floor = summary.floor or {}
+    for name, key in _FLOOR.items():
+        value = floor.get(key)
+        values[name] = math.nan if value is None else float(value)
+    kept = summary.retention
+    for name, (where, band) in _RETENTION.items():
+        values[name] = math.nan if kept is None else float(kept[where][band])
+    return values
 
 
 def judge(values: Mapping[str, float], bounds: Sequence[Bound], table: str = "") -> list[Check]:

@@ -15,6 +15,10 @@ trend's `offset` event) and the bands on its
 statistics; a semantics bug found on the whole dump (a one-sided temperature is a
 correlation over every token) breaks every step.
 
+With a noise floor (a second trainer recompute, `floor_logprob`), `Floor` states the mismatch
+as a multiple of the trainer's own noise and names the bands that sit below it: bands no engine
+can meet while the trainer disagrees with itself by more. The verdict is the bands' alone.
+
 >>> from iscore.passes.analysis import analyze
 >>> health = analyze("data/dense_bf16.parquet").health  # `assess` of its mismatch and flags
 >>> health.verdict, [s.verdict for s in health.by_step]
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from iscore.advice.flags import Flag, flags_of
@@ -94,6 +98,78 @@ class Check:
         }
 
 
+FLOOR_STATISTICS = {"k3": "k3", "abs_diff_mean": "abs_diff_mean"}
+"""The band statistics the floor has a value of: the statistic -> its key in `mismatch.floor`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Floor:
+    """The mismatch against the trainer's own noise floor (`MismatchSummary.floor`).
+
+    Attributes:
+        k3_ratio: the rollout mismatch's k3 over the floor's; None where the floor is 0.
+        abs_diff_ratio: the same of the mean |d|.
+        below: the bands whose upper bound lies below the floor's own value of their
+            statistic (`Check`s, judged on the floor's value).
+    """
+
+    k3_ratio: float | None
+    abs_diff_ratio: float | None
+    below: tuple[Check, ...] = ()
+
+    def sentence(self) -> str:
+        """The mismatch as a multiple of the floor, and the bands below it, in a sentence.
+
+        >>> Floor(80.2, 9.1).sentence()
+        "The engine's mismatch is 80x the trainer's own noise (k3; 9.1x in mean |d|)."
+        """
+        if self.k3_ratio is None:
+            said = "The trainer's second recompute repeats it exactly: no noise floor to compare."
+        else:
+            times = f"{self.k3_ratio:.2g}x" if self.k3_ratio < 10 else f"{self.k3_ratio:.0f}x"
+            absd = (
+                "" if self.abs_diff_ratio is None else f"; {self.abs_diff_ratio:.2g}x in mean |d|"
+            )
+            said = f"The engine's mismatch is {times} the trainer's own noise (k3{absd})."
+            if self.k3_ratio <= 1:
+                said += (
+                    " The rollout agrees with the trainer as well as the trainer agrees with "
+                    "itself."
+                )
+        for check in self.below:
+            said += (
+                f" {check.framework}'s band on {check.band.logged_as} ({check.band.describe()}) "
+                f"sits below the floor ({check.value:.3g}): no engine can meet it."
+            )
+        return said
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "k3_ratio": self.k3_ratio,
+            "abs_diff_ratio": self.abs_diff_ratio,
+            "sentence": self.sentence(),
+            "below_floor": [c.to_dict() for c in self.below],
+        }
+
+
+def floor_of(floor: dict[str, Any] | None) -> Floor | None:
+    """The `Floor` of a `mismatch.floor` (or a step row's `floor_*` fields, renamed); None
+    without one.
+
+    >>> floor = {"k3": 0.01, "abs_diff_mean": 0.1, "k3_ratio": 3.0, "abs_diff_ratio": 2.0}
+    >>> floor_of(floor).below[0].short()
+    'NeMo-RL gen_kl_error 0.01 (healthy <= 0.001)'
+    """
+    if floor is None:
+        return None
+    below = tuple(
+        check
+        for check in _checks(lambda statistic: floor.get(FLOOR_STATISTICS.get(statistic, "")))
+        if check.within is False and check.band.high is not None
+    )
+    return Floor(floor.get("k3_ratio"), floor.get("abs_diff_ratio"), below)
+
+
 @dataclass(frozen=True, slots=True)
 class StepHealth:
     """The verdict of one training step.
@@ -131,6 +207,7 @@ class Health:
         flags: the codes of the mismatch flags that make it `broken`.
         placements: where the dump sits among the published measurements
             (`iscore.advice.reference`), one per statistic that has some.
+        floor: the mismatch against the trainer's own noise, where the dump has a floor.
     """
 
     verdict: Verdict
@@ -139,6 +216,7 @@ class Health:
     by_step: tuple[StepHealth, ...]
     flags: tuple[str, ...] = ()
     placements: tuple[Placement, ...] = ()
+    floor: Floor | None = None
 
     @property
     def headline(self) -> str:
@@ -177,6 +255,7 @@ class Health:
             "bands": [c.to_dict() for c in self.checks],
             "by_step": [s.to_dict() for s in self.by_step],
             "reference": [p.to_dict() for p in self.placements],
+            **({} if self.floor is None else {"floor": self.floor.to_dict()}),
         }
 
 
@@ -202,7 +281,7 @@ def assess(mismatch: MismatchSummary, flags: Sequence[Flag]) -> Health:
     dump_bug = [f"{f.code} (over the whole dump)" for f in flags_of(flags, "semantics_bug")]
     by_step = tuple(_step(row, dump_bug) for row in mismatch.by_step)
     found = [(f.code, f"{f.code}: {f.message}") for f in broken]
-    return _judge(found, mismatch.value, by_step)
+    return replace(_judge(found, mismatch.value, by_step), floor=floor_of(mismatch.floor))
 
 
 def assess_values(values: dict[str, Any], broken: int, ratio: float, stderr: float) -> Health:

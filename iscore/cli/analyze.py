@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         f"max |d| {m.abs_diff_max:.3g}"
     )
     print(f"  health: {result.health.summary()}")
+    if result.health.floor is not None:
+        print(f"  floor: {result.health.floor.sentence()}")
     for flag in result.flags:
         print(f"  ! {flag.code}: {flag.message}")
     for finding in result.attribution.findings:

@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         doc |= {"passed": not failed, "checks": [c.to_dict() for c in checks]}
         write_json(doc, args.json)
     for c in checks:
-        print(f"  {'pass' if c.passed else 'FAIL'}  {c.check}: {c.value:.4g}  ({clip(c.table)})")
+        value = "no value in this dump" if math.isnan(c.value) else f"{c.value:.4g}"
+        print(f"  {'pass' if c.passed else 'FAIL'}  {c.check}: {value}  ({clip(c.table)})")
     print(f"{len(checks) - len(failed)} of {len(checks)} checks pass")
     for path in (args.junit, args.json):
         if path:
@@ -80,12 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _checks(args: argparse.Namespace, dump, bounds, tables) -> list:
     """Every check: the bounds given, each table's, and against the baseline."""
-    from iscore.advice import Check, judge
+    from iscore.advice import Check, gated_values, judge
     from iscore.passes import analyze, diff
 
     with options.progress_bar(dump, "gate", args) as bar:
         analysis = analyze(dump, [], max_tokens=args.chunk_tokens, progress=bar.update)
-    values = _values(analysis.mismatch)
+    values = gated_values(analysis.mismatch)
     checks = judge(values, bounds, "command line")
     for table in tables:
         checks += judge(values, table.bounds, table.name)
@@ -101,15 +102,6 @@ def _checks(args: argparse.Namespace, dump, bounds, tables) -> list:
             check = f"{m.name} not worse than {args.against} (ratio of badness {_ci(m)})"
             checks.append(Check(m.name, check, ratio, m.verdict != "worse", "against"))
     return checks
-
-
-def _values(summary) -> dict[str, float]:
-    """The gated metrics of an analysis' mismatch summary."""
-    from iscore.advice import GATED
-
-    values = {name: float(getattr(summary, name)) for name in GATED if hasattr(summary, name)}
-    values["broken_share"] = summary.broken_sequences / max(summary.sequences, 1)
-    return values
 
 
 def _ci(m) -> str:

@@ -102,6 +102,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the trainer noise's multiplier on the first 4 tokens of each turn after the "
         "first (a re-tokenized transcript); default 1",
     )
+    p.add_argument(
+        "--floor",
+        type=float,
+        metavar="SIGMA",
+        dest="floor_sigma",
+        help="logit noise (nats) between the trainer and a second recompute of it: adds a "
+        "floor_logprob column, the trainer's own noise floor; default 0 (none)",
+    )
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=run)
 
@@ -136,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         "routing_scale",
         "turns",
         "turn_scale",
+        "floor_sigma",
     )
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.broken_from is not None and args.broken_share is None:

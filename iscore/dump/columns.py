@@ -24,7 +24,7 @@ from iscore.errors import ConfigError, DumpError, quote
 REQUIRED = ("seq_id", "rollout_logprob", "train_logprob")
 """Columns every dump must have (in sequence layout `seq_id` defaults to the row number)."""
 
-LOGPROB_COLUMNS = ("rollout_logprob", "train_logprob", "policy_logprob")
+LOGPROB_COLUMNS = ("rollout_logprob", "train_logprob", "policy_logprob", "floor_logprob")
 """Log-probability columns: finite and <= 0 in a valid dump."""
 
 EXPERT_COLUMNS = ("rollout_experts", "train_experts")
@@ -35,6 +35,7 @@ PER_TOKEN = (
     "rollout_logprob",
     "train_logprob",
     "policy_logprob",
+    "floor_logprob",
     "loss_mask",
     "turn",
     *EXPERT_COLUMNS,
@@ -96,6 +97,9 @@ COMMON_NAMES: dict[str, tuple[str, ...]] = {
     ),
     "train_logprob": ("train_logprob", "train_logprobs", "train_log_probs", "trainer_logprobs"),
     "policy_logprob": ("policy_logprob", "policy_logprobs", "cur_log_probs"),
+    # The trainer's log-prob of the token from a second recompute (the noise floor,
+    # docs/compare.md#the-noise-floor): no framework logs one, so no alias can mean it.
+    "floor_logprob": ("floor_logprob",),
     "loss_mask": ("loss_mask",),
     "turn": ("turn",),
     "rollout_experts": ("rollout_experts",),

@@ -157,7 +157,7 @@ class Dump:
             self._data.append(data)
         if problems:
             raise DumpProblems(problems)
-        for name in ("policy_logprob", "rollout_experts", "turn"):
+        for name in ("policy_logprob", "floor_logprob", "rollout_experts", "turn"):
             _check_everywhere(self.files, name)
         first = self.files[0]
         other = next((f for f in self.files if f.layout != first.layout), None)
@@ -752,8 +752,8 @@ def _union_extras(files: Sequence[DumpFile]) -> tuple[Extra, ...]:
 
 
 def _check_everywhere(files: Sequence[DumpFile], name: str) -> None:
-    """A column with no default (policy_logprob, the expert ids, turn): the files of a dump
-    all have it, or none does."""
+    """A column with no default (policy_logprob, floor_logprob, the expert ids, turn): the
+    files of a dump all have it, or none does."""
     having = [f.path for f in files if name in f.columns]
     lacking = [f.path for f in files if name not in f.columns]
     if having and lacking:

@@ -88,6 +88,7 @@ _COLUMN_KIND = {
     "rollout_logprob": "float",
     "train_logprob": "float",
     "policy_logprob": "float",
+    "floor_logprob": "float",
     "loss_mask": "mask",
     "pos": "int",
     "turn": "int",

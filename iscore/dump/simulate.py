@@ -271,6 +271,9 @@ class SimConfig:
             into that many turns of equal length (a sequence shorter than that has fewer).
         turn_scale: the trainer noise's multiplier on the first `BOUNDARY_TOKENS` tokens of
             each turn after the first (re-tokenized seams); 1 (the default) leaves them be.
+        floor_sigma: scale (nats) of the logit noise between the trainer and a second
+            recompute of it (another micro-batch size or parallel layout); above 0 the dump
+            gets a `floor_logprob` column, the noise floor, drawn from a stream of its own.
 
     Raises:
         ConfigError: a value is of the wrong type or out of range.
@@ -304,6 +307,7 @@ class SimConfig:
     routing_scale: float = 1.0
     turns: int = 0
     turn_scale: float = 1.0
+    floor_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.regime, str) or self.regime not in REGIMES:
@@ -365,12 +369,13 @@ class SimConfig:
                 f"Expected argument `broken_share` to be a float in [0, 1), but got {quote(share)}"
             )
         object.__setattr__(self, "broken_share", float(share))
-        policy = self.policy_sigma
-        if isinstance(policy, bool) or not isinstance(policy, Real) or not 0 <= policy <= 2:
-            raise ConfigError(
-                f"Expected argument `policy_sigma` to be a float in [0, 2], but got {quote(policy)}"
-            )
-        object.__setattr__(self, "policy_sigma", float(policy))
+        for name in ("policy_sigma", "floor_sigma"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real) or not 0 <= value <= 2:
+                raise ConfigError(
+                    f"Expected argument `{name}` to be a float in [0, 2], but got {quote(value)}"
+                )
+            object.__setattr__(self, name, float(value))
         if self.grow_from is not None:
             object.__setattr__(self, "grow_from", _check_int("grow_from", self.grow_from, 0))
         growth = self.growth
@@ -421,6 +426,8 @@ class StepTruth:
         kl_train_policy: token mean of KL(trainer || current policy) at each position, what
             the k-estimators of `policy_logprob - train_logprob` estimate; None without a
             policy (`SimConfig.policy_sigma` 0).
+        kl_train_floor: token mean of KL(trainer || its second recompute) at each position,
+            what the floor's k3 estimates; None without a floor (`SimConfig.floor_sigma` 0).
     """
 
     step: int
@@ -432,6 +439,7 @@ class StepTruth:
     expected_ratio: float
     broken: int = 0
     kl_train_policy: float | None = None
+    kl_train_floor: float | None = None
 
 
 def _json_float(value: float) -> float | None:
@@ -489,6 +497,14 @@ class SimTruth:
             return None
         return self._token_mean("kl_train_policy")
 
+    @property
+    def kl_train_floor(self) -> float | None:
+        """Token mean of KL(trainer || its second recompute) over the whole dump, or None
+        without a floor."""
+        if not self.config.floor_sigma:
+            return None
+        return self._token_mean("kl_train_floor")
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; an infinite KL is None.
 
@@ -508,6 +524,8 @@ class SimTruth:
             "kl_train_rollout": _json_float(self.kl_train_rollout),
             "expected_ratio": self.expected_ratio,
             "kl_train_policy": self.kl_train_policy,
+            # Only with a floor: a dump without one records what it did before there was any.
+            **({} if self.kl_train_floor is None else {"kl_train_floor": self.kl_train_floor}),
             "steps": [_step_dict(s) for s in self.steps],
         }
 
@@ -537,7 +555,14 @@ def _config_dict(config: SimConfig) -> dict[str, Any]:
     if config.policy_growth == 1.0:  # unset: written as before the field existed
         del fields["policy_growth"]
     defaults = {f.name: f.default for f in dataclass_fields(SimConfig)}
-    for name in ("experts", "routing_differ", "routing_scale", "turns", "turn_scale"):
+    for name in (
+        "experts",
+        "routing_differ",
+        "routing_scale",
+        "turns",
+        "turn_scale",
+        "floor_sigma",
+    ):
         if fields[name] == defaults[name]:  # unset: written as before the field existed
             del fields[name]
     return fields
@@ -633,6 +658,8 @@ class _Positions:
     ratio: np.ndarray  # float32 [n], E_mu[pi / mu]
     policy: np.ndarray | None = None  # float32 [n], log q[a] (with a policy)
     kl_policy: np.ndarray | None = None  # float32 [n], KL(pi || q)
+    floor: np.ndarray | None = None  # float32 [n], log f[a] (with a floor)
+    kl_floor: np.ndarray | None = None  # float32 [n], KL(pi || f)
 
 
 def _sample_positions(
@@ -641,6 +668,7 @@ def _sample_positions(
     regime: Regime,
     vocab: int,
     policy_noise: np.ndarray | None = None,
+    floor_noise: np.ndarray | None = None,
 ) -> _Positions:
     """Draw rollout/trainer distributions at n positions, sample from the rollout, score both.
 
@@ -653,6 +681,8 @@ def _sample_positions(
         vocab: candidates per position.
         policy_noise: float32 [vocab, n], the current policy's logits minus the trainer's, or
             None for no policy.
+        floor_noise: float32 [vocab, n], a second recompute's logits minus the trainer's, or
+            None for no floor.
     """
     n = noise.size
     logits = _normals(rng, vocab, n)
@@ -711,7 +741,7 @@ def _sample_positions(
     rollout = shifted[token, columns] - np.log(total)
     log_pi = rollout + (delta[token, columns] - log_norm)
     train = np.minimum(log_pi, np.float32(0.0))
-    if policy_noise is None:
+    if policy_noise is None and floor_noise is None:
         return _Positions(token, rollout, train, log_norm, kl_reverse, ratio)
     # The trainer's distribution over every candidate: mu e^delta on mu's support and, outside
     # a top-p nucleus, the untruncated rollout weight times e^delta; it sums to 1 + excess.
@@ -719,13 +749,25 @@ def _sample_positions(
     if escaped is not None:
         pi += weights_outside / total * np.exp(delta)
     pi /= np.float32(1.0) + excess
+    positions = _Positions(token, rollout, train, log_norm, kl_reverse, ratio)
+    if policy_noise is not None:
+        positions.policy, positions.kl_policy = _rescored(pi, log_pi, policy_noise, token)
+    if floor_noise is not None:
+        positions.floor, positions.kl_floor = _rescored(pi, log_pi, floor_noise, token)
+    return positions
+
+
+def _rescored(
+    pi: np.ndarray, log_pi: np.ndarray, noise: np.ndarray, token: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The sampled tokens' log-probs under the trainer's logits plus `noise` [vocab, n] (a
+    current policy, a second recompute), and KL(pi || that distribution) at each position."""
     # The same accurate form as for KL(mu || pi): with g centred on its trainer mean,
     # KL(pi || q) = log E_pi[exp(g)] = log1p(E_pi[expm1(g) - g]), and log q[a] = log pi[a] +
     # g[a] - KL(pi || q).
-    g = policy_noise - (pi * policy_noise).sum(axis=0)
-    kl_policy = np.log1p((pi * _expm1_minus_x(g)).sum(axis=0))
-    policy = np.minimum(log_pi + (g[token, columns] - kl_policy), np.float32(0.0))
-    return _Positions(token, rollout, train, log_norm, kl_reverse, ratio, policy, kl_policy)
+    g = noise - (pi * noise).sum(axis=0)
+    kl = np.log1p((pi * _expm1_minus_x(g)).sum(axis=0))
+    return np.minimum(log_pi + (g[token, np.arange(token.size)] - kl), np.float32(0.0)), kl
 
 
 @dataclass(slots=True)
@@ -744,6 +786,7 @@ class _Step:
     rollout: np.ndarray  # float32 [N]
     train: np.ndarray  # float32 [N]
     policy: np.ndarray | None = None  # float32 [N], with `SimConfig.policy_sigma`
+    floor: np.ndarray | None = None  # float32 [N], with `SimConfig.floor_sigma`
     turn: np.ndarray | None = None  # int32 [N], with `SimConfig.turns`
     experts: tuple[np.ndarray, np.ndarray] | None = None  # int16 [N, k] each side's ids
 
@@ -833,10 +876,13 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
     token_id = np.empty(tokens, dtype=np.int32)
     rollout = np.empty(tokens, dtype=np.float32)
     train = np.empty(tokens, dtype=np.float32)
-    kl_forward = kl_reverse = ratio = kl_policy = 0.0
-    # The policy draws from a stream of its own: with or without it, the rest is the same.
+    kl_forward = kl_reverse = ratio = kl_policy = kl_floor = 0.0
+    # The policy and the floor draw from streams of their own: with or without them, the
+    # rest is the same.
     policy_rng = np.random.default_rng([config.seed, step, 2]) if config.policy_sigma else None
     policy = None if policy_rng is None else np.empty(tokens, dtype=np.float32)
+    floor_rng = np.random.default_rng([config.seed, step, 4]) if config.floor_sigma else None
+    floor = None if floor_rng is None else np.empty(tokens, dtype=np.float32)
     chunk = max(1, _SCRATCH_ELEMENTS // config.vocab)
     for lo in range(0, tokens, chunk):
         hi = min(lo + chunk, tokens)
@@ -855,10 +901,17 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         if policy_rng is not None:
             policy_noise = _normals(policy_rng, config.vocab, n)
             policy_noise *= np.float32(config.policy_sigma * config.policy_growth**step)
-        pos = _sample_positions(rng, noise, regime, config.vocab, policy_noise)
+        floor_noise = None
+        if floor_rng is not None:
+            floor_noise = _normals(floor_rng, config.vocab, n)
+            floor_noise *= np.float32(config.floor_sigma)
+        pos = _sample_positions(rng, noise, regime, config.vocab, policy_noise, floor_noise)
         if policy is not None:
             policy[lo:hi] = pos.policy
             kl_policy += float(pos.kl_policy.sum(dtype=np.float64))
+        if floor is not None:
+            floor[lo:hi] = pos.floor
+            kl_floor += float(pos.kl_floor.sum(dtype=np.float64))
         token_id[lo:hi] = pos.token_id
         rollout[lo:hi] = pos.rollout
         train[lo:hi] = pos.train
@@ -869,7 +922,11 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
     broken = broken_sequences(config, step)
     if broken.any():
         shifted = np.repeat(broken, lengths)
+        if floor is not None:  # the second recompute is of the same stale replica
+            floor[shifted] -= train[shifted]
         train[shifted] = np.minimum(rollout[shifted] + np.float32(BROKEN_SHIFT), np.float32(0.0))
+        if floor is not None:
+            floor[shifted] = np.minimum(floor[shifted] + train[shifted], np.float32(0.0))
 
     first = step * config.sequences
     groups_per_step = -(-config.sequences // config.group_size)
@@ -883,6 +940,7 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         expected_ratio=ratio / tokens,
         broken=int(broken.sum()),
         kl_train_policy=None if policy is None else kl_policy / tokens,
+        kl_train_floor=None if floor is None else kl_floor / tokens,
     )
     return _Step(
         config=config,
@@ -898,6 +956,7 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         rollout=rollout,
         train=train,
         policy=policy,
+        floor=floor,
         turn=turn,
         experts=experts,
     )
@@ -937,12 +996,16 @@ TOKEN_SCHEMA = pa.schema(
 
 def _schema(layout: str, config: SimConfig) -> pa.Schema:
     """The columns of a dump of `config` in `layout`: `SEQUENCE_SCHEMA` or `TOKEN_SCHEMA`, with
-    `policy_logprob` after `train_logprob` (of its type), then `turn`, `rollout_experts` and
-    `train_experts` where the config has them."""
+    `policy_logprob` and `floor_logprob` after `train_logprob` (of its type), then `turn`,
+    `rollout_experts` and `train_experts` where the config has them."""
     schema = SEQUENCE_SCHEMA if layout == "sequence" else TOKEN_SCHEMA
-    if config.policy_sigma:
-        train = schema.get_field_index("train_logprob")
-        schema = schema.insert(train + 1, schema.field(train).with_name("policy_logprob"))
+    train = schema.get_field_index("train_logprob")
+    for name, on in (
+        ("floor_logprob", config.floor_sigma),
+        ("policy_logprob", config.policy_sigma),
+    ):
+        if on:
+            schema = schema.insert(train + 1, schema.field(train).with_name(name))
 
     def per_token(t: pa.DataType) -> pa.DataType:
         return pa.list_(t) if layout == "sequence" else t
@@ -982,6 +1045,7 @@ def _sequence_batch(s: _Step) -> pa.RecordBatch:
         lists(s.rollout),
         lists(s.train),
         *([] if s.policy is None else [lists(s.policy)]),
+        *([] if s.floor is None else [lists(s.floor)]),
         lists(np.ones(s.rollout.size, dtype=bool)),
         lists(s.token_id),
         s.advantage,
@@ -1010,6 +1074,7 @@ def _token_batch(s: _Step) -> pa.RecordBatch:
         s.rollout,
         s.train,
         *([] if s.policy is None else [s.policy]),
+        *([] if s.floor is None else [s.floor]),
         np.ones(s.rollout.size, dtype=bool),
         s.token_id,
         per_token(s.advantage),
@@ -1021,8 +1086,11 @@ def _token_batch(s: _Step) -> pa.RecordBatch:
 
 
 def _step_dict(truth: StepTruth) -> dict[str, Any]:
-    """A step's truth as a strict-JSON-ready dict."""
-    return {**asdict(truth), "kl_train_rollout": _json_float(truth.kl_train_rollout)}
+    """A step's truth as a strict-JSON-ready dict (`kl_train_floor` only with a floor)."""
+    out = {**asdict(truth), "kl_train_rollout": _json_float(truth.kl_train_rollout)}
+    if truth.kl_train_floor is None:
+        del out["kl_train_floor"]
+    return out
 
 
 def simulate(config: SimConfig) -> Iterator[pa.RecordBatch]:

@@ -61,6 +61,9 @@ def to_batch(chunk: Chunk, carried: pa.Schema | None = None) -> TokenBatch:
         routing_agrees=torch.from_numpy(routing_agrees(t["rollout_experts"], t["train_experts"]))
         if "rollout_experts" in t
         else None,
+        floor=_tensor(t["floor_logprob"], pa.float32(), torch.float32)
+        if "floor_logprob" in t
+        else None,
     )
 
 
@@ -123,9 +126,10 @@ def concat_batches(parts: list[TokenBatch]) -> TokenBatch:
     lengths = torch.cat([p.lengths for p in parts])
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
     torch.cumsum(lengths, 0, out=cu[1:])
-    policies = [p.policy for p in parts]
-    if any(x is None for x in policies) and not all(x is None for x in policies):
-        raise DumpError("some files have policy_logprob and others do not")
+    for name in ("policy", "floor"):
+        having = [getattr(p, name) is not None for p in parts]
+        if any(having) and not all(having):
+            raise DumpError(f"some files have {name}_logprob and others do not")
     ids = [p.seq_id for p in parts]
     if len({a.type for a in ids}) > 1:
         raise DumpError(
@@ -148,4 +152,5 @@ def concat_batches(parts: list[TokenBatch]) -> TokenBatch:
         extra=None if extras[0] is None else pa.concat_tables(extras).combine_chunks(),
         turn=cat("turn"),
         routing_agrees=cat("routing_agrees"),
+        floor=cat("floor"),
     )

@@ -92,6 +92,7 @@ COLUMN_ORDER = (
     "train_logprob",
     "loss_mask",
     "policy_logprob",
+    "floor_logprob",
     "advantage",
     "token_id",
     "reward",
@@ -105,6 +106,7 @@ _TOKEN_TYPES = {
     "train_logprob": pa.float32(),
     "loss_mask": pa.bool_(),
     "policy_logprob": pa.float32(),
+    "floor_logprob": pa.float32(),
     "advantage": pa.float32(),
     "token_id": pa.int32(),
     "entropy": pa.float32(),
@@ -496,7 +498,7 @@ class DumpWriter:
     def dropped_steps(self) -> int:
         return 0 if self._files is None else self._files.dropped_steps
 
-    def add_batch(self, batch: object, *, step: int) -> None:
+    def add_batch(self, batch: object, *, step: int, floor_logprobs: object = None) -> None:
         """Write the sequences of a framework's own batch object for `step`.
 
         The framework's module says how to read it (`read_batch`, cited to the upstream lines
@@ -508,11 +510,16 @@ class DumpWriter:
                 `TrainingInputBatch`, an OpenRLHF `Experience` or list of them, AReaL's list of
                 trajectory dicts, NeMo-RL's `train_data`, slime's `rollout_data`.
             step: the training step.
+            floor_logprobs: the trainer's log-probs of the same tokens from a second
+                recompute, in the layout of the batch's own log-probs (padded like them):
+                the noise floor (docs/compare.md#the-noise-floor).
 
         Raises:
             DumpError: no `framework`, a framework without an adapter, or an object lacking
                 what a dump needs (both log-probs and the mask; the message says where the
-                framework computes them); those of `add`.
+                framework computes them); `floor_logprobs` for an object of several blocks
+                (OpenRLHF's experiences, AReaL's groups: give each its own with `add`);
+                those of `add`.
 
         >>> import tempfile, torch, iscore
         >>> path = tempfile.mkdtemp() + "/run.parquet"
@@ -530,7 +537,16 @@ class DumpWriter:
         self._check_open()
         if not self._wanted(step):
             return
-        for part in self._reader()(batch):
+        parts = list(self._reader()(batch))
+        if floor_logprobs is not None:
+            if len(parts) != 1:
+                raise DumpError(
+                    f"Expected one block of sequences with `floor_logprobs`, but this "
+                    f"{self.framework} object holds {len(parts)}: write each with add(..., "
+                    "floor_logprobs=...)"
+                )
+            parts = [replace(parts[0], floor_logprobs=floor_logprobs)]
+        for part in parts:
             self._add(int(step), part)
 
     def add(
@@ -543,6 +559,7 @@ class DumpWriter:
         loss_mask: object = None,
         seq_ids: object = None,
         policy_logprobs: object = None,
+        floor_logprobs: object = None,
         advantages: object = None,
         token_ids: object = None,
         entropy: object = None,
@@ -564,6 +581,9 @@ class DumpWriter:
                 sequence; None: all of them.
             seq_ids: [B] integer or string ids; by default a counter running across calls.
             policy_logprobs: current-policy log-probs, per token.
+            floor_logprobs: the trainer's log-probs of the same tokens from a second recompute
+                (another micro-batch size or parallel layout, or the same forward repeated),
+                per token: the noise floor (docs/compare.md#the-noise-floor).
             advantages: [B] per sequence, or per token.
             token_ids: sampled token ids, per token.
             entropy: per-token entropy.
@@ -586,6 +606,7 @@ class DumpWriter:
             mask=mask,
             loss_mask=loss_mask,
             policy_logprobs=policy_logprobs,
+            floor_logprobs=floor_logprobs,
             advantages=advantages,
             token_ids=token_ids,
             entropy=entropy,
@@ -657,6 +678,7 @@ class DumpWriter:
             "rollout_logprob": ("rollout_logprobs", f.rollout_logprobs, _REAL),
             "train_logprob": ("train_logprobs", f.train_logprobs, _REAL),
             "policy_logprob": ("policy_logprobs", f.policy_logprobs, _REAL),
+            "floor_logprob": ("floor_logprobs", f.floor_logprobs, _REAL),
             "token_id": ("token_ids", f.token_ids, _INTEGER),
             "entropy": ("entropy", f.entropy, _REAL),
         }
@@ -836,7 +858,14 @@ def _precheck(batch: BatchFields) -> None:
     shape = getattr(batch.rollout_logprobs, "shape", None)
     if ragged or shape is None:
         return
-    for name in ("train_logprobs", "mask", "policy_logprobs", "token_ids", "entropy"):
+    for name in (
+        "train_logprobs",
+        "mask",
+        "policy_logprobs",
+        "floor_logprobs",
+        "token_ids",
+        "entropy",
+    ):
         found = getattr(getattr(batch, name), "shape", None)
         if found is not None and tuple(found) != tuple(shape):
             raise DumpError(

@@ -211,6 +211,8 @@ class BatchFields:
         mask: which positions are tokens of the dump (bool or 0/1), or None for lists.
         loss_mask: of those tokens, the ones the loss trains on; per token or per sequence.
         policy_logprobs: the current policy's log-probs, where the framework holds them.
+        floor_logprobs: the trainer's log-probs from a second recompute (the noise floor);
+            no framework holds one, so only `DumpWriter.add`'s caller gives it.
         advantages: per token, or [B] per sequence.
         token_ids: the sampled tokens, per token.
         entropy: per token.
@@ -224,6 +226,7 @@ class BatchFields:
     mask: Any = None
     loss_mask: Any = None
     policy_logprobs: Any = None
+    floor_logprobs: Any = None
     advantages: Any = None
     token_ids: Any = None
     entropy: Any = None

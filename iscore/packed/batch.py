@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-_PER_TOKEN = ("rollout", "train", "loss_mask", "policy", "pos", "turn", "routing_agrees")
+_PER_TOKEN = ("rollout", "train", "loss_mask", "policy", "pos", "turn", "routing_agrees", "floor")
 """The per-token tensors of a batch, [N] each."""
 
 
@@ -49,6 +49,8 @@ class TokenBatch:
         routing_agrees: bool [N] or None, whether the rollout's and the trainer's routers
             picked the same experts for the token (`rollout_experts`, `train_experts`: the
             ids themselves are compared as they are read, and not kept).
+        floor: float32 [N] or None, the trainer's log-prob of the token from a second
+            recompute (`floor_logprob`): train - floor is the trainer's own noise.
     """
 
     rollout: torch.Tensor
@@ -62,6 +64,7 @@ class TokenBatch:
     extra: pa.Table | None = None
     turn: torch.Tensor | None = None
     routing_agrees: torch.Tensor | None = None
+    floor: torch.Tensor | None = None
     _seq_index: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -118,6 +121,8 @@ class TokenBatch:
             parts.append("with turns")
         if self.routing_agrees is not None:
             parts.append("with routing agreement")
+        if self.floor is not None:
+            parts.append("with a noise floor")
         if self.extra is not None:
             parts.append(f"extra columns {', '.join(self.extra.column_names)}")
         return f"TokenBatch({', '.join(parts)})"
@@ -212,6 +217,7 @@ class TokenBatch:
             extra=None if self.extra is None else self.extra.take(rows),
             turn=pick(self.turn),
             routing_agrees=pick(self.routing_agrees),
+            floor=pick(self.floor),
         )
 
     def slice(self, start: int, stop: int) -> TokenBatch:
@@ -240,6 +246,7 @@ class TokenBatch:
             extra=None if self.extra is None else self.extra.slice(start, stop - start),
             turn=part(self.turn),
             routing_agrees=part(self.routing_agrees),
+            floor=part(self.floor),
         )
 
     def to_arrow(self) -> pa.Table:
@@ -257,6 +264,8 @@ class TokenBatch:
         }
         if self.policy is not None:
             columns["policy_logprob"] = pa.array(self.policy.cpu().numpy())
+        if self.floor is not None:
+            columns["floor_logprob"] = pa.array(self.floor.cpu().numpy())
         if self.turn is not None:
             columns["turn"] = pa.array(self.turn.cpu().numpy())
         return pa.table(columns)

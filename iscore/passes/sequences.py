@@ -313,7 +313,8 @@ def tokens_view(dump: Dump) -> tuple[dict[str, TableSource], str]:
     the steps, `--where` and dropped sequences apply), read lazily from the dump's files.
 
     Columns: step, seq_id, pos (null in a token-layout file without a pos column),
-    rollout_logprob, train_logprob, policy_logprob (where the dump has it), loss_mask, and
+    rollout_logprob, train_logprob, policy_logprob and floor_logprob (where the dump has them),
+    loss_mask, and
     d = train_logprob - rollout_logprob in float64 from the float32 values, as the engine
     computes it.
 
@@ -348,7 +349,7 @@ def tokens_view(dump: Dump) -> tuple[dict[str, TableSource], str]:
             columns["pos"] = f"unnest(range(len({source['rollout_logprob']})))"
         else:
             columns["pos"] = "CAST(NULL AS BIGINT)"
-        for name_ in ("rollout_logprob", "train_logprob", "policy_logprob"):
+        for name_ in ("rollout_logprob", "train_logprob", "policy_logprob", "floor_logprob"):
             if name_ in source:
                 columns[name_] = f"CAST({each.format(source[name_])} AS FLOAT)"
         columns["loss_mask"] = (

@@ -186,6 +186,8 @@ def _health(doc: dict[str, Any]) -> str:
         + (f"<ul>{reasons}</ul>" if reasons else "")
         + "</div>"
     ]
+    if "floor" in health:
+        parts.append(f"<p class='floor'>{html.escape(health['floor']['sentence'])}</p>")
     rows = "".join(
         f"<tr><td>{html.escape(b['statistic'])}</td><td>{_fmt(b['value'], '{:.4g}')}</td>"
         f"<td>{html.escape(b['healthy'])}</td>"

@@ -40,7 +40,15 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "catalogue": ["BANDS", "DEFINITIONS", "METRIC_NAMES"],
         "columns": ["SETTING_STATISTICS", "setting_columns"],
         "histogram": ["BINS_PER_DECADE", "LOG10_RANGE"],
-        "mismatch": ["MismatchStats", "MismatchSummary", "broken_sequences", "mismatch_scalars"],
+        "mismatch": [
+            "MismatchStats",
+            "MismatchSummary",
+            "broken_sequences",
+            "floor_scalars",
+            "mismatch_scalars",
+            "retention",
+            "RETENTION_BANDS",
+        ],
         "noise": [
             "BIN_SAMPLE",
             "BROKEN_WORDS",

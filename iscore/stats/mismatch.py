@@ -9,6 +9,10 @@ All statistics are over loss tokens (loss_mask true), with d = train_logprob - r
 S = sum of d over a sequence's loss tokens, T their count and G = S / T. `METRIC_NAMES` says
 what each framework calls each number, so the values can be matched with W&B charts.
 
+With a noise floor (`floor_logprob`, the trainer's log-prob from a second recompute), the same
+k3 and mean |.| of f = train_logprob - floor_logprob, the trainer against itself, and the
+rollout mismatch as a multiple of it (`floor_scalars`, docs/compare.md#the-noise-floor).
+
 >>> import iscore                                           # doctest: +SKIP
 >>> stats = MismatchStats(); stats.update(iscore.load("data/fp8.parquet"))  # doctest: +SKIP
 >>> stats.compute().k3                                      # doctest: +SKIP
@@ -89,6 +93,16 @@ _SEQ_FIELDS = (
     "far",
 )
 
+RETENTION_BANDS = {"strict": (0.999, 1.002), "1pct": (0.99, 1.01), "5pct": (0.95, 1.05)}
+"""MaxText's parity bands on the ratio e^d, limits included: the strict MLPerf band, the
+standard RL band (+-1%) and the wide band (+-5%), with the share of loss tokens, and of
+sequences by their geometric-mean ratio, inside each ("retention";
+[maxtext#5231](https://github.com/AI-Hypercomputer/maxtext/pull/5231))."""
+
+# Per-sequence sums of the noise floor's f = train - floor over the loss tokens, where the
+# dump has a floor: k3 and |f|, in this order (`MismatchStats.floor`).
+_FLOOR_FIELDS = ("floor_k3", "floor_abs")
+
 
 @dataclass(slots=True)
 class MismatchStats:
@@ -118,6 +132,10 @@ class MismatchStats:
     # noise combines.
     step_hists: dict[int, LogHistogram] = field(default_factory=dict)
     noise: list[tuple[int, Noise]] = field(default_factory=list)
+    # float64 [2, B] per chunk, `_FLOOR_FIELDS`; None for a dump without a floor.
+    floor: list[np.ndarray] | None = None
+    # float64 [bands, B] per chunk: the loss tokens with e^d inside each `RETENTION_BANDS`.
+    retained: list[np.ndarray] = field(default_factory=list)
 
     @property
     def abs_hist(self) -> LogHistogram:
@@ -195,6 +213,8 @@ class MismatchStats:
                 self.seq[name].append(max_abs)
             else:
                 self.seq[name].append(sums[name])
+        self._add_floor(batch, None if every else m, buf)
+        self.retained.append(_retained(batch, rho, None if every else m, buf))
         self.steps.append(batch.step.cpu().numpy())
         self.seq_ids.append(batch.seq_id)
 
@@ -226,6 +246,27 @@ class MismatchStats:
         self.signs += np.array([negative, loss - negative - positive, positive])
         self._keep_worst_tokens(batch, d, absd, max_abs)
 
+    def _add_floor(self, batch: TokenBatch, m: torch.Tensor | None, buf: Any) -> None:
+        """Sum the floor's k3 and |f| per sequence, f = train - floor over the loss tokens
+        (`m`; None: every token), where the batch has a floor."""
+        self._expect_floor(batch.floor is not None)
+        if batch.floor is None:
+            return
+        f = batch.train.to(torch.float64, copy=True).sub_(batch.floor)
+        if m is not None:
+            f = keep_where(m, f, 0.0, buf("floor"))
+        k3 = torch.special.expm1(f, out=buf("floor_k3")).sub_(f)
+        sums = ops.segment_sums_on_host(batch, {"k3": k3, "abs": torch.abs(f, out=f)})
+        self.floor.append(np.stack([sums["k3"], sums["abs"]]))
+
+    def _expect_floor(self, has: bool) -> None:
+        """Start the floor's sums with the first sequences that have one; refuse to mix
+        sequences with and without one (a dump's files all have the column or none does)."""
+        if self.floor is None and has and not self.steps:
+            self.floor = []
+        elif (self.floor is not None) != has and (self.steps or self.floor):
+            raise ValueError("some sequences have a noise floor (floor_logprob) and others not")
+
     def _add_abs(self, hist: LogHistogram, absd: torch.Tensor, below: torch.Tensor) -> None:
         """Count a step's |d| in its `hist`, and those where d < 0 (`below`) in `neg_hist`."""
         binned = bin_chosen(absd, below)
@@ -247,6 +288,11 @@ class MismatchStats:
 
     def merge(self, other: MismatchStats) -> None:
         """Add another accumulator's chunks after these (order is kept)."""
+        self.retained.extend(other.retained)
+        if other.steps:
+            self._expect_floor(other.floor is not None)
+            if other.floor is not None:
+                self.floor.extend(other.floor)
         for name in _SEQ_FIELDS:
             self.seq[name].extend(other.seq[name])
         self.steps.extend(other.steps)
@@ -297,7 +343,16 @@ class MismatchStats:
             [[step, n.center, n.spread, n.tokens] for step, n in self.noise], np.float64
         ).reshape(-1, 4)
         out |= {f"step_hist.{k}": v for k, v in keyed_state(self.step_hists).items()}
+        if self.floor is not None:
+            out["floor"] = np.stack([s[k] for k in _FLOOR_FIELDS]).reshape(len(_FLOOR_FIELDS), -1)
+        out["retained"] = self._retained_columns()
         return out
+
+    def _retained_columns(self) -> np.ndarray:
+        """float64 [bands, B]: each sequence's loss tokens inside each retention band."""
+        if not self.retained:
+            return np.zeros((len(RETENTION_BANDS), 0))
+        return np.concatenate(self.retained, axis=1)
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray]) -> MismatchStats:
@@ -345,11 +400,22 @@ class MismatchStats:
             for step, center, spread, n in checked(state, "noise", "f", (-1, 4)).tolist()
         ]
         stats.step_hists = from_keyed_state(_prefixed(state, "step_hist"))
+        if "floor" in state:
+            floor = checked(state, "floor", "f", (len(_FLOOR_FIELDS), b)).astype(np.float64)
+            stats.floor = [floor]
+        stats.retained = [checked(state, "retained", "f", (len(RETENTION_BANDS), b))]
         return stats
 
     def sequences(self) -> dict[str, np.ndarray]:
         """The per-sequence sums, one array per field, plus `step` and `seq_id`."""
         out = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.seq.items()}
+        if self.floor is not None:
+            floor = np.concatenate(self.floor, axis=1) if self.floor else np.zeros((2, 0))
+            out |= dict(zip(_FLOOR_FIELDS, floor, strict=True))
+        retained = self._retained_columns()
+        out |= {
+            f"retained_{band}": row for band, row in zip(RETENTION_BANDS, retained, strict=True)
+        }
         out["step"] = np.concatenate(self.steps) if self.steps else np.zeros(0, np.int64)
         out["seq_id"] = pa.concat_arrays(self.seq_ids) if self.seq_ids else pa.array([])
         return out
@@ -373,6 +439,7 @@ class MismatchStats:
         numbers = {k: v for k, v in s.items() if k != "seq_id"}
         numbers["broken"] = (broken if broken is not None else self.broken(s)).astype(np.float64)
         scalars = mismatch_scalars(numbers)
+        floor = floor_scalars(numbers)
         by_step = self.by_step(numbers)
         every = self.abs_hist
         levels = (0.5, 0.9, 0.99, 0.999)
@@ -400,6 +467,8 @@ class MismatchStats:
             worst_sequences=worst_sequences(s),
             worst_tokens=list(self.worst_tokens),
             **_relations(scalars, by_step, self.regression, self.signs),
+            floor={k.removeprefix("floor_"): v for k, v in floor.items()} if floor else None,
+            retention=retention(numbers),
         )
 
     def by_step(
@@ -418,6 +487,7 @@ class MismatchStats:
                 "step": int(step),
                 **mismatch_scalars(group),
                 **_step_noise(group, self.step_hists.get(int(step)), noise.get(int(step))),
+                **floor_scalars(group),
             }
             for step, group in ops.groups(numbers, s["step"], chosen)
         ]
@@ -531,6 +601,13 @@ class MismatchSummary:
     d_rollout_slope: float = _NAN
     d_sign_fraction: float = _NAN
     k3_growth: float | None = None
+    floor: dict[str, float | None] | None = None
+    retention: dict[str, Any] | None = None
+
+    @property
+    def has_floor(self) -> bool:
+        """Whether the dump has a noise floor with loss tokens (`floor_scalars`)."""
+        return self.floor is not None
 
     def to_dict(self) -> dict[str, Any]:
         """The document's `mismatch` (without the flags and the catalogue the analysis adds
@@ -539,7 +616,9 @@ class MismatchSummary:
         scalars = {name: getattr(self, name) for name in _SCALARS} if self.tokens else {}
         tables = {name: getattr(self, name) for name in _TABLES}
         relations = {name: getattr(self, name) for name in _RELATIONS} if self.tokens else {}
-        return counts | scalars | tables | relations
+        floor = {"floor": self.floor} if self.floor is not None else {}
+        kept = {"retention": self.retention} if self.tokens and self.retention else {}
+        return counts | scalars | tables | relations | floor | kept
 
     def value(self, statistic: str) -> float | None:
         """The overall statistic named `statistic` (a key of `iscore.stats.catalogue
@@ -589,6 +668,73 @@ def mismatch_scalars(s: dict[str, np.ndarray]) -> dict[str, Any]:
         "ess": tok("rho") ** 2 / tok("rho2") if tok("rho2") > 0 else 0.0,
         "d_mean": d_mean,
         "d_var": d_var,
+    }
+
+
+def retention(s: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """The share of the loss tokens of `s`, and of its sequences with loss tokens by their
+    geometric-mean ratio e^(S/T), whose ratio lies inside each `RETENTION_BANDS` band; None
+    without a loss token.
+
+    >>> s = {"T": np.array([2.0, 2.0]), "S": np.array([0.0, 1.0]),
+    ...      "retained_strict": np.array([2.0, 0.0]), "retained_1pct": np.array([2.0, 1.0]),
+    ...      "retained_5pct": np.array([2.0, 1.0])}
+    >>> retention(s)["token"], retention(s)["sequence"]["strict"]
+    ({'strict': 0.5, '1pct': 0.75, '5pct': 0.75}, 0.5)
+    """
+    n = float(s["T"].sum())
+    if n == 0:
+        return None
+    has = s["T"] > 0
+    geo = np.exp(s["S"][has] / s["T"][has])
+    return {
+        "bands": {band: list(limits) for band, limits in RETENTION_BANDS.items()},
+        "token": {band: float(s[f"retained_{band}"].sum() / n) for band in RETENTION_BANDS},
+        "sequence": {
+            band: float(np.count_nonzero((geo >= lo) & (geo <= hi)) / geo.size)
+            for band, (lo, hi) in RETENTION_BANDS.items()
+        },
+    }
+
+
+def _retained(batch: TokenBatch, rho: torch.Tensor, m: torch.Tensor | None, buf: Any) -> np.ndarray:
+    """float64 [bands, B]: each sequence's loss tokens (`m`; None: every token) whose ratio
+    `rho` = e^d lies inside each `RETENTION_BANDS` band, limits included."""
+    inside = {}
+    for band, (lo, hi) in RETENTION_BANDS.items():
+        token = ops.compare("ge", rho, lo, buf(f"retained_{band}", torch.bool))
+        token &= ops.compare("le", rho, hi, buf("retained_hi", torch.bool))
+        if m is not None:
+            token &= m
+        inside[band] = token
+    sums = ops.segment_sums_on_host(batch, inside)
+    return np.stack([sums[band] for band in RETENTION_BANDS])
+
+
+def floor_scalars(s: dict[str, np.ndarray]) -> dict[str, float | None]:
+    """The noise floor over the sequences of `s`, where it has one and loss tokens: the k3
+    and mean |f| of f = train - floor (`floor_k3`, `floor_abs_diff_mean`), and the rollout
+    mismatch over them (`k3_ratio`, `abs_diff_ratio`; None where the floor is exactly 0, a
+    recompute that repeats the trainer bit for bit); {} otherwise.
+
+    >>> s = {"T": np.array([4.0]), "k3": np.array([0.04]), "abs": np.array([0.8]),
+    ...      "floor_k3": np.array([0.0004]), "floor_abs": np.array([0.08])}
+    >>> {k: round(v, 6) for k, v in floor_scalars(s).items()}
+    {'floor_k3': 0.0001, 'floor_abs_diff_mean': 0.02, 'k3_ratio': 100.0, 'abs_diff_ratio': 10.0}
+    """
+    n = float(s["T"].sum())
+    if "floor_k3" not in s or n == 0:
+        return {}
+    k3, absd = float(s["floor_k3"].sum() / n), float(s["floor_abs"].sum() / n)
+
+    def over(value: float, floor: float) -> float | None:
+        return value / floor if floor > 0 else None
+
+    return {
+        "floor_k3": k3,
+        "floor_abs_diff_mean": absd,
+        "k3_ratio": over(float(s["k3"].sum() / n), k3),
+        "abs_diff_ratio": over(float(s["abs"].sum() / n), absd),
     }
 
 

@@ -5,6 +5,7 @@ and a verdict; `--json` the document, `--html` a page of it; `--fail-on worse` f
 from __future__ import annotations
 
 import argparse
+import math
 
 from iscore.cli import options
 from iscore.errors import IscoreError, clip
@@ -97,6 +98,13 @@ def run(args: argparse.Namespace) -> int:
             f"  {where}{r.metric}: {r.baseline:.4g} -> {r.candidate:.4g}  "
             f"{r.change_text} {r.interval_text}  {r.verdict}"
         )
+    for t in result.trend:
+        if t.slope is not None:
+            lo, hi = (math.exp(v) for v in t.ci)  # NaN stays NaN: no interval
+            print(
+                f"  trend of the {t.name} ratio over {t.steps} steps: x{math.exp(t.slope):.3g} "
+                f"a step [{lo:.3g}, {hi:.3g}]  {t.direction}"
+            )
     for path in written:
         print(f"wrote {path}")
     worse = result.worse()

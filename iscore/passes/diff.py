@@ -16,10 +16,11 @@ resampled together and the comparison is paired.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -133,6 +134,43 @@ class SettingDiff:
         return {"setting": self.setting, "metrics": [m.to_dict() for m in self.metrics]}
 
 
+Direction = Literal["rising", "falling", "flat"]
+
+TREND_STEPS = 3
+"""The fewest steps with a ratio for a trend: two points always fit a line."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrendDiff:
+    """How one token-mean metric's ratio moves over the steps both arms hold.
+
+    Attributes:
+        name: the metric.
+        slope: the least-squares slope of log(ratio of badness) on the step number: the
+            ratio's change per step is e^slope (1.05: 5% more a step, relative to the
+            baseline's). None with fewer than `TREND_STEPS` steps with a ratio.
+        ci: its interval, from the same resamples as the per-step ratios.
+        direction: "rising" where the interval lies above 0 (the candidate falls further
+            behind, or its gain shrinks, step after step), "falling" below 0, else "flat".
+        steps: the steps fitted.
+    """
+
+    name: str
+    slope: float | None
+    ci: tuple[float, float]
+    direction: Direction
+    steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "slope": self.slope,
+            "ci": list(self.ci),
+            "direction": self.direction,
+            "steps": self.steps,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Diff:
     """Two arms compared (`diff`).
@@ -144,6 +182,8 @@ class Diff:
         metrics: the mismatch's metrics (`MISMATCH_METRICS`).
         settings: each setting's (`SETTING_METRICS`).
         by_step: per step both arms hold, the token-mean metrics (`step` and `metrics`).
+        trend: per token-mean metric, how its ratio moves over those steps (empty with fewer
+            than `TREND_STEPS`).
     """
 
     arms: tuple[Arm, Arm]
@@ -154,6 +194,7 @@ class Diff:
     metrics: tuple[MetricDiff, ...]
     settings: tuple[SettingDiff, ...]
     by_step: tuple[dict[str, Any], ...]
+    trend: tuple[TrendDiff, ...] = ()
 
     def metric(self, name: str) -> MetricDiff:
         """The mismatch's metric `name`."""
@@ -179,6 +220,7 @@ class Diff:
                 {"step": row["step"], "metrics": [m.to_dict() for m in row["metrics"]]}
                 for row in self.by_step
             ],
+            "trend": [t.to_dict() for t in self.trend],
         }
 
     def write_json(self, path: str | Path) -> None:
@@ -229,6 +271,16 @@ def diff(
     draws = _draws(arms, pairing, steps, resamples, seed)
     overall = [arm.values(arm.resampled(None)) for arm in arms]
     stepwise = [arm.by_step(arm.resampled(None), steps) for arm in arms]
+    by_step = tuple(
+        {
+            "step": step,
+            "metrics": [
+                _compared(METRICS[name], (j, name), stepwise, draws, by_step=True)
+                for name in _TOKEN_MEANS
+            ],
+        }
+        for j, step in enumerate(steps)
+    )
     return Diff(
         arms=(arms[0].arm, arms[1].arm),
         paired=pairing is not None,
@@ -243,16 +295,10 @@ def diff(
             )
             for i, spec in enumerate(specs)
         ),
-        by_step=tuple(
-            {
-                "step": step,
-                "metrics": [
-                    _compared(METRICS[name], (j, name), stepwise, draws, by_step=True)
-                    for name in _TOKEN_MEANS
-                ],
-            }
-            for j, step in enumerate(steps)
-        ),
+        by_step=by_step,
+        trend=tuple(_trend(name, steps, by_step, draws) for name in _TOKEN_MEANS)
+        if len(steps) >= TREND_STEPS
+        else (),
     )
 
 
@@ -425,6 +471,48 @@ def _draws(
                     draws[key] = np.full((resamples, 2), np.nan)
                 draws[key][start : start + len(batch), a] = values
     return draws
+
+
+def _trend(
+    name: str,
+    steps: Sequence[int],
+    by_step: Sequence[Mapping[str, Any]],
+    draws: Mapping[Any, np.ndarray],
+) -> TrendDiff:
+    """The slope of log(ratio) on the step for metric `name`, on the values and on each
+    resample (the steps without a ratio there left out of its fit), and its interval."""
+    metric = METRICS[name]
+    x = np.asarray(steps, np.float64)
+    ratios = np.array(
+        [next(m.ratio for m in row["metrics"] if m.name == name) or np.nan for row in by_step]
+    )
+    drawn = np.stack([draws["step", (j, name)] for j in range(len(steps))], axis=1)
+    bad = np.abs(drawn - 1.0) if metric.bad == "away_from_1" else drawn  # [R, steps, 2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        resampled = np.log(np.where(bad[..., 0] > 0, bad[..., 1] / bad[..., 0], np.nan))
+        logs = np.log(ratios)
+    slope = _slopes(x, logs[None, :])[0]
+    fitted = int(np.count_nonzero(np.isfinite(logs)))
+    if fitted < TREND_STEPS:
+        return TrendDiff(name, None, (math.nan, math.nan), "flat", fitted)
+    interval = percentile_interval(slope, _slopes(x, resampled))
+    direction: Direction = "rising" if interval.lo > 0 else "falling" if interval.hi < 0 else "flat"
+    return TrendDiff(name, float(slope), (interval.lo, interval.hi), direction, fitted)
+
+
+def _slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """float64 [R]: the least-squares slope of each row of `y` [R, n] on `x` [n], over its
+    finite entries (NaN where fewer than `TREND_STEPS`)."""
+    finite = np.isfinite(y)
+    w = finite.astype(np.float64)
+    n = w.sum(axis=1)
+    y0 = np.where(finite, y, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mx = (w * x).sum(axis=1) / n
+        my = y0.sum(axis=1) / n
+        dx = np.where(finite, x - mx[:, None], 0.0)
+        slope = (dx * (y0 - my[:, None])).sum(axis=1) / (dx * dx).sum(axis=1)
+    return np.where(n >= TREND_STEPS, slope, np.nan)
 
 
 def _compared(

@@ -25,6 +25,10 @@ from iscore.passes.diff import diff
 from iscore.stats.bootstrap import percentile_interval, resample_rows
 
 SETTING = "verl:decoupled_geo_rs_token_tis"
+TOKEN_MEANS = (
+    "k3", "abs_diff_mean", "chi2_token", "token_mult_prob_error", "ratio_mean", "far_share",
+)  # fmt: skip
+"""The metrics compared per step, and so with a trend."""
 
 
 def _dump(folder: Path, regime: str, seed: int, steps: int = 2, sequences: int = 48) -> Path:
@@ -233,3 +237,40 @@ def test_the_sum_forms_equal_the_statistics_own_functions(arms):
                 assert math.isnan(fast[key][0]), key
             else:
                 assert fast[key][0] == pytest.approx(value, rel=1e-9, abs=1e-15), key
+
+
+def test_twins_of_several_steps_show_no_trend_at_the_promised_rate(tmp_path):
+    """30 pairs of 4-step dumps of one regime: each metric's ratio is rising or falling over the
+    steps (its slope's interval excludes 0) at most 6 of 30 times, where 95% promises 1.5."""
+    alarms = dict.fromkeys((m.name for m in MISMATCH_METRICS if m.name in TOKEN_MEANS), 0)
+    for seed in range(30):
+        a = _dump(tmp_path, "dense_bf16", 300 + 2 * seed, steps=4, sequences=32)
+        b = _dump(tmp_path, "dense_bf16", 301 + 2 * seed, steps=4, sequences=32)
+        for t in diff(a, b, resamples=200, seed=seed).trend:
+            alarms[t.name] += t.direction != "flat"
+    assert max(alarms.values()) <= 6, alarms
+
+
+def test_a_growing_mismatch_is_a_rising_trend_of_the_least_squares_slope(tmp_path):
+    base = tmp_path / "base.parquet"
+    grown = tmp_path / "grown.parquet"
+    write_simulated(base, SimConfig(sequences=48, steps=5, median_len=160, seed=7))
+    write_simulated(
+        grown, SimConfig(sequences=48, steps=5, median_len=160, seed=8, grow_from=1, growth=1.4)
+    )
+    found = diff(base, grown, resamples=300)
+    assert len(found.trend) == len(TOKEN_MEANS)
+    k3 = next(t for t in found.trend if t.name == "k3")
+    assert k3.direction == "rising" and k3.ci[0] > 0 and k3.steps == 5
+    # The slope is the float64 least-squares fit of log(ratio) on the step.
+    steps = [row["step"] for row in found.by_step]
+    ratios = [next(m.ratio for m in row["metrics"] if m.name == "k3") for row in found.by_step]
+    assert k3.slope == pytest.approx(np.polyfit(steps, np.log(ratios), 1)[0], rel=1e-9)
+    doc = found.to_dict()["trend"]
+    assert {t["name"] for t in doc} == set(TOKEN_MEANS) and doc[0]["direction"] in (
+        "rising", "falling", "flat"
+    )  # fmt: skip
+
+
+def test_two_steps_have_no_trend(arms):
+    assert diff(arms["dense_bf16"], arms["fp8"], resamples=50).trend == ()

@@ -29,11 +29,14 @@ if kept is None:
     st.stop()
 
 names = list(kept)
+state = st.session_state
+if state.get("runs_baseline") not in names:  # renamed or removed since
+    state.runs_baseline = names[0]
 cols = st.columns(2)
 baseline = cols[0].selectbox("Baseline", names, **session.persist("runs_baseline", names[0]))
 others = [n for n in names if n != baseline]
-if st.session_state.get("runs_candidate") not in others:
-    st.session_state.runs_candidate = others[0]
+if state.get("runs_candidate") not in others:
+    state.runs_candidate = others[0]
 candidate = cols[1].selectbox("Candidate", others, **session.persist("runs_candidate", others[0]))
 specs = compare_list.settings()
 st.caption(

@@ -94,10 +94,15 @@ def test_two_samples_as_runs_are_overlaid_and_compared(at: AppTest) -> None:
 
 def test_runs_are_renamed_and_removed_and_names_stay_text(at: AppTest) -> None:
     _two_runs(at)
+    at.switch_page("pages/runs.py").run()  # its baseline is bf16, renamed below
+    at.switch_page("pages/data.py").run()
     evil = "<b>bf16</b>"
     at.text_input(key="_w_run_0_bf16").input(evil).run()
     no_exception(at)
     assert [r.name for r in at.session_state.runs] == [evil, "fp8.parquet"]
+    runs = at.switch_page("pages/runs.py").run()
+    no_exception(runs)
+    assert runs.selectbox(key="_w_runs_baseline").value == evil
     mismatch = at.switch_page("pages/mismatch.py").run()
     said = next(c.value for c in mismatch.caption if c.value.startswith("Each run whole"))
     assert f"{evil}, fp8.parquet" in plain(said) and "<b>" not in said  # escaped Markdown

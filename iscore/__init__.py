@@ -32,6 +32,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "errors": ["ConfigError", "DumpError", "IscoreError", "Problem"],
         "frameworks": ["Replay", "parse_config"],
         "packed": ["TokenBatch"],
-        "passes": ["analyze", "diff", "replay"],
+        "passes": ["analyze", "diff", "replay", "why"],
     },
 )

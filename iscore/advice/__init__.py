@@ -5,7 +5,8 @@ values (`reference`), the targets a setting is held to and each statistic's grad
 the data, `thresholds`, its candidates, `candidates`, the objective they are ranked by,
 `objective`, and the words, `explain`), threshold tuning (`tuning`), export between frameworks
 (`conversion`), a run's trend and its events (`trend`) and the verdicts on two dumps compared
-(`comparison`), and the bars a dump is gated by (`gates`).
+(`comparison`), the bars a dump is gated by (`gates`), and a metric's change between two steps
+split into composition and within (`shift`).
 
 Rule: reads statistics and dumps from the floors below (`iscore.stats`, `iscore.dump` and
 down); never streams a dump through settings into statistics (`iscore.passes` does).
@@ -44,6 +45,15 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "health": ["Floor", "Health", "assess", "assess_values", "floor_of"],
         "recommendation": ["Recommendation", "recommend"],
         "reference": ["point_dict", "points"],
+        "shift": [
+            "BinShift",
+            "FactorShift",
+            "Moved",
+            "best_factor",
+            "share_of",
+            "shift_share",
+            "split_sentence",
+        ],
         "targets": ["Targets"],
         "trend": ["EVENT_KINDS", "Event", "GrowingTrend", "Trend"],
         "tuning": [

@@ -35,6 +35,7 @@ from iscore.cli import (
     simulate,
     validate,
     watch,
+    why,
 )
 from iscore.errors import IscoreError
 
@@ -85,6 +86,7 @@ COMMANDS = (
     replay,
     analyze,
     diff,
+    why,
     gate,
     watch,
     sequences,

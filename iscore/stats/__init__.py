@@ -1,9 +1,10 @@
 """The streaming accumulators: the mismatch diagnostics (`mismatch`, over its per-token terms,
 `token_terms`, its buckets, `buckets`, and its worst sequences and tokens, `worst`), what one
 setting does to a dump (`setting`), what the attribution needs (`attribution`), the noise of a
-step (`noise`), mergeable histograms (`histogram`) and intervals by resampling sequences
-(`bootstrap`). Each has `update` (a chunk), `merge`,
-`state` / `from_state` (what a results store keeps) and `compute`. The statistics by name
+step (`noise`), mergeable histograms (`histogram`), intervals by resampling sequences
+(`bootstrap`) and the token mix of two steps with a metric in each of its bins (`mix`). Each
+has `update` (a chunk), `merge`, `state` / `from_state` (what a results store keeps) and
+`compute` (`mix`, read in one pass, only `update` and `compute`). The statistics by name
 (`catalogue`) and the columns each setting gets in a table (`columns`) are here too.
 
 Rule: never reads a file and never decides; imports `iscore.frameworks`, `iscore.packed` and
@@ -40,6 +41,14 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "catalogue": ["BANDS", "DEFINITIONS", "METRIC_NAMES"],
         "columns": ["SETTING_STATISTICS", "setting_columns"],
         "histogram": ["BINS_PER_DECADE", "LOG10_RANGE"],
+        "mix": [
+            "FactorTable",
+            "MixStats",
+            "ORDERED",
+            "PROB_EDGES_FINE",
+            "SHIFT_METRICS",
+            "bins_by_value",
+        ],
         "mismatch": [
             "MismatchStats",
             "MismatchSummary",

@@ -315,16 +315,16 @@ def _moved_text(metric: str, moved: Moved) -> str:
     elif after == 0:
         text = f": no tokens {moved.where} any more (from {before:.1%} of the loss tokens)"
     elif after >= before:
-        text = f": {after / before:.2g}x more tokens {moved.where} {shares}"
+        text = f": {after / before:.3g}x more tokens {moved.where} {shares}"
     else:
-        text = f": {before / after:.2g}x fewer tokens {moved.where} {shares}"
+        text = f": {before / after:.3g}x fewer tokens {moved.where} {shares}"
     if moved.value is not None:
-        text += f"; within those bins {metric} is {_times(*moved.value)}"
+        text += f"; within those bins {metric} {_times(*moved.value)}"
     return text
 
 
 def _times(before: float, after: float) -> str:
-    """after against before: x1.02 where both are positive, else the difference."""
+    """after against before: 'is x1.02' where both are positive, else 'moved -0.011'."""
     if before > 0 and after > 0:
-        return f"x{after / before:.3g}"
-    return f"{after - before:+.3g}"
+        return f"is x{after / before:.3g}"
+    return f"moved {after - before:+.3g}"

@@ -21,6 +21,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "attribution": ["Attribution", "Finding", "attribute"],
         "candidates": ["RULE_SYMBOLS"],
         "comparison": [
+            "DISTRIBUTION_METRICS",
             "METRICS",
             "MISMATCH_METRICS",
             "SETTING_METRICS",

@@ -63,6 +63,21 @@ MISMATCH_METRICS = (
 )
 """The mismatch's metrics, in the order reported."""
 
+DISTRIBUTION_METRICS = (
+    Metric(
+        "kl_estimate",
+        "higher",
+        "the full-vocabulary KL(rollout || train), estimated from the top-k log-probs",
+    ),
+    Metric(
+        "top1_agreement",
+        "lower",
+        "the share of tokens whose trainer top-1 (among the engine's top-k) is the engine's",
+    ),
+)
+"""The metrics of the whole distribution, compared where both dumps have top-k columns
+(docs/distribution.md)."""
+
 SETTING_METRICS = (
     Metric("token_masked_fraction", "higher", "loss tokens whose weight is 0"),
     Metric("seq_masked_fraction", "higher", "sequences every token of which has weight 0"),
@@ -73,8 +88,8 @@ SETTING_METRICS = (
 )
 """Each setting's metrics, in the order reported."""
 
-METRICS = {m.name: m for m in MISMATCH_METRICS}
-"""The mismatch's metrics by name."""
+METRICS = {m.name: m for m in (*MISMATCH_METRICS, *DISTRIBUTION_METRICS)}
+"""The mismatch's metrics by name (the distribution's too)."""
 
 
 def verdict(

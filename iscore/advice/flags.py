@@ -11,6 +11,7 @@ from typing import Literal
 
 import numpy as np
 
+from iscore.frameworks import every
 from iscore.stats import Baseline, MismatchSummary, first_rise, noise, ratio_bias
 
 FlagKind = Literal["semantics_bug", "broken", "drift", "heavy_tail"]
@@ -42,6 +43,7 @@ _FLAG_KIND: dict[str, FlagKind] = {
     "constant_offset": "semantics_bug",
     "drift": "drift",
     "heavy_tail": "heavy_tail",
+    "support_normalized": "semantics_bug",
 }
 """The kind of each flag code: decided here, read by the app's pages and the report."""
 
@@ -166,6 +168,7 @@ def find_flags(
                 "divergence between the engines (weight sync, resume, growing off-policyness).",
             )
         )
+    flags.extend(_support_normalized(result))
     largest, tail = result.abs_diff_max, result.abs_diff_quantiles.get("p99.9")
     if largest > 2.0 and tail is not None:
         # Noise or not, a few far-off tokens are what token caps and bands are for.
@@ -178,3 +181,42 @@ def find_flags(
             )
         )
     return tuple(flags)
+
+
+def _support_fixes() -> str:
+    """What each framework offers against a truncated support (`Framework.support`)."""
+    fixes = [f"{fw.title} {fw.support}" for fw in every() if fw.support]
+    return "; ".join(fixes) + "." if fixes else ""
+
+
+SUPPORT_SHARE = 0.5
+"""The least share of the sampled ratio's missing mass the top-k mass excess must explain for
+`support_normalized`."""
+
+
+def _support_normalized(result: MismatchSummary) -> list[Flag]:
+    """The engine renormalized over a truncated support (top-p / top-k sampling with processed
+    log-probs): the mean ratio <e^d> falls below 1 (the `ratio_mean_bias` test: more than
+    `noise.RATIO_BIAS_Z` standard errors and `noise.RATIO_BIAS`), and the engine's excess of
+    mass on its top-k ids over the trainer's explains at least `SUPPORT_SHARE` of the gap:
+    with mu = p / P(S), <e^d> = P(S) and the excess is sum_K mu (1 - P(S)), where a token shift
+    or stale weights leave the masses alike."""
+    found = result.distribution
+    if not found or math.isnan(result.ratio_mean):
+        return []
+    gap = 1.0 - result.ratio_mean
+    z = ratio_bias(result.ratio_mean, result.ratio_mean_stderr)
+    excess = found["rollout_topk_mass"] - found["train_topk_mass"]
+    if z is None or z > 0 or excess < SUPPORT_SHARE * gap:
+        return []
+    return [
+        Flag.of(
+            "support_normalized",
+            f"<exp(d)> = {result.ratio_mean:.4f} (z = {z:+.0f}) and the engine puts "
+            f"{excess:.3g} more probability than the trainer on its own top-k ids (of a gap of "
+            f"{gap:.3g}): the engine's log-probs are renormalized over a truncated support "
+            "(top-p / top-k sampling), the trainer's over the whole vocabulary. Score the "
+            "trainer over the same kept set, or log the engine's raw log-probs (vLLM "
+            "logprobs_mode=raw_logprobs). " + _support_fixes(),
+        )
+    ]

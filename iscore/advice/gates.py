@@ -41,12 +41,20 @@ _RETENTION = {
     for band in RETENTION_BANDS
 }
 
-GATED = (*_SCALARS, "broken_share", *_FLOOR, *_RETENTION)
+_DISTRIBUTION = {
+    "kl_lower": ("kl", "lower"),
+    "kl_estimate": ("kl", "estimate"),
+    "top1_agreement": ("top1_agreement", None),
+}
+
+GATED = (*_SCALARS, "broken_share", *_FLOOR, *_RETENTION, *_DISTRIBUTION)
 """The metrics a bound may name: the analysis document's `mismatch.*`; `broken_share`
 (`broken_sequences` / `sequences`); the noise floor's (`mismatch.floor`: `floor_k3`,
 `floor_abs_diff_mean`, `k3_ratio`, `abs_diff_ratio`; NaN without a floor column); MaxText's
 retention, the share of loss tokens and of sequences inside each ratio band
-(`mismatch.retention`: `token_retention_strict`, `seq_retention_1pct`, ...)."""
+(`mismatch.retention`: `token_retention_strict`, `seq_retention_1pct`, ...); the whole
+distribution's (`mismatch.distribution`: `kl_lower`, `kl_estimate`, `top1_agreement`; NaN
+without top-k columns)."""
 
 TABLES_VERSION = 1
 """The shipped tables' version: a table's bounds change only with it."""
@@ -202,6 +210,10 @@ and publishes no share a run must reach (docs/compare.md#gates)."""
 def gated_values(summary: MismatchSummary) -> dict[str, float]:
     """Every `GATED` metric of an analysis' mismatch (NaN where the dump gives none).
 
+    whole = summary.distribution
+    for name, (key, inner) in _DISTRIBUTION.items():
+        value = None if whole is None else whole[key] if inner is None else whole[key][inner]
+        values[name] = math.nan if value is None else float(value)
     >>> from iscore.passes import analyze
     >>> values = gated_values(analyze("data/fp8.parquet", store=None).mismatch)
     >>> round(values["k3"], 4), values["k3_ratio"], round(values["token_retention_5pct"], 3)

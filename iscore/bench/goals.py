@@ -32,6 +32,7 @@ GOALS = {
     "store_second_vs_first": 0.10,
     "interleaved_vs_sorted": 1.2,
     "diff_vs_analyze": 2.5,
+    "topk_vs_plain": 1.5,
     "workers_vs_one": 1.7,
     "workers_vs_one_16": 10.0,
 }
@@ -55,6 +56,7 @@ GOAL_TEXT = {
     "store_second_vs_first": "<= 10% first",
     "interleaved_vs_sorted": "<= 1.2x sorted",
     "diff_vs_analyze": "<= 2.5x analyze",
+    "topk_vs_plain": "<= 1.5x without",
     "workers_vs_one": ">= 1.7x | 10x",
     "workers_cold": "<= 1 process",
 }
@@ -447,6 +449,24 @@ def diff_vs_analyze(result: dict[str, Any]) -> list[Goal]:
     ]
 
 
+def topk_vs_plain(result: dict[str, Any]) -> list[Goal]:
+    """The analysis of a dump with top-k columns against the same dump without them."""
+    t = result.get("topk") or {}
+    goal = f"analyze with top-{t.get('k', 20)} columns <= {GOALS['topk_vs_plain']:g}x without"
+    if "topk_s" not in t:
+        return [{"id": "topk_vs_plain", "goal": goal, "measured": t.get("skipped"), "met": None}]
+    ratio = t["topk_s"] / t["plain_s"]
+    measured = f"{ratio:.2f}x ({t['topk_s']:.2f} s vs {t['plain_s']:.2f} s, {t['tokens']:,} tokens)"
+    return [
+        {
+            "id": "topk_vs_plain",
+            "goal": goal,
+            "measured": measured,
+            "met": ratio <= GOALS["topk_vs_plain"],
+        }
+    ]
+
+
 def ray_vs_local(result: dict[str, Any]) -> list[Goal]:
     """The streamed analyze on a local Ray cluster against one process; not measured where
     Ray is not installed, or the two disagree."""
@@ -479,6 +499,7 @@ CHECKS: tuple[Callable[[dict[str, Any]], list[Goal]], ...] = (
     results_store,
     every_core,
     diff_vs_analyze,
+    topk_vs_plain,
     cuda_replay,
     ray_vs_local,
 )

@@ -28,6 +28,7 @@ from iscore.bench import (
     runs,
     store,
     throughput,
+    whole,
 )
 from iscore.bench.base import SETTINGS, Measurement, Run, loadavg, machine
 from iscore.bench.baselines.comparison import baselines
@@ -52,6 +53,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     store.store,
     cores.workers,
     compare.compared,
+    whole.topk_cost,
     processes.memory,
     throughput.cuda,
     cluster.ray_engine,  # last: a cluster's processes slow nothing else

@@ -110,6 +110,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="logit noise (nats) between the trainer and a second recompute of it: adds a "
         "floor_logprob column, the trainer's own noise floor; default 0 (none)",
     )
+    p.add_argument(
+        "--topk",
+        type=int,
+        metavar="K",
+        help="the engine's K most likely candidates at each token, their log-probs and the "
+        "trainer's: adds the top-k columns (the whole distribution, docs/distribution.md); "
+        "default 0 (none)",
+    )
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=run)
 
@@ -145,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         "turns",
         "turn_scale",
         "floor_sigma",
+        "topk",
     )
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.broken_from is not None and args.broken_share is None:

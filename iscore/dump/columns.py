@@ -30,6 +30,11 @@ LOGPROB_COLUMNS = ("rollout_logprob", "train_logprob", "policy_logprob", "floor_
 EXPERT_COLUMNS = ("rollout_experts", "train_experts")
 """Per-token lists of the expert ids each side's router picked: both or neither."""
 
+TOPK_COLUMNS = ("rollout_topk_ids", "rollout_topk_logprobs", "train_topk_logprobs")
+"""Per-token lists of k: the engine's k most likely ids and their log-probs, and the trainer's
+log-probs at those ids (docs/distribution.md): all three or none, k the same for every token of
+a file."""
+
 PER_TOKEN = (
     "pos",
     "rollout_logprob",
@@ -39,6 +44,7 @@ PER_TOKEN = (
     "loss_mask",
     "turn",
     *EXPERT_COLUMNS,
+    *TOPK_COLUMNS,
 )
 """Per-token columns the engine reads; in sequence layout they are list columns (the expert
 ids, a list per token, are lists of lists there)."""
@@ -104,6 +110,9 @@ COMMON_NAMES: dict[str, tuple[str, ...]] = {
     "turn": ("turn",),
     "rollout_experts": ("rollout_experts",),
     "train_experts": ("train_experts",),
+    "rollout_topk_ids": ("rollout_topk_ids",),
+    "rollout_topk_logprobs": ("rollout_topk_logprobs",),
+    "train_topk_logprobs": ("train_topk_logprobs",),
     "advantage": ("advantage", "advantages"),
     "token_id": ("token_id", "token_ids"),
     "group_id": ("group_id", "prompt_id"),

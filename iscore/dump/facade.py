@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from iscore.dump.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, dump_schema
+from iscore.dump.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, TOPK_COLUMNS, dump_schema
 from iscore.dump.files import (
     import_framework_dump,
     is_framework_dump,
@@ -157,7 +157,13 @@ class Dump:
             self._data.append(data)
         if problems:
             raise DumpProblems(problems)
-        for name in ("policy_logprob", "floor_logprob", "rollout_experts", "turn"):
+        for name in (
+            "policy_logprob",
+            "floor_logprob",
+            "rollout_experts",
+            "rollout_topk_ids",
+            "turn",
+        ):
             _check_everywhere(self.files, name)
         first = self.files[0]
         other = next((f for f in self.files if f.layout != first.layout), None)
@@ -758,7 +764,7 @@ def _check_everywhere(files: Sequence[DumpFile], name: str) -> None:
     lacking = [f.path for f in files if name not in f.columns]
     if having and lacking:
         others = f" (and {len(lacking) - 1:,} other files)" if len(lacking) > 1 else ""
-        both = EXPERT_COLUMNS if name in EXPERT_COLUMNS else (name,)
+        both = next((group for group in (EXPERT_COLUMNS, TOPK_COLUMNS) if name in group), (name,))
         message = (
             f"missing here{others} but present in {having[0]}; the files of a dump all have "
             f"it or none does (leave it out of every file with "

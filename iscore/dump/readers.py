@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from iscore.dump.columns import EXPERT_COLUMNS, LOGPROB_COLUMNS, PER_SEQUENCE, PER_TOKEN, ColumnMap
 from iscore.dump.files import leaf
 from iscore.dump.schema import column_label, is_list
+from iscore.dump.topk import topk_problems
 from iscore.dump.values import DumpFile, Extra, StepRange
 from iscore.errors import DumpProblems, Problem, counted, quote
 
@@ -29,7 +30,7 @@ _SHOW_ROWS = 5
 
 _INT64_MAX = 2**63 - 1
 
-_INT64_COLUMNS = ("step", "pos", "seq_id", "turn", *EXPERT_COLUMNS)
+_INT64_COLUMNS = ("step", "pos", "seq_id", "turn", "token_id", "rollout_topk_ids", *EXPERT_COLUMNS)
 """Integer columns read as int64: a uint64 value above its range is a problem."""
 
 
@@ -88,6 +89,9 @@ class Chunk:
 
 
 INVALID = "invalid log-prob"
+
+_PER_TOKEN_READ = (*PER_TOKEN, "token_id")
+"""The per-token columns a chunk holds: `token_id` only where the top-k columns are read."""
 
 
 def invalid_values(values: pa.Array) -> np.ndarray:
@@ -151,6 +155,7 @@ def check_values(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
                 )
             )
     problems.extend(_expert_problems(chunk, columns))
+    problems.extend(topk_problems(chunk, columns))
     turn = chunk.per_token.get("turn")
     if turn is not None and len(turn) > 1:
         t = turn.to_numpy(zero_copy_only=False)
@@ -229,6 +234,14 @@ def _expert_problems(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
     return problems
 
 
+def _value_rows(rows: np.ndarray, levels: list[pa.Array]) -> np.ndarray:
+    """The file row of each value of a list column flattened `len(levels)` times, from the
+    list lengths at each level."""
+    for lengths in levels:
+        rows = np.repeat(rows, lengths.to_numpy(zero_copy_only=False))
+    return rows
+
+
 def _first_rows(mask: np.ndarray, rows: np.ndarray) -> tuple[tuple[int, ...], int]:
     hits = np.flatnonzero(mask)
     return tuple(int(r) for r in rows[hits[:_SHOW_ROWS]]), int(hits.size)
@@ -258,6 +271,8 @@ class _Reader:
         self.source = {
             k: v for k, v in info.columns.source.items() if k in PER_TOKEN + PER_SEQUENCE
         }
+        if "rollout_topk_ids" in self.source and "token_id" in info.columns:
+            self.source["token_id"] = info.columns.source["token_id"]  # is the sample in the k?
         self.source.update({e.name: e.source for e in extras})
 
     def _row_groups(self) -> list[int]:
@@ -350,20 +365,23 @@ class _Reader:
             if column.null_count and not (name in LOGPROB_COLUMNS and self.info.layout == "token"):
                 nulls = ("null value", "null values")
                 problems.append(self._problem(label, nulls, column.is_null(), rows))
-            values, value_rows, inside = column, rows, "its lists"
+            # The file row of each value, found only for a problem (a top-k column holds k
+            # values per token).
+            values, levels, inside = column, [], "its lists"
             while is_list(values.type):
-                lengths = pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False)
-                values, value_rows = pc.list_flatten(values), np.repeat(value_rows, lengths)
+                levels.append(pc.list_value_length(values).fill_null(0))
+                values = pc.list_flatten(values)
                 if values.null_count and name not in LOGPROB_COLUMNS:
                     what = (f"null value inside {inside}", f"null values inside {inside}")
-                    problems.append(self._problem(label, what, values.is_null(), value_rows))
+                    bad = values.is_null()
+                    problems.append(self._problem(label, what, bad, _value_rows(rows, levels)))
                 inside = "the lists of its lists"
             if name in _INT64_COLUMNS and values.type == pa.uint64():
                 above = pc.greater(values, pa.scalar(_INT64_MAX, pa.uint64()))
                 if pc.any(above).as_py():
                     above_max = f"above {_INT64_MAX:,} (2^63 - 1), which int64 cannot hold"
                     what = (f"value {above_max}", f"values {above_max}")
-                    problems.append(self._problem(label, what, above, value_rows))
+                    problems.append(self._problem(label, what, above, _value_rows(rows, levels)))
         return problems
 
     def _problem(
@@ -492,7 +510,7 @@ class _TokenReader(_Reader):
         seq_id = table["seq_id"].chunk(0).take(pa.array(starts)).cast(self.info.seq_id_type)
         self._mark_seen(step, seq_id, rows[starts])
         extra = self._extra({e.name: table[e.name].chunk(0) for e in self.extras}, lengths, rows)
-        per_token = {n: table[n].chunk(0) for n in PER_TOKEN if n in table.column_names}
+        per_token = {n: table[n].chunk(0) for n in _PER_TOKEN_READ if n in table.column_names}
         if "pos" in per_token:
             per_token, rows = _order_by_pos(self.info, per_token, lengths, rows)
         return Chunk(self.info.path, per_token, seq_id, step, lengths, rows, extra)
@@ -621,7 +639,7 @@ class _SequenceReader(_Reader):
         problems = self._read_problems(table, rows)
         if problems:
             raise DumpProblems(problems)
-        lists = {n: _array(table[n]) for n in PER_TOKEN if n in table.column_names}
+        lists = {n: _array(table[n]) for n in _PER_TOKEN_READ if n in table.column_names}
         lengths = pc.list_value_length(lists["rollout_logprob"]).to_numpy(zero_copy_only=False)
         for name, values in lists.items():
             other = pc.list_value_length(values).to_numpy(zero_copy_only=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from iscore.dump.columns import COMPUTED, EXPERT_COLUMNS, PER_TOKEN, ColumnMap
+from iscore.dump.columns import COMPUTED, EXPERT_COLUMNS, PER_TOKEN, TOPK_COLUMNS, ColumnMap
 from iscore.dump.values import Extra, Layout
 from iscore.errors import DumpProblems, Problem, quote
 
@@ -96,6 +96,9 @@ _COLUMN_KIND = {
     "seq_id": "id",
     "rollout_experts": "ids",
     "train_experts": "ids",
+    "rollout_topk_ids": "ids",
+    "rollout_topk_logprobs": "floats",
+    "train_topk_logprobs": "floats",
 }
 
 
@@ -110,6 +113,14 @@ def check_types(path: str, schema: pa.Schema, columns: ColumnMap, layout: Layout
             f"a dump has both or neither (leave it out with --column {name}=)"
         )
         problems.append(Problem(path, column_label(columns, name), message))
+    present = [name for name in TOPK_COLUMNS if name in columns]
+    if present and len(present) < len(TOPK_COLUMNS):
+        missing = ", ".join(n for n in TOPK_COLUMNS if n not in columns)
+        message = (
+            f"present without {missing}; the distribution statistics need the engine's top-k ids, "
+            f"their log-probs and the trainer's at them (leave it out with --column {present[0]}=)"
+        )
+        problems.append(Problem(path, column_label(columns, present[0]), message))
     for name, kind in _COLUMN_KIND.items():
         if name not in columns:
             continue
@@ -117,11 +128,18 @@ def check_types(path: str, schema: pa.Schema, columns: ColumnMap, layout: Layout
         t = schema.field(source).type
         if pa.types.is_dictionary(t):
             t = t.value_type  # decoded while reading
-        if kind == "ids":
-            # A token's expert ids are a list: a list of them per sequence in sequence layout.
+        if kind in ("ids", "floats"):
+            # A token's ids (or log-probs) are a list: a list of them per sequence in sequence
+            # layout.
             inner = t.value_type if layout == "sequence" and is_list(t) else t
-            ok = is_list(inner) and pa.types.is_integer(inner.value_type)
-            expected = "a list of integer lists" if layout == "sequence" else "an integer list"
+            test = pa.types.is_integer if kind == "ids" else pa.types.is_floating
+            ok = is_list(inner) and test(inner.value_type)
+            noun = "an integer" if kind == "ids" else "a float"
+            expected = (
+                f"a list of {noun[noun.index(' ') + 1 :]} lists"
+                if layout == "sequence"
+                else f"{noun} list"
+            )
             if not ok:
                 problems.append(
                     Problem(

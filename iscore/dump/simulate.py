@@ -88,6 +88,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from iscore.dump.columns import TOPK_COLUMNS
 from iscore.dump.stepfiles import step_file, write_atomic
 from iscore.errors import ConfigError, DumpError, IscoreError, quote
 from iscore.utils import output_path
@@ -274,6 +275,11 @@ class SimConfig:
         floor_sigma: scale (nats) of the logit noise between the trainer and a second
             recompute of it (another micro-batch size or parallel layout); above 0 the dump
             gets a `floor_logprob` column, the noise floor, drawn from a stream of its own.
+        topk: above 0, the dump gets the engine's `topk` most likely candidates at each token
+            (`rollout_topk_ids`), their log-probs and the trainer's at them
+            (docs/distribution.md): at most `vocab`, and not with a top-p regime (outside its
+            nucleus the engine's log-prob is -inf, which a dump cannot hold). They describe
+            the regime's distributions, before a broken sequence's shift.
 
     Raises:
         ConfigError: a value is of the wrong type or out of range.
@@ -308,6 +314,7 @@ class SimConfig:
     turns: int = 0
     turn_scale: float = 1.0
     floor_sigma: float = 0.0
+    topk: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.regime, str) or self.regime not in REGIMES:
@@ -391,6 +398,17 @@ class SimConfig:
                 f"{quote(growth)}"
             )
         object.__setattr__(self, "policy_growth", float(growth))
+        object.__setattr__(self, "topk", _check_int("topk", self.topk, 0))
+        if self.topk > self.vocab:
+            raise ConfigError(
+                f"Expected argument `topk` to be at most `vocab` ({self.vocab}), but got "
+                f"{self.topk}"
+            )
+        if self.topk and REGIMES[self.regime].top_p < 1.0:
+            raise ConfigError(
+                f"Expected no `topk` with the {self.regime} regime: its engine samples from a "
+                "top-p nucleus and reports -inf outside it, which a dump cannot hold"
+            )
 
     def sigma(self, step: int) -> float:
         """The trainer noise's scale (nats) at `step`: the regime's, grown from `grow_from`.
@@ -562,6 +580,7 @@ def _config_dict(config: SimConfig) -> dict[str, Any]:
         "turns",
         "turn_scale",
         "floor_sigma",
+        "topk",
     ):
         if fields[name] == defaults[name]:  # unset: written as before the field existed
             del fields[name]
@@ -660,6 +679,7 @@ class _Positions:
     kl_policy: np.ndarray | None = None  # float32 [n], KL(pi || q)
     floor: np.ndarray | None = None  # float32 [n], log f[a] (with a floor)
     kl_floor: np.ndarray | None = None  # float32 [n], KL(pi || f)
+    topk: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # [n, k] ids, log mu, log pi
 
 
 def _sample_positions(
@@ -669,6 +689,7 @@ def _sample_positions(
     vocab: int,
     policy_noise: np.ndarray | None = None,
     floor_noise: np.ndarray | None = None,
+    topk: int = 0,
 ) -> _Positions:
     """Draw rollout/trainer distributions at n positions, sample from the rollout, score both.
 
@@ -683,6 +704,7 @@ def _sample_positions(
             None for no policy.
         floor_noise: float32 [vocab, n], a second recompute's logits minus the trainer's, or
             None for no floor.
+        topk: how many of the rollout's most likely candidates to report (0: none).
     """
     n = noise.size
     logits = _normals(rng, vocab, n)
@@ -741,20 +763,34 @@ def _sample_positions(
     rollout = shifted[token, columns] - np.log(total)
     log_pi = rollout + (delta[token, columns] - log_norm)
     train = np.minimum(log_pi, np.float32(0.0))
+    top = _top_candidates(shifted - np.log(total), delta - log_norm, topk) if topk else None
     if policy_noise is None and floor_noise is None:
-        return _Positions(token, rollout, train, log_norm, kl_reverse, ratio)
+        return _Positions(token, rollout, train, log_norm, kl_reverse, ratio, topk=top)
     # The trainer's distribution over every candidate: mu e^delta on mu's support and, outside
     # a top-p nucleus, the untruncated rollout weight times e^delta; it sums to 1 + excess.
     pi = mu * np.exp(delta)
     if escaped is not None:
         pi += weights_outside / total * np.exp(delta)
     pi /= np.float32(1.0) + excess
-    positions = _Positions(token, rollout, train, log_norm, kl_reverse, ratio)
+    positions = _Positions(token, rollout, train, log_norm, kl_reverse, ratio, topk=top)
     if policy_noise is not None:
         positions.policy, positions.kl_policy = _rescored(pi, log_pi, policy_noise, token)
     if floor_noise is not None:
         positions.floor, positions.kl_floor = _rescored(pi, log_pi, floor_noise, token)
     return positions
+
+
+def _top_candidates(
+    log_mu: np.ndarray, shift: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The `k` candidates of largest rollout probability at each position (ids [n, k]), the
+    rollout's log-probs of them, and the trainer's (log mu + `shift`, capped at 0 as the
+    sampled token's is): [vocab, n] in, [n, k] out, computed as the sampled token's are."""
+    order = np.argsort(-log_mu, axis=0, kind="stable")[:k]
+    columns = np.arange(log_mu.shape[1])
+    rollout = log_mu[order, columns]
+    train = np.minimum(rollout + shift[order, columns], np.float32(0.0))
+    return order.T.astype(np.int32), rollout.T.copy(), train.T.copy()
 
 
 def _rescored(
@@ -787,6 +823,7 @@ class _Step:
     train: np.ndarray  # float32 [N]
     policy: np.ndarray | None = None  # float32 [N], with `SimConfig.policy_sigma`
     floor: np.ndarray | None = None  # float32 [N], with `SimConfig.floor_sigma`
+    topk: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # [N, k], `SimConfig.topk`
     turn: np.ndarray | None = None  # int32 [N], with `SimConfig.turns`
     experts: tuple[np.ndarray, np.ndarray] | None = None  # int16 [N, k] each side's ids
 
@@ -853,6 +890,18 @@ def _turns(config: SimConfig, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return turn, boundary
 
 
+def _logit_noise(
+    rng: np.random.Generator | None, scale: float, vocab: int, n: int
+) -> np.ndarray | None:
+    """float32 [vocab, n] Gaussian logit noise of `scale` nats from `rng` (a current policy's,
+    a second recompute's), or None without its stream."""
+    if rng is None:
+        return None
+    noise = _normals(rng, vocab, n)
+    noise *= np.float32(scale)
+    return noise
+
+
 def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
     """Generate one step, in chunks of bounded scratch memory."""
     # Seeding by (seed, step) lets any step be regenerated alone; all regimes draw the same
@@ -883,6 +932,8 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
     policy = None if policy_rng is None else np.empty(tokens, dtype=np.float32)
     floor_rng = np.random.default_rng([config.seed, step, 4]) if config.floor_sigma else None
     floor = None if floor_rng is None else np.empty(tokens, dtype=np.float32)
+    kinds = (np.int32, np.float32, np.float32)  # ids, log mu, log pi
+    topk = tuple(np.empty((tokens, config.topk), t) for t in kinds) if config.topk else None
     chunk = max(1, _SCRATCH_ELEMENTS // config.vocab)
     for lo in range(0, tokens, chunk):
         hi = min(lo + chunk, tokens)
@@ -897,15 +948,15 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         if boundary is not None:
             noise[boundary[lo:hi]] *= np.float32(config.turn_scale)
         np.minimum(noise, np.float32(_MAX_NOISE), out=noise)
-        policy_noise = None
-        if policy_rng is not None:
-            policy_noise = _normals(policy_rng, config.vocab, n)
-            policy_noise *= np.float32(config.policy_sigma * config.policy_growth**step)
-        floor_noise = None
-        if floor_rng is not None:
-            floor_noise = _normals(floor_rng, config.vocab, n)
-            floor_noise *= np.float32(config.floor_sigma)
-        pos = _sample_positions(rng, noise, regime, config.vocab, policy_noise, floor_noise)
+        scale = config.policy_sigma * config.policy_growth**step
+        policy_noise = _logit_noise(policy_rng, scale, config.vocab, n)
+        floor_noise = _logit_noise(floor_rng, config.floor_sigma, config.vocab, n)
+        pos = _sample_positions(
+            rng, noise, regime, config.vocab, policy_noise, floor_noise, config.topk
+        )
+        if topk is not None:
+            for into, values in zip(topk, pos.topk, strict=True):
+                into[lo:hi] = values
         if policy is not None:
             policy[lo:hi] = pos.policy
             kl_policy += float(pos.kl_policy.sum(dtype=np.float64))
@@ -957,6 +1008,7 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         train=train,
         policy=policy,
         floor=floor,
+        topk=topk,
         turn=turn,
         experts=experts,
     )
@@ -1015,19 +1067,23 @@ def _schema(layout: str, config: SimConfig) -> pa.Schema:
     if config.experts:
         for name in ("rollout_experts", "train_experts"):
             schema = schema.append(pa.field(name, per_token(pa.list_(pa.int16()))))
+    if config.topk:
+        for name, t in zip(TOPK_COLUMNS, (pa.int32(), pa.float32(), pa.float32()), strict=True):
+            schema = schema.append(pa.field(name, per_token(pa.list_(t))))
     return schema
 
 
 def _ids(ids: np.ndarray) -> pa.Array:
-    """int16 [N, k] as a list column of N lists of k ids."""
+    """[N, k] values (expert ids, top-k ids or log-probs) as a list column of N lists of k."""
     n, k = ids.shape
     return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * k), ids.ravel())
 
 
 def _optional(s: _Step) -> list[pa.Array]:
-    """The step's `turn` and expert-id columns, per token (where it has them)."""
+    """The step's `turn`, expert-id and top-k columns, per token (where it has them)."""
     out = [] if s.turn is None else [pa.array(s.turn)]
-    return out + ([] if s.experts is None else [_ids(ids) for ids in s.experts])
+    out += [] if s.experts is None else [_ids(ids) for ids in s.experts]
+    return out + ([] if s.topk is None else [_ids(values) for values in s.topk])
 
 
 def _sequence_batch(s: _Step) -> pa.RecordBatch:

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from iscore.dump.columns import TOPK_COLUMNS
 from iscore.dump.readers import Chunk, bools, plain
 from iscore.errors import DumpError
 
@@ -64,7 +65,31 @@ def to_batch(chunk: Chunk, carried: pa.Schema | None = None) -> TokenBatch:
         floor=_tensor(t["floor_logprob"], pa.float32(), torch.float32)
         if "floor_logprob" in t
         else None,
+        **_topk(t),
     )
+
+
+def _topk(per_token: dict[str, pa.Array]) -> dict[str, torch.Tensor]:
+    """The top-k tensors (and the sampled ids beside them) of a chunk that has them."""
+    import torch
+
+    if "rollout_topk_ids" not in per_token:
+        return {}
+    out = {}
+    kinds = (
+        (pa.int64(), torch.int64),
+        (pa.float32(), torch.float32),
+        (pa.float32(), torch.float32),
+    )
+    for name, column, (dtype, torch_dtype) in zip(
+        ("topk_ids", "rollout_topk", "train_topk"), TOPK_COLUMNS, kinds, strict=True
+    ):
+        lists = per_token[column]
+        flat = _tensor(pc.list_flatten(lists), dtype, torch_dtype)  # checked: k each
+        out[name] = flat.reshape(len(lists), -1)
+    if "token_id" in per_token:
+        out["token_id"] = _tensor(per_token["token_id"], pa.int64(), torch.int64)
+    return out
 
 
 def routing_agrees(rollout: pa.Array, train: pa.Array) -> np.ndarray:
@@ -130,6 +155,13 @@ def concat_batches(parts: list[TokenBatch]) -> TokenBatch:
         having = [getattr(p, name) is not None for p in parts]
         if any(having) and not all(having):
             raise DumpError(f"some files have {name}_logprob and others do not")
+    for name, column in (("topk_ids", "rollout_topk_ids"), ("token_id", "token_id")):
+        having = [getattr(p, name) is not None for p in parts]
+        if any(having) and not all(having):
+            raise DumpError(f"some files have {column} and others do not")
+    ks = {p.topk_ids.shape[-1] for p in parts if p.topk_ids is not None}
+    if len(ks) > 1:
+        raise DumpError(f"files list different numbers of top-k ids: {sorted(ks)}")
     ids = [p.seq_id for p in parts]
     if len({a.type for a in ids}) > 1:
         raise DumpError(
@@ -153,4 +185,8 @@ def concat_batches(parts: list[TokenBatch]) -> TokenBatch:
         turn=cat("turn"),
         routing_agrees=cat("routing_agrees"),
         floor=cat("floor"),
+        token_id=cat("token_id"),
+        topk_ids=cat("topk_ids"),
+        rollout_topk=cat("rollout_topk"),
+        train_topk=cat("train_topk"),
     )

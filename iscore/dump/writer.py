@@ -98,6 +98,9 @@ COLUMN_ORDER = (
     "reward",
     "group_id",
     "entropy",
+    "rollout_topk_ids",
+    "rollout_topk_logprobs",
+    "train_topk_logprobs",
 )
 """The canonical columns a written dump may hold, in the order they are written."""
 
@@ -110,8 +113,19 @@ _TOKEN_TYPES = {
     "advantage": pa.float32(),
     "token_id": pa.int32(),
     "entropy": pa.float32(),
+    "rollout_topk_ids": pa.int32(),
+    "rollout_topk_logprobs": pa.float32(),
+    "train_topk_logprobs": pa.float32(),
 }
-"""Per-token columns and the type of their list items."""
+"""Per-token columns and the type of their list items (of the items of their k-lists, for the
+top-k ones: [tokens, k] values each)."""
+
+_TOPK = {
+    "rollout_topk_ids": "rollout_topk_ids",
+    "rollout_topk_logprobs": "rollout_topk_logprobs",
+    "train_topk_logprobs": "train_topk_logprobs",
+}
+"""The top-k columns by the argument that gives each (docs/distribution.md)."""
 
 _SEQUENCE_TYPES = {"advantage": pa.float32(), "reward": pa.float32(), "group_id": None}
 """Per-sequence columns; None: integers or strings, whichever the values are."""
@@ -167,12 +181,19 @@ def canonical_table(
                 f"Unknown per-token column {quote(name)}; expected one of {tuple(_TOKEN_TYPES)}"
             )
         values = np.asarray(values)
-        if values.shape != (total,):
+        if values.shape[:1] != (total,) or values.ndim != (2 if name in _TOPK else 1):
+            count = f"[{total:,}, k]" if name in _TOPK else f"{total:,}"
             raise DumpError(
-                f"Expected {total:,} values of {name} (the sequences' lengths sum to that), "
+                f"Expected {count} values of {name} (the sequences' lengths sum to {total:,}), "
                 f"but got shape {list(values.shape)}"
             )
-        flat = pa.array(exact_cast(name, values, np.dtype(_TOKEN_TYPES[name].to_pandas_dtype())))
+        dtype = np.dtype(_TOKEN_TYPES[name].to_pandas_dtype())
+        flat = pa.array(exact_cast(name, values.ravel(), dtype))
+        if name in _TOPK:  # a k-list per token
+            k = values.shape[1]
+            flat = pa.ListArray.from_arrays(
+                pa.array(np.arange(total + 1, dtype=np.int32) * k), flat
+            )
         columns[name] = pa.ListArray.from_arrays(offsets, flat)
     for name, values in (sequences or {}).items():
         if name not in _SEQUENCE_TYPES:
@@ -325,27 +346,31 @@ class _Layout:
         self.count = len(self.shape) if self.ragged else self.shape[0]
         self.selection = np.ones(self.rollout.shape, dtype=bool)
 
-    def _array(self, name: str, value: object) -> tuple[np.ndarray, object]:
-        """One array ([B, T] padded, concatenated when ragged) and its shape (ragged: lengths)."""
+    def _array(self, name: str, value: object, k: bool = False) -> tuple[np.ndarray, object]:
+        """One array ([B, T] padded, concatenated when ragged; [B, T, k] and [N, k] for a
+        per-token list of k, `k`) and its shape (ragged: lengths; without the k)."""
+        extra = int(k)
         if not self.ragged:
             array = _to_numpy(name, value)
-            if array.ndim != 2:
+            if array.ndim != 2 + extra:
+                shape = "[B, T, k]" if k else "[B, T]"
                 raise DumpError(
-                    f"Expected argument `{name}` to be a padded [B, T] array or a list of "
-                    f"per-sequence 1-D arrays, but got shape {list(array.shape)}"
+                    f"Expected argument `{name}` to be a padded {shape} array or a list of "
+                    f"per-sequence {1 + extra}-D arrays, but got shape {list(array.shape)}"
                 )
-            return array, array.shape
+            return array, array.shape[:2]
         rows = [_to_numpy(f"{name}[{i}]", v) for i, v in enumerate(value)]
         for i, row in enumerate(rows):
-            if row.ndim != 1:
+            if row.ndim != 1 + extra or (k and row.shape[1:] != rows[0].shape[1:]):
+                expected = "[T, k] with one k" if k else "1-D"
                 raise DumpError(
-                    f"Expected argument `{name}` sequence {i} to be 1-D, "
+                    f"Expected argument `{name}` sequence {i} to be {expected}, "
                     f"but got shape {list(row.shape)}"
                 )
-        lengths = np.array([row.size for row in rows], dtype=np.int64)
-        return (np.concatenate(rows) if rows else np.zeros(0)), lengths
+        lengths = np.array([row.shape[0] for row in rows], dtype=np.int64)
+        return (np.concatenate(rows) if rows else np.zeros((0,) * (1 + extra))), lengths
 
-    def values(self, name: str, value: object) -> np.ndarray:
+    def values(self, name: str, value: object, k: bool = False) -> np.ndarray:
         """An argument as one array, checked against the layout of `rollout_logprobs`."""
         if isinstance(value, list | tuple) != self.ragged:
             expected = "a list of per-sequence arrays" if self.ragged else "a padded array"
@@ -353,7 +378,7 @@ class _Layout:
                 f"Expected argument `{name}` to be {expected} like `rollout_logprobs`, "
                 f"but got {type(value).__name__}"
             )
-        array, shape = self._array(name, value)
+        array, shape = self._array(name, value, k)
         if not self.ragged:
             if shape != self.shape:
                 raise DumpError(
@@ -498,7 +523,7 @@ class DumpWriter:
     def dropped_steps(self) -> int:
         return 0 if self._files is None else self._files.dropped_steps
 
-    def add_batch(self, batch: object, *, step: int, floor_logprobs: object = None) -> None:
+    def add_batch(self, batch: object, *, step: int, **extra: object) -> None:
         """Write the sequences of a framework's own batch object for `step`.
 
         The framework's module says how to read it (`read_batch`, cited to the upstream lines
@@ -510,16 +535,19 @@ class DumpWriter:
                 `TrainingInputBatch`, an OpenRLHF `Experience` or list of them, AReaL's list of
                 trajectory dicts, NeMo-RL's `train_data`, slime's `rollout_data`.
             step: the training step.
-            floor_logprobs: the trainer's log-probs of the same tokens from a second
-                recompute, in the layout of the batch's own log-probs (padded like them):
-                the noise floor (docs/compare.md#the-noise-floor).
+            extra: what no framework's object holds, in the layout of the batch's own
+                log-probs (padded like them): `floor_logprobs`, the trainer's log-probs of the
+                same tokens from a second recompute (the noise floor,
+                docs/compare.md#the-noise-floor); `rollout_topk_ids`, `rollout_topk_logprobs`,
+                `train_topk_logprobs`, the engine's top-k and the trainer's log-probs at them
+                (docs/distribution.md).
 
         Raises:
             DumpError: no `framework`, a framework without an adapter, or an object lacking
                 what a dump needs (both log-probs and the mask; the message says where the
-                framework computes them); `floor_logprobs` for an object of several blocks
-                (OpenRLHF's experiences, AReaL's groups: give each its own with `add`);
-                those of `add`.
+                framework computes them); an `extra` name that is none of those, or one for
+                an object of several blocks (OpenRLHF's experiences, AReaL's groups: give each
+                its own with `add`); those of `add`.
 
         >>> import tempfile, torch, iscore
         >>> path = tempfile.mkdtemp() + "/run.parquet"
@@ -538,14 +566,20 @@ class DumpWriter:
         if not self._wanted(step):
             return
         parts = list(self._reader()(batch))
-        if floor_logprobs is not None:
+        given = {name: value for name, value in extra.items() if value is not None}
+        unknown = sorted(set(extra) - {"floor_logprobs", *_TOPK})
+        if unknown:
+            raise DumpError(
+                f"Unknown argument `{unknown[0]}` of add_batch; expected floor_logprobs, "
+                f"{', '.join(_TOPK)}"
+            )
+        if given:
             if len(parts) != 1:
                 raise DumpError(
-                    f"Expected one block of sequences with `floor_logprobs`, but this "
-                    f"{self.framework} object holds {len(parts)}: write each with add(..., "
-                    "floor_logprobs=...)"
+                    f"Expected one block of sequences with `{next(iter(given))}`, but this "
+                    f"{self.framework} object holds {len(parts)}: write each with add()"
                 )
-            parts = [replace(parts[0], floor_logprobs=floor_logprobs)]
+            parts = [replace(parts[0], **given)]
         for part in parts:
             self._add(int(step), part)
 
@@ -560,6 +594,9 @@ class DumpWriter:
         seq_ids: object = None,
         policy_logprobs: object = None,
         floor_logprobs: object = None,
+        rollout_topk_ids: object = None,
+        rollout_topk_logprobs: object = None,
+        train_topk_logprobs: object = None,
         advantages: object = None,
         token_ids: object = None,
         entropy: object = None,
@@ -584,6 +621,10 @@ class DumpWriter:
             floor_logprobs: the trainer's log-probs of the same tokens from a second recompute
                 (another micro-batch size or parallel layout, or the same forward repeated),
                 per token: the noise floor (docs/compare.md#the-noise-floor).
+            rollout_topk_ids, rollout_topk_logprobs, train_topk_logprobs: the engine's k most
+                likely ids at each token, their log-probs, and the trainer's log-probs at the
+                same ids: [B, T, k] padded, or B arrays [T, k]; all three or none
+                (docs/distribution.md).
             advantages: [B] per sequence, or per token.
             token_ids: sampled token ids, per token.
             entropy: per-token entropy.
@@ -607,6 +648,9 @@ class DumpWriter:
             loss_mask=loss_mask,
             policy_logprobs=policy_logprobs,
             floor_logprobs=floor_logprobs,
+            rollout_topk_ids=rollout_topk_ids,
+            rollout_topk_logprobs=rollout_topk_logprobs,
+            train_topk_logprobs=train_topk_logprobs,
             advantages=advantages,
             token_ids=token_ids,
             entropy=entropy,
@@ -709,6 +753,17 @@ class DumpWriter:
             else:
                 _check_kind(name, array, kind)
             tokens[column] = layout.select(array)
+        for column, name in _TOPK.items():
+            value = getattr(f, name)
+            if value is None:
+                continue
+            array = layout.values(name, value, k=True)
+            _check_kind(name, array, _INTEGER if column == "rollout_topk_ids" else _REAL)
+            tokens[column] = layout.select(array)
+        given_topk = [name for name in _TOPK.values() if getattr(f, name) is not None]
+        if given_topk and len(given_topk) < len(_TOPK):
+            missing = ", ".join(n for n in _TOPK.values() if getattr(f, n) is None)
+            raise DumpError(f"Expected {missing} with {', '.join(given_topk)} (all three or none)")
         if f.rewards is not None:
             sequences["reward"] = _per_sequence("rewards", f.rewards, layout.count)
             _check_kind("rewards", sequences["reward"], _REAL)

@@ -213,6 +213,9 @@ class BatchFields:
         policy_logprobs: the current policy's log-probs, where the framework holds them.
         floor_logprobs: the trainer's log-probs from a second recompute (the noise floor);
             no framework holds one, so only `DumpWriter.add`'s caller gives it.
+        rollout_topk_ids, rollout_topk_logprobs, train_topk_logprobs: the engine's top-k
+            ids and log-probs and the trainer's at them, per token ([B, T, k]); given by the
+            caller too.
         advantages: per token, or [B] per sequence.
         token_ids: the sampled tokens, per token.
         entropy: per token.
@@ -227,6 +230,9 @@ class BatchFields:
     loss_mask: Any = None
     policy_logprobs: Any = None
     floor_logprobs: Any = None
+    rollout_topk_ids: Any = None
+    rollout_topk_logprobs: Any = None
+    train_topk_logprobs: Any = None
     advantages: Any = None
     token_ids: Any = None
     entropy: Any = None
@@ -259,6 +265,9 @@ class Framework:
         bands: the health bands its docs publish on iscore's mismatch statistics.
         gates: the bars its CI or docs hold a run to, on iscore's mismatch statistics
             (`iscore gate --table`; `meaning` says how its metric relates to iscore's).
+        support: how it scores the trainer over the support a truncating engine sampled
+            from (top-p / top-k with renormalized log-probs), or that it has no way yet: the
+            fix `support_normalized` names (docs/distribution.md); "" where none is known.
         references: mismatch measurements published in its own repository (issues, pull
             requests, docs), to place a dump among (`iscore.advice.reference`).
         columns: per canonical dump column, the names it writes for it (its batch's keys),
@@ -296,6 +305,7 @@ class Framework:
     references: tuple[ReferencePoint, ...] = ()
     columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     traps: tuple[Trap, ...] = ()
+    support: str = ""
     comments: Callable[[Any], tuple[str, ...]] = lambda spec: ()
     snippet_formats: tuple[str, ...] = ("yaml", "flags")
     snippet_keys: tuple[str, ...] = ()

@@ -706,6 +706,7 @@ FRAMEWORK = Framework(
     },
     bands=BANDS,
     gates=BANDS[:1],  # token_mult_prob_error <= 1.05, the rule its docs give
+    support="applies the sampling's top-k / top-p to the trainer's logits on main (#2053)",
     references=REFERENCES,
     traps=(
         Trap(

@@ -938,6 +938,8 @@ FRAMEWORK = Framework(
     from_canonical=from_canonical,
     render=snippets.nested,
     families=frozenset({"token_tis", "seq_tis", "geometric_mask", "product_mask"}),
+    support="trainer.algorithm.enable_sample_support_replay scores the recorded support (#2239, "
+    "open; the capture, #2237, is merged)",
     columns={"train_logprob": ("action_log_probs",)},  # TrainingInputBatch
     metrics={
         "abs_diff_mean": ("policy/rollout_train_logprobs_abs_diff_mean",),

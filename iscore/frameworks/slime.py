@@ -1039,6 +1039,7 @@ FRAMEWORK = Framework(
     aggregation=_aggregation,
     families=frozenset({"token_tis", "icepop", "seq_tis"}),
     gates=(CI_GATE,),
+    support="replays SGLang's nucleus ids as a logit mask on main with --rollout-top-p (#2102)",
     columns={  # the --save-debug-train-data sample dicts
         "seq_id": ("sample_index",),
         "step": ("rollout_id",),

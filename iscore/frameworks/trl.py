@@ -524,6 +524,7 @@ FRAMEWORK = Framework(
     presets=lambda: PRESETS,
     default="trl_default",
     snippet_keys=("use_vllm",),  # GRPOConfig's own default is false
+    support="has no way yet (#6789): sample without top-p / top-k truncation",
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=_render,

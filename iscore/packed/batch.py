@@ -25,8 +25,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-_PER_TOKEN = ("rollout", "train", "loss_mask", "policy", "pos", "turn", "routing_agrees", "floor")
-"""The per-token tensors of a batch, [N] each."""
+_PER_TOKEN = (
+    "rollout", "train", "loss_mask", "policy", "pos", "turn", "routing_agrees", "floor",
+    "token_id", "topk_ids", "rollout_topk", "train_topk",
+)  # fmt: skip
+"""The per-token tensors of a batch, [N] each ([N, k] for the top-k ones)."""
+
+_TOPK = ("topk_ids", "rollout_topk", "train_topk")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -51,6 +56,10 @@ class TokenBatch:
             ids themselves are compared as they are read, and not kept).
         floor: float32 [N] or None, the trainer's log-prob of the token from a second
             recompute (`floor_logprob`): train - floor is the trainer's own noise.
+        token_id: int64 [N] or None, the sampled token's id, read beside the top-k columns.
+        topk_ids: int64 [N, k] or None, the engine's k most likely ids at each token
+            (`rollout_topk_ids`); rollout_topk, train_topk: float32 [N, k], the engine's and
+            the trainer's log-probs of them (docs/distribution.md).
     """
 
     rollout: torch.Tensor
@@ -65,6 +74,10 @@ class TokenBatch:
     turn: torch.Tensor | None = None
     routing_agrees: torch.Tensor | None = None
     floor: torch.Tensor | None = None
+    token_id: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+    rollout_topk: torch.Tensor | None = None
+    train_topk: torch.Tensor | None = None
     _seq_index: list[torch.Tensor] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -78,12 +91,18 @@ class TokenBatch:
             object.__setattr__(self, "step", torch.zeros(b, dtype=torch.int64, device=device))
         if self.seq_id is None:
             object.__setattr__(self, "seq_id", pa.array(np.arange(b, dtype=np.int64)))
+        k = None if self.topk_ids is None else self.topk_ids.shape[-1]
         for name in _PER_TOKEN:
             tensor = getattr(self, name)
-            if tensor is not None and tensor.shape != (n,):
+            shape = (n, k) if name in _TOPK else (n,)
+            if tensor is not None and tuple(tensor.shape) != shape:
                 raise ValueError(
-                    f"Expected `{name}` of shape ({n},), but got {tuple(tensor.shape)}"
+                    f"Expected `{name}` of shape {shape}, but got {tuple(tensor.shape)}"
                 )
+        if (self.topk_ids is None) != (self.rollout_topk is None) or (self.topk_ids is None) != (
+            self.train_topk is None
+        ):
+            raise ValueError("Expected `topk_ids`, `rollout_topk` and `train_topk` together")
         if self.extra is not None and self.extra.num_rows != b:
             raise ValueError(f"Expected `extra` of {b} rows, but got {self.extra.num_rows}")
         if self.step.shape != (b,) or len(self.seq_id) != b:
@@ -123,6 +142,8 @@ class TokenBatch:
             parts.append("with routing agreement")
         if self.floor is not None:
             parts.append("with a noise floor")
+        if self.topk_ids is not None:
+            parts.append(f"with top-{self.topk_ids.shape[-1]} log-probs")
         if self.extra is not None:
             parts.append(f"extra columns {', '.join(self.extra.column_names)}")
         return f"TokenBatch({', '.join(parts)})"
@@ -218,6 +239,10 @@ class TokenBatch:
             turn=pick(self.turn),
             routing_agrees=pick(self.routing_agrees),
             floor=pick(self.floor),
+            token_id=pick(self.token_id),
+            topk_ids=pick(self.topk_ids),
+            rollout_topk=pick(self.rollout_topk),
+            train_topk=pick(self.train_topk),
         )
 
     def slice(self, start: int, stop: int) -> TokenBatch:
@@ -247,6 +272,10 @@ class TokenBatch:
             turn=part(self.turn),
             routing_agrees=part(self.routing_agrees),
             floor=part(self.floor),
+            token_id=part(self.token_id),
+            topk_ids=part(self.topk_ids),
+            rollout_topk=part(self.rollout_topk),
+            train_topk=part(self.train_topk),
         )
 
     def to_arrow(self) -> pa.Table:
@@ -266,6 +295,15 @@ class TokenBatch:
             columns["policy_logprob"] = pa.array(self.policy.cpu().numpy())
         if self.floor is not None:
             columns["floor_logprob"] = pa.array(self.floor.cpu().numpy())
+        if self.token_id is not None:
+            columns["token_id"] = pa.array(self.token_id.cpu().numpy())
+        for name, column in zip(_TOPK, ("rollout_topk_ids", "rollout_topk_logprobs",
+                                        "train_topk_logprobs"), strict=True):  # fmt: skip
+            values = getattr(self, name)
+            if values is not None:
+                k = values.shape[-1]
+                offsets = pa.array(np.arange(0, values.numel() + 1, max(k, 1), dtype=np.int32))
+                columns[column] = pa.ListArray.from_arrays(offsets, values.cpu().numpy().ravel())
         if self.turn is not None:
             columns["turn"] = pa.array(self.turn.cpu().numpy())
         return pa.table(columns)

@@ -25,7 +25,15 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from iscore.advice import METRICS, MISMATCH_METRICS, SETTING_METRICS, Metric, Verdict, verdict
+from iscore.advice import (
+    DISTRIBUTION_METRICS,
+    METRICS,
+    MISMATCH_METRICS,
+    SETTING_METRICS,
+    Metric,
+    Verdict,
+    verdict,
+)
 from iscore.dump import DEFAULT_CHUNK_TOKENS, Data
 from iscore.errors import ConfigError
 from iscore.frameworks import Setting, resolve_all
@@ -287,7 +295,7 @@ def diff(
         resamples=resamples,
         seed=seed,
         level=LEVEL,
-        metrics=tuple(_compared(m, ("mismatch", m.name), overall, draws) for m in MISMATCH_METRICS),
+        metrics=tuple(_compared(m, ("mismatch", m.name), overall, draws) for m in _metrics(arms)),
         settings=tuple(
             SettingDiff(
                 f"{spec.framework}:{spec.name}",
@@ -359,6 +367,10 @@ class _Numbers:
         }
         out["mismatch", "broken_share"] = float(m["broken"][has].sum() / max(has.sum(), 1))
         out["mismatch", "far_share"] = float(m["far"].sum() / max(m["T"].sum(), 1.0))
+        if "dist_tokens" in m:
+            tokens = max(float(m["dist_tokens"].sum()), 1.0)
+            out["mismatch", "kl_estimate"] = float(m["dist_estimate"].sum() / tokens)
+            out["mismatch", "top1_agreement"] = float(m["dist_top1"].sum() / tokens)
         for i, agg in enumerate(self.aggregations):
             found = setting_scalars(numbers[i], agg)
             out |= {(i, m.name): float(found.get(m.name, np.nan)) for m in SETTING_METRICS}
@@ -471,6 +483,13 @@ def _draws(
                     draws[key] = np.full((resamples, 2), np.nan)
                 draws[key][start : start + len(batch), a] = values
     return draws
+
+
+def _metrics(arms: Sequence[_Numbers]) -> tuple[Metric, ...]:
+    """The mismatch's metrics both arms have: the distribution's where both have top-k
+    columns."""
+    whole = all(("mismatch", "dist_tokens") in arm.fields for arm in arms)
+    return MISMATCH_METRICS + (DISTRIBUTION_METRICS if whole else ())
 
 
 def _trend(

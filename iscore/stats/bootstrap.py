@@ -97,7 +97,12 @@ def mismatch_sum_columns(m: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         k: np.asarray(m[k], np.float64)
         for k in ("T", "k3", "abs", "chi", "mult", "rho", "rho2", "far")
     }
-    return out | {"has": has, "broken": np.asarray(m["broken"], np.float64) * has}
+    out |= {"has": has, "broken": np.asarray(m["broken"], np.float64) * has}
+    if "dist_tokens" in m:  # the top-k columns' (iscore.stats.distribution)
+        out |= {
+            k: np.asarray(m[k], np.float64) for k in ("dist_tokens", "dist_estimate", "dist_top1")
+        }
+    return out
 
 
 def mismatch_from_sums(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -106,7 +111,13 @@ def mismatch_from_sums(s: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     with np.errstate(divide="ignore", invalid="ignore"):
         n = s["T"]
         rho, rho2 = s["rho"] / n, s["rho2"] / n
-        return {
+        whole = {}
+        if "dist_tokens" in s:
+            whole = {
+                "kl_estimate": s["dist_estimate"] / s["dist_tokens"],
+                "top1_agreement": s["dist_top1"] / s["dist_tokens"],
+            }
+        return whole | {
             "k3": s["k3"] / n,
             "abs_diff_mean": s["abs"] / n,
             "chi2_token": s["chi"] / n - 1.0,

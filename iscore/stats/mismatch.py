@@ -42,6 +42,7 @@ from iscore.stats.buckets import (
     prob_bucket,
     prob_thresholds,
 )
+from iscore.stats.distribution import DistributionStats, distribution_scalars
 from iscore.stats.histogram import (
     BINS_PER_DECADE,
     LOG10_RANGE,
@@ -136,6 +137,8 @@ class MismatchStats:
     floor: list[np.ndarray] | None = None
     # float64 [bands, B] per chunk: the loss tokens with e^d inside each `RETENTION_BANDS`.
     retained: list[np.ndarray] = field(default_factory=list)
+    # The top-k columns' statistics; None for a dump without them.
+    distribution: DistributionStats | None = None
 
     @property
     def abs_hist(self) -> LogHistogram:
@@ -214,6 +217,7 @@ class MismatchStats:
             else:
                 self.seq[name].append(sums[name])
         self._add_floor(batch, None if every else m, buf)
+        self._add_distribution(batch)
         self.retained.append(_retained(batch, rho, None if every else m, buf))
         self.steps.append(batch.step.cpu().numpy())
         self.seq_ids.append(batch.seq_id)
@@ -267,6 +271,16 @@ class MismatchStats:
         elif (self.floor is not None) != has and (self.steps or self.floor):
             raise ValueError("some sequences have a noise floor (floor_logprob) and others not")
 
+    def _add_distribution(self, batch: TokenBatch) -> None:
+        """The top-k columns' statistics, where the batch has them."""
+        has = batch.topk_ids is not None
+        if self.distribution is None and has and not self.steps:
+            self.distribution = DistributionStats()
+        elif (self.distribution is not None) != has and self.steps:
+            raise ValueError("some sequences have top-k log-probs and others not")
+        if has:
+            self.distribution.update(batch)
+
     def _add_abs(self, hist: LogHistogram, absd: torch.Tensor, below: torch.Tensor) -> None:
         """Count a step's |d| in its `hist`, and those where d < 0 (`below`) in `neg_hist`."""
         binned = bin_chosen(absd, below)
@@ -289,6 +303,14 @@ class MismatchStats:
     def merge(self, other: MismatchStats) -> None:
         """Add another accumulator's chunks after these (order is kept)."""
         self.retained.extend(other.retained)
+        if other.steps and other.distribution is not None:
+            if self.distribution is None and not self.steps:
+                self.distribution = DistributionStats()
+            if self.distribution is None:
+                raise ValueError("some sequences have top-k log-probs and others not")
+            self.distribution.merge(other.distribution)
+        elif other.steps and self.distribution is not None:
+            raise ValueError("some sequences have top-k log-probs and others not")
         if other.steps:
             self._expect_floor(other.floor is not None)
             if other.floor is not None:
@@ -346,6 +368,8 @@ class MismatchStats:
         if self.floor is not None:
             out["floor"] = np.stack([s[k] for k in _FLOOR_FIELDS]).reshape(len(_FLOOR_FIELDS), -1)
         out["retained"] = self._retained_columns()
+        if self.distribution is not None:
+            out |= {f"dist.{k}": v for k, v in self.distribution.state().items()}
         return out
 
     def _retained_columns(self) -> np.ndarray:
@@ -404,6 +428,8 @@ class MismatchStats:
             floor = checked(state, "floor", "f", (len(_FLOOR_FIELDS), b)).astype(np.float64)
             stats.floor = [floor]
         stats.retained = [checked(state, "retained", "f", (len(RETENTION_BANDS), b))]
+        if "dist.seq" in state:
+            stats.distribution = DistributionStats.from_state(_prefixed(state, "dist"), b)
         return stats
 
     def sequences(self) -> dict[str, np.ndarray]:
@@ -416,6 +442,8 @@ class MismatchStats:
         out |= {
             f"retained_{band}": row for band, row in zip(RETENTION_BANDS, retained, strict=True)
         }
+        if self.distribution is not None:
+            out |= self.distribution.sequences()
         out["step"] = np.concatenate(self.steps) if self.steps else np.zeros(0, np.int64)
         out["seq_id"] = pa.concat_arrays(self.seq_ids) if self.seq_ids else pa.array([])
         return out
@@ -469,6 +497,7 @@ class MismatchStats:
             **_relations(scalars, by_step, self.regression, self.signs),
             floor={k.removeprefix("floor_"): v for k, v in floor.items()} if floor else None,
             retention=retention(numbers),
+            distribution=None if self.distribution is None else self.distribution.compute(numbers),
         )
 
     def by_step(
@@ -488,6 +517,7 @@ class MismatchStats:
                 **mismatch_scalars(group),
                 **_step_noise(group, self.step_hists.get(int(step)), noise.get(int(step))),
                 **floor_scalars(group),
+                **distribution_step(group),
             }
             for step, group in ops.groups(numbers, s["step"], chosen)
         ]
@@ -603,6 +633,7 @@ class MismatchSummary:
     k3_growth: float | None = None
     floor: dict[str, float | None] | None = None
     retention: dict[str, Any] | None = None
+    distribution: dict[str, Any] | None = None
 
     @property
     def has_floor(self) -> bool:
@@ -618,7 +649,8 @@ class MismatchSummary:
         relations = {name: getattr(self, name) for name in _RELATIONS} if self.tokens else {}
         floor = {"floor": self.floor} if self.floor is not None else {}
         kept = {"retention": self.retention} if self.tokens and self.retention else {}
-        return counts | scalars | tables | relations | floor | kept
+        dist = {"distribution": self.distribution} if self.distribution is not None else {}
+        return counts | scalars | tables | relations | floor | kept | dist
 
     def value(self, statistic: str) -> float | None:
         """The overall statistic named `statistic` (a key of `iscore.stats.catalogue
@@ -709,6 +741,22 @@ def _retained(batch: TokenBatch, rho: torch.Tensor, m: torch.Tensor | None, buf:
         inside[band] = token
     sums = ops.segment_sums_on_host(batch, inside)
     return np.stack([sums[band] for band in RETENTION_BANDS])
+
+
+def distribution_step(s: dict[str, np.ndarray]) -> dict[str, float]:
+    """A `by_step` row's distribution statistics (flat: `kl_lower`, `kl_estimate`,
+    `top1_agreement`, `rollout_topk_mass`, `train_topk_mass`), where the dump has top-k
+    columns and the step loss tokens; {} otherwise."""
+    found = distribution_scalars(s)
+    if not found:
+        return {}
+    return {
+        "kl_lower": found["kl"]["lower"],
+        "kl_estimate": found["kl"]["estimate"],
+        "top1_agreement": found["top1_agreement"],
+        "rollout_topk_mass": found["rollout_topk_mass"],
+        "train_topk_mass": found["train_topk_mass"],
+    }
 
 
 def floor_scalars(s: dict[str, np.ndarray]) -> dict[str, float | None]:

@@ -1,0 +1,100 @@
+"""The engine's top-k columns (`TOPK_COLUMNS`, docs/distribution.md): their checks as a chunk is
+read.
+
+Each token lists k ids (`rollout_topk_ids`, the engine's k most likely), the engine's log-probs of
+them (`rollout_topk_logprobs`) and the trainer's (`train_topk_logprobs`), k the same for every
+token of a dump; `token_id`, the sampled id, is read beside them where the dump has it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from iscore.dump.columns import TOPK_COLUMNS, ColumnMap
+from iscore.dump.schema import column_label
+from iscore.errors import Problem, counted
+
+if TYPE_CHECKING:
+    from iscore.dump.readers import Chunk
+
+_SHOW_ROWS = 5
+
+SAMPLED_TOLERANCE = 1e-5
+"""How far (nats) the sampled token's rollout log-prob may lie from its top-k entry: the two are
+one number the engine reports twice, so they differ only by the dump's rounding (float32 keeps
+about 7 digits, 1e-5 relative at the log-probs of rare tokens)."""
+
+
+def topk_problems(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
+    """Top-k lists of another length than the chunk's first token's (in any of the three
+    columns), negative ids, log-probs that are not finite or above 0, and a sampled token
+    (`token_id`) among its k ids whose rollout log-prob is not its entry's. Each is tested on
+    the whole column first; the rows are found only where one fails."""
+    if not all(name in chunk.per_token for name in TOPK_COLUMNS):
+        return []
+    found: list[tuple[str, np.ndarray, str]] = []
+    k = None
+    for name in TOPK_COLUMNS:
+        n = pc.list_value_length(chunk.per_token[name]).fill_null(0).to_numpy(zero_copy_only=False)
+        if n.size and k is None:
+            k = int(n[0])
+        if (n != k).any():
+            found.append(
+                (name, n != k, f"token whose list is not of {k} entries (k, as the first)")
+            )
+    if found or not k:
+        return _problems(chunk, columns, found)
+    ids = _values(chunk, "rollout_topk_ids", k)
+    if ids.min() < 0:
+        found.append(("rollout_topk_ids", (ids < 0).any(axis=1), "token with a negative id"))
+    for name in TOPK_COLUMNS[1:]:
+        x = _values(chunk, name, k)
+        if not (np.isfinite(x.max()) and x.max() <= 0 and np.isfinite(x.min())):
+            bad = ~(np.isfinite(x) & (x <= 0)).all(axis=1)
+            what = "token with a NaN, infinite or positive log-prob (a log-prob is finite, <= 0)"
+            found.append((name, bad, what))
+    token = chunk.per_token.get("token_id")
+    if token is not None and not found:
+        sampled = token.to_numpy(zero_copy_only=False)[:, None] == ids
+        where = np.flatnonzero(sampled.any(axis=1))
+        entry = _values(chunk, "rollout_topk_logprobs", k)[where, sampled[where].argmax(axis=1)]
+        rollout = chunk.per_token["rollout_logprob"].to_numpy(zero_copy_only=False)[where]
+        far = np.abs(entry.astype(np.float64) - rollout) > SAMPLED_TOLERANCE
+        if far.any():
+            bad = np.zeros(len(token), dtype=bool)
+            bad[where[far]] = True
+            what = (
+                f"token whose sampled id is among its k but whose rollout_logprob differs from "
+                f"its entry by more than {SAMPLED_TOLERANCE:g} (are the ids and log-probs "
+                "aligned?)"
+            )
+            found.append(("rollout_topk_logprobs", bad, what))
+    return _problems(chunk, columns, found)
+
+
+def _values(chunk: Chunk, name: str, k: int) -> np.ndarray:
+    """[tokens, k] numpy of a top-k column whose lists all hold k entries (a view where the
+    values allow one)."""
+    flat = pc.list_flatten(chunk.per_token[name])
+    return flat.to_numpy(
+        zero_copy_only=flat.null_count == 0 and not pa.types.is_boolean(flat.type)
+    ).reshape(-1, k)
+
+
+def _problems(
+    chunk: Chunk, columns: ColumnMap, found: list[tuple[str, np.ndarray, str]]
+) -> list[Problem]:
+    problems = []
+    for name, bad, what in found:
+        if bad.any():
+            hits = np.flatnonzero(bad)
+            rows = tuple(dict.fromkeys(int(r) for r in chunk.rows[hits[:_SHOW_ROWS]]))
+            message = counted(int(hits.size), what, what.replace("token ", "tokens ", 1))
+            problems.append(
+                Problem(chunk.file, column_label(columns, name), message, rows, int(hits.size))
+            )
+    return problems

@@ -10,7 +10,7 @@ import runs
 import session
 import streamlit as st
 
-from iscore.advice import NO_SEMANTICS_BUG, flags_of
+from iscore.advice import NO_SEMANTICS_BUG, flags_of, whole_distribution
 from iscore.present import figures
 from iscore.stats import BANDS, DEFINITIONS, METRIC_NAMES
 
@@ -26,6 +26,11 @@ st.caption(
     "KL(rollout ‖ train)."
 )
 health = render.show_health(analysis)
+if health.floor is not None:  # a second trainer recompute in the dump
+    st.info(render.escape(health.floor.sentence()), icon=":material/graphic_eq:")
+whole = whole_distribution(m)
+if whole is not None:  # the engine's top-k log-probs in the dump
+    st.info(render.escape(whole), icon=":material/stacked_bar_chart:")
 render.show_reference(health)
 render.show_attribution(analysis)
 

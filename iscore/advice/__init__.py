@@ -43,7 +43,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "read_table",
         ],
         "flags": ["FLAG_KINDS", "Flag", "NO_SEMANTICS_BUG", "find_flags", "flags_of"],
-        "health": ["Floor", "Health", "assess", "assess_values", "floor_of"],
+        "health": ["Floor", "Health", "assess", "assess_values", "floor_of", "whole_distribution"],
         "recommendation": ["Recommendation", "recommend"],
         "reference": ["point_dict", "points"],
         "shift": [

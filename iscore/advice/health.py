@@ -170,6 +170,26 @@ def floor_of(floor: dict[str, Any] | None) -> Floor | None:
     return Floor(floor.get("k3_ratio"), floor.get("abs_diff_ratio"), below)
 
 
+def whole_distribution(mismatch: MismatchSummary) -> str | None:
+    """The sampled tokens' mismatch beside the whole distribution's, in a sentence, where the
+    dump has top-k columns (`MismatchSummary.distribution`, docs/distribution.md); else None.
+
+    >>> m = analyze("data/fp8.parquet", store=None).mismatch  # doctest: +SKIP
+    >>> whole_distribution(m) is None  # no top-k columns               # doctest: +SKIP
+    True
+    """
+    found = mismatch.distribution
+    if not found:
+        return None
+    kl = found["kl"]
+    return (
+        f"The sampled tokens differ by mean |d| {mismatch.abs_diff_mean:.3g} nats (k3 "
+        f"{mismatch.k3:.3g}); the distributions differ by KL {kl['estimate']:.3g} over the "
+        f"whole vocabulary (estimated from the top-k log-probs; at least {kl['lower']:.3g}), "
+        f"and the trainer's top-1 is the engine's at {found['top1_agreement']:.1%} of tokens."
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StepHealth:
     """The verdict of one training step.

@@ -33,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from iscore.advice import whole_distribution
     from iscore.frameworks import resolve
     from iscore.passes import SequenceTable, analyze, read_schema, write_rows
     from iscore.present import setting_name, write_html
@@ -76,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"  health: {result.health.summary()}")
     if result.health.floor is not None:
         print(f"  floor: {result.health.floor.sentence()}")
+    whole = whole_distribution(m)
+    if whole is not None:
+        print(f"  distribution: {whole}")
     for flag in result.flags:
         print(f"  ! {flag.code}: {flag.message}")
     for finding in result.attribution.findings:

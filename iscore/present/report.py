@@ -188,6 +188,14 @@ def _health(doc: dict[str, Any]) -> str:
     ]
     if "floor" in health:
         parts.append(f"<p class='floor'>{html.escape(health['floor']['sentence'])}</p>")
+    whole = doc["mismatch"].get("distribution")
+    if whole:
+        kl = whole["kl"]
+        parts.append(
+            "<p class='distribution'>The whole distribution (top-k log-probs): KL "
+            f"{_fmt(kl['estimate'], '{:.3g}')} (at least {_fmt(kl['lower'], '{:.3g}')}), "
+            f"top-1 agreement {_fmt(whole['top1_agreement'], '{:.1%}')}.</p>"
+        )
     rows = "".join(
         f"<tr><td>{html.escape(b['statistic'])}</td><td>{_fmt(b['value'], '{:.4g}')}</td>"
         f"<td>{html.escape(b['healthy'])}</td>"

@@ -143,3 +143,18 @@ def test_routing_and_turn_findings_are_shown_with_what_to_do(tmp_path) -> None:
     assert any("Turn boundaries: a re-tokenized transcript" in s for s in said)
     assert any("routing replay, R3" in s for s in said)
     assert any("instead of re-tokenizing the transcript" in s for s in said)
+
+
+def test_a_floor_and_top_k_columns_are_stated_beside_the_verdict(at: AppTest, tmp_path) -> None:
+    path = tmp_path / "whole.parquet"
+    write_simulated(path, SimConfig("fp8", sequences=16, steps=1, floor_sigma=0.075, topk=4))
+    at.file_uploader[0].upload("whole.parquet", path.read_bytes()).run()
+    at = at.switch_page("pages/mismatch.py").run()
+    no_exception(at)
+    said = [i.value for i in at.info]
+    assert any("the trainer's own noise" in s for s in said)
+    assert any("the distributions differ by KL" in s and "top-1" in s for s in said)
+    plain_at = open_path(new_app(), DATA / "fp8.parquet").switch_page("pages/mismatch.py").run()
+    assert not any(
+        "own noise" in i.value or "distributions differ" in i.value for i in plain_at.info
+    )

@@ -678,6 +678,9 @@ def _areal_mask(
 ) -> RejectionSampling | None:
     """AReaL's rejection closest to a mask: metric ratio keeps the weight the geometric mean at
     sequence level, the KL metrics keep per-token weights."""
+    if m.statistic == "prob_diff":
+        lost(notes, m, "AReaL has no band on the probability difference; dropped")
+        return None
     level = ratio_level(m) if m.statistic == "ratio" else m.level
     aggs = {"sequence": "sum", "geometric": "mean", "max": "max", "any_token": "max"}
     if level == "geometric_unmasked":

@@ -26,7 +26,7 @@ from iscore.packed import ops
 MethodId = Literal[
     "token-tis", "kl-mask", "batch-normalization", "current-policy-is", "sequence-tis",
     "geometric-tis", "icepop", "token-mask", "sequence-mask", "geometric-mask", "seq-mask-tis",
-    "outlier-veto",
+    "outlier-veto", "trust-region-mask",
 ]  # fmt: skip
 """The corrections of docs/corrections.md, by name. Within a role, components sort in this
 order, so a target that takes one weight takes the first (token TIS before a current-policy
@@ -47,13 +47,14 @@ METHOD_LABELS: dict[str, str] = {
     "geometric-mask": "geometric sequence mask",
     "seq-mask-tis": "raw token weights in a geometric mask",
     "outlier-veto": "outlier veto",
+    "trust-region-mask": "probability trust-region mask",
 }
 """Each correction's name for people."""
 Role = Literal["weight", "mask", "normalize"]
 Level = Literal[
     "token", "sequence", "geometric", "geometric_unmasked", "max", "any_token", "sequence_all"
 ]
-Statistic = Literal["ratio", "log_ratio", "k2", "k3", "k3_reverse"]
+Statistic = Literal["ratio", "log_ratio", "k2", "k3", "k3_reverse", "prob_diff"]
 Numerator = Literal["train", "policy", "rollout"]
 Numerics = Literal["exact", "clamp", "clamp_each", "float32", "overflow_zero"]
 Anchor = Literal["recompute", "rollout", "none"]
@@ -76,7 +77,8 @@ class Component:
         method: which correction of the catalogue it is (`METHODS`, named for people in
             `METHOD_LABELS`): token / sequence / geometric-mean TIS, IcePop, token / sequence /
             geometric masks, raw token weights in a geometric mask, an outlier veto, a
-            KL-estimator mask, batch normalization or current-policy IS.
+            KL-estimator mask, a probability trust-region mask, batch normalization or
+            current-policy IS.
         role: "weight" (multiplies the loss term), "mask" (removes tokens from the loss mask)
             or "normalize" (divides the weights by their batch mean).
         level: what the ratio or statistic is taken over: "token"; "sequence" (the product
@@ -89,7 +91,9 @@ class Component:
             open. In ratio units for the "ratio" statistic, else in the statistic's units.
         upper: the upper bound, likewise.
         statistic: what a mask compares: "ratio"; "log_ratio" d (verl's k1 = -d is stored
-            with negated bounds); "k2" d^2/2; "k3" e^d - 1 - d; "k3_reverse" e^-d - 1 + d.
+            with negated bounds); "k2" d^2/2; "k3" e^d - 1 - d; "k3_reverse" e^-d - 1 + d;
+            "prob_diff" the probability difference e^{numerator} - e^{rollout} (prime-rl's
+            trust region).
         numerator: whose log-probs the ratio's numerator holds: "train" (the trainer's
             recompute), "policy" (the current policy) or "rollout" (d = 0: no correction).
         numerics: how the ratio is computed: "exact" (float64, no clamp); "clamp" (the
@@ -103,6 +107,8 @@ class Component:
             the loss mask (IcePop-style).
         unless: weight only: the truncation applies only to sequences outside this band
             (AReaL's sequence clamp with `agg` sum or max).
+        by_advantage: mask only: the band's side depends on the token's advantage A: tokens
+            with A > 0 are held to `upper` alone, the others (A <= 0) to `lower` alone.
     """
 
     method: MethodId
@@ -116,6 +122,7 @@ class Component:
     strict: bool = False
     zero: Component | None = None
     unless: Component | None = None
+    by_advantage: bool = False
 
     def describe(self) -> str:
         """One line: the correction and what it does, e.g. "token TIS: w = min(rho, 2)"."""
@@ -128,6 +135,12 @@ class Component:
             if self.level == "any_token":
                 return f"{label}: drop sequences unless every token has {_band(self)}"
             what = "tokens" if self.level == "token" else "sequences"
+            if self.by_advantage:
+                high, low = replace(self, lower=None), replace(self, upper=None)
+                return (
+                    f"{label}: drop tokens with A > 0 unless {_band(high)}, "
+                    f"with A <= 0 unless {_band(low)}"
+                )
             return f"{label}: drop {what} unless {_band(self)}"
         value = ratio
         if self.lower is not None and self.upper is not None:
@@ -149,7 +162,7 @@ def _symbol(level: str, statistic: str = "ratio", numerator: str = "train") -> s
     if statistic == "ratio":
         symbol = {"token": "rho", "any_token": "rho", "sequence": "e^S", "max": "e^max(d)"}
         return prefix + symbol.get(level, "e^G")
-    name = "d" if statistic == "log_ratio" else statistic
+    name = {"log_ratio": "d", "prob_diff": "dp"}.get(statistic, statistic)
     aggregate = {"sequence": "sum", "geometric": "mean", "geometric_unmasked": "mean"}
     aggregate |= {"max": "max"}
     return prefix + (f"{aggregate[level]}({name})" if level in aggregate else name)
@@ -210,15 +223,21 @@ def mask_component(
     numerator: Numerator = "train",
     numerics: Numerics = "exact",
     strict: bool = False,
+    by_advantage: bool = False,
 ) -> Component:
     """A mask (or zeroing band) component with its catalogue id."""
-    if level == "any_token":
+    if statistic == "prob_diff":
+        method = "trust-region-mask"
+    elif level == "any_token":
         method = "outlier-veto"
     elif statistic in K_STATISTICS or level == "max":
         method = "kl-mask"
     else:
         method = {"token": "token-mask", "sequence": "sequence-mask"}.get(level, "geometric-mask")
-    return Component(method, "mask", level, lower, upper, statistic, numerator, numerics, strict)
+    return Component(
+        method, "mask", level, lower, upper, statistic, numerator, numerics, strict,
+        by_advantage=by_advantage,
+    )  # fmt: skip
 
 
 def normalize_component(level: Level) -> Component:
@@ -464,6 +483,7 @@ def _loose_component(c: Component | None) -> tuple[Any, ...] | None:
         _round(upper),
         _loose_component(c.zero),
         _loose_component(c.unless),
+        c.by_advantage,
     )
 
 

@@ -28,9 +28,14 @@ st.caption(
 )
 session.notice()
 
+# Only frameworks that express a family exactly can be tuned (prime-rl bounds a probability
+# difference, not a ratio).
+tunable = [name for name in FRAMEWORKS if frameworks.get(name).families]
+if state.get("tune_framework", compare_list.framework()) not in tunable:
+    state.tune_framework = tunable[0]
 cols = st.columns(2)
 framework = cols[0].selectbox(
-    "Framework", FRAMEWORKS, format_func=compare_list.framework_title,
+    "Framework", tunable, format_func=compare_list.framework_title,
     help="Whose setting this is: the LR scale follows that framework's loss aggregation",
     **session.persist("tune_framework", compare_list.framework()),
 )  # fmt: skip

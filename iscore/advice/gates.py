@@ -5,7 +5,7 @@ A bound names one of the analysis' mismatch metrics (`GATED`) in iscore's names;
 framework that publishes the bar logs another quantity under its own name (another reduction,
 another estimator), the table says so beside it, as docs/corrections.md does.
 
->>> [c.passed for c in judge({"k3": 0.02}, TABLES["prime-rl-merge"].bounds)]
+>>> [c.passed for c in judge({"k3": 0.02}, TABLES["prime-rl-ci"].bounds)]
 [False]
 """
 
@@ -163,27 +163,11 @@ def _framework_tables() -> list[Table]:
     ]
 
 
-_PRIME_RL = Citation("prime-rl PR #3543", "https://github.com/PrimeIntellect-ai/prime-rl/pull/3543")
 _VIME = Citation("vime PR #94", "https://github.com/vllm-project/vime/pull/94")
 
 TABLES: dict[str, Table] = {
     table.name: table
     for table in (
-        # prime-rl is no registered framework yet: its bar moves to its module when it is.
-        Table(
-            "prime-rl-merge",
-            TABLES_VERSION,
-            "prime-rl's merge bar for a new architecture",
-            (
-                Bound(
-                    "k3",
-                    None,
-                    0.015,
-                    _PRIME_RL,
-                    "prime-rl's mismatch_kl, the token mean of rho - log rho - 1: iscore's k3",
-                ),
-            ),
-        ),
         Table(
             "vime-ci",
             TABLES_VERSION,

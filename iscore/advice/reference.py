@@ -30,10 +30,6 @@ _MILES_MXFP8 = Citation(
     "miles pull request #512 (Blackwell MXFP8 recipe)",
     "https://github.com/radixark/miles/pull/512",
 )
-_PRIME_R3 = Citation(
-    "prime-rl pull request #2808 (MoE router replay end to end)",
-    "https://github.com/PrimeIntellect-ai/prime-rl/pull/2808",
-)
 _KL_AS_K3 = (
     "the source does not state its KL estimator; iscore compares it with k3, its unbiased "
     "estimate of KL(rollout || train)"
@@ -74,26 +70,6 @@ NEUTRAL: tuple[ReferencePoint, ...] = (
         0.0255,
         "train_rollout_logprob_abs_diff",
         _MILES_MXFP8,
-    ),
-    ReferencePoint(
-        "MoE without routing replay (step 0)",
-        "Qwen3-30B-A3B (MoE)",
-        "bf16",
-        "k3",
-        0.0015,
-        "mismatch KL",
-        _PRIME_R3,
-        _KL_AS_K3,
-    ),
-    ReferencePoint(
-        "MoE with routing replay (step 0)",
-        "Qwen3-30B-A3B (MoE)",
-        "bf16",
-        "k3",
-        0.0005,
-        "mismatch KL",
-        _PRIME_R3,
-        _KL_AS_K3,
     ),
 )
 """Measurements published outside the frameworks' own repositories (forks, other trainers)."""

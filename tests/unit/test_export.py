@@ -25,7 +25,17 @@ from iscore.advice.conversion import (
 )
 from iscore.errors import ConfigError
 from iscore.frameworks import NAMES as FRAMEWORKS
-from iscore.frameworks import areal, fireworks, nemo_rl, openrlhf, skyrl, slime, trl, verl
+from iscore.frameworks import (
+    areal,
+    fireworks,
+    nemo_rl,
+    openrlhf,
+    prime_rl,
+    skyrl,
+    slime,
+    trl,
+    verl,
+)
 from iscore.frameworks.canonical import Canonical
 from iscore.frameworks.resolve import parse_config, presets
 from iscore.packed.batch import TokenBatch
@@ -254,6 +264,17 @@ def fireworks_specs(draw) -> fireworks.FireworksTIS | fireworks.FireworksISCorre
     )
 
 
+@st.composite
+def prime_rl_specs(draw) -> prime_rl.PrimeRLLoss:
+    # IPO only: the default loss reads each sequence's advantage, which the probes lack.
+    return prime_rl.PrimeRLLoss(
+        type="ipo",
+        ipo_threshold=draw(st.sampled_from([0.1, 0.3, 1.0]) | st.floats(0.01, 1.0)),
+        adv_tau=draw(st.sampled_from([1.0, 0.5])),
+        kl_tau=draw(st.sampled_from([0.0, 1e-3])),
+    )
+
+
 SPECS = {
     "verl": verl_specs(),
     "skyrl": skyrl_specs(),
@@ -263,6 +284,7 @@ SPECS = {
     "openrlhf": openrlhf_specs(),
     "trl": trl_specs(),
     "fireworks": fireworks_specs(),
+    "prime_rl": prime_rl_specs(),
 }
 
 

@@ -38,12 +38,12 @@ def test_a_bound_holds_its_limits_included(low, high, value, passed):
 
 
 def test_every_shipped_bar_is_cited_and_names_a_gated_metric():
-    assert {"prime-rl-merge", "slime-ci", "vime-ci", "nemo-rl-ci", "health"} <= TABLES.keys()
+    assert {"prime-rl-ci", "slime-ci", "vime-ci", "nemo-rl-ci", "health"} <= TABLES.keys()
     for table in TABLES.values():
         assert table.bounds, table.name
         for bound in table.bounds:
             assert bound.metric in GATED and bound.source.url.startswith("https://")
-    assert [b.describe() for b in TABLES["prime-rl-merge"].bounds] == ["k3 <= 0.015"]
+    assert [b.describe() for b in TABLES["prime-rl-ci"].bounds] == ["k3 <= 0.015"]
     assert [b.describe() for b in TABLES["nemo-rl-ci"].bounds] == ["token_mult_prob_error <= 1.05"]
     assert [b.describe() for b in TABLES["slime-ci"].bounds] == ["abs_diff_mean <= 0.1"]
 
@@ -90,7 +90,7 @@ def test_a_users_table_is_read_and_checked_key_by_key(tmp_path):
 
 def test_the_command_fails_on_a_bar_and_writes_junit_and_json(tmp_path, capsys):
     junit, doc = tmp_path / "gate.xml", tmp_path / "gate.json"
-    argv = ["gate", FP8, "--table", "prime-rl-merge", "--max", "k3=0.1", "-q"]
+    argv = ["gate", FP8, "--table", "prime-rl-ci", "--max", "k3=0.1", "-q"]
     assert main([*argv, "--junit", str(junit), "--json", str(doc)]) == 1
     suite = ElementTree.parse(junit).getroot()
     assert suite.tag == "testsuite" and suite.get("tests") == "2" and suite.get("failures") == "1"
@@ -103,7 +103,7 @@ def test_the_command_fails_on_a_bar_and_writes_junit_and_json(tmp_path, capsys):
     assert checks["schema"] == "iscore.gate" and checks["passed"] is False
     assert [c["passed"] for c in checks["checks"]] == [True, False]
     assert "1 of 2 checks pass" in capsys.readouterr().out
-    assert main(["gate", BF16, "--table", "prime-rl-merge", "--table", "nemo-rl-ci", "-q"]) == 0
+    assert main(["gate", BF16, "--table", "prime-rl-ci", "--table", "nemo-rl-ci", "-q"]) == 0
 
 
 def test_against_a_baseline_fails_where_diff_says_worse(capsys):
@@ -117,11 +117,12 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     assert main(["gate", BF16, "-q"]) == 2
     assert "nothing to check: give --max, --min, --table or --against" in capsys.readouterr().err
     assert main(["gate", BF16, "--table", "no-such-table", "-q"]) == 2
-    assert "Expected --table to be one of prime-rl-merge" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "Expected --table to be one of vime-ci" in err and "prime-rl-ci" in err
     assert main(["gate", "--max", "k3=1"]) == 2
     assert main(["gate", "--list-tables"]) == 0
     listed = capsys.readouterr().out
-    assert "prime-rl-merge (v1)" in listed and "https://github.com/THUDM/slime/pull/1968" in listed
+    assert "prime-rl-ci (v1)" in listed and "https://github.com/THUDM/slime/pull/1968" in listed
 
 
 def test_what_a_users_table_says_is_escaped_in_the_report(tmp_path):

@@ -30,7 +30,11 @@ Canonical columns:
 Not read: the columns prime-rl derives from the two log-probs (`mismatch_kl`,
 `importance_ratio`, `is_masked`, ...: iscore recomputes what it needs), `position_ids`,
 `env_name`, rewards and loss weights. prime-rl's `trainer_logprobs` come from the training
-forward itself, and its loss uses the inference log-probs as the behaviour policy.
+forward itself, and its loss uses the inference log-probs as the behaviour policy: they are the
+l_theta the `prime_rl` framework replays (`iscore.frameworks.prime_rl`), read as
+`train_logprob`; its default loss takes the sign of each sequence's `advantage`, which this
+reader keeps per token and a batch carries as the sequence's mean (prime-rl broadcasts one
+advantage over a sequence's completion tokens, so the sign is the same).
 """
 
 from __future__ import annotations

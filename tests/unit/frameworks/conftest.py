@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -23,20 +24,24 @@ def make_batch(
     sigma: float = 0.05,
     masked_fraction: float = 0.1,
     policy: bool = True,
+    advantages: bool = True,
 ) -> TokenBatch:
-    """Random log-probs (rollout peaked with a low-probability tail), d ~ N(0, sigma)."""
+    """Random log-probs (rollout peaked with a low-probability tail), d ~ N(0, sigma); each
+    sequence's advantage (the batch's `extra`) N(0, 1), a fifth of them exactly 0."""
     rng = np.random.default_rng(seed)
     n = sum(lengths)
     rollout = -rng.exponential(0.6, n)
     train = np.minimum(rollout + rng.normal(0.0, sigma, n), 0.0)
     pol = np.minimum(train + rng.normal(0.0, sigma, n), 0.0)
     mask = rng.random(n) >= masked_fraction
+    advantage = np.where(rng.random(len(lengths)) < 0.2, 0.0, rng.normal(size=len(lengths)))
     return TokenBatch(
         rollout=torch.tensor(rollout, dtype=torch.float32),
         train=torch.tensor(train, dtype=torch.float32),
         cu_seqlens=torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64),
         loss_mask=torch.tensor(mask),
         policy=torch.tensor(pol, dtype=torch.float32) if policy else None,
+        extra=pa.table({"advantage": advantage}) if advantages else None,
     )
 
 
@@ -51,6 +56,8 @@ def edge_batch() -> TokenBatch:
     5. 300 tokens of d = -0.5: S = -150 (float32 exp underflow to 0)
     6. 8 tokens, d = 0 exactly except one masked-out token with d = +30
     7. 5 tokens with mixed d = [0, ln 2 (float32), -ln 2 (float32), 0.1, -0.1]
+
+    Advantages (the batch's `extra`), by sequence: 1, 1, -1, 1, -1, 0, 0, -0.5.
     """
     seqs: list[tuple[list[float], list[float], list[bool]]] = []
 
@@ -79,6 +86,7 @@ def edge_batch() -> TokenBatch:
         cu_seqlens=torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64),
         loss_mask=torch.from_numpy(np.concatenate([s[2] for s in seqs])),
         policy=torch.from_numpy(train.copy()),
+        extra=pa.table({"advantage": [1.0, 1.0, -1.0, 1.0, -1.0, 0.0, 0.0, -0.5]}),
     )
 
 

@@ -194,10 +194,6 @@ and publishes no share a run must reach (docs/compare.md#gates)."""
 def gated_values(summary: MismatchSummary) -> dict[str, float]:
     """Every `GATED` metric of an analysis' mismatch (NaN where the dump gives none).
 
-    whole = summary.distribution
-    for name, (key, inner) in _DISTRIBUTION.items():
-        value = None if whole is None else whole[key] if inner is None else whole[key][inner]
-        values[name] = math.nan if value is None else float(value)
     >>> from iscore.passes import analyze
     >>> values = gated_values(analyze("data/fp8.parquet", store=None).mismatch)
     >>> round(values["k3"], 4), values["k3_ratio"], round(values["token_retention_5pct"], 3)
@@ -212,6 +208,10 @@ def gated_values(summary: MismatchSummary) -> dict[str, float]:
     kept = summary.retention
     for name, (where, band) in _RETENTION.items():
         values[name] = math.nan if kept is None else float(kept[where][band])
+    whole = summary.distribution
+    for name, (key, inner) in _DISTRIBUTION.items():
+        value = None if whole is None else whole[key] if inner is None else whole[key][inner]
+        values[name] = math.nan if value is None else float(value)
     return values
 
 

@@ -51,6 +51,7 @@ from iscore.frameworks import (
     check_choice,
     resolve,
     sentence,
+    without_segments,
     yaml_text,
 )
 from iscore.packed import TokenBatch
@@ -179,7 +180,11 @@ def export(
     if spec.framework == to:
         target, notes = spec, ()
     else:
-        target, notes = target_framework.closest(source, name)
+        aim, first = source, ()
+        if not target_framework.segments:
+            aim, first = without_segments(source, target_framework.title)
+        target, notes = target_framework.closest(aim, name)
+        notes = (*first, *notes)
     notes = list(notes)
     text = None
     generation_exact = True

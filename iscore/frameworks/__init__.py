@@ -1,8 +1,8 @@
 """What a correction setting is and does: the `Spec` protocol and a setting's `Replay`
 (`spec`), the registry of frameworks (`registry`), one module per framework (`verl`, `skyrl`,
-`nemo_rl`, `slime`, `areal`, `openrlhf`, `trl`, `fireworks`: its config keys, `parse`, replay,
-presets, canonical form, snippet, loss aggregation, metric names and traps), the contract they
-follow (`base`), the framework-neutral description of a setting (`canonical`), the text forms
+`nemo_rl`, `slime`, `areal`, `openrlhf`, `trl`, `fireworks`, `roll`: its config keys, `parse`,
+replay, presets, canonical form, snippet, loss aggregation, metric names and traps), the contract
+they follow (`base`), the framework-neutral description of a setting (`canonical`), the text forms
 of a config (`snippets`) and any form of a setting resolved to a spec (`resolve`).
 
 Rule: the only folder that names a framework; imports `iscore.packed` and `iscore.utils`
@@ -33,7 +33,14 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "ReferencePoint",
             "limits",
         ],
-        "canonical": ["Canonical", "Component", "mask_component", "sentence", "weight_component"],
+        "canonical": [
+            "Canonical",
+            "Component",
+            "mask_component",
+            "sentence",
+            "weight_component",
+            "without_segments",
+        ],
         "names": ["NAMES"],
         "registry": ["every", "get", "of"],
         "resolve": [

@@ -281,6 +281,9 @@ class Framework:
             iscore's default is not the framework's own (TRL's `use_vllm`).
         generations: older config generations it can write (verl only).
         to_generation: (spec, generation) -> `GenerationConfig`, when `generations`.
+        segments: whether its `from_canonical` reads the canonical "segment" level (ROLL's);
+            for the others `iscore.advice.conversion.export` first writes segment-level
+            components over the whole sequence, with a note each (`canonical.without_segments`).
         read_batch: the framework's own batch object at the point where both log-probs exist
             (verl's `DataProto`, TRL's loss inputs, ...) -> its `BatchFields`, one per padded
             block; read duck-typed, so iscore never imports the framework. None where iscore
@@ -311,6 +314,7 @@ class Framework:
     snippet_keys: tuple[str, ...] = ()
     generations: tuple[str, ...] = ()
     to_generation: Callable[[Any, str], Any] | None = None
+    segments: bool = False
     read_batch: Callable[[Any], Sequence[BatchFields]] | None = None
 
     def closest(self, setting: Canonical, name: str) -> Translation:

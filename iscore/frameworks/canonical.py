@@ -52,8 +52,9 @@ METHOD_LABELS: dict[str, str] = {
 """Each correction's name for people."""
 Role = Literal["weight", "mask", "normalize"]
 Level = Literal[
-    "token", "sequence", "geometric", "geometric_unmasked", "max", "any_token", "sequence_all"
-]
+    "token", "sequence", "geometric", "geometric_unmasked", "max", "any_token", "sequence_all",
+    "segment",
+]  # fmt: skip
 Statistic = Literal["ratio", "log_ratio", "k2", "k3", "k3_reverse", "prob_diff"]
 Numerator = Literal["train", "policy", "rollout"]
 Numerics = Literal["exact", "clamp", "clamp_each", "float32", "overflow_zero"]
@@ -85,8 +86,10 @@ class Component:
             e^S, or for a statistic its sum); "geometric" (the mean over loss tokens, e^G);
             "geometric_unmasked" (the mean over every response token, masked ones included);
             "max" (the largest token value); "any_token" (a sequence is dropped when any of
-            its loss tokens falls outside the band). Normalization: "token", "sequence" (the
-            mean over sequences with a loss token) or "sequence_all" (over every sequence).
+            its loss tokens falls outside the band); "segment" (per run of consecutive loss
+            tokens within a sequence, a multi-turn sequence's turns: the mean, as ROLL's
+            `segment`). Normalization: "token", "sequence" (the mean over sequences with a loss
+            token) or "sequence_all" (over every sequence).
         lower: weight: the truncation's lower bound; mask: the band's lower bound; None is
             open. In ratio units for the "ratio" statistic, else in the statistic's units.
         upper: the upper bound, likewise.
@@ -134,7 +137,7 @@ class Component:
         if self.role == "mask":
             if self.level == "any_token":
                 return f"{label}: drop sequences unless every token has {_band(self)}"
-            what = "tokens" if self.level == "token" else "sequences"
+            what = {"token": "tokens", "segment": "segments"}.get(self.level, "sequences")
             if self.by_advantage:
                 high, low = replace(self, lower=None), replace(self, upper=None)
                 return (
@@ -161,10 +164,11 @@ def _symbol(level: str, statistic: str = "ratio", numerator: str = "train") -> s
     prefix = "current-policy " if numerator == "policy" else ""
     if statistic == "ratio":
         symbol = {"token": "rho", "any_token": "rho", "sequence": "e^S", "max": "e^max(d)"}
+        symbol["segment"] = "e^segment_mean(d)"
         return prefix + symbol.get(level, "e^G")
     name = {"log_ratio": "d", "prob_diff": "dp"}.get(statistic, statistic)
     aggregate = {"sequence": "sum", "geometric": "mean", "geometric_unmasked": "mean"}
-    aggregate |= {"max": "max"}
+    aggregate |= {"max": "max", "segment": "segment_mean"}
     return prefix + (f"{aggregate[level]}({name})" if level in aggregate else name)
 
 
@@ -592,3 +596,32 @@ def note_extras(notes: list[str], c: Canonical, framework: str, normalize: bool 
             f"{framework} computes sequence ratios over the original loss mask, not over the "
             "tokens a token mask kept (as the source does)"
         )
+
+
+def without_segments(c: Canonical, framework: str) -> tuple[Canonical, tuple[str, ...]]:
+    """`c` for a framework without the "segment" level (`Framework.segments`): each
+    segment-level component at the geometric level, which is the same wherever a sequence's
+    loss tokens form one run; a note for each.
+
+    >>> seg = Canonical((weight_component("segment", upper=1.2),))
+    >>> whole, notes = without_segments(seg, "verl")
+    >>> whole.components[0].level, notes[0][:40]
+    ('geometric', 'Changed: the geometric-mean TIS (w = min')
+    """
+    notes: list[str] = []
+
+    def whole(x: Component | None) -> Component | None:
+        if x is None:
+            return None
+        if x.level == "segment":
+            lost(
+                notes,
+                x,
+                f"{framework} has no per-segment level (each run of consecutive loss tokens); "
+                "written over the sequence's loss tokens, the same where they form one run",
+            )
+            x = replace(x, level="geometric")
+        return replace(x, zero=whole(x.zero), unless=whole(x.unless))
+
+    components = tuple(whole(x) for x in c.components)
+    return (replace(c, components=components) if notes else c), tuple(notes)

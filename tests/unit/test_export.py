@@ -31,6 +31,7 @@ from iscore.frameworks import (
     nemo_rl,
     openrlhf,
     prime_rl,
+    roll,
     skyrl,
     slime,
     trl,
@@ -265,6 +266,37 @@ def fireworks_specs(draw) -> fireworks.FireworksTIS | fireworks.FireworksISCorre
 
 
 @st.composite
+def roll_specs(draw) -> roll.RollSpec:
+    levels = st.sampled_from(roll.LEVELS)
+    is_weight = roll.ISWeight(
+        enabled=draw(st.booleans()),
+        weight_type=draw(levels),
+        upper_bound=draw(st.none() | ratio_upper),
+    )
+    filters = []
+    for _ in range(draw(st.integers(0, 2))):
+        diff = draw(st.sampled_from([0.05, 0.1, 0.2, 1.0]))
+        filters.append(
+            roll.Filter(
+                enabled=draw(st.booleans()),
+                agg_type=draw(levels),
+                ratio_enabled=draw(st.booleans()),
+                ratio_low=draw(ratio_lower),
+                ratio_high=draw(ratio_upper),
+                diff_enabled=draw(st.booleans()),
+                diff_low=-diff,
+                diff_high=diff,
+            )
+        )
+    return roll.RollSpec(
+        is_weight=is_weight,
+        filters=tuple(filters),
+        loss_agg_mode=draw(st.sampled_from(roll.LOSS_AGG_MODES)),
+        recompute=draw(st.booleans()),
+    )
+
+
+@st.composite
 def prime_rl_specs(draw) -> prime_rl.PrimeRLLoss:
     # IPO only: the default loss reads each sequence's advantage, which the probes lack.
     return prime_rl.PrimeRLLoss(
@@ -276,6 +308,7 @@ def prime_rl_specs(draw) -> prime_rl.PrimeRLLoss:
 
 
 SPECS = {
+    "roll": roll_specs(),
     "verl": verl_specs(),
     "skyrl": skyrl_specs(),
     "nemo_rl": nemo_specs(),
@@ -306,6 +339,9 @@ def numbers(config, out=None) -> list[float]:
     out = [] if out is None else out
     if isinstance(config, dict):
         for value in config.values():
+            numbers(value, out)
+    elif isinstance(config, list):  # ROLL's filters
+        for value in config:
             numbers(value, out)
     elif isinstance(config, float):
         out.append(config)

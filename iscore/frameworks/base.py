@@ -305,10 +305,10 @@ class Framework:
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     bands: tuple[HealthBand, ...] = ()
     gates: tuple[HealthBand, ...] = ()
+    support: str = ""
     references: tuple[ReferencePoint, ...] = ()
     columns: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     traps: tuple[Trap, ...] = ()
-    support: str = ""
     comments: Callable[[Any], tuple[str, ...]] = lambda spec: ()
     snippet_formats: tuple[str, ...] = ("yaml", "flags")
     snippet_keys: tuple[str, ...] = ()

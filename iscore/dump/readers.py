@@ -155,7 +155,7 @@ def check_values(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
                 )
             )
     problems.extend(_expert_problems(chunk, columns))
-    problems.extend(topk_problems(chunk, columns))
+    problems.extend(topk_problems(chunk.file, chunk.per_token, chunk.rows, columns))
     turn = chunk.per_token.get("turn")
     if turn is not None and len(turn) > 1:
         t = turn.to_numpy(zero_copy_only=False)

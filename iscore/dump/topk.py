@@ -8,8 +8,6 @@ token of a dump; `token_id`, the sampled id, is read beside them where the dump 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -17,9 +15,6 @@ import pyarrow.compute as pc
 from iscore.dump.columns import TOPK_COLUMNS, ColumnMap
 from iscore.dump.schema import column_label
 from iscore.errors import Problem, counted
-
-if TYPE_CHECKING:
-    from iscore.dump.readers import Chunk
 
 _SHOW_ROWS = 5
 
@@ -29,17 +24,20 @@ one number the engine reports twice, so they differ only by the dump's rounding 
 about 7 digits, 1e-5 relative at the log-probs of rare tokens)."""
 
 
-def topk_problems(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
-    """Top-k lists of another length than the chunk's first token's (in any of the three
-    columns), negative ids, log-probs that are not finite or above 0, and a sampled token
-    (`token_id`) among its k ids whose rollout log-prob is not its entry's. Each is tested on
-    the whole column first; the rows are found only where one fails."""
-    if not all(name in chunk.per_token for name in TOPK_COLUMNS):
+def topk_problems(
+    file: str, per_token: dict[str, pa.Array], rows: np.ndarray, columns: ColumnMap
+) -> list[Problem]:
+    """Of a chunk (its `file`, `per_token` columns and each token's file row, `rows`): top-k
+    lists of another length than its first token's (in any of the three columns), negative ids,
+    log-probs that are not finite or above 0, and a sampled token (`token_id`) among its k ids
+    whose rollout log-prob is not its entry's. Each is tested on the whole column first; the
+    rows are found only where one fails."""
+    if not all(name in per_token for name in TOPK_COLUMNS):
         return []
     found: list[tuple[str, np.ndarray, str]] = []
     k = None
     for name in TOPK_COLUMNS:
-        n = pc.list_value_length(chunk.per_token[name]).fill_null(0).to_numpy(zero_copy_only=False)
+        n = pc.list_value_length(per_token[name]).fill_null(0).to_numpy(zero_copy_only=False)
         if n.size and k is None:
             k = int(n[0])
         if (n != k).any():
@@ -47,22 +45,22 @@ def topk_problems(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
                 (name, n != k, f"token whose list is not of {k} entries (k, as the first)")
             )
     if found or not k:
-        return _problems(chunk, columns, found)
-    ids = _values(chunk, "rollout_topk_ids", k)
+        return _problems(file, rows, columns, found)
+    ids = _values(per_token, "rollout_topk_ids", k)
     if ids.min() < 0:
         found.append(("rollout_topk_ids", (ids < 0).any(axis=1), "token with a negative id"))
     for name in TOPK_COLUMNS[1:]:
-        x = _values(chunk, name, k)
+        x = _values(per_token, name, k)
         if not (np.isfinite(x.max()) and x.max() <= 0 and np.isfinite(x.min())):
             bad = ~(np.isfinite(x) & (x <= 0)).all(axis=1)
             what = "token with a NaN, infinite or positive log-prob (a log-prob is finite, <= 0)"
             found.append((name, bad, what))
-    token = chunk.per_token.get("token_id")
+    token = per_token.get("token_id")
     if token is not None and not found:
         sampled = token.to_numpy(zero_copy_only=False)[:, None] == ids
         where = np.flatnonzero(sampled.any(axis=1))
-        entry = _values(chunk, "rollout_topk_logprobs", k)[where, sampled[where].argmax(axis=1)]
-        rollout = chunk.per_token["rollout_logprob"].to_numpy(zero_copy_only=False)[where]
+        entry = _values(per_token, "rollout_topk_logprobs", k)[where, sampled[where].argmax(axis=1)]
+        rollout = per_token["rollout_logprob"].to_numpy(zero_copy_only=False)[where]
         far = np.abs(entry.astype(np.float64) - rollout) > SAMPLED_TOLERANCE
         if far.any():
             bad = np.zeros(len(token), dtype=bool)
@@ -73,28 +71,28 @@ def topk_problems(chunk: Chunk, columns: ColumnMap) -> list[Problem]:
                 "aligned?)"
             )
             found.append(("rollout_topk_logprobs", bad, what))
-    return _problems(chunk, columns, found)
+    return _problems(file, rows, columns, found)
 
 
-def _values(chunk: Chunk, name: str, k: int) -> np.ndarray:
+def _values(per_token: dict[str, pa.Array], name: str, k: int) -> np.ndarray:
     """[tokens, k] numpy of a top-k column whose lists all hold k entries (a view where the
     values allow one)."""
-    flat = pc.list_flatten(chunk.per_token[name])
+    flat = pc.list_flatten(per_token[name])
     return flat.to_numpy(
         zero_copy_only=flat.null_count == 0 and not pa.types.is_boolean(flat.type)
     ).reshape(-1, k)
 
 
 def _problems(
-    chunk: Chunk, columns: ColumnMap, found: list[tuple[str, np.ndarray, str]]
+    file: str, rows: np.ndarray, columns: ColumnMap, found: list[tuple[str, np.ndarray, str]]
 ) -> list[Problem]:
     problems = []
     for name, bad, what in found:
         if bad.any():
             hits = np.flatnonzero(bad)
-            rows = tuple(dict.fromkeys(int(r) for r in chunk.rows[hits[:_SHOW_ROWS]]))
+            shown = tuple(dict.fromkeys(int(r) for r in rows[hits[:_SHOW_ROWS]]))
             message = counted(int(hits.size), what, what.replace("token ", "tokens ", 1))
             problems.append(
-                Problem(chunk.file, column_label(columns, name), message, rows, int(hits.size))
+                Problem(file, column_label(columns, name), message, shown, int(hits.size))
             )
     return problems

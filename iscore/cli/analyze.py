@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     store = options.open_store(args)
     dump = options.open_dump(
         args,
-        extras=args.sequences is not None,
+        extras=args.sequences is not None or options.needs_extras(specs),
         outputs=("--json", "--html", "--sequences"),
         store=store,
     )

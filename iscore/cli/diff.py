@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     arms = []
     for path in (args.baseline, args.candidate):
         args.dump = [path]
-        arms.append(options.open_dump(args, outputs=outputs))
+        arms.append(options.open_dump(args, extras=options.needs_extras(specs), outputs=outputs))
     with options.progress_bar(arms[0], "diff", args) as bar:
         result = diff(
             arms[0],

@@ -7,8 +7,8 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from iscore.dump import DEFAULT_CHUNK_TOKENS, FORMATS
 from iscore.errors import IscoreError, counted, quote
@@ -247,6 +247,12 @@ def distinct_outputs(args: argparse.Namespace, *flags: str) -> None:
                 f"{seen[key]} and {flag} both name {path}; give each output a file of its own"
             )
         seen[key] = flag
+
+
+def needs_extras(specs: Sequence[Any]) -> bool:
+    """Whether a setting reads a per-sequence column the dump carries only when opened with
+    its extras (prime-rl's default loss: the advantage's sign)."""
+    return any(getattr(spec, "needs_advantage", False) for spec in specs)
 
 
 def open_dump(

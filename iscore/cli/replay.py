@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from iscore.passes import write_replay
 
     spec = resolve(args.config)
-    dump = options.open_dump(args, outputs=("--out",))
+    dump = options.open_dump(args, extras=options.needs_extras([spec]), outputs=("--out",))
     with options.progress_bar(dump, "replay", args) as bar:
         written = write_replay(
             dump, spec, args.out, max_tokens=args.chunk_tokens, progress=bar.update

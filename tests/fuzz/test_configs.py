@@ -8,6 +8,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from hypothesis import event, given
@@ -33,6 +34,7 @@ def _batch() -> TokenBatch:
         policy=train + 0.01 * torch.arange(9.0),
         cu_seqlens=torch.tensor([0, 3, 6, 9]),
         loss_mask=torch.tensor([True, True, False, True, True, True, True, False, True]),
+        extra=pa.table({"advantage": [0.5, 0.0, -1.0]}),  # A = 0 too (prime-rl's sign test)
     )
 
 
@@ -74,7 +76,10 @@ def test_a_config_file_through_the_commands(text):
         folder = Path(tmp)
         dump = folder / "d.parquet"
         table = hostile.valid_dump()
-        pq.write_table(table.append_column("policy_logprob", table["train_logprob"]), dump)
+        table = table.append_column("policy_logprob", table["train_logprob"])
+        # Each sequence's advantage, -1, 0 or 1 (prime-rl's default loss reads its sign).
+        seq = table["seq_id"].to_numpy()
+        pq.write_table(table.append_column("advantage", pa.array(seq % 3 - 1.0)), dump)
         config = folder / "c.yaml"
         config.write_text(text)
         out = folder / "out"

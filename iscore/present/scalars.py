@@ -35,7 +35,7 @@ def tags(row: dict[str, Any], by_step: dict[str, Any] | None = None) -> dict[str
     framework's name for it (values that are not finite numbers are left out).
 
     >>> sorted(tags({"step": 3, "k3": 0.001}, {"k3": 0.001}))[:3]
-    ['iscore/k3', 'nemo_rl/gen_kl_error (default k3)', 'slime/mis_k3_kl (sequence-averaged)']
+    ['iscore/k3', 'nemo_rl/gen_kl_error (default k3)', 'prime_rl/mismatch_kl/all/mean']
     """
     out = {f"iscore/{k}": v for k, v in row.items() if k != "step"}
     for fw in frameworks.every():

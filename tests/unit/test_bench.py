@@ -77,6 +77,8 @@ ROWS = {
     "cores: one worker's compute (1 core)",
     f"cores: {max(2, cores())} workers, warm",
     f"cores: {max(2, cores())} workers, cold (a command)",
+    "whole distribution: without top-k columns",
+    "whole distribution: with top-20 columns",
 } | (
     {
         "ray: start a local cluster, or join one",
@@ -109,6 +111,7 @@ GOALS = {
     "workers_vs_one",
     "workers_cold",
     "diff_vs_analyze",
+    "topk_vs_plain",
     "ray_vs_local",
 }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from iscore import load
+from iscore import Dump, load
 from iscore.cli import main
 from iscore.errors import ConfigError
 from iscore.frameworks.resolve import presets
@@ -36,8 +36,9 @@ def test_the_script_regenerates_the_sample_exactly(args, tmp_path, monkeypatch):
 
 
 def test_every_preset_replays_on_the_off_policy_sample():
-    batch = load(DATA / "off_policy.parquet")
-    assert batch.policy is not None
+    # With its extra columns: prime-rl's default loss reads each sequence's advantage.
+    batch = Dump(DATA / "off_policy.parquet", extras=True).load()
+    assert batch.policy is not None and "advantage" in batch.extra.column_names
     for name, spec in presets().items():
         result = spec.replay(batch)
         assert result.weight.shape == batch.rollout.shape, name

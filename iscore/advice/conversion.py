@@ -219,7 +219,7 @@ def export(
     written = (
         f"{to} in its {generation} config keys"
         if generation is not None
-        else f"{to} (as of {target_framework.upstream})"
+        else f"{to} (as of {target_framework.upstream_of(target)})"
     )
     return Export(
         target,
@@ -568,7 +568,7 @@ def to_file_text(spec: Spec) -> str:
     vllm_importance_sampling_clip_max: 2.0
     loss_type: dapo
     """
-    upstream = frameworks.of(spec).upstream
+    upstream = frameworks.of(spec).upstream_of(spec)
     header = (
         f"# iscore config for {spec.framework} (as of {upstream}); "
         "`iscore replay --config FILE` reads it as is\n"

@@ -210,6 +210,19 @@ def top_level(config: Mapping[str, Any], framework: str) -> tuple[Section, str]:
     return section, name or framework
 
 
+def version(section: Section, versions: Sequence[str]) -> str | None:
+    """The config's `version:` (iscore's own top-level key): None, the pinned release, or one
+    of `versions` (a framework's `base.Version` names)."""
+    value = section.raw("version", None)
+    if value is not None and value not in versions:
+        known = ", ".join(versions) or "none but its pinned release"
+        raise ConfigError(
+            f"Expected `version` to be null (the pinned release) or one of {known}, "
+            f"but got {quote(value)}"
+        )
+    return value
+
+
 class _FlagParser(argparse.ArgumentParser):
     """argparse that raises ConfigError instead of printing and exiting."""
 

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from iscore.errors import ConfigError
+
 if TYPE_CHECKING:
     from iscore.frameworks.canonical import Canonical, Translation
     from iscore.frameworks.spec import Spec
@@ -73,6 +75,42 @@ class Upstream:
 
     def __str__(self) -> str:
         return f"{self.repository}@{self.commit[:8]} ({self.date})"
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """A version of a framework's correction other than its pinned release: an open pull
+    request's, pinned at its head commit. A config document names it (`"version": "pr6800"`);
+    it changes only what its pull request changes.
+
+    >>> head = Upstream("verl-project/verl", "b26dfa5c8", "2026-06-21")
+    >>> v = Version("pr6800", 6800, "open", head, "rollout_rs may hold binary_kl (KPop)")
+    >>> print(v)
+    pr6800: open PR #6800, head b26dfa5c (2026-06-21): rollout_rs may hold binary_kl (KPop)
+    >>> v.status
+    'open PR, head b26dfa5c'
+    """
+
+    name: str
+    pr: int
+    state: str
+    upstream: Upstream
+    changes: str
+
+    def __post_init__(self) -> None:
+        if self.name != f"pr{self.pr}":
+            raise ValueError(f"Expected a version named pr{self.pr}, but got {self.name!r}")
+
+    @property
+    def status(self) -> str:
+        """Where the pull request stands, for listings: "open PR, head b26dfa5c"."""
+        return f"{self.state} PR, head {self.upstream.commit[:8]}"
+
+    def __str__(self) -> str:
+        return (
+            f"{self.name}: {self.state} PR #{self.pr}, head {self.upstream.commit[:8]} "
+            f"({self.upstream.date}): {self.changes}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +286,9 @@ class Framework:
     Attributes:
         name: the `framework:` value of its configs.
         title: its name for people.
-        upstream: the commit its semantics were read from.
+        upstream: the commit its semantics were read from (its pinned release).
+        versions: its other versions a config may name (`"version"`): open pull requests'
+            corrections, each pinned at its head; a spec of one has `spec.version` set.
         spec_types: the spec classes `parse` returns.
         parse: its own config (a mapping with a top-level `framework:`) -> a frozen spec.
         presets: the named settings, built on first use.
@@ -300,6 +340,7 @@ class Framework:
     from_canonical: Callable[[Canonical, str], list[Translation]]
     render: Callable[[Mapping[str, Any], str | None], str]
     default: str = ""
+    versions: tuple[Version, ...] = ()
     aggregation: Callable[[Any], Aggregation] = lambda spec: Aggregation()
     families: frozenset[str] = frozenset()
     metrics: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -335,6 +376,31 @@ class Framework:
         spec, _ = self.closest(setting, name)
         result = self.to_canonical(spec)
         return spec if result == setting or result.loosely_equals(setting) else None
+
+    def version(self, name: str | None) -> Version | None:
+        """The version called `name`; None for None (the pinned release).
+
+        Raises:
+            ConfigError: no such version; the message lists this framework's.
+        """
+        if name is None:
+            return None
+        for version in self.versions:
+            if version.name == name:
+                return version
+        known = ", ".join(v.name for v in self.versions) or "none but its pinned release"
+        raise ConfigError(
+            f"Expected `version` to be null (the pinned {self.upstream}) or one of {self.name}'s "
+            f"versions ({known}), but got {name!r}"
+        )
+
+    def upstream_of(self, spec: object) -> str:
+        """The source `spec` replays, for reports and exports: the pinned commit, or its
+        version's pull request and head."""
+        version = self.version(getattr(spec, "version", None))
+        if version is None:
+            return str(self.upstream)
+        return f"{version.upstream}, {version.state} PR #{version.pr}"
 
     def owns(self, spec: object) -> bool:
         """Whether `spec` is one of this framework's settings."""

@@ -200,7 +200,7 @@ class SettingStats:
         return SettingSummary(
             name=self.spec.name,
             framework=self.spec.framework,
-            upstream=str(frameworks.of(self.spec).upstream),
+            upstream=frameworks.of(self.spec).upstream_of(self.spec),
             # With `framework:`, what `iscore replay --config` reads back as this setting.
             config={"framework": self.spec.framework, **self.spec.to_config()},
             aggregation=self.aggregation.mode,

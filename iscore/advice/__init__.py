@@ -6,7 +6,8 @@ the data, `thresholds`, its candidates, `candidates`, the objective they are ran
 `objective`, and the words, `explain`), threshold tuning (`tuning`), export between frameworks
 (`conversion`), a run's trend and its events (`trend`) and the verdicts on two dumps compared
 (`comparison`), the bars a dump is gated by (`gates`), and a metric's change between two steps
-split into composition and within (`shift`).
+split into composition and within (`shift`); three bug signatures among the flags
+(`signatures`).
 
 Rule: reads statistics and dumps from the floors below (`iscore.stats`, `iscore.dump` and
 down); never streams a dump through settings into statistics (`iscore.passes` does).
@@ -45,6 +46,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "flags": ["FLAG_KINDS", "Flag", "NO_SEMANTICS_BUG", "find_flags", "flags_of"],
         "health": ["Floor", "Health", "assess", "assess_values", "floor_of", "whole_distribution"],
         "recommendation": ["Recommendation", "recommend"],
+        "signatures": ["signature_flags"],
         "reference": ["point_dict", "points"],
         "shift": [
             "BinShift",

@@ -44,6 +44,9 @@ _FLAG_KIND: dict[str, FlagKind] = {
     "drift": "drift",
     "heavy_tail": "heavy_tail",
     "support_normalized": "semantics_bug",
+    "shifted_by_one": "semantics_bug",
+    "zero_rollout_logprob": "semantics_bug",
+    "position_jump": "semantics_bug",
 }
 """The kind of each flag code: decided here, read by the app's pages and the report."""
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from iscore.advice import Targets, Trend, assess, attribute, find_flags
+from iscore.advice import Targets, Trend, assess, attribute, find_flags, signature_flags
 from iscore.dump import (
     DEFAULT_CHUNK_TOKENS,
     Data,
@@ -104,6 +104,7 @@ def analyze(
     broken = total.mismatch.broken(numbers)
     summary = total.mismatch.compute(numbers, broken)
     flags = find_flags(summary, numbers, broken, total.mismatch.regression, total.mismatch.signs)
+    flags += tuple(signature_flags(summary.signatures))
     settings_done = [acc.compute(broken) for acc in total.settings]
     return Analysis(
         source={

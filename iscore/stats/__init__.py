@@ -2,9 +2,10 @@
 `token_terms`, its buckets, `buckets`, and its worst sequences and tokens, `worst`), what one
 setting does to a dump (`setting`), what the attribution needs (`attribution`), the noise of a
 step (`noise`), mergeable histograms (`histogram`), intervals by resampling sequences
-(`bootstrap`) and the token mix of two steps with a metric in each of its bins (`mix`). Each
-has `update` (a chunk), `merge`, `state` / `from_state` (what a results store keeps) and
-`compute` (`mix`, read in one pass, only `update` and `compute`). The statistics by name
+(`bootstrap`), the token mix of two steps with a metric in each of its bins (`mix`) and the
+sums three bug signatures are judged on (`signatures`). Each has `update` (a chunk), `merge`,
+`state` / `from_state` (what a results store keeps) and `compute` (`mix`, read in one pass,
+only `update` and `compute`). The statistics by name
 (`catalogue`) and the columns each setting gets in a table (`columns`) are here too.
 
 Rule: never reads a file and never decides; imports `iscore.frameworks`, `iscore.packed` and
@@ -83,6 +84,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "quick_stats",
             "setting_scalars",
         ],
+        "signatures": ["PositionScan", "SignatureStats", "SignatureSummary", "ZERO_TRAIN_EDGES"],
         "worst": ["TOP_K"],
     },
 )

@@ -63,6 +63,7 @@ from iscore.stats.noise import (
     segment_medians,
     step_noise,
 )
+from iscore.stats.signatures import SignatureStats, SignatureSummary
 from iscore.stats.token_terms import compiled_token_sums, keep_where, seq_max, token_sums
 from iscore.stats.worst import TOP_K, worst_sequences, worst_tokens
 from iscore.utils import from_ipc, to_ipc
@@ -139,6 +140,8 @@ class MismatchStats:
     retained: list[np.ndarray] = field(default_factory=list)
     # The top-k columns' statistics; None for a dump without them.
     distribution: DistributionStats | None = None
+    # The bug signatures' sums (`iscore.stats.signatures`).
+    signatures: SignatureStats = field(default_factory=SignatureStats)
 
     @property
     def abs_hist(self) -> LogHistogram:
@@ -218,6 +221,7 @@ class MismatchStats:
                 self.seq[name].append(sums[name])
         self._add_floor(batch, None if every else m, buf)
         self._add_distribution(batch)
+        self.signatures.update(batch)
         self.retained.append(_retained(batch, rho, None if every else m, buf))
         self.steps.append(batch.step.cpu().numpy())
         self.seq_ids.append(batch.seq_id)
@@ -303,6 +307,7 @@ class MismatchStats:
     def merge(self, other: MismatchStats) -> None:
         """Add another accumulator's chunks after these (order is kept)."""
         self.retained.extend(other.retained)
+        self.signatures.merge(other.signatures)
         if other.steps and other.distribution is not None:
             if self.distribution is None and not self.steps:
                 self.distribution = DistributionStats()
@@ -370,6 +375,7 @@ class MismatchStats:
         out["retained"] = self._retained_columns()
         if self.distribution is not None:
             out |= {f"dist.{k}": v for k, v in self.distribution.state().items()}
+        out |= {f"sig.{k}": v for k, v in self.signatures.state().items()}
         return out
 
     def _retained_columns(self) -> np.ndarray:
@@ -430,6 +436,7 @@ class MismatchStats:
         stats.retained = [checked(state, "retained", "f", (len(RETENTION_BANDS), b))]
         if "dist.seq" in state:
             stats.distribution = DistributionStats.from_state(_prefixed(state, "dist"), b)
+        stats.signatures = SignatureStats.from_state(_prefixed(state, "sig"))
         return stats
 
     def sequences(self) -> dict[str, np.ndarray]:
@@ -498,6 +505,7 @@ class MismatchStats:
             floor={k.removeprefix("floor_"): v for k, v in floor.items()} if floor else None,
             retention=retention(numbers),
             distribution=None if self.distribution is None else self.distribution.compute(numbers),
+            signatures=self.signatures.compute(),
         )
 
     def by_step(
@@ -634,6 +642,8 @@ class MismatchSummary:
     floor: dict[str, float | None] | None = None
     retention: dict[str, Any] | None = None
     distribution: dict[str, Any] | None = None
+    # What the bug signatures are judged on (`iscore.advice.signatures`); not in the document.
+    signatures: SignatureSummary | None = None
 
     @property
     def has_floor(self) -> bool:

@@ -150,32 +150,38 @@ class SignatureStats:
         y = batch.rollout.cpu().numpy().astype(np.float64)
         # A log-prob that is not finite is left out: it would void every sum it enters.
         m = batch.loss_mask.cpu().numpy() & np.isfinite(x) & np.isfinite(y)
-        steps = np.repeat(batch.step.cpu().numpy(), lengths)
-        self._add_pairs(x, y, m, steps, lengths)
+        self._add_pairs(x, y, m, batch, lengths)
         zero = m & (y == 0.0)
         # np.histogram's last bin is closed: a train log-prob of exactly 0 is counted.
         self.zeros += np.histogram(x[zero], bins=ZERO_TRAIN_EDGES)[0]
         self._add_positions(batch, x - y, m, lengths)
 
     def _add_pairs(
-        self, x: np.ndarray, y: np.ndarray, m: np.ndarray, steps: np.ndarray, lengths: np.ndarray
+        self, x: np.ndarray, y: np.ndarray, m: np.ndarray, batch: TokenBatch, lengths: np.ndarray
     ) -> None:
         """Each step's sums of x = train[t] against y = rollout[t] (loss tokens), y[t + 1]
         and y[t - 1] (neighbouring loss tokens of one sequence)."""
-        starts = np.zeros(x.size, dtype=bool)
+        pair = m[:-1] & m[1:]
         offsets = np.cumsum(lengths)[:-1]
-        starts[offsets[offsets < x.size]] = True
-        pair = m[:-1] & m[1:] & ~starts[1:]
+        pair[offsets[(offsets > 0) & (offsets < x.size)] - 1] = False  # across two sequences
+        every = m.all()
+        both = pair.all()
         sides = (
-            (x[m], y[m], steps[m]),
-            (x[:-1][pair], y[1:][pair], steps[:-1][pair]),
-            (x[1:][pair], y[:-1][pair], steps[:-1][pair]),
+            (x, y, None) if every else (x[m], y[m], m),
+            (x[:-1], y[1:], None) if both else (x[:-1][pair], y[1:][pair], pair),
+            (x[1:], y[:-1], None) if both else (x[1:][pair], y[:-1][pair], pair),
         )
-        for step in np.unique(steps[m]).tolist():
+        seq_steps = batch.step.cpu().numpy()
+        chunk_steps = np.unique(seq_steps[lengths > 0]).tolist()
+        token_steps = np.repeat(seq_steps, lengths) if len(chunk_steps) > 1 else None
+        for step in chunk_steps:
             sums = self.pairs.setdefault(int(step), np.zeros((len(SHIFTS), _PAIR_SUMS)))
-            for row, (a, b, at) in enumerate(sides):
-                a, b = a[at == step], b[at == step]
-                sums[row] += [a.size, a.sum(), b.sum(), (a * b).sum(), (a * a).sum(), (b * b).sum()]
+            for row, (a, b, kept) in enumerate(sides):
+                if token_steps is not None:  # a chunk is mostly one step: no selection then
+                    at = token_steps if row == 0 else token_steps[:-1]
+                    at = at if kept is None else at[kept]
+                    a, b = a[at == step], b[at == step]
+                sums[row] += [a.size, a.sum(), b.sum(), _dot(a, b), _dot(a, a), _dot(b, b)]
 
     def _add_positions(
         self, batch: TokenBatch, d: np.ndarray, m: np.ndarray, lengths: np.ndarray
@@ -243,6 +249,12 @@ class SignatureStats:
             loss_tokens=int(self.by_position[:, 0].sum()),
             positions=position_scan(self.by_position),
         )
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """sum(a * b) without the product's array, in one thread (BLAS's dot may split it between
+    threads, and its last bits with them)."""
+    return float(np.einsum("i,i->", a, b))
 
 
 def _correlations(sums: np.ndarray) -> tuple[float | None, float | None, float | None]:

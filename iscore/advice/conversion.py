@@ -577,8 +577,9 @@ def to_file_text(spec: Spec) -> str:
 
 
 def _render(framework: Framework, config: Mapping[str, Any], fmt: str | None) -> str:
-    """`config`'s text in `fmt` (None: the framework's usual form), without iscore's own keys."""
-    body = {k: v for k, v in config.items() if k not in ("framework", "name")}
+    """`config`'s text in `fmt` (None: the framework's usual form), without iscore's own keys
+    (a version is named in the comments above it, `Framework.comments`)."""
+    body = {k: v for k, v in config.items() if k not in ("framework", "name", "version")}
     formats = framework.snippet_formats
     if fmt not in (None, "yaml", "flags"):
         raise ConfigError(f"Expected `fmt` to be 'yaml', 'flags' or None, but got {quote(fmt)}")

@@ -26,7 +26,7 @@ from iscore.packed import ops
 MethodId = Literal[
     "token-tis", "kl-mask", "batch-normalization", "current-policy-is", "sequence-tis",
     "geometric-tis", "icepop", "token-mask", "sequence-mask", "geometric-mask", "seq-mask-tis",
-    "outlier-veto", "trust-region-mask",
+    "outlier-veto", "trust-region-mask", "binary-kl-mask",
 ]  # fmt: skip
 """The corrections of docs/corrections.md, by name. Within a role, components sort in this
 order, so a target that takes one weight takes the first (token TIS before a current-policy
@@ -48,6 +48,7 @@ METHOD_LABELS: dict[str, str] = {
     "seq-mask-tis": "raw token weights in a geometric mask",
     "outlier-veto": "outlier veto",
     "trust-region-mask": "probability trust-region mask",
+    "binary-kl-mask": "KPop binary-KL token mask",
 }
 """Each correction's name for people."""
 Role = Literal["weight", "mask", "normalize"]
@@ -55,7 +56,7 @@ Level = Literal[
     "token", "sequence", "geometric", "geometric_unmasked", "max", "any_token", "sequence_all",
     "segment",
 ]  # fmt: skip
-Statistic = Literal["ratio", "log_ratio", "k2", "k3", "k3_reverse", "prob_diff"]
+Statistic = Literal["ratio", "log_ratio", "k2", "k3", "k3_reverse", "prob_diff", "binary_kl"]
 Numerator = Literal["train", "policy", "rollout"]
 Numerics = Literal["exact", "clamp", "clamp_each", "float32", "overflow_zero"]
 Anchor = Literal["recompute", "rollout", "none"]
@@ -78,8 +79,8 @@ class Component:
         method: which correction of the catalogue it is (`METHODS`, named for people in
             `METHOD_LABELS`): token / sequence / geometric-mean TIS, IcePop, token / sequence /
             geometric masks, raw token weights in a geometric mask, an outlier veto, a
-            KL-estimator mask, a probability trust-region mask, batch normalization or
-            current-policy IS.
+            KL-estimator mask, a probability trust-region mask, a binary-KL token mask,
+            batch normalization or current-policy IS.
         role: "weight" (multiplies the loss term), "mask" (removes tokens from the loss mask)
             or "normalize" (divides the weights by their batch mean).
         level: what the ratio or statistic is taken over: "token"; "sequence" (the product
@@ -96,7 +97,9 @@ class Component:
         statistic: what a mask compares: "ratio"; "log_ratio" d (verl's k1 = -d is stored
             with negated bounds); "k2" d^2/2; "k3" e^d - 1 - d; "k3_reverse" e^-d - 1 + d;
             "prob_diff" the probability difference e^{numerator} - e^{rollout} (prime-rl's
-            trust region).
+            trust region); "binary_kl" max(B(p||q), B(q||p)), the binary KL of the two
+            probabilities p = e^{numerator}, q = e^{rollout} both ways, each probability
+            clamped into [1e-6, 1 - 1e-6] (KPop, `ops.binary_kl`: verl #6800, prime-rl #3283).
         numerator: whose log-probs the ratio's numerator holds: "train" (the trainer's
             recompute), "policy" (the current policy) or "rollout" (d = 0: no correction).
         numerics: how the ratio is computed: "exact" (float64, no clamp); "clamp" (the
@@ -166,7 +169,9 @@ def _symbol(level: str, statistic: str = "ratio", numerator: str = "train") -> s
         symbol = {"token": "rho", "any_token": "rho", "sequence": "e^S", "max": "e^max(d)"}
         symbol["segment"] = "e^segment_mean(d)"
         return prefix + symbol.get(level, "e^G")
-    name = {"log_ratio": "d", "prob_diff": "dp"}.get(statistic, statistic)
+    name = {"log_ratio": "d", "prob_diff": "dp", "binary_kl": "max(B(p|q), B(q|p))"}.get(
+        statistic, statistic
+    )
     aggregate = {"sequence": "sum", "geometric": "mean", "geometric_unmasked": "mean"}
     aggregate |= {"max": "max", "segment": "segment_mean"}
     return prefix + (f"{aggregate[level]}({name})" if level in aggregate else name)
@@ -232,6 +237,8 @@ def mask_component(
     """A mask (or zeroing band) component with its catalogue id."""
     if statistic == "prob_diff":
         method = "trust-region-mask"
+    elif statistic == "binary_kl":
+        method = "binary-kl-mask"
     elif level == "any_token":
         method = "outlier-veto"
     elif statistic in K_STATISTICS or level == "max":

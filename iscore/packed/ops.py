@@ -582,6 +582,25 @@ def k3_reverse(d: torch.Tensor) -> torch.Tensor:
     return torch.special.expm1(-d).add_(d)
 
 
+BINARY_KL_EPS = 1e-6
+"""KPop's clamp of both probabilities into [eps, 1 - eps] (verl #6800, prime-rl #3283): in
+float32 e^l rounds to 1 for a log-prob l above -6e-8, and 1 - q would be 0."""
+
+
+def binary_kl(log_p: torch.Tensor, log_q: torch.Tensor, eps: float = BINARY_KL_EPS) -> torch.Tensor:
+    """KL(P || Q) of the two-event distributions P = (p, 1 - p), Q = (q, 1 - q), per token:
+    p log(p / q) + (1 - p) log((1 - p) / (1 - q)), with p = e^log_p and q = e^log_q each
+    clamped into [eps, 1 - eps], in the log-probs' dtype and in KPop's order of operations.
+
+    >>> lp = torch.tensor([-0.1, -2.0, 0.0])
+    >>> [round(x, 4) for x in binary_kl(lp, torch.tensor([-0.1, -0.5, -30.0])).tolist()]
+    [0.0, 0.4778, 13.8155]
+    """
+    p = torch.exp(log_p).clamp_(eps, 1.0 - eps)
+    q = torch.exp(log_q).clamp_(eps, 1.0 - eps)
+    return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """float64 scalar mean of x over `mask` tokens (NaN where none are)."""
     return torch.where(mask, x.double(), 0.0).sum() / mask.sum()

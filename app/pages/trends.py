@@ -1,12 +1,15 @@
 """Trends: the run step by step, each diagnostic and each setting in Compare per training
 step, smoothed, with the run's events; a click on a step opens its worst sequences on Explore.
+Between two steps, or at an event, `iscore why`'s split of a metric's change (docs/why.md).
 With `iscore app DIR --follow`, new steps appear as they land, without a reload."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import compare_list
+import pandas as pd
 import render
 import runs
 import session
@@ -14,7 +17,9 @@ import streamlit as st
 
 from iscore.advice import EVENT_KINDS, Trend
 from iscore.errors import IscoreError
+from iscore.passes import Why, why
 from iscore.present import figures
+from iscore.stats import SHIFT_METRICS
 
 ws = compare_list.require_workspace()
 specs = compare_list.settings()
@@ -91,6 +96,63 @@ def _events(trend: Trend) -> None:
     )
 
 
+def _pair(trend: Trend) -> tuple[int, int] | None:
+    """The two steps to split between: an event's (from the step before it) or two chosen;
+    None with a single step."""
+    steps = [int(row["step"]) for row in trend.rows]
+    if len(steps) < 2:
+        return None
+    events = {
+        f"Step {e.step}: {EVENT_KINDS[e.kind]} ({e.metric})": e.step
+        for e in trend.events
+        if e.step > steps[0]
+    }
+    # Plain keys, not persisted: another dump has other steps and events.
+    chosen = st.selectbox("Explain", ["Two steps", *events], key="why_at")
+    if chosen in events:
+        to = events[chosen]
+        return max(s for s in steps if s < to), to
+    left, right = st.columns(2)
+    a = left.selectbox("From step", steps, index=0, key="why_from")
+    b = right.selectbox("To step", steps, index=len(steps) - 1, key="why_to")
+    return (a, b) if a != b else None
+
+
+def _why(trend: Trend) -> None:
+    """`iscore why` between two steps: the sentence, each factor's split, one factor's bins."""
+    pair = _pair(trend)
+    if pair is None:
+        st.info("Pick two different steps (a run of one step has nothing to split).")
+        return
+    metric = st.selectbox("Metric", SHIFT_METRICS, **session.persist("why_metric", "k3"))
+    a, b = pair
+    source = folder if folder is not None else ws.full
+    try:
+        result: Why = ws.cached(
+            ("why", folder, a, b, metric),
+            lambda: session.compute(
+                "Splitting the change…", partial(why, metric=metric), source, a, b
+            ),
+        )
+    except IscoreError as e:
+        render.show_error(e)
+        return
+    st.markdown(render.escape(result.sentence))
+    if not result.change:
+        return
+    render.plot(figures.why_figure(result))
+    titles = {s.title: s.factor for s in result.by}
+    best = result.best.title if result.best is not None else next(iter(titles))
+    factor = titles[
+        st.selectbox("Its bins, by", list(titles), index=list(titles).index(best), key="why_by")
+    ]
+    render.plot(figures.why_bins_figure(result, factor))
+    rows = pd.DataFrame(figures.why_rows(result, factor))
+    percent = st.column_config.NumberColumn(format="percent")
+    shares = [c for c in rows.columns if c.startswith("share at") or c in ("composition", "within")]
+    st.dataframe(rows, hide_index=True, column_config=dict.fromkeys(shares, percent))
+
+
 @st.fragment(run_every=session.options().interval if folder is not None else None)
 def trends() -> None:
     step = state.pop("trends_step", None)
@@ -118,6 +180,14 @@ def trends() -> None:
             f"for every {session.options().interval:g} s)."
         )
     _events(trend)
+    with st.expander("Why did it change?", icon=":material/troubleshoot:"):
+        st.caption(
+            "A token-mean metric's change between two steps, split for each factor into "
+            "composition (the token mix moved across the factor's bins: more low-probability "
+            "tokens, longer responses) and within (each bin's value moved: the arithmetic "
+            "drifted); the two add up to the change (`iscore why`, docs/why.md)."
+        )
+        _why(trend)
     smoothing = st.slider(
         "Smoothing (0: none)",
         min_value=0.0,

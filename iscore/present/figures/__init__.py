@@ -2,7 +2,8 @@
 report and the app, and the app's own (`pages`: lengths, one sequence's tokens, a threshold's
 read-outs), a run's per-step figures (`trends`: each diagnostic and each setting's statistics
 per step, smoothed, with the run's events), several runs on one figure (`runs`, and
-`trends.runs_trend_figures`), drawn with the shared `style`, `axes` and `binning`.
+`trends.runs_trend_figures`), a metric's change between two steps split by factor (`why`),
+drawn with the shared `style`, `axes` and `binning`.
 
 The engine never imports plotly: a figure here is the `{"data": [...], "layout": {...}}` dict
 that plotly.js renders (and `plotly.graph_objects.Figure` accepts). Every figure is built from
@@ -77,6 +78,7 @@ from iscore.present.figures.trends import (
     trend_figure,
     trend_figures,
 )
+from iscore.present.figures.why import why_bins_figure, why_figure, why_rows
 
 __all__ = [
     "DASHES",
@@ -123,5 +125,8 @@ __all__ = [
     "tune_figure",
     "vline",
     "weight_histogram",
+    "why_bins_figure",
+    "why_figure",
+    "why_rows",
     "widths",
 ]

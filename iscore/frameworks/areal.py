@@ -681,6 +681,14 @@ def _areal_mask(
     if m.statistic == "prob_diff":
         lost(notes, m, "AReaL has no band on the probability difference; dropped")
         return None
+    if m.statistic == "binary_kl":
+        lost(
+            notes,
+            m,
+            "AReaL's config validation refuses its own binary_kl metric (whose 1e-8 clamp "
+            "without a float32 upcast gives NaN where p rounds to 1); dropped",
+        )
+        return None
     level = ratio_level(m) if m.statistic == "ratio" else m.level
     aggs = {"sequence": "sum", "geometric": "mean", "max": "max", "any_token": "max"}
     if level == "geometric_unmasked":

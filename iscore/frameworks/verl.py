@@ -36,9 +36,9 @@ file is read with the YAML semantics of `verl/trainer/config/algorithm/rollout_c
 a missing key takes the YAML default (`rollout_is: null`, threshold 2.0, no RS, decoupled,
 `ppo_clip`), NOT the Python dataclass default (`RolloutCorrectionConfig().rollout_is` is
 "sequence"). The other keys of verl's `algorithm` section (gamma, adv_estimator, ...) are accepted
-and ignored. iscore's own top-level keys: `framework: verl`, `name:` and `preset:` (one of
-`PRESETS`, verl's `RolloutCorrectionConfig` classmethods with their default arguments); keys under
-`algorithm.rollout_correction` then override the preset's values.
+and ignored. iscore's own top-level keys: `framework: verl`, `name:`, `preset:` (one of
+`PRESETS`, verl's `RolloutCorrectionConfig` classmethods with their default arguments; keys under
+`algorithm.rollout_correction` then override the preset's values) and `version:` (below).
 
 Where verl's documentation (docs/corrections.md#verl) and its code differ, or the spec is silent,
 the code
@@ -63,6 +63,27 @@ is followed:
   so the replay uses the step there too.
 - `geo_mean` (GMPO) policy losses turn the token weights into a per-sequence geometric mean; this
   module replays the weights every other policy loss applies.
+
+Version `pr6800` (`"version": "pr6800"`; verl PR #6800, open, head b26dfa5c8 of 2026-06-21, read
+in `rollout_corr_helper.py` and `config/algorithm.py` there) adds one `rollout_rs` option,
+`binary_kl` (KPop), and changes nothing else:
+
+- a token-level option, AND-ed with the others and multiplying `response_mask` like them:
+  keep iff max(B(p||q), B(q||p)) <= phi, B the binary KL `ops.binary_kl` of p = e^{old} and
+  q = e^{rollout}, both upcast to float32 and clamped into [1e-6, 1 - 1e-6], from the RAW
+  log-probs (not the +-20-clamped d); in bypass mode `old` is the current policy, as for every
+  option (core_algos.py passes it as `old_log_prob`). A NaN statistic is rejected.
+- its threshold is one float > 0 (an "L_U" entry raises, as for every non-k1 option);
+- the preset `decoupled_token_kpop()` (phi = 2.0, no IS weight), iscore's
+  `decoupled_token_kpop_pr6800`;
+- metrics `rollout_corr/rollout_rs_binary_kl_{mean, max, min, std, fraction_high,
+  fraction_low (always 0), seq_mean, seq_std, seq_max, seq_min, seq_max_deviation,
+  seq_fraction_high, masked_fraction, seq_masked_fraction}`, the per-sequence ones of the
+  per-sequence mean statistic.
+
+Without the version `binary_kl` is refused, as verl's main refuses it. The PR's branch starts
+from 86e8123, before main's check that a k1 band has lower <= upper; the version keeps that
+check, since a version changes only what its pull request changes.
 """
 
 from __future__ import annotations
@@ -76,7 +97,7 @@ import torch
 
 from iscore.errors import ConfigError, DumpError, quote
 from iscore.frameworks import _batch, snippets
-from iscore.frameworks._config import as_float, check_number, top_level
+from iscore.frameworks._config import as_float, check_choice, check_number, top_level, version
 from iscore.frameworks.base import (
     Aggregation,
     BatchFields,
@@ -85,6 +106,7 @@ from iscore.frameworks.base import (
     HealthBand,
     Trap,
     Upstream,
+    Version,
 )
 from iscore.frameworks.canonical import (
     BIG,
@@ -126,6 +148,17 @@ RSOption = Literal[
 RS_OPTIONS: tuple[str, ...] = get_args(RSOption)
 """verl's `SUPPORTED_ROLLOUT_RS_OPTIONS`, in its documented order."""
 
+KPOP = "binary_kl"
+"""The `rollout_rs` option of version pr6800 (KPop): token level, one upper bound phi."""
+
+PR6800 = Version(
+    "pr6800",
+    6800,
+    "open",
+    Upstream("verl-project/verl", "b26dfa5c81b0527d3f189966d11a5afa4578c72d", "2026-06-21"),
+    "rollout_rs may hold binary_kl (KPop: keep a token iff its binary KL both ways <= phi)",
+)
+
 _KEY = "algorithm.rollout_correction"
 _IS_THRESHOLD_KEY = f"{_KEY}.rollout_is_threshold"
 _RS_KEY = f"{_KEY}.rollout_rs"
@@ -165,10 +198,10 @@ class RSCriterion:
 
     Args:
         option: the verl option, e.g. "seq_mean_k1" (aggregate `token`/`seq_sum`/`seq_mean`/
-            `seq_max`, estimator k1/k2/k3).
+            `seq_max`, estimator k1/k2/k3), or version pr6800's "binary_kl" (token level).
         upper: k1: the upper RATIO bound U as written in the config (compared as log U against
             the statistic -d, so it bounds the ratio from BELOW at 1/U); k2/k3: the upper bound
-            on the statistic.
+            on the statistic; binary_kl: phi.
         lower: k1 only: the lower ratio bound L (`"L_U"`, or 1/U for a single float), which
             bounds the ratio from ABOVE at 1/L; None for k2/k3.
 
@@ -176,15 +209,15 @@ class RSCriterion:
     (0.6666666666666666, 2.0)
     """
 
-    option: RSOption
+    option: RSOption | Literal["binary_kl"]
     upper: float
     lower: float | None = None
 
     def __post_init__(self) -> None:
-        if self.option not in RS_OPTIONS:
+        if self.option not in (*RS_OPTIONS, KPOP):
             raise ConfigError(
-                f"Expected `option` to be one of {', '.join(RS_OPTIONS)}, but got "
-                f"{quote(self.option)}"
+                f"Expected `option` to be one of {', '.join(RS_OPTIONS)} (or {KPOP}, of "
+                f"version {PR6800.name}), but got {quote(self.option)}"
             )
         object.__setattr__(self, "upper", _check_positive(self.upper, f"{self.option}.upper"))
         if self.estimator == "k1":
@@ -199,18 +232,23 @@ class RSCriterion:
             object.__setattr__(self, "lower", lower)
         elif self.lower is not None:
             raise ConfigError(
-                f"Expected `{self.option}.lower` to be None (k2/k3 take an upper bound only), "
-                f"but got {quote(self.lower)}"
+                f"Expected `{self.option}.lower` to be None (only k1 options take a lower "
+                f"bound), but got {quote(self.lower)}"
             )
 
     @property
     def aggregate(self) -> Literal["token", "seq_sum", "seq_mean", "seq_max"]:
         """How the per-token statistic is reduced: per token, or per-sequence sum/mean/max."""
+        if self.option == KPOP:
+            return "token"
         return self.option.rsplit("_", 1)[0]  # type: ignore[return-value]
 
     @property
-    def estimator(self) -> Literal["k1", "k2", "k3"]:
-        """The per-token statistic: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d."""
+    def estimator(self) -> Literal["k1", "k2", "k3", "binary_kl"]:
+        """The per-token statistic: k1 = -d, k2 = d^2/2, k3 = e^d - 1 - d, or binary_kl =
+        max(B(p||q), B(q||p)) on the probabilities."""
+        if self.option == KPOP:
+            return KPOP
         return self.option.rsplit("_", 1)[1]  # type: ignore[return-value]
 
     @property
@@ -227,12 +265,19 @@ class RSCriterion:
             return repr(self.upper)
         return f"{self.lower!r}_{self.upper!r}"
 
-    def keep(self, d: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
-        """bool [N], the tokens this criterion keeps, given the log-ratio d (float64 [N]).
+    def keep(self, d: torch.Tensor, batch: TokenBatch, numerator: str = "train") -> torch.Tensor:
+        """bool [N], the tokens this criterion keeps, given the log-ratio d (float64 [N]) of
+        `numerator`'s log-probs ("train" or "policy") over the rollout's.
 
         Sequence statistics run over the batch's loss mask, as verl's run over the original
         `response_mask`; they are compared with the bounds per sequence, then broadcast.
         """
+        if self.option == KPOP:
+            # PR #6800 upcasts the raw log-probs (not d) to float32; NaN is rejected, as
+            # torch.maximum propagates it and NaN <= phi is false.
+            old, rollout = getattr(batch, numerator).float(), batch.rollout.float()
+            stat = torch.maximum(ops.binary_kl(old, rollout), ops.binary_kl(rollout, old))
+            return ops.band(stat, upper=self.upper)
         bound = ops.SAFETY_BOUND
         # d~ = clamp(d, +-20): d itself (and its shared sequence sums) when nothing is outside.
         clamped = d if _within(d, bound) else d.clamp(-bound, bound)
@@ -279,8 +324,14 @@ _K1_RATIO = {"token": "each token's ratio rho", "seq_sum": "e^S", "seq_mean": "e
 
 
 def _comments(spec: VerlSpec) -> tuple[str, ...]:
-    """The sign trap, spelled out beside the numbers it concerns: a k1 threshold "L_U" keeps
-    the ratio in [1/U, 1/L], so a band of ratios is written as its reciprocals.
+    """The version a setting needs, and the sign trap spelled out beside the numbers it
+    concerns: a k1 threshold "L_U" keeps the ratio in [1/U, 1/L], so a band of ratios is
+    written as its reciprocals.
+
+    >>> kpop = PRESETS["decoupled_token_kpop_pr6800"]
+    >>> print(_comments(kpop)[0])  # doctest: +NORMALIZE_WHITESPACE
+    needs verl PR #6800 (open PR, head b26dfa5c): binary_kl is not in verl's main, which
+    refuses it
 
     >>> rs = (RSCriterion("seq_mean_k1", upper=1 / 0.96947, lower=1 / 1.0307),)
     >>> print(_comments(VerlSpec(rs=rs))[0])  # doctest: +NORMALIZE_WHITESPACE
@@ -288,6 +339,11 @@ def _comments(spec: VerlSpec) -> tuple[str, ...]:
     with log L and log U, so the threshold "L_U" is 1/1.0307_1/0.96947 (the reciprocals)
     """
     lines = []
+    if spec.version == PR6800.name:
+        lines.append(
+            f"needs verl PR #{PR6800.pr} ({PR6800.status}): {KPOP} is not in verl's main, "
+            "which refuses it"
+        )
     for criterion in spec.rs:
         kept = criterion.kept_ratio
         if kept is None or criterion.aggregate == "seq_max":
@@ -323,6 +379,7 @@ class VerlSpec:
         rs: the `rollout_rs` criteria, AND-combined, distinct options in config order.
         bypass: `bypass_mode`: ratios against the current policy instead of the recompute.
         loss_type: bypass mode's loss, "ppo_clip" (no IS weight) or "reinforce".
+        version: None (the pinned release) or "pr6800", which `rs` needs for `binary_kl`.
 
     >>> spec = VerlSpec(is_level="token", is_upper=5.0, is_lower=0.5)
     >>> spec.is_mode, spec.to_config()["algorithm"]["rollout_correction"]["rollout_is_threshold"]
@@ -339,10 +396,12 @@ class VerlSpec:
     rs: tuple[RSCriterion, ...] = ()
     bypass: bool = False
     loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
+    version: Literal["pr6800"] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise ConfigError(f"Expected `name` to be a string, but got {quote(self.name)}")
+        check_choice("version", self.version, (None, PR6800.name))
         if self.is_level not in (None, "token", "sequence"):
             raise ConfigError(
                 f"Expected `is_level` to be one of null, 'token', 'sequence', "
@@ -388,6 +447,8 @@ class VerlSpec:
         options = [c.option for c in rs]
         if len(set(options)) != len(options):
             raise ConfigError(f"Expected `rs` to name each option once, but got {options}")
+        if KPOP in options and self.version != PR6800.name:
+            raise _needs_version()
         object.__setattr__(self, "rs", rs)
 
     @property
@@ -423,9 +484,11 @@ class VerlSpec:
             "bypass_mode": self.bypass,
             "loss_type": self.loss_type,
         }
+        version = {} if self.version is None else {"version": self.version}
         return {
             "framework": NAME,
             "name": self.name,
+            **version,
             "algorithm": {"rollout_correction": correction},
         }
 
@@ -444,10 +507,11 @@ class VerlSpec:
                 "`algorithm.rollout_correction.bypass_mode: true` computes its ratios against the "
                 "current policy and needs the `policy_logprob` column, which the dump lacks"
             )
-        d = ops.log_ratio(batch, "policy" if self.bypass else "train")
+        numerator = "policy" if self.bypass else "train"
+        d = ops.log_ratio(batch, numerator)
         keep = batch.loss_mask  # Replay.build ANDs the criteria with it anyway
         for criterion in self.rs:
-            keep = keep & criterion.keep(d, batch)
+            keep = keep & criterion.keep(d, batch, numerator)
         if not self.applies_is_weight:
             return Replay.build(batch, torch.ones_like(d), keep, ops.exp(d))
         return self._weighted(batch, d, keep)
@@ -526,8 +590,19 @@ def _parse_is_threshold(value: Any) -> tuple[float | None, float]:
     return None, as_float(value, _IS_THRESHOLD_KEY, gt=0.0)
 
 
-def _parse_rs(options_value: Any, threshold_value: Any) -> tuple[RSCriterion, ...]:
-    """The criteria of `rollout_rs` and `rollout_rs_threshold`, with verl's validation."""
+def _needs_version() -> ConfigError:
+    return ConfigError(
+        f"`{_RS_KEY}` option {KPOP} needs version {PR6800.name} (verl PR #{PR6800.pr}, "
+        f"{PR6800.status}; verl's main refuses the option): add `version: {PR6800.name}` to "
+        "the config"
+    )
+
+
+def _parse_rs(
+    options_value: Any, threshold_value: Any, version: str | None
+) -> tuple[RSCriterion, ...]:
+    """The criteria of `rollout_rs` and `rollout_rs_threshold`, with verl's validation (at
+    PR #6800's head for version pr6800)."""
     if not isinstance(options_value, str):
         raise ConfigError(
             f"Expected `{_RS_KEY}` to be a comma-separated string of options (verl rejects "
@@ -537,7 +612,9 @@ def _parse_rs(options_value: Any, threshold_value: Any) -> tuple[RSCriterion, ..
     for option in (part.strip() for part in options_value.split(",")):
         if not option:
             continue
-        if option not in RS_OPTIONS:
+        if option == KPOP and version != PR6800.name:
+            raise _needs_version()
+        if option not in (*RS_OPTIONS, KPOP):
             raise ConfigError(
                 f"Expected `{_RS_KEY}` options to be among {', '.join(RS_OPTIONS)}, "
                 f"but got {quote(option)}"
@@ -600,10 +677,11 @@ def _parse_rs_entry(option: str, entry: str) -> RSCriterion:
 
 
 def parse(config: Mapping[str, Any]) -> VerlSpec:
-    """Parse a verl config (plus `framework: verl`, optional `name:` and `preset:`).
+    """Parse a verl config (plus `framework: verl`, optional `name:`, `preset:` and
+    `version:`).
 
     Missing keys take the YAML defaults of verl's `rollout_correction.yaml` (or, with
-    `preset:`, the preset's values).
+    `preset:`, the preset's values and version).
 
     >>> rc = {"rollout_is": "token", "rollout_rs": "seq_mean_k1"}
     >>> rc["rollout_rs_threshold"] = "0.999_1.001"
@@ -620,14 +698,18 @@ def parse(config: Mapping[str, Any]) -> VerlSpec:
     top, name = top_level(config, NAME)
     preset = top.raw("preset", None)
     defaults = _YAML_DEFAULTS
+    preset_version = None
     if preset is not None:
         if not isinstance(preset, str) or preset not in PRESETS:
             raise ConfigError(
                 f"Expected `preset` to be one of {', '.join(PRESETS)}, but got {quote(preset)}"
             )
         defaults = PRESETS[preset].to_config()["algorithm"]["rollout_correction"]
+        preset_version = PRESETS[preset].version
         if config.get("name") is None:
             name = preset
+    # A versioned preset brings its version unless the config names one.
+    chosen = version(top, (PR6800.name,)) if "version" in config else preset_version
     algorithm = top.section("algorithm")
     correction = algorithm.section("rollout_correction")
     algorithm.done(ignore=_ALGORITHM_SIBLINGS)
@@ -651,7 +733,7 @@ def parse(config: Mapping[str, Any]) -> VerlSpec:
         # verl computes no IS weight unless both `rollout_is` and its threshold are set, and
         # then never reads the threshold or the batch-normalize flag.
         is_level, batch_normalize = None, False
-    rs = () if rs_options is None else _parse_rs(rs_options, rs_threshold)
+    rs = () if rs_options is None else _parse_rs(rs_options, rs_threshold, chosen)
     return VerlSpec(
         name=name,
         is_level=is_level,
@@ -661,6 +743,7 @@ def parse(config: Mapping[str, Any]) -> VerlSpec:
         rs=rs,
         bypass=bypass,
         loss_type=loss_type,
+        version=chosen,
     )
 
 
@@ -708,12 +791,18 @@ def _presets() -> dict[str, VerlSpec]:
         "bypass_pg_geo_rs_seq_tis": {**seq_tis, **reinforce, "rs": geo},
         "bypass_pg_geo_rs_token_tis": {**token_tis, **reinforce, "rs": geo},
         "disabled": {},
+        # PR #6800's classmethod: rollout_is None, so the rejection alone.
+        "decoupled_token_kpop_pr6800": {
+            "rs": (RSCriterion(KPOP, upper=2.0),),
+            "version": PR6800.name,
+        },
     }
     return {name: VerlSpec(name=name, **fields) for name, fields in table.items()}
 
 
 PRESETS: dict[str, VerlSpec] = _presets()
-"""verl's named presets (`RolloutCorrectionConfig.<name>()`), selectable with `preset: <name>`."""
+"""verl's named presets (`RolloutCorrectionConfig.<name>()`), selectable with `preset: <name>`;
+`decoupled_token_kpop_pr6800` is version pr6800's (the PR's `decoupled_token_kpop()`)."""
 
 
 # ------------------------------------------------------------------ older config generations
@@ -856,6 +945,9 @@ def to_generation(spec: VerlSpec, generation: str = "current") -> GenerationConf
             )
             exact = False
 
+    if gen.name != "gen3":
+        # Its binary_kl was dropped above: what is left is the pinned release's.
+        spec = replace(spec, version=None)
     name = {"framework": NAME, "name": spec.name}
     if gen.name == "gen0":
         cap = spec.is_upper if spec.is_level is not None else -1
@@ -976,7 +1068,18 @@ def to_canonical(spec: VerlSpec) -> Canonical:
     }
     for criterion in spec.rs:
         level = levels[criterion.aggregate]
-        if criterion.estimator == "k1":
+        if criterion.estimator == KPOP:
+            components.append(
+                mask_component(
+                    level,
+                    None,
+                    criterion.upper,
+                    statistic=KPOP,
+                    numerator=numerator,
+                    numerics="float32",
+                )
+            )
+        elif criterion.estimator == "k1":
             # The statistic is -d: log L <= -d <= log U keeps d in [-log U, -log L].
             lower, upper = -math.log(criterion.upper), -math.log(criterion.lower)
             components.append(
@@ -1077,7 +1180,16 @@ def from_canonical(c: Canonical, name: str) -> list[Translation]:
             continue
         rs.append(criterion)
     note_extras(notes, c, "verl", normalize=True)
-    spec = VerlSpec(name=name, rs=tuple(rs), bypass=bypass, loss_type=loss_type, **fields)
+    version = None
+    if any(x.option == KPOP for x in rs):
+        version = PR6800.name
+        notes.append(
+            f"{KPOP} is verl PR #{PR6800.pr}'s ({PR6800.status}), not in verl's main, which "
+            f"refuses it: written for `version: {PR6800.name}`"
+        )
+    spec = VerlSpec(
+        name=name, rs=tuple(rs), bypass=bypass, loss_type=loss_type, version=version, **fields
+    )
     return [(spec, tuple(notes))]
 
 
@@ -1095,6 +1207,8 @@ def _verl_criterion(m: Component, notes: list[str]) -> RSCriterion | None:
         lost(notes, m, "verl's sequence mean runs over loss tokens only")
     if m.strict:
         lost(notes, m, "verl's bounds are inclusive")
+    if m.statistic == KPOP:
+        return _kpop_criterion(m, notes)
     if m.statistic in ("k2", "k3") and m.level != "any_token":
         if m.lower is not None:
             lost(notes, m, "verl bounds k2/k3 from above only; the lower bound is dropped")
@@ -1123,6 +1237,20 @@ def _verl_criterion(m: Component, notes: list[str]) -> RSCriterion | None:
     upper_k1 = math.exp(-log_lower) if log_lower is not None else BIG
     lower_k1 = math.exp(-log_upper) if log_upper is not None else 1.0 / BIG
     return RSCriterion(f"{aggregate}_k1", upper=upper_k1, lower=lower_k1)
+
+
+def _kpop_criterion(m: Component, notes: list[str]) -> RSCriterion | None:
+    """Version pr6800's binary_kl, token level with one bound phi > 0."""
+    if m.lower is not None:
+        lost(notes, m, "verl's binary_kl bounds the statistic from above only")
+    if m.upper is None:
+        lost(notes, m, "verl's binary_kl takes an upper bound; dropped")
+        return None
+    upper = m.upper
+    if not upper > 0:
+        lost(notes, m, f"verl's binary_kl threshold must be > 0; written as {TINY:g}")
+        upper = TINY
+    return RSCriterion(KPOP, upper=upper)
 
 
 # ------------------------------------------------------------------ dump adapter
@@ -1247,6 +1375,7 @@ FRAMEWORK = Framework(
     parse=parse,
     presets=lambda: PRESETS,
     default="decoupled_token_is",
+    versions=(PR6800,),
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=snippets.nested,

@@ -103,6 +103,21 @@ def sequences(batch: TokenBatch):
         )
 
 
+def binary_kl(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
+    """KPop's B(P || Q) = p log(p / q) + (1 - p) log((1 - p) / (1 - q)) in float64, from the
+    probabilities as verl #6800 and prime-rl #3283 clamp them: e^l of the float32 log-prob in
+    float32, clamped into [1e-6, 1 - 1e-6] in float32 (so a log-prob near 0, whose e^l rounds
+    to 1, gives p = float32(1 - 1e-6) = 1 - 1.013e-6). Both frameworks compute B itself in
+    float32, whose rounding (here up to ~5e-5, 1e-6 at the 99th percentile, and negative for
+    nearly equal p and q) can carry a token across phi: the tests' thresholds (>= 1e-3) are
+    ones these batches never bring within it."""
+    eps, top = np.float32(1e-6), np.float32(1.0 - 1e-6)
+    p, q = (
+        np.clip(np.exp(x.astype(np.float32)), eps, top).astype(np.float64) for x in (log_p, log_q)
+    )
+    return p * np.log(p / q) + (1.0 - p) * np.log((1.0 - p) / (1.0 - q))
+
+
 SEEDS = (0, 1, 2)
 """The seeds of `random_batch_of`: sigma 0.02, 0.1 and 0.4."""
 

@@ -11,11 +11,12 @@ import torch
 
 import iscore
 from iscore import frameworks
+from iscore.advice.conversion import snippet, to_file_text
 from iscore.errors import ConfigError
 from iscore.frameworks import verl
 from iscore.frameworks.verl import PRESETS, RSCriterion, VerlSpec, parse
 from iscore.packed.batch import TokenBatch
-from tests.unit.frameworks.conftest import edge_batch, make_batch, sequences
+from tests.unit.frameworks.conftest import binary_kl, edge_batch, make_batch, sequences
 
 # ---------------------------------------------------------------------------------------------
 # Reference: verl's rollout_corr_helper written from the formulas, one sequence at a time.
@@ -53,9 +54,13 @@ def reference(
     ds = [(p if bypass else t) - r for r, t, p, _ in seqs]
     masks = [m for *_, m in seqs]
     keeps = []
-    for d, m in zip(ds, masks, strict=True):
+    for (r, t, p, m), d in zip(seqs, ds, strict=True):
         keep = m.copy()
         for option, lo, hi in rs:
+            if option == "binary_kl":  # PR #6800: the raw log-probs, not d
+                old = p if bypass else t
+                keep &= np.maximum(binary_kl(old, r), binary_kl(r, old)) <= hi
+                continue
             stat = _rs_stat(option, d, m)
             if option.endswith("k1"):
                 keep &= (stat >= math.log(lo)) & (stat <= math.log(hi))
@@ -277,7 +282,10 @@ VERL_PRESETS = {
 
 
 def test_preset_names_match_verl():
-    assert set(PRESETS) == set(VERL_PRESETS)
+    pinned = {name for name, spec in PRESETS.items() if spec.version is None}
+    assert pinned == set(VERL_PRESETS)
+    # PR #6800's classmethod, `decoupled_token_kpop(phi=2.0)`, named for its version.
+    assert {name for name in PRESETS if name not in pinned} == {"decoupled_token_kpop_pr6800"}
 
 
 @pytest.mark.parametrize("name", list(VERL_PRESETS))
@@ -690,6 +698,29 @@ EXTRA_SPECS = {
         _normalized, ["decoupled_seq_is_rs", "decoupled_k3_rs_token_tis", "bypass_pg_is"]
     )
 }
+# Version pr6800's binary_kl where it bites, beside other options and an IS weight, and in
+# bypass mode (the current policy's log-probs as p).
+EXTRA_SPECS |= {
+    spec.name: spec
+    for spec in (
+        VerlSpec(
+            name="kpop_tight_token_is",
+            is_level="token",
+            is_upper=2.0,
+            rs=(RSCriterion("binary_kl", upper=0.01), RSCriterion("seq_max_k2", upper=0.5)),
+            version="pr6800",
+        ),
+        VerlSpec(
+            name="kpop_bypass_reinforce",
+            is_level="sequence",
+            is_upper=2.0,
+            rs=(RSCriterion("binary_kl", upper=0.001),),
+            bypass=True,
+            loss_type="reinforce",
+            version="pr6800",
+        ),
+    )
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -708,3 +739,223 @@ def test_replay_dispatch(random_batch):
     check(result, expected)
     assert frameworks.get("verl") is verl.FRAMEWORK
     assert verl.FRAMEWORK.name == VerlSpec.framework == "verl"
+
+
+# ---------------------------------------------------------------------------------------------
+# Version pr6800 (verl PR #6800 at b26dfa5c): rollout_rs binary_kl, KPop.
+
+
+def kpop_cfg(**rc) -> dict:
+    return {**cfg(**rc), "version": "pr6800"}
+
+
+@pytest.mark.parametrize("phi", [1e-3, 0.01, 0.1, 2.0])
+@pytest.mark.parametrize(
+    ("others", "level", "bypass", "loss_type"),
+    [
+        ((), None, False, "ppo_clip"),
+        ((("token_k1", 0.8, 1.25),), "token", False, "ppo_clip"),
+        ((("seq_mean_k3", None, 0.01),), "sequence", True, "reinforce"),
+        ((), None, True, "ppo_clip"),
+    ],
+)
+def test_binary_kl_matches_the_reference(batch, phi, others, level, bypass, loss_type):
+    rs = ",".join(["binary_kl", *(o for o, *_ in others)])
+    entries = [repr(phi), *(f"{lo!r}_{hi!r}" if lo else repr(hi) for _, lo, hi in others)]
+    config = kpop_cfg(
+        rollout_is=level,
+        rollout_rs=rs,
+        rollout_rs_threshold=",".join(entries),
+        bypass_mode=bypass,
+        loss_type=loss_type,
+    )
+    spec = parse(config)
+    expected = reference(
+        batch,
+        level=level,
+        upper=2.0,
+        rs=(("binary_kl", None, phi), *others),
+        bypass=bypass,
+        loss_type=loss_type,
+    )
+    check(spec.replay(batch), expected)
+
+
+def test_binary_kl_bites_on_fresh_data(random_batch):
+    """Some tokens go, some stay, and it is symmetric: the larger of the two directions."""
+    spec = VerlSpec(rs=(RSCriterion("binary_kl", upper=0.001),), version="pr6800")
+    keep = spec.replay(random_batch).keep
+    mask = random_batch.loss_mask
+    assert 0 < int((mask & ~keep).sum()) < int(mask.sum())
+    swapped = dataclasses.replace(
+        random_batch, rollout=random_batch.train, train=random_batch.rollout
+    )
+    assert torch.equal(spec.replay(swapped).keep, keep)
+
+
+def _tokens(rollout: list[float], old: list[float]) -> TokenBatch:
+    """One-token sequences with these float32 log-probs."""
+    n = len(rollout)
+    old_t = torch.tensor(old, dtype=torch.float32)
+    return TokenBatch(
+        rollout=torch.tensor(rollout, dtype=torch.float32),
+        train=old_t,
+        policy=old_t.clone(),
+        cu_seqlens=torch.arange(n + 1, dtype=torch.int64),
+    )
+
+
+def _stat32(old: torch.Tensor, rollout: torch.Tensor) -> torch.Tensor:
+    """PR #6800's statistic as it computes it, in torch float32 (for bounds hit exactly)."""
+
+    def b(lp, lq):
+        p = torch.exp(lp.float()).clamp(1e-6, 1 - 1e-6)
+        q = torch.exp(lq.float()).clamp(1e-6, 1 - 1e-6)
+        return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))
+
+    return torch.maximum(b(old, rollout), b(rollout, old))
+
+
+def test_binary_kl_threshold_hit_exactly_keeps_the_token():
+    batch = _tokens([-1.0, -0.05, -3.0], [-0.3, -0.6, -2.2])
+    stat = _stat32(batch.train, batch.rollout)
+    for i, value in enumerate(stat.tolist()):
+        at = VerlSpec(rs=(RSCriterion("binary_kl", upper=value),), version="pr6800")
+        assert bool(at.replay(batch).keep[i]), "keep iff stat <= phi: inclusive"
+        below = float(np.nextafter(np.float32(value), np.float32(0.0)))
+        under = VerlSpec(rs=(RSCriterion("binary_kl", upper=below),), version="pr6800")
+        assert not bool(under.replay(batch).keep[i])
+
+
+def test_binary_kl_clamps_probabilities_that_round_to_one_and_zero():
+    """Log-probs near 0 give p = 1 in float32, clamped to 1 - 1e-6 (the PR's eps); -inf and
+    -100 give 0, clamped to 1e-6. The statistic stays finite: no NaN drops a token."""
+    batch = _tokens([-1e-9, 0.0, -100.0, -1e-9, float("-inf")], [-0.5, -1e-9, -1e-9, 0.0, -2.0])
+    stat = _stat32(batch.train, batch.rollout)
+    assert bool(torch.isfinite(stat).all())
+    r, t = batch.rollout.double().numpy(), batch.train.double().numpy()
+    expected = np.maximum(binary_kl(t, r), binary_kl(r, t))
+    np.testing.assert_allclose(stat.double().numpy(), expected, rtol=1e-5)
+    assert stat[3] == 0.0, "both round to 1: the same clamped probability"
+    # e^-100 and e^-inf both clamp to 1e-6: ~13.8 = log((1 - 1e-6) / 1e-6), the statistic's
+    # largest value, which any phi above it never reaches.
+    assert 13.8 < float(stat[2]) < 13.82
+    keep = VerlSpec(rs=(RSCriterion("binary_kl", upper=13.82),), version="pr6800").replay(batch)
+    assert bool(keep.keep.all())
+
+
+def test_binary_kl_uses_the_raw_log_probs_not_the_clamped_ratio():
+    """d = +30 and +40 clamp to the same +-20 for k1..k3; binary_kl sees the log-probs: q =
+    e^-31 and e^-41 both clamp to 1e-6, but p = e^-1 and e^-1.5 differ."""
+    batch = _tokens([-31.0, -41.5], [-1.0, -1.5])
+    stat = _stat32(batch.train, batch.rollout)
+    assert float(stat[0]) != float(stat[1])
+    phi = float((stat[0] + stat[1]) / 2)
+    spec = VerlSpec(rs=(RSCriterion("binary_kl", upper=phi),), version="pr6800")
+    assert spec.replay(batch).keep.tolist() == [bool(stat[0] <= phi), bool(stat[1] <= phi)]
+
+
+def test_binary_kl_on_the_edge_cases():
+    edges = edge_batch()
+    spec = VerlSpec(rs=(RSCriterion("binary_kl", upper=0.05),), version="pr6800")
+    result = spec.replay(edges)
+    check(result, reference(edges, rs=(("binary_kl", None, 0.05),)))
+    assert not result.keep[3:7].any(), "a fully masked sequence stays out"
+    assert result.keep[0], "one token, d = 0: B = 0"
+    assert not result.keep[1] and not result.keep[2], "one token, d = +-30"
+
+
+def test_the_pr6800_preset_is_the_pr_s_classmethod():
+    # RolloutCorrectionConfig.decoupled_token_kpop(phi=2.0): rollout_is None, binary_kl at 2.0.
+    spec = PRESETS["decoupled_token_kpop_pr6800"]
+    rc = {"rollout_is": None, "rollout_rs": "binary_kl", "rollout_rs_threshold": 2.0}
+    assert parse({**kpop_cfg(**rc), "name": "decoupled_token_kpop_pr6800"}) == spec
+    assert spec == VerlSpec(
+        name="decoupled_token_kpop_pr6800", rs=(RSCriterion("binary_kl", 2.0),), version="pr6800"
+    )
+    # A versioned preset brings its version; an explicit null takes it away.
+    assert parse({"framework": "verl", "preset": "decoupled_token_kpop_pr6800"}) == spec
+    with pytest.raises(ConfigError, match="binary_kl needs version pr6800"):
+        parse({"framework": "verl", "preset": "decoupled_token_kpop_pr6800", "version": None})
+    config = spec.to_config()
+    assert config["version"] == "pr6800" and parse(config) == spec
+    assert "version" not in PRESETS["decoupled_geo_rs"].to_config()
+
+
+@pytest.mark.parametrize(
+    ("config", "match"),
+    [
+        (cfg(rollout_rs="binary_kl", rollout_rs_threshold=2.0), "binary_kl needs version pr6800"),
+        (
+            cfg(rollout_rs="token_k3,binary_kl", rollout_rs_threshold="0.1,2.0"),
+            "binary_kl needs version pr6800",
+        ),
+        (kpop_cfg(rollout_rs="binary_kl", rollout_rs_threshold="0.5_2.0"), "single upper bound"),
+        (
+            kpop_cfg(rollout_rs="token_k1,binary_kl", rollout_rs_threshold="0.5_2.0"),
+            "single upper bound",
+        ),
+        (kpop_cfg(rollout_rs="binary_kl", rollout_rs_threshold=0), "float > 0"),
+        (kpop_cfg(rollout_rs="binary_kl", rollout_rs_threshold=-1.0), "float > 0"),
+        (kpop_cfg(rollout_rs="binary_kl"), "rollout_rs_threshold"),
+        ({**kpop_cfg(), "version": "pr6377"}, "`version`.*pr6800.*'pr6377'"),
+        ({**kpop_cfg(), "version": 6800}, "`version`"),
+    ],
+)
+def test_binary_kl_configs_refused(config, match):
+    with pytest.raises(ConfigError, match=match):
+        parse(config)
+
+
+def test_binary_kl_spec_needs_the_version():
+    with pytest.raises(ConfigError, match="binary_kl needs version pr6800"):
+        VerlSpec(rs=(RSCriterion("binary_kl", upper=2.0),))
+    with pytest.raises(ConfigError, match="`version`"):
+        VerlSpec(version="pr1")
+    with pytest.raises(ConfigError, match=r"`binary_kl\.lower`"):
+        RSCriterion("binary_kl", upper=2.0, lower=0.5)
+    # The version alone changes nothing: a pinned setting under it replays the same.
+    batch = make_batch([3, 5, 1], sigma=0.2)
+    pinned = PRESETS["decoupled_geo_rs_token_tis"]
+    versioned = dataclasses.replace(pinned, version="pr6800")
+    assert parse(versioned.to_config()) == versioned
+    a, b = pinned.replay(batch), versioned.replay(batch)
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.keep, b.keep)
+
+
+def test_binary_kl_and_k1_thresholds_per_option():
+    spec = parse(kpop_cfg(rollout_rs="token_k1,binary_kl", rollout_rs_threshold="0.5_2.0,0.1"))
+    assert spec.rs == (RSCriterion("token_k1", 2.0, 0.5), RSCriterion("binary_kl", 0.1))
+    shared = parse(kpop_cfg(rollout_rs="token_k3,binary_kl", rollout_rs_threshold=0.1))
+    assert [c.upper for c in shared.rs] == [0.1, 0.1]
+
+
+def test_binary_kl_canonical_form_and_older_generations():
+    spec = PRESETS["decoupled_token_kpop_pr6800"]
+    (mask,) = verl.to_canonical(spec).components
+    assert (mask.method, mask.statistic, mask.level, mask.upper) == (
+        "binary-kl-mask",
+        "binary_kl",
+        "token",
+        2.0,
+    )
+    assert (mask.numerator, mask.numerics, mask.strict) == ("train", "float32", False)
+    back, notes = verl.FRAMEWORK.closest(verl.to_canonical(spec), "back")
+    assert back.version == "pr6800" and back.rs == spec.rs
+    assert any("PR #6800" in note for note in notes)
+    older = verl.to_generation(spec, "gen2")
+    assert older.spec.rs == () and older.spec.version is None
+    assert any("binary_kl" in note for note in older.notes)
+    assert verl.to_generation(spec, "current").config == spec.to_config()
+
+
+def test_binary_kl_snippet_names_the_pr_and_keeps_the_version_out_of_verl_s_keys():
+    text = snippet(PRESETS["decoupled_token_kpop_pr6800"])
+    assert text.startswith("# needs verl PR #6800 (open PR, head b26dfa5c)")
+    assert "version" not in text.split("\n", 1)[1]
+    assert "rollout_rs: binary_kl" in text
+    header = to_file_text(PRESETS["decoupled_token_kpop_pr6800"]).splitlines()[0]
+    assert "verl-project/verl@b26dfa5c (2026-06-21), open PR #6800" in header
+    assert verl.FRAMEWORK.upstream_of(PRESETS["decoupled_geo_rs"]).startswith(
+        "verl-project/verl@1dda039b"
+    )

@@ -51,6 +51,15 @@ has no such clamp and no such key, and the DPPO mask of step 2 does not appear i
 formula. The defaults moved after this commit (#3418: IPO the default, `ipo_threshold` renamed
 `eps`; #3586: eps 0.3 and kl_tau 0), which `prime_rl_ipo_eps03` writes in this commit's keys.
 
+Version `pr3283` (`"version": "pr3283"`; PR #3283, open, head 489621ac of 2026-08-16, whose
+`loss.py` is this commit's but for the addition) adds `type = "kpop"` (`KPopLossConfig`:
+`kpop_threshold` 0.1, `adv_tau`, `kl_tau`, each a float >= 0) and changes nothing else: with
+p = e^l_theta and q = e^l_r, in the log-probs' float32 and each clamped into [1e-6, 1 - 1e-6],
+a token is dropped iff B(p||q) > `kpop_threshold` or B(q||p) > it (strict: B = phi stays), B
+the binary KL `ops.binary_kl`; the policy-gradient and KL terms are IPO's. Its metrics:
+`masked_mismatch_kl`, `unmasked_mismatch_kl`, `is_masked`. Without the version, `type: kpop`
+is refused.
+
 >>> import torch, pyarrow as pa
 >>> from iscore.packed.batch import TokenBatch
 >>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0]), train=torch.tensor([-0.2, -1.0]),
@@ -72,7 +81,7 @@ import torch
 
 from iscore.errors import ConfigError, quote
 from iscore.frameworks import snippets
-from iscore.frameworks._config import check_choice, check_number, top_level
+from iscore.frameworks._config import check_choice, check_number, top_level, version
 from iscore.frameworks.base import (
     Aggregation,
     Citation,
@@ -82,6 +91,7 @@ from iscore.frameworks.base import (
     ReferencePoint,
     Trap,
     Upstream,
+    Version,
 )
 from iscore.frameworks.canonical import (
     Canonical,
@@ -99,17 +109,29 @@ from iscore.packed import TokenBatch, ops
 
 NAME = "prime_rl"
 
-LossType = Literal["default", "ipo"]
+LossType = Literal["default", "ipo", "kpop"]
 
-_TYPES = ("default", "ipo", "custom")
+PR3283 = Version(
+    "pr3283",
+    3283,
+    "open",
+    Upstream(
+        "PrimeIntellect-ai/prime-rl", "489621ac422b13124533e35b7d4fb1d4d973c47d", "2026-08-16"
+    ),
+    "loss.type may be kpop (KPop: drop a token whose binary KL either way > kpop_threshold)",
+)
+
+_TYPES = ("default", "ipo", "kpop", "custom")
 _KEYS = {
     "default": ("dppo_mask_low", "dppo_mask_high", "adv_tau", "kl_tau"),
     "ipo": ("ipo_threshold", "adv_tau", "kl_tau"),
+    "kpop": ("kpop_threshold", "adv_tau", "kl_tau"),
 }
 _DEFAULTS = {
     "dppo_mask_low": 0.2,
     "dppo_mask_high": 0.2,
     "ipo_threshold": 0.1,
+    "kpop_threshold": 0.1,
     "adv_tau": 1.0,
     "kl_tau": 1e-3,
 }
@@ -122,13 +144,16 @@ class PrimeRLLoss:
     """prime-rl's rl loss, as `[trainer.loss]` sets it.
 
     Args:
-        type: `type`: "default" (DPPO + KL) or "ipo".
+        type: `type`: "default" (DPPO + KL), "ipo", or "kpop" (version pr3283).
         dppo_mask_low: `dppo_mask_low` (default type): A <= 0 tokens with dp below -it drop.
         dppo_mask_high: `dppo_mask_high` (default type): A > 0 tokens with dp above it drop.
         ipo_threshold: `ipo_threshold` (ipo type): tokens with |dp| above it drop.
+        kpop_threshold: `kpop_threshold` (kpop type): tokens whose binary KL either way is
+            above it drop.
         adv_tau: `adv_tau`, the factor on the policy-gradient term.
         kl_tau: `kl_tau`, the factor on the squared-log-ratio KL term.
         name: display name.
+        version: None (the pinned release) or "pr3283", which the kpop type needs.
     """
 
     framework: ClassVar[str] = NAME
@@ -136,12 +161,17 @@ class PrimeRLLoss:
     dppo_mask_low: float = 0.2
     dppo_mask_high: float = 0.2
     ipo_threshold: float = 0.1
+    kpop_threshold: float = 0.1
     adv_tau: float = 1.0
     kl_tau: float = 1e-3
     name: str = NAME
+    version: Literal["pr3283"] | None = None
 
     def __post_init__(self) -> None:
-        check_choice("loss.type", self.type, ("default", "ipo"))
+        check_choice("version", self.version, (None, PR3283.name))
+        check_choice("loss.type", self.type, ("default", "ipo", "kpop"))
+        if self.type == "kpop" and self.version != PR3283.name:
+            raise _needs_version()
         for key, default in _DEFAULTS.items():
             value = getattr(self, key)
             check_number(f"loss.{key}", value, ge=0.0)
@@ -164,12 +194,17 @@ class PrimeRLLoss:
         {'type': 'ipo', 'ipo_threshold': 0.3, 'adv_tau': 1.0, 'kl_tau': 0.0}
         """
         loss = {"type": self.type} | {key: getattr(self, key) for key in _KEYS[self.type]}
-        return {"framework": NAME, "name": self.name, "loss": loss}
+        version = {} if self.version is None else {"version": self.version}
+        return {"framework": NAME, "name": self.name, **version, "loss": loss}
 
     def dropped(self, batch: TokenBatch) -> torch.Tensor:
         """bool [N]: the tokens the trust region drops from the policy-gradient term (over
         every token; the loss mask is applied by `replay`)."""
         theta, rollout = _policy(batch), batch.rollout
+        if self.type == "kpop":
+            threshold = self.kpop_threshold
+            forward, reverse = ops.binary_kl(theta, rollout), ops.binary_kl(rollout, theta)
+            return (forward > threshold) | (reverse > threshold)
         dp = torch.exp(theta) - torch.exp(rollout)  # float32, as prime-rl's
         if self.type == "ipo":
             return dp.abs() > self.ipo_threshold
@@ -185,6 +220,14 @@ class PrimeRLLoss:
         rho = torch.exp(_policy(batch) - batch.rollout)  # float32; no clamp
         weight = torch.where(self.dropped(batch), rho.new_zeros(()), rho * self.adv_tau)
         return Replay.build(batch, weight, batch.loss_mask, rho)
+
+
+def _needs_version() -> ConfigError:
+    return ConfigError(
+        f"`loss.type: kpop` needs version {PR3283.name} (prime-rl PR #{PR3283.pr}, "
+        f"{PR3283.status}; prime-rl's main has no such type): add `version: {PR3283.name}` to "
+        "the config"
+    )
 
 
 def _policy(batch: TokenBatch) -> torch.Tensor:
@@ -212,24 +255,27 @@ def parse(config: Mapping[str, Any]) -> PrimeRLLoss:
 
     Raises:
         ConfigError: an unknown key (one of the other type's included), a value below 0,
-            or `type: custom`.
+            `type: custom`, or `type: kpop` without `version: pr3283`.
 
     >>> spec = parse({"framework": "prime_rl", "loss": {"type": "ipo", "ipo_threshold": 0.2}})
     >>> spec.type, spec.ipo_threshold, spec.kl_tau
     ('ipo', 0.2, 0.001)
     """
     top, name = top_level(config, NAME)
+    chosen = version(top, (PR3283.name,))
     s = top.section("loss")
     top.done()
     kind = s.choice("type", "default", _TYPES)
     if kind == "custom":
         raise ConfigError(
             f"`{s.key('type')}: custom` runs the loss function at `import_path`, which iscore "
-            "cannot replay; expected 'default' or 'ipo'"
+            "cannot replay; expected 'default', 'ipo' or (version pr3283) 'kpop'"
         )
+    if kind == "kpop" and chosen is None:
+        raise _needs_version()
     values = {key: s.float(key, _DEFAULTS[key], ge=0.0) for key in _KEYS[kind]}
     s.done()
-    return PrimeRLLoss(type=kind, name=name, **values)
+    return PrimeRLLoss(type=kind, name=name, version=chosen, **values)
 
 
 PRESETS: dict[str, PrimeRLLoss] = {
@@ -240,8 +286,12 @@ PRESETS: dict[str, PrimeRLLoss] = {
     "prime_rl_ipo_eps03": PrimeRLLoss(
         type="ipo", ipo_threshold=0.3, kl_tau=0.0, name="prime_rl_ipo_eps03"
     ),
+    "prime_rl_kpop_pr3283": PrimeRLLoss(
+        type="kpop", name="prime_rl_kpop_pr3283", version=PR3283.name
+    ),
 }
-"""prime-rl's default at 559b4477 (DPPO + KL), its IPO loss there, and IPO as #3586 set it."""
+"""prime-rl's default at 559b4477 (DPPO + KL), its IPO loss there, IPO as #3586 set it, and
+version pr3283's KPop loss with its defaults."""
 
 
 # ------------------------------------------------------------------ canonical form
@@ -249,6 +299,17 @@ PRESETS: dict[str, PrimeRLLoss] = {
 
 def to_canonical(spec: PrimeRLLoss) -> Canonical:
     weight = weight_component("token", numerator="train")
+    if spec.type == "kpop":
+        # Dropped iff either binary KL > phi: kept iff both <= phi, an inclusive band.
+        kpop = mask_component(
+            "token",
+            None,
+            spec.kpop_threshold,
+            statistic="binary_kl",
+            numerator="train",
+            numerics="float32",
+        )
+        return Canonical((weight, kpop), anchor="none")
     if spec.type == "ipo":
         low, high = -spec.ipo_threshold, spec.ipo_threshold
         by_advantage = False
@@ -283,22 +344,47 @@ def from_canonical(c: Canonical, name: str) -> list[Translation]:
             lost(notes, w, "prime-rl's ratio is neither truncated nor zeroed")
     fields: dict[str, Any] = {"type": "ipo", "ipo_threshold": _NO_TRUST_REGION}
     for m in c.masks:
-        if fields["ipo_threshold"] != _NO_TRUST_REGION or "dppo_mask_low" in fields:
+        taken = fields["type"] != "ipo" or fields["ipo_threshold"] != _NO_TRUST_REGION
+        if taken:
             lost(notes, m, "prime-rl has one trust region; dropped")
         elif _trust_region(m):
             fields = _trust_region_fields(m, notes)
+        elif m.statistic == "binary_kl" and m.upper is not None:
+            fields = _kpop_fields(m, notes)
         else:
-            lost(notes, m, "prime-rl masks only by the probability difference; dropped")
+            lost(
+                notes,
+                m,
+                "prime-rl masks only by the probability difference (or, version pr3283, "
+                "its binary KL); dropped",
+            )
     note_extras(notes, c, "prime-rl")
+    chosen = None
+    if fields["type"] == "kpop":
+        chosen = PR3283.name
+        notes.append(
+            f"loss.type kpop is prime-rl PR #{PR3283.pr}'s ({PR3283.status}), not in "
+            f"prime-rl's main: written for `version: {PR3283.name}`"
+        )
     notes.append(
         "kl_tau 0: the source has no KL term (prime-rl's own default, 1e-3, adds "
         "kl_tau * (l_theta - l_rollout)^2 on every loss token)"
     )
-    return [(PrimeRLLoss(name=name, kl_tau=0.0, **fields), tuple(notes))]
+    return [(PrimeRLLoss(name=name, kl_tau=0.0, version=chosen, **fields), tuple(notes))]
 
 
 def _trust_region(m: Component) -> bool:
     return m.statistic == "prob_diff" and m.level == "token" and not m.strict
+
+
+def _kpop_fields(m: Component, notes: list[str]) -> dict[str, Any]:
+    """Version pr3283's KPop loss for a binary-KL token mask."""
+    note_numerator(notes, m, "train", "prime-rl")
+    if m.lower is not None:
+        lost(notes, m, "prime-rl's KPop bounds the binary KL from above only")
+    if m.strict:
+        lost(notes, m, "prime-rl keeps a token whose binary KL equals kpop_threshold")
+    return {"type": "kpop", "kpop_threshold": m.upper}
 
 
 def _trust_region_fields(m: Component, notes: list[str]) -> dict[str, Any]:
@@ -329,6 +415,11 @@ def _render(body: Mapping[str, Any], fmt: str | None) -> str:
 
 def _comments(spec: PrimeRLLoss) -> tuple[str, ...]:
     lines = []
+    if spec.version == PR3283.name:
+        lines.append(
+            f"needs prime-rl PR #{PR3283.pr} ({PR3283.status}): loss type kpop is not in "
+            "prime-rl's main"
+        )
     if spec.kl_tau > 0:
         lines.append(
             f"kl_tau {spec.kl_tau:g} adds kl_tau * (l_theta - l_rollout)^2 on every loss token, "
@@ -426,6 +517,7 @@ FRAMEWORK = Framework(
     # IPO as prime-rl sets it by default since #3586, and a loss that replays without the
     # advantages a batch may not carry.
     default="prime_rl_ipo_eps03",
+    versions=(PR3283,),
     to_canonical=to_canonical,
     from_canonical=from_canonical,
     render=_render,

@@ -14,6 +14,10 @@ rollout_log_probs`) and rho_t = e^{d_t} with **no** +-20 safety clamp:
 - `seq-mask-tis`: w_t = rho_t * 1[LOW <= e^G <= HIGH] with G the mean of d over the action
   mask: raw, untruncated token weights inside a geometric-mean sequence mask. It shares the
   threshold pair with `tis`, so the default [0.5, 5.0] hardly ever masks anything.
+  Version `pr1298` (the open PR #1298, head 0d7490c2, 2026-08-08, `loss.py` l.213) clamps those
+  token weights: w_t = clamp(rho_t, LOW, HIGH) * 1[LOW <= e^G <= HIGH], the one pair of bounds
+  serving both the gate and the clamp; nothing else changes (no new flag). On main a rejected
+  sequence's overflowing rho (inf) times its false mask is a NaN loss term; clamped, it is 0.
 - The weight multiplies the PPO / dual-clip loss; the action mask (the loss denominator) is
   never changed, so `keep` is the loss mask in every mode.
 - With `--actor.policy_loss_type gspo` no weight is applied at all: the correction instead
@@ -32,6 +36,7 @@ parsed strictly; every other token is collected in the spec's `ignored_flags`:
 | `--actor.policy_loss_type` | `--policy_loss_type` | ppo |
 
 The type is one of `tis`, `icepop`, `seq-mask-tis`; the policy loss type `ppo` or `gspo`.
+iscore's own top-level `version: pr1298` selects the PR's seq-mask-tis (null: the pinned commit).
 
 Older forms also parse: `--use_icepop` (2025-12-11 to 2026-02-05, the forerunner of
 `--vllm_is_correction_type icepop`) and a single `--vllm_is_truncated_threshold HIGH`
@@ -63,15 +68,15 @@ import argparse
 import math
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 import torch
 
 from iscore.errors import ConfigError, quote
 from iscore.frameworks import _batch, snippets
-from iscore.frameworks._config import flag_parser, nearest, top_level
-from iscore.frameworks.base import Aggregation, BatchFields, Framework, Trap, Upstream
+from iscore.frameworks._config import check_choice, flag_parser, nearest, top_level, version
+from iscore.frameworks.base import Aggregation, BatchFields, Framework, Trap, Upstream, Version
 from iscore.frameworks.canonical import (
     Canonical,
     Translation,
@@ -105,6 +110,15 @@ _FLAGS = {
 }
 _THRESHOLD = _FLAGS["threshold"][0]
 
+PR1298 = Version(
+    "pr1298",
+    1298,
+    "open",
+    Upstream("OpenRLHF/OpenRLHF", "0d7490c2052e00e0b6fe313981b64484ee1e5422", "2026-08-08"),
+    "seq-mask-tis clamps the token weights to [LOW, HIGH], the gate's own bounds",
+)
+VERSIONS = (PR1298,)
+
 # Substrings of OpenRLHF's IS flag names; an unparsed flag containing one is most likely a typo.
 _IS_LIKE = ("is_correction", "vllm_is", "policy_loss_type", "icepop")
 
@@ -120,6 +134,8 @@ class OpenRLHFCorrection:
             single-value form (no lower clamp).
         upper: HIGH of the threshold pair.
         policy_loss_type: `--actor.policy_loss_type`; with "gspo" no weight is applied.
+        version: iscore's `version:`; None is the pinned commit, "pr1298" the open PR #1298
+            (seq-mask-tis clamps its token weights).
         ignored_flags: the launch command's tokens that are not IS flags (the command itself,
             unrelated flags and their values; `--` separators are dropped), kept so a user
             can see what was skipped.
@@ -132,6 +148,7 @@ class OpenRLHFCorrection:
     lower: float | None = 0.5
     upper: float = 5.0
     policy_loss_type: PolicyLossType = "ppo"
+    version: str | None = None
     ignored_flags: tuple[str, ...] = ()
     name: str = NAME
 
@@ -151,6 +168,12 @@ class OpenRLHFCorrection:
                 f"but got {quote(self.policy_loss_type)}"
             )
         _check_threshold(self.lower, self.upper, _THRESHOLD)
+        check_choice("version", self.version, (None, *(v.name for v in VERSIONS)))
+        if self.version is not None and self.lower is None:
+            raise ConfigError(
+                f"Expected LOW of `{_THRESHOLD}` to be a number at version {self.version}: only "
+                "OpenRLHF's 2025 single-value threshold had no lower bound"
+            )
 
     def to_config(self) -> dict[str, Any]:
         """The iscore config of this setting: OpenRLHF's IS flags as one `args` string, the
@@ -160,7 +183,7 @@ class OpenRLHFCorrection:
         only the 2025 single-value `--vllm_is_truncated_threshold` expresses. With the
         correction on, every IS flag is written (the two-sided default is a trap worth seeing);
         with it off, only those that differ from OpenRLHF's defaults. `ignored_flags` (the
-        rest of a pasted launch command) are not written.
+        rest of a pasted launch command) are not written; `version` only when set.
 
         Raises:
             ConfigError: a setting no OpenRLHF version accepts (no lower bound with a type
@@ -188,7 +211,8 @@ class OpenRLHFCorrection:
                 flags += [flag["threshold"], repr(float(self.lower)), repr(float(self.upper))]
         if self.policy_loss_type != "ppo":
             flags += [flag["loss"], self.policy_loss_type]
-        return {"framework": NAME, "name": self.name, "args": shlex.join(flags)}
+        config = {"framework": NAME, "name": self.name, "args": shlex.join(flags)}
+        return config if self.version is None else config | {"version": self.version}
 
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights as `PolicyLoss.forward` multiplies them into the PPO loss."""
@@ -207,7 +231,10 @@ class OpenRLHFCorrection:
             return Replay.build(batch, weight, mask, rho)
         seq_raw = torch.exp(ops.segment_mean(d, batch, mask))
         seq_keep = ops.band(seq_raw, self.lower, self.upper)
-        weight = torch.where(ops.broadcast(seq_keep, batch), rho, 0.0)
+        token = rho
+        if self.version == PR1298.name:
+            token = ops.truncate(rho, self.lower, self.upper)  # the gate's bounds clamp too
+        weight = torch.where(ops.broadcast(seq_keep, batch), token, 0.0)
         return Replay.build(batch, weight, mask, rho, seq_raw=seq_raw, seq_weight=seq_keep.double())
 
 
@@ -277,10 +304,11 @@ def _parse_known(parser: argparse.ArgumentParser, argv: list[str]):
 
 
 def parse(config: Mapping[str, Any]) -> OpenRLHFCorrection:
-    """Parse `{framework: openrlhf, name?, args: "<launch flags>"}` into a spec.
+    """Parse `{framework: openrlhf, name?, version?, args: "<launch flags>"}` into a spec.
 
     Raises:
-        ConfigError: a malformed IS flag, a typo of one, or old and new flag names mixed.
+        ConfigError: a malformed IS flag, a typo of one, old and new flag names mixed, or
+            a version with the flag names it no longer has.
 
     >>> spec = parse({"framework": "openrlhf", "args": "python3 -m openrlhf.cli.train_ppo_ray "
     ...     "--algo.advantage.is_correction_enable --algo.advantage.is_correction_type icepop"})
@@ -289,6 +317,7 @@ def parse(config: Mapping[str, Any]) -> OpenRLHFCorrection:
     """
     section, name = top_level(config, NAME)
     args = section.raw("args", "")
+    pr = version(section, [v.name for v in VERSIONS])
     section.done()
     ns, rest = _parse_known(_parser(), _argv(args))
 
@@ -312,6 +341,11 @@ def parse(config: Mapping[str, Any]) -> OpenRLHFCorrection:
         raise ConfigError(
             f"`args`: {', '.join(old)} (OpenRLHF before 2026-04-19) cannot be mixed with "
             f"{', '.join(current)} (the renamed flags); no OpenRLHF version accepts both"
+        )
+    if old and pr is not None:
+        raise ConfigError(
+            f"`args`: {', '.join(old)} (OpenRLHF before 2026-04-19) do not exist at version "
+            f"{pr}; its flags are {', '.join(f for f, _ in _FLAGS.values() if f)}"
         )
     prefix = "old_" if old else "current_"
 
@@ -349,6 +383,7 @@ def parse(config: Mapping[str, Any]) -> OpenRLHFCorrection:
         lower=lower,
         upper=upper,
         policy_loss_type=get("loss", "ppo"),
+        version=pr,
         ignored_flags=tuple(rest),
         name=name,
     )
@@ -358,8 +393,13 @@ PRESETS: dict[str, OpenRLHFCorrection] = {
     "openrlhf_tis": OpenRLHFCorrection(enable=True, name="openrlhf_tis"),
     # The ProRL v2 example script (`examples/scripts/train_prorlv2_math_hybrid_engine.sh`).
     "openrlhf_icepop": OpenRLHFCorrection(enable=True, type="icepop", name="openrlhf_icepop"),
+    # PR #1298's own test setting: seq-mask-tis at the default [0.5, 5], token weights clamped.
+    "openrlhf_seq_mask_tis_pr1298": OpenRLHFCorrection(
+        enable=True, type="seq-mask-tis", version="pr1298", name="openrlhf_seq_mask_tis_pr1298"
+    ),
 }
-"""OpenRLHF's documented settings: the README default (TIS [0.5, 5]) and its IcePop recipes."""
+"""OpenRLHF's documented settings: the README default (TIS [0.5, 5]) and its IcePop recipes;
+open PR #1298's seq-mask-tis (version pr1298)."""
 
 
 # ------------------------------------------------------------------ canonical form
@@ -374,11 +414,42 @@ def to_canonical(spec: OpenRLHFCorrection) -> Canonical:
     elif spec.type == "icepop":
         weight = weight_component("token", zero=mask_component("token", spec.lower, spec.upper))
     else:
-        weight = weight_component("token", zero=mask_component("geometric", spec.lower, spec.upper))
+        gate = mask_component("geometric", spec.lower, spec.upper)
+        if spec.version == PR1298.name:
+            weight = weight_component("token", lower=spec.lower, upper=spec.upper, zero=gate)
+        else:
+            weight = weight_component("token", zero=gate)
     return Canonical((weight,))
 
 
 def from_canonical(c: Canonical, name: str) -> list[Translation]:
+    """The setting of the pinned commit closest to `c`; where `c` clamps token weights inside
+    a geometric gate, also PR #1298's seq-mask-tis (version pr1298), which does that."""
+    candidates = [_from_canonical(c, name)]
+    w = c.weights[0] if c.weights else None
+    gate = None if w is None else w.zero
+    clamped = w is not None and (w.lower, w.upper) != (None, None)
+    if clamped and w.level == "token" and gate is not None and gate.level == "geometric":
+        # The gate as main's seq-mask-tis writes it, then the PR's clamp to the gate's bounds.
+        raw = replace(w, lower=None, upper=None)
+        others = tuple(x for x in c.components if x is not w)
+        spec, notes = _from_canonical(replace(c, components=(raw, *others)), name)
+        if spec.type == "seq-mask-tis":
+            notes = list(notes)
+            if ((w.lower or 0.0), math.inf if w.upper is None else w.upper) != (
+                spec.lower,
+                spec.upper,
+            ):
+                lost(notes, w, "OpenRLHF #1298 clamps to the gate's own bounds")
+            notes.append(
+                f"Needs OpenRLHF's open PR #1298 (head {PR1298.upstream.commit[:8]}): "
+                "`version: pr1298`."
+            )
+            candidates.append((replace(spec, version=PR1298.name), tuple(notes)))
+    return candidates
+
+
+def _from_canonical(c: Canonical, name: str) -> Translation:
     notes: list[str] = []
     if c.anchor == "rollout":
         for x in c.components:
@@ -392,7 +463,7 @@ def from_canonical(c: Canonical, name: str) -> list[Translation]:
             "ratio is exp(mean(policy - rollout))"
         )
         spec = OpenRLHFCorrection(enable=True, policy_loss_type="gspo", name=name)
-        return [(spec, tuple(notes))]
+        return spec, tuple(notes)
     w = first_weight(c, notes, "OpenRLHF")
     masks = list(c.masks)
     fields: dict[str, Any] = {}
@@ -439,7 +510,7 @@ def from_canonical(c: Canonical, name: str) -> list[Translation]:
         fields = {"type": "tis", "lower": 0.0, "upper": math.inf}  # the raw weight
     note_extras(notes, c, "OpenRLHF")
     spec = OpenRLHFCorrection(enable=bool(fields), name=name, **fields)
-    return [(spec, tuple(notes))]
+    return spec, tuple(notes)
 
 
 # ------------------------------------------------------------------ dump adapter
@@ -497,6 +568,23 @@ def read_batch(experiences: Any) -> list[BatchFields]:
 # ------------------------------------------------------------------ the framework
 
 
+def _comments(spec: OpenRLHFCorrection) -> tuple[str, ...]:
+    """What the flags alone do not say: the PR a version needs.
+
+    >>> spec = PRESETS["openrlhf_seq_mask_tis_pr1298"]
+    >>> print(_comments(spec)[0])  # doctest: +NORMALIZE_WHITESPACE
+    needs OpenRLHF PR #1298 (open, head 0d7490c2): seq-mask-tis clamps each token's weight to
+    the gate's [0.5, 5]
+    """
+    if spec.version is None:
+        return ()
+    line = f"needs OpenRLHF PR #{PR1298.pr} ({PR1298.state}, head {PR1298.upstream.commit[:8]})"
+    if spec.enable and spec.type == "seq-mask-tis" and spec.policy_loss_type == "ppo":
+        line += f": seq-mask-tis clamps each token's weight to the gate's [{spec.lower:g}, "
+        line += f"{spec.upper:g}]"
+    return (line,)
+
+
 def _aggregation(spec: OpenRLHFCorrection) -> Aggregation:
     gspo = spec.policy_loss_type == "gspo"
     return Aggregation("seq-mean-token-mean" if gspo else "token-mean")
@@ -508,6 +596,7 @@ FRAMEWORK = Framework(
     upstream=Upstream(
         "OpenRLHF/OpenRLHF", "3c3be6234e0cb353e76bb8019947db9dfe99fca7", "2026-08-13"
     ),
+    versions=VERSIONS,
     spec_types=(OpenRLHFCorrection,),
     parse=parse,
     presets=lambda: PRESETS,
@@ -528,7 +617,14 @@ FRAMEWORK = Framework(
             "OpenRLHF's seq-mask-tis shares the TIS threshold pair; the default [0.5, 5] is "
             "effectively no mask for a geometric mean: set thresholds like the candidate's.",
         ),
+        Trap(
+            "pr1298-one-pair-of-bounds",
+            "OpenRLHF PR #1298's seq-mask-tis clamps token weights with the same LOW HIGH pair "
+            "that gates e^G: a tight gate such as 0.999 1.002 also clamps every token weight "
+            "into it, a loose one such as the default 0.5 5 gates almost nothing.",
+        ),
     ),
+    comments=_comments,
     snippet_formats=("flags",),
     read_batch=read_batch,
 )

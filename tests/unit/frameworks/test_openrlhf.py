@@ -8,6 +8,7 @@ import torch
 
 import iscore
 from iscore import frameworks
+from iscore.advice.conversion import snippet
 from iscore.errors import ConfigError
 from iscore.frameworks import openrlhf
 from iscore.frameworks.openrlhf import PRESETS, OpenRLHFCorrection, parse
@@ -17,8 +18,11 @@ from tests.unit.frameworks.conftest import make_batch, sequences
 NEW = "--algo.advantage.is_correction"
 
 
-def reference(batch: TokenBatch, kind: str, lower: float | None, upper: float):
-    """Per token (weight, raw) and per sequence (seq_raw, seq_keep), one sequence at a time."""
+def reference(
+    batch: TokenBatch, kind: str, lower: float | None, upper: float, version: str | None = None
+):
+    """Per token (weight, raw) and per sequence (seq_raw, seq_keep), one sequence at a time;
+    `version` "pr1298" clamps seq-mask-tis's token weights into [lower, upper] (PR #1298)."""
     weight, raw, seq_raw, seq_keep = [], [], [], []
     lo = -np.inf if lower is None else lower
     for rollout, train, _, mask in sequences(batch):
@@ -32,7 +36,9 @@ def reference(batch: TokenBatch, kind: str, lower: float | None, upper: float):
             g = d[mask].mean() if mask.any() else 0.0
             seq_raw.append(np.exp(g))
             seq_keep.append(lo <= np.exp(g) <= upper)
-            w = rho * seq_keep[-1]
+            token = np.minimum(np.maximum(rho, lo), upper) if version == "pr1298" else rho
+            # A rejected sequence's weights are 0 (main's inf * 0 is NaN; see below).
+            w = np.where(seq_keep[-1], token, 0.0)
         weight.append(np.where(mask, w, 0.0))
         raw.append(rho)
     return np.concatenate(weight), np.concatenate(raw), np.array(seq_raw), np.array(seq_keep)
@@ -42,13 +48,15 @@ def reference_of(spec: OpenRLHFCorrection, batch: TokenBatch):
     """(weight, keep, raw) of `reference` for `spec`, for the registry's harness; the correction
     turned off (or GSPO's) is hand-checked below."""
     assert spec.enable and spec.policy_loss_type != "gspo", "not modelled by `reference`"
-    weight, raw, _, _ = reference(batch, spec.type, spec.lower, spec.upper)
+    weight, raw, _, _ = reference(batch, spec.type, spec.lower, spec.upper, spec.version)
     return weight, batch.loss_mask.numpy(), raw
 
 
 def check(batch: TokenBatch, spec: OpenRLHFCorrection) -> None:
     result = spec.replay(batch)
-    weight, raw, seq_raw, seq_keep = reference(batch, spec.type, spec.lower, spec.upper)
+    weight, raw, seq_raw, seq_keep = reference(
+        batch, spec.type, spec.lower, spec.upper, spec.version
+    )
     np.testing.assert_allclose(result.weight.numpy(), weight, rtol=1e-6, atol=0)
     np.testing.assert_allclose(result.raw.numpy(), raw, rtol=1e-6, atol=0)
     assert torch.equal(result.keep, batch.loss_mask)
@@ -71,6 +79,102 @@ def test_replay_matches_reference(random_batch, edges, kind, lower, upper):
     spec = OpenRLHFCorrection(enable=True, type=kind, lower=lower, upper=upper)
     check(random_batch, spec)
     check(edges, spec)
+
+
+@pytest.mark.parametrize(("kind", "lower", "upper"), SETTINGS[:-1])
+def test_pr1298_matches_reference(random_batch, edges, kind, lower, upper):
+    """PR #1298 changes seq-mask-tis only; the other types replay as on main."""
+    spec = OpenRLHFCorrection(enable=True, type=kind, lower=lower, upper=upper, version="pr1298")
+    check(random_batch, spec)
+    check(edges, spec)
+    main = OpenRLHFCorrection(enable=True, type=kind, lower=lower, upper=upper).replay(edges)
+    if kind != "seq-mask-tis":
+        assert torch.equal(spec.replay(edges).weight, main.weight)
+
+
+def test_pr1298_clamps_kept_tokens_with_the_gate_bounds():
+    # The PR's own test: d = [ln 10, -ln 10], G = 0 passes [0.5, 5]; the token weights
+    # [10, 0.1] are clamped to [5, 0.5] (main keeps them raw).
+    ln10 = float(np.log(10.0))
+    batch = TokenBatch(
+        rollout=torch.tensor([-0.1 - ln10, -0.1]),
+        train=torch.tensor([-0.1, -0.1 - ln10]),
+        cu_seqlens=torch.tensor([0, 2]),
+    )
+    args = f"{NEW}_enable {NEW}_type seq-mask-tis"
+    pr = parse({"framework": "openrlhf", "version": "pr1298", "args": args})
+    assert pr.replay(batch).weight.tolist() == pytest.approx([5.0, 0.5], rel=1e-6)
+    main = parse({"framework": "openrlhf", "args": args})
+    assert main.replay(batch).weight.tolist() == pytest.approx([10.0, 0.1], rel=1e-5)
+
+
+def test_pr1298_overflowing_ratios_stay_finite():
+    """A ratio past float32 (d = 100): in a rejected sequence main's inf * 0 is NaN in
+    OpenRLHF (iscore writes 0), the PR's clamped weight times 0 is 0; in a kept sequence
+    (G = 0) main's weight is inf, the PR's the upper bound."""
+    batch = TokenBatch(
+        rollout=torch.tensor([-100.0, -100.0, -1.0]),
+        train=torch.tensor([0.0, 0.0, -101.0]),
+        cu_seqlens=torch.tensor([0, 1, 3]),
+    )
+    with np.errstate(over="ignore"):
+        assert np.isinf(np.exp(np.float32(100.0)))
+    spec = OpenRLHFCorrection(enable=True, type="seq-mask-tis", version="pr1298")
+    result = spec.replay(batch)
+    assert result.seq_weight.tolist() == [0.0, 1.0]
+    assert result.weight.tolist() == [0.0, 5.0, 0.5]
+    main = OpenRLHFCorrection(enable=True, type="seq-mask-tis").replay(batch)
+    assert main.weight[0] == 0.0 and torch.isinf(main.weight[1])
+
+
+def test_pr1298_version_in_config_and_snippet():
+    spec = PRESETS["openrlhf_seq_mask_tis_pr1298"]
+    config = spec.to_config()
+    assert config["version"] == "pr1298" and parse(config) == spec
+    assert "version" not in OpenRLHFCorrection(enable=True).to_config()
+    text = snippet(spec)
+    assert text.startswith("# needs OpenRLHF PR #1298 (open, head 0d7490c2)")
+    assert "version" not in text  # iscore's key, not a flag
+    assert openrlhf.FRAMEWORK.upstream_of(spec) == (
+        "OpenRLHF/OpenRLHF@0d7490c2 (2026-08-08), open PR #1298"
+    )
+
+
+def test_pr1298_is_the_exact_export_of_a_clamped_gate():
+    spec = OpenRLHFCorrection(
+        enable=True, type="seq-mask-tis", lower=0.999, upper=1.002, version="pr1298"
+    )
+    back, notes = openrlhf.FRAMEWORK.closest(openrlhf.to_canonical(spec), "x")
+    assert back.version == "pr1298" and (back.lower, back.upper) == (0.999, 1.002)
+    assert notes == ("Needs OpenRLHF's open PR #1298 (head 0d7490c2): `version: pr1298`.",)
+    main = OpenRLHFCorrection(enable=True, type="seq-mask-tis", lower=0.999, upper=1.002)
+    assert openrlhf.FRAMEWORK.closest(openrlhf.to_canonical(main), "x")[0] == main.__class__(
+        enable=True, type="seq-mask-tis", lower=0.999, upper=1.002, name="x"
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            {"version": "pr1299"},
+            "Expected `version` to be null (the pinned release) or one of pr1298",
+        ),
+        (
+            {"version": "pr1298", "args": "--enable_vllm_is_correction"},
+            "--enable_vllm_is_correction (OpenRLHF before 2026-04-19) do not exist at version "
+            "pr1298",
+        ),
+    ],
+)
+def test_pr1298_refusals(config, message):
+    with pytest.raises(ConfigError) as info:
+        parse({"framework": "openrlhf", **config})
+    assert message in str(info.value)
+    with pytest.raises(ConfigError, match=r"LOW of .* to be a number at version pr1298"):
+        OpenRLHFCorrection(enable=True, lower=None, upper=2.0, version="pr1298")
+    with pytest.raises(ConfigError, match="`version`"):
+        OpenRLHFCorrection(version="main")
 
 
 def test_default_tis_is_two_sided_and_lifts_small_ratios():
@@ -336,4 +440,8 @@ def test_presets_and_end_to_end_dispatch(edges):
 EXTRA_SPECS = {
     f"{kind}-0.9-1.1": OpenRLHFCorrection(enable=True, type=kind, lower=0.9, upper=1.1)
     for kind in ("tis", "icepop", "seq-mask-tis")
+} | {
+    "seq-mask-tis-0.9-1.1-pr1298": OpenRLHFCorrection(
+        enable=True, type="seq-mask-tis", lower=0.9, upper=1.1, version="pr1298"
+    )
 }

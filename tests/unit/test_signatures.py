@@ -113,6 +113,24 @@ def test_a_shift_the_other_way_is_named(tmp_path):
     assert "rollout_logprob[t - 1]" in flag.message and "behind" in flag.message
 
 
+def test_a_smooth_trend_along_the_position_is_no_jump(tmp_path):
+    """|d| growing linearly with the position (3x by position 512) steps by less than 2x
+    between any two windows: no position is named."""
+    path = tmp_path / "trend.parquet"
+    write_simulated(path, SimConfig("dense_bf16", sequences=64, steps=2, seed=5))
+
+    def trend(rollout, train, pos, offsets):
+        d = train.astype(np.float64) - rollout
+        return rollout, np.minimum(rollout + (1 + pos / 256) * d, 0.0).astype(np.float32)
+
+    _edit(path, trend)
+    analysis = analyze(path, device="cpu", jobs=1)
+    assert _codes(analysis) == []
+    scan = analysis.mismatch.signatures.positions
+    at = scan.position.index(256)
+    assert 1.15 < scan.abs_mean[1][at] / scan.abs_mean[0][at] < 2.0  # the trend is there
+
+
 def test_the_share_of_dummy_zeros_is_stated(dumps):
     analysis = analyze(dumps["dense_bf16_zero_rollout_logprob"], device="cpu", jobs=1)
     found = analysis.mismatch.signatures

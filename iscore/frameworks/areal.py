@@ -34,9 +34,22 @@ returns, and sums over the mask it returns divided by the ORIGINAL mask count. I
 5. Rejected tokens get weight 0 and leave the mask (the denominator does not change).
 `rejection_sampling: null` applies no weight at all (weight 1).
 
+Version `pr1218` (the open PR #1218, two-stage rejection, head 3ab740ce in areal-project/AReaL,
+2026-06-08; `functional.py` l.348-366 packed, l.412-442 padded) adds
+`rejection_sampling.token_action: null | mask | clamp`, which needs `level: sequence`, `metric:
+ratio` and `action: mask` (its `__post_init__` refuses anything else). Stage 1 is the sequence
+mask above (keep iff L <= e^G / e^S / e^{max d} <= U). Stage 2 replaces the weight e^G by the
+token's own ratio rho_t = e^{d_t}: `mask` also drops tokens outside [L, U] (no lower without
+`lower`) and weights the rest by the raw rho_t; `clamp` weights every token by clamp(rho_t, L or
+0, U). One (L, U) pair serves both stages. The weight is then zeroed wherever the final mask is
+0, and the sum still divides by the original count. (The PR's comment says stage 1 has already
+zeroed the mask when stage 2 runs; it has not, which changes only `rs_filtered_fraction`: it
+counts the stage-1 rejections among the tokens stage 2 kept.)
+
 Config: AReaL's experiment YAML: `actor.{use_decoupled_loss, recompute_logprob,
-prox_logp_method, rejection_sampling.{level, action, metric, agg, upper, lower},
-importance_sampling_level}` parsed strictly, with AReaL's own validation of
+prox_logp_method, rejection_sampling.{level, action, metric, agg, upper, lower, token_action
+(version pr1218 only)}, importance_sampling_level}` and iscore's top-level `version:` (null or
+pr1218), parsed strictly, with AReaL's own validation of
 `RejectionSamplingConfig` (`clamp` only with `ratio`; `ratio` upper > 1 and lower > 0; k2/k3
 upper > 0; lower <= upper; `agg` other than `mean` at token level warns and is ignored). Every
 other documented `PPOActorConfig` key (eps_clip, optimizer, mb_spec, ...) and every top-level key
@@ -93,8 +106,8 @@ import torch
 
 from iscore.errors import ConfigError, quote
 from iscore.frameworks import _batch, snippets
-from iscore.frameworks._config import Section, check_choice, check_number, top_level
-from iscore.frameworks.base import BatchFields, Framework, Trap, Upstream
+from iscore.frameworks._config import Section, check_choice, check_number, top_level, version
+from iscore.frameworks.base import BatchFields, Framework, Trap, Upstream, Version
 from iscore.frameworks.canonical import (
     Anchor,
     Canonical,
@@ -131,6 +144,17 @@ _METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3")
 _AGGS = ("sum", "mean", "max")
 _PROX_METHODS = ("recompute", "loglinear", "metrics")
 _RS = "actor.rejection_sampling"
+_TOKEN_ACTIONS = (None, "mask", "clamp")
+
+PR1218 = Version(
+    "pr1218",
+    1218,
+    "open",
+    Upstream("areal-project/AReaL", "3ab740ce4d90b4b2cdf38cf726d4a0c8a12bf64c", "2026-06-08"),
+    "rejection_sampling.token_action: a geometric sequence filter, then a token mask or clamp "
+    "on the raw ratio",
+)
+VERSIONS = (PR1218,)
 
 # `PPOActorConfig` fields (with those of its base `TrainEngineConfig`) that do not shape the
 # behaviour weight; a pasted actor section carries them.
@@ -170,6 +194,8 @@ class RejectionSampling:
         upper: the upper bound (inclusive).
         lower: the lower bound (inclusive); None is unbounded, and 0.0 for clamp (AReaL fills
             in 0.0 after its checks, so an explicit 0.0 with metric ratio is rejected).
+        token_action: PR #1218's second stage ("mask" or "clamp" on each token's ratio, with
+            the same bounds), None for none; only at level sequence, metric ratio, action mask.
     """
 
     level: Level = "token"
@@ -178,6 +204,7 @@ class RejectionSampling:
     agg: Agg = "mean"
     upper: float = 5.0
     lower: float | None = None
+    token_action: Action | None = None
 
     def __post_init__(self) -> None:
         check_choice(f"{_RS}.level", self.level, _LEVELS)
@@ -221,6 +248,17 @@ class RejectionSampling:
                 UserWarning,
                 stacklevel=3,
             )
+        # PR #1218's checks come after the others.
+        check_choice(f"{_RS}.token_action", self.token_action, _TOKEN_ACTIONS)
+        if self.token_action is not None:
+            for key, wanted in (("level", "sequence"), ("metric", "ratio"), ("action", "mask")):
+                if getattr(self, key) != wanted:
+                    raise ConfigError(
+                        f"Expected `{_RS}.{key}` to be {wanted!r} with `{_RS}.token_action` "
+                        f"{quote(self.token_action)} (PR #1218's two stages: a sequence mask on "
+                        f"the geometric ratio, then the tokens), but got "
+                        f"{quote(getattr(self, key))}"
+                    )
 
     @property
     def clamp_lower(self) -> float:
@@ -239,6 +277,8 @@ class ArealCorrection:
         prox_logp_method: "loglinear" cannot be replayed with decoupling (needs policy versions).
         rejection_sampling: the filter / weight; None applies no weight.
         importance_sampling_level: the PPO ratio's level (GSPO); no effect on this weight.
+        version: iscore's `version:`; None is the pinned commit, "pr1218" the open PR #1218
+            (`rejection_sampling.token_action`).
         ignored_keys: config keys accepted but not affecting the replay.
         name: display name.
     """
@@ -249,6 +289,7 @@ class ArealCorrection:
     prox_logp_method: ProxLogpMethod = "recompute"
     rejection_sampling: RejectionSampling | None = None
     importance_sampling_level: Level = "token"
+    version: str | None = None
     ignored_keys: tuple[str, ...] = ()
     name: str = NAME
 
@@ -267,6 +308,13 @@ class ArealCorrection:
                 f"Expected `{_RS}` to be null or a RejectionSampling, but got "
                 f"{quote(self.rejection_sampling)}"
             )
+        check_choice("version", self.version, (None, *(v.name for v in VERSIONS)))
+        rs = self.rejection_sampling
+        if rs is not None and rs.token_action is not None and self.version != PR1218.name:
+            raise ConfigError(
+                f"Unknown key `{_RS}.token_action` at AReaL's pinned commit: it is the open PR "
+                f"#1218's (head {PR1218.upstream.commit[:8]}); set `version: {PR1218.name}`"
+            )
         if self.use_decoupled_loss and self.prox_logp_method == "loglinear":
             raise ConfigError(
                 "Expected `actor.prox_logp_method` to be 'recompute' or 'metrics': 'loglinear' "
@@ -279,7 +327,8 @@ class ArealCorrection:
         weight, the inverse of `parse`.
 
         `ignored_keys` are not written (their values were not kept). `rejection_sampling` is
-        written with all six keys (null when off), as AReaL's YAML takes it.
+        written with all six keys (null when off), as AReaL's YAML takes it, and PR #1218's
+        `token_action` when set; `version` only when set.
 
         >>> rs = PRESETS["areal_token_mask"].to_config()["actor"]["rejection_sampling"]
         >>> rs["level"], rs["action"], rs["upper"], rs["lower"]
@@ -300,9 +349,11 @@ class ArealCorrection:
                 "agg": rs.agg,
                 "upper": rs.upper,
                 "lower": rs.lower,
-            },
+            }
+            | ({} if rs.token_action is None else {"token_action": rs.token_action}),
         }
-        return {"framework": NAME, "name": self.name, "actor": actor}
+        config = {"framework": NAME, "name": self.name, "actor": actor}
+        return config if self.version is None else config | {"version": self.version}
 
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weights and mask as `apply_rejection_sampling` returns them."""
@@ -357,6 +408,8 @@ def _replay_sequence_ratio(rs: RejectionSampling, batch: TokenBatch, d: torch.Te
     else:
         seq_stat = seq_raw if rs.agg == "mean" else torch.exp(total)
     in_bounds = ops.band(seq_stat, rs.lower, rs.upper)
+    if rs.token_action is not None:
+        return _replay_two_stage(rs, batch, d, in_bounds, seq_raw)
     if rs.action == "mask":
         keep = mask & ops.broadcast(in_bounds, batch)
         seq_weight = torch.where(in_bounds, seq_raw, 0.0)
@@ -375,7 +428,31 @@ def _replay_sequence_ratio(rs: RejectionSampling, batch: TokenBatch, d: torch.Te
     )
 
 
-def _parse_rejection_sampling(section: Section) -> RejectionSampling:
+def _replay_two_stage(
+    rs: RejectionSampling,
+    batch: TokenBatch,
+    d: torch.Tensor,
+    in_bounds: torch.Tensor,
+    seq_raw: torch.Tensor,
+) -> Replay:
+    """PR #1218's stage 2 after the sequence mask `in_bounds` [B]: each token's own ratio,
+    masked or clamped with the same bounds, replaces the sequence's e^G."""
+    rho = ops.exp(d, bound=None)
+    keep = batch.loss_mask & ops.broadcast(in_bounds, batch)
+    if rs.token_action == "mask":
+        keep = keep & ops.band(rho, rs.lower, rs.upper)
+        weight = rho
+    else:
+        weight = ops.truncate(rho, rs.clamp_lower, rs.upper)
+    return Replay.build(batch, weight, keep, rho, seq_raw=seq_raw, seq_weight=in_bounds.double())
+
+
+def _parse_rejection_sampling(section: Section, pr: str | None) -> RejectionSampling:
+    if "token_action" in section.data and pr is None:
+        raise ConfigError(
+            f"Unknown key `{section.key('token_action')}` at AReaL's pinned commit: it is the "
+            f"open PR #1218's (head {PR1218.upstream.commit[:8]}); set `version: {PR1218.name}`"
+        )
     rs = RejectionSampling(
         level=section.choice("level", "token", _LEVELS),
         action=section.choice("action", "mask", _ACTIONS),
@@ -383,6 +460,7 @@ def _parse_rejection_sampling(section: Section) -> RejectionSampling:
         agg=section.choice("agg", "mean", _AGGS),
         upper=section.float("upper", 5.0),
         lower=section.float("lower", None),
+        token_action=section.choice("token_action", None, _TOKEN_ACTIONS),
     )
     section.done()
     return rs
@@ -455,9 +533,10 @@ def parse(config: Mapping[str, Any]) -> ArealCorrection:
     ...                         "rejection_sampling": {"metric": "ratio", "upper": 5.0}}})
     >>> spec.rejection_sampling, spec.ignored_keys
     (RejectionSampling(level='token', action='mask', metric='ratio', agg='mean', upper=5.0, \
-lower=None), ('experiment_name', 'actor.eps_clip'))
+lower=None, token_action=None), ('experiment_name', 'actor.eps_clip'))
     """
     section, name = top_level(config, NAME)
+    pr = version(section, [v.name for v in VERSIONS])
     actor = section.section("actor")
     ignored = [k for k in _TOP_OTHER_KEYS if k in section.data]
     section.done(ignore=_TOP_OTHER_KEYS)
@@ -483,7 +562,7 @@ lower=None), ('experiment_name', 'actor.eps_clip'))
     if raw_rs is None:
         rs = legacy_rs
     else:
-        rs = _parse_rejection_sampling(actor.section("rejection_sampling"))
+        rs = _parse_rejection_sampling(actor.section("rejection_sampling"), pr)
     values = {
         "recompute_logprob": actor.bool("recompute_logprob", False),
         "prox_logp_method": actor.choice("prox_logp_method", "recompute", _PROX_METHODS),
@@ -493,6 +572,7 @@ lower=None), ('experiment_name', 'actor.eps_clip'))
     return ArealCorrection(
         use_decoupled_loss=use_decoupled_loss,
         rejection_sampling=rs,
+        version=pr,
         ignored_keys=(*ignored, *(f"actor.{k}" for k in _ACTOR_OTHER_KEYS if k in actor.data)),
         name=name,
         **values,
@@ -516,8 +596,19 @@ PRESETS: dict[str, ArealCorrection] = {
         rejection_sampling=RejectionSampling(level="sequence", upper=5.0),
         name="areal_sequence_geo_mask",
     ),
+    # PR #1218's two stages at AReaL's default bounds (upper 5, no lower).
+    **{
+        f"areal_two_stage_{action}_pr1218": ArealCorrection(
+            use_decoupled_loss=True,
+            rejection_sampling=RejectionSampling(level="sequence", upper=5.0, token_action=action),
+            version=PR1218.name,
+            name=f"areal_two_stage_{action}_pr1218",
+        )
+        for action in ("mask", "clamp")
+    },
 }
-"""AReaL's recommended behaviour filter (token mask, upper 5), and its clamp and sequence forms."""
+"""AReaL's recommended behaviour filter (token mask, upper 5), and its clamp and sequence forms;
+open PR #1218's two stages (version pr1218)."""
 
 
 # ------------------------------------------------------------------ canonical form
@@ -553,6 +644,12 @@ def to_canonical(spec: ArealCorrection) -> Canonical:
         band = mask_component(level, rs.lower, rs.upper, statistic=statistic, **common)
         if rs.metric != "ratio":
             components = (weight_component("token", **common), band)
+        elif rs.token_action == "mask":
+            token_band = mask_component("token", rs.lower, rs.upper, **common)
+            components = (weight_component("token", **common), token_band, band)
+        elif rs.token_action == "clamp":
+            clamp = weight_component("token", lower=rs.clamp_lower, upper=rs.upper, **common)
+            components = (clamp, band)
         elif rs.action == "mask":
             components = (weight_component("geometric", **common), band)
         elif rs.agg == "mean":
@@ -572,13 +669,82 @@ def to_canonical(spec: ArealCorrection) -> Canonical:
 
 
 def from_canonical(c: Canonical, name: str) -> list[Translation]:
+    """The setting of the pinned commit closest to `c`; where `c` has a sequence ratio mask
+    beside a token weight that is clamped or masked by its own ratio, also PR #1218's two
+    stages (version pr1218)."""
+    two_stage = _two_stage(c, name)
+    return [_from_canonical(c, name), *([two_stage] if two_stage is not None else [])]
+
+
+_AGGS_OF_LEVEL = {"sequence": "sum", "geometric": "mean", "max": "max"}
+
+
+def _two_stage(c: Canonical, name: str) -> Translation | None:
+    """PR #1218's `token_action` closest to `c`, or None where `c` has no such shape."""
+    w = c.weights[0] if c.weights else None
+    masks = list(c.masks)
+    stage1 = next((m for m in masks if m.statistic == "ratio" and m.level in _AGGS_OF_LEVEL), None)
+    if c.anchor == "rollout" or w is None or w.level != "token" or w.zero is not None:
+        return None
+    if stage1 is None:
+        return None
+    notes: list[str] = []
+    first_weight(c, notes, "AReaL")
+    masks.remove(stage1)
+    upper = _areal_ratio_upper(stage1.upper, notes, stage1)
+    if upper is None:
+        return None
+    lower = stage1.lower if stage1.lower else None  # AReaL refuses a ratio lower bound <= 0
+    same = "AReaL #1218 uses the sequence mask's bounds for the tokens too"
+    if (w.lower, w.upper) != (None, None):
+        action = "clamp"
+        if (w.lower or 0.0, w.upper) != (lower or 0.0, stage1.upper):
+            lost(notes, w, same)
+    else:
+        token = next((m for m in masks if m.statistic == "ratio" and m.level == "token"), None)
+        if token is None:
+            return None
+        action = "mask"
+        masks.remove(token)
+        if (token.lower or None, token.upper) != (lower, stage1.upper):
+            lost(notes, token, same)
+        if token.strict:
+            lost(notes, token, "AReaL's bounds are inclusive")
+    if stage1.strict:
+        lost(notes, stage1, "AReaL's bounds are inclusive")
+    for x in (w, stage1, *masks):
+        note_numerator(notes, x, "train", "AReaL")
+    for m in masks:
+        lost(notes, m, "AReaL takes one rejection_sampling; dropped")
+    note_extras(notes, c, "AReaL")
+    notes.append(
+        f"Needs AReaL's open PR #1218 (head {PR1218.upstream.commit[:8]}): `version: pr1218`."
+    )
+    rs = RejectionSampling(
+        level="sequence",
+        agg=_AGGS_OF_LEVEL[stage1.level],
+        upper=upper,
+        lower=lower,
+        token_action=action,
+    )
+    spec = ArealCorrection(
+        use_decoupled_loss=True,
+        recompute_logprob=True,
+        rejection_sampling=rs,
+        version=PR1218.name,
+        name=name,
+    )
+    return spec, tuple(notes)
+
+
+def _from_canonical(c: Canonical, name: str) -> Translation:
     notes: list[str] = []
     if c.anchor == "rollout":
         # No recompute: prox = behave, so AReaL has no behaviour weight to apply.
         for x in c.components:
             lost(notes, x, "AReaL without recompute (its bypass) applies no behaviour weight")
         spec = ArealCorrection(use_decoupled_loss=False, recompute_logprob=False, name=name)
-        return [(spec, tuple(notes))]
+        return spec, tuple(notes)
     w = first_weight(c, notes, "AReaL", conditional=True)
     masks = list(c.masks)
     for x in (*c.weights[:1], *masks):
@@ -597,7 +763,7 @@ def from_canonical(c: Canonical, name: str) -> list[Translation]:
     spec = ArealCorrection(
         use_decoupled_loss=True, recompute_logprob=True, rejection_sampling=rs, name=name
     )
-    return [(spec, tuple(notes))]
+    return spec, tuple(notes)
 
 
 def _areal_ratio_upper(upper: float | None, notes: list[str], c: Component) -> float | None:
@@ -678,6 +844,9 @@ def _areal_mask(
 ) -> RejectionSampling | None:
     """AReaL's rejection closest to a mask: metric ratio keeps the weight the geometric mean at
     sequence level, the KL metrics keep per-token weights."""
+    if m.statistic == "mult_error":
+        lost(notes, m, "AReaL has no band on the multiplicative error e^|d|; dropped")
+        return None
     if m.statistic == "prob_diff":
         lost(notes, m, "AReaL has no band on the probability difference; dropped")
         return None
@@ -785,12 +954,35 @@ def read_batch(rollout_batch: Any) -> list[BatchFields]:
 
 # ------------------------------------------------------------------ the framework
 
+
+def _comments(spec: ArealCorrection) -> tuple[str, ...]:
+    """What the YAML alone does not say: the PR a version needs (`version:` is iscore's key,
+    not AReaL's, so the snippet leaves it out).
+
+    >>> spec = PRESETS["areal_two_stage_clamp_pr1218"]
+    >>> print(_comments(spec)[0])  # doctest: +NORMALIZE_WHITESPACE
+    needs AReaL PR #1218 (open, head 3ab740ce): token_action clamp reuses upper 5 (and lower)
+    of the sequence mask
+    """
+    if spec.version is None:
+        return ()
+    line = f"needs AReaL PR #{PR1218.pr} ({PR1218.state}, head {PR1218.upstream.commit[:8]})"
+    rs = spec.rejection_sampling
+    if rs is not None and rs.token_action is not None:
+        line += (
+            f": token_action {rs.token_action} reuses upper {rs.upper:g} (and lower) of the "
+            "sequence mask"
+        )
+    return (line,)
+
+
 FRAMEWORK = Framework(
     name=NAME,
     title="AReaL",
     upstream=Upstream(
         "inclusionAI/AReaL", "4aef98d8d818af55b43621aaadba047ae10f4e77", "2026-05-21"
     ),
+    versions=VERSIONS,
     spec_types=(ArealCorrection,),
     parse=parse,
     presets=lambda: PRESETS,
@@ -812,7 +1004,14 @@ FRAMEWORK = Framework(
             "AReaL: use_decoupled_loss without rejection_sampling applies no behaviour weight at "
             "all (since PR #1088); set rejection_sampling as in the candidates.",
         ),
+        Trap(
+            "pr1218-one-pair-of-bounds",
+            "AReaL PR #1218's token_action reuses the sequence mask's upper (and lower) for the "
+            "tokens: with the default upper 5 the geometric mean hardly ever rejects a "
+            "sequence, while a tight bound such as 1.01 masks or clamps nearly every token.",
+        ),
     ),
+    comments=_comments,
     snippet_formats=("yaml",),
     read_batch=read_batch,
 )

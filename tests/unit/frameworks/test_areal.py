@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from iscore.advice.conversion import snippet
 from iscore.errors import ConfigError
 from iscore.frameworks import areal
 from iscore.frameworks.resolve import parse_config
@@ -45,9 +46,11 @@ def in_bounds(x, lower, upper):
 
 
 def ref_areal(batch: TokenBatch, rs: dict | None, decoupled=True, recompute=False):
-    """apply_rejection_sampling from its formulas, one sequence at a time."""
+    """apply_rejection_sampling from its formulas, one sequence at a time; with `token_action`
+    (PR #1218) its second stage on each token's own ratio."""
     rs = None if rs is None else {"level": "token", "action": "mask", "metric": "ratio",
-                                  "agg": "mean", "upper": 5.0, "lower": None, **rs}  # fmt: skip
+                                  "agg": "mean", "upper": 5.0, "lower": None,
+                                  "token_action": None, **rs}  # fmt: skip
     weights, keeps, raws = [], [], []
     for rollout, train, _, mask in sequences(batch):
         if decoupled:
@@ -87,7 +90,11 @@ def ref_areal(batch: TokenBatch, rs: dict | None, decoupled=True, recompute=Fals
                 }[rs["agg"]]
             seq_stat = math.exp(agg) if rs["metric"] == "ratio" else agg
             ok = bool(in_bounds(seq_stat, lower, rs["upper"]))
-            if rs["metric"] == "ratio":
+            if rs["token_action"] == "mask":  # PR #1218: keep L <= rho_t <= U, raw rho_t
+                keep &= in_bounds(ratio, rs["lower"], rs["upper"])
+            elif rs["token_action"] == "clamp":  # PR #1218: clamp(rho_t, L or 0, U)
+                w = np.clip(ratio, rs["lower"] or 0.0, rs["upper"])
+            elif rs["metric"] == "ratio":
                 raw = np.full_like(d, math.exp(d[mask].sum() / count))
                 w = raw.copy()
                 if rs["action"] == "clamp" and not ok:
@@ -109,7 +116,8 @@ def reference_of(spec: areal.ArealCorrection, batch: TokenBatch):
 def _as_dict(rs: areal.RejectionSampling | None) -> dict | None:
     if rs is None:
         return None
-    return {k: getattr(rs, k) for k in ("level", "action", "metric", "agg", "upper", "lower")}
+    keys = ("level", "action", "metric", "agg", "upper", "lower", "token_action")
+    return {k: getattr(rs, k) for k in keys}
 
 
 def check(result, weight, keep, raw):
@@ -163,6 +171,119 @@ def test_rejection_sampling_matches_reference(random_batch, edges, rs):
             )
         else:
             assert result.seq_raw is None
+
+
+# PR #1218's two stages: every agg, bounds that bite at both stages, d = 0 hitting a lower bound
+# of 1.0 exactly, no lower bound (the clamp's lower is then 0).
+TWO_STAGE_CASES = [
+    {"level": "sequence", "metric": "ratio", "agg": agg, "upper": hi, "lower": lo,
+     "token_action": action}
+    for action in ("mask", "clamp")
+    for agg in ("sum", "mean", "max")
+    for lo, hi in ((None, 5.0), (0.5, 2.0), (1.0, 1.5), (0.99, 1.01))
+]  # fmt: skip
+
+
+def pr1218(rs: dict, **actor) -> dict:
+    return cfg(rs, **actor) | {"version": "pr1218"}
+
+
+@pytest.mark.parametrize("rs", TWO_STAGE_CASES, ids=str)
+def test_pr1218_two_stages_match_reference(random_batch, edges, rs):
+    for batch in (random_batch, edges):
+        result = replay(batch, pr1218(rs))
+        check(result, *ref_areal(batch, rs))
+
+
+def test_pr1218_stages_by_hand():
+    # Two sequences, upper 2: [d = ln 3, -ln 3] has e^G = 1 (kept) and a token ratio 3 > 2;
+    # [ln 3, ln 3] has e^G = 3 (rejected whatever its tokens).
+    ln3 = math.log(3.0)
+    batch = batch_of([-2.0] * 4, [-2.0 + ln3, -2.0 - ln3, -2.0 + ln3, -2.0 + ln3], lengths=[2, 2])
+    rs = {"level": "sequence", "metric": "ratio", "upper": 2.0}
+    mask = replay(batch, pr1218(rs | {"token_action": "mask"}))
+    assert mask.keep.tolist() == [False, True, False, False]
+    assert mask.weight.tolist() == pytest.approx([0.0, 1 / 3, 0.0, 0.0], rel=1e-6)  # raw rho_t
+    clamp = replay(batch, pr1218(rs | {"token_action": "clamp"}))
+    assert clamp.keep.tolist() == [True, True, False, False]
+    assert clamp.weight.tolist() == pytest.approx([2.0, 1 / 3, 0.0, 0.0], rel=1e-6)
+    assert clamp.seq_weight.tolist() == [1.0, 0.0]  # stage 1's verdict per sequence
+    main = replay(batch, cfg(rs))  # the pin: e^G as every kept token's weight
+    assert main.weight.tolist() == pytest.approx([1.0, 1.0, 0.0, 0.0], rel=1e-6)
+
+
+def test_pr1218_overflowing_and_non_finite_ratios():
+    # d = 100 overflows AReaL's float32 exp (inf > U: masked; clamped to U); d = -inf is
+    # sanitized to 0 (ratio 1); G = (100 - 100 + 0) / 3 = 0 keeps the sequence.
+    batch = batch_of([-100.0, -1.0, -float("inf")], [0.0, -101.0, -3.0])
+    rs = {"level": "sequence", "metric": "ratio", "upper": 5.0, "lower": 0.5}
+    mask = replay(batch, pr1218(rs | {"token_action": "mask"}))
+    assert mask.keep.tolist() == [False, False, True]
+    assert mask.weight.tolist() == [0.0, 0.0, 1.0]
+    clamp = replay(batch, pr1218(rs | {"token_action": "clamp"}))
+    assert clamp.keep.tolist() == [True, True, True]
+    assert clamp.weight.tolist() == [5.0, 0.5, 1.0]
+
+
+def test_pr1218_fully_masked_and_one_token_sequences():
+    batch = batch_of(
+        [-1.0, -1.0, -1.0, -1.0], [-0.5, -1.0, -3.0, -1.0], [True, False, False, True], [1, 2, 1]
+    )
+    rs = {"level": "sequence", "metric": "ratio", "agg": "max", "upper": 1.5}
+    result = replay(batch, pr1218(rs | {"token_action": "mask"}))
+    # e^0.5 = 1.65 > 1.5: the one-token sequence goes; the fully masked one keeps nothing.
+    assert result.keep.tolist() == [False, False, False, True]
+    check(result, *ref_areal(batch, rs | {"token_action": "mask"}))
+
+
+def test_pr1218_version_in_config_snippet_and_export():
+    spec = areal.PRESETS["areal_two_stage_mask_pr1218"]
+    config = spec.to_config()
+    assert config["version"] == "pr1218" and areal.parse(config) == spec
+    assert config["actor"]["rejection_sampling"]["token_action"] == "mask"
+    assert "token_action" not in str(areal.PRESETS["areal_token_mask"].to_config())
+    text = snippet(spec)
+    assert text.startswith("# needs AReaL PR #1218 (open, head 3ab740ce)")
+    assert "version" not in text and "token_action: mask" in text
+    assert areal.FRAMEWORK.upstream_of(spec) == (
+        "areal-project/AReaL@3ab740ce (2026-06-08), open PR #1218"
+    )
+    for preset in ("areal_two_stage_mask_pr1218", "areal_two_stage_clamp_pr1218"):
+        back, notes = areal.FRAMEWORK.closest(areal.to_canonical(areal.PRESETS[preset]), "x")
+        assert back.version == "pr1218"
+        assert notes == ("Needs AReaL's open PR #1218 (head 3ab740ce): `version: pr1218`.",)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (cfg({"level": "sequence", "token_action": "mask"}), "it is the open PR #1218's"),
+        (cfg({"level": "sequence", "token_action": None}), "set `version: pr1218`"),
+        (pr1218({"token_action": "mask"}), "`actor.rejection_sampling.level` to be 'sequence'"),
+        (
+            pr1218({"level": "sequence", "metric": "kl_k2", "upper": 1.0, "token_action": "clamp"}),
+            "`actor.rejection_sampling.metric` to be 'ratio'",
+        ),
+        (
+            pr1218({"level": "sequence", "action": "clamp", "token_action": "clamp"}),
+            "`actor.rejection_sampling.action` to be 'mask'",
+        ),
+        (pr1218({"level": "sequence", "token_action": "truncate"}), "token_action"),
+        (cfg(None) | {"version": "pr1219"}, "or one of pr1218"),
+    ],
+)
+def test_pr1218_refusals(config, message):
+    with pytest.raises(ConfigError) as info:
+        areal.parse(config)
+    assert message in str(info.value)
+
+
+def test_pr1218_token_action_needs_the_version_from_python():
+    rs = areal.RejectionSampling(level="sequence", token_action="clamp")
+    with pytest.raises(ConfigError, match="pr1218"):
+        areal.ArealCorrection(use_decoupled_loss=True, rejection_sampling=rs)
+    spec = areal.ArealCorrection(use_decoupled_loss=True, rejection_sampling=rs, version="pr1218")
+    assert spec.version == "pr1218"
 
 
 @pytest.mark.parametrize("recompute", [False, True])
@@ -458,6 +579,20 @@ EXTRA_SPECS = {
     "sequence_kl_k3_max": areal.parse(
         cfg({"level": "sequence", "metric": "kl_k3", "agg": "max", "upper": 0.02})
     ),
+    **{
+        f"two_stage_{action}_sum_pr1218": areal.parse(
+            pr1218(
+                {
+                    "level": "sequence",
+                    "agg": "sum",
+                    "upper": 1.5,
+                    "lower": 0.8,
+                    "token_action": action,
+                }
+            )
+        )
+        for action in ("mask", "clamp")
+    },
 }
 
 

@@ -19,6 +19,7 @@ import yaml
 from iscore import frameworks
 from iscore.advice.conversion import to_file_text
 from iscore.advice.tuning import FAMILIES, family_setting
+from iscore.cli import main
 from iscore.dump.columns import CANONICAL, COMMON_NAMES, aliases, match_columns
 from iscore.dump.writer import DumpWriter
 from iscore.errors import ConfigError, DumpError
@@ -31,6 +32,7 @@ from tests.unit.frameworks.conftest import random_batch_of
 
 REGISTERED = frameworks.every()
 PRESETS = [(fw, name, spec) for fw in REGISTERED for name, spec in fw.presets().items()]
+VERSIONED = [case for case in PRESETS if getattr(case[2], "version", None) is not None]
 ADAPTED = [fw for fw in REGISTERED if fw.read_batch is not None]
 
 
@@ -167,3 +169,44 @@ def test_dump_adapter_names_what_is_missing(fw) -> None:
     batch = without(LIKE[fw.name](make_truth()), TRAIN_KEY[fw.name])
     with pytest.raises(DumpError, match=TRAIN_KEY[fw.name]):
         fw.read_batch(batch)
+
+
+@pytest.mark.parametrize("fw", REGISTERED, ids=lambda fw: fw.name)
+def test_versions_are_pull_requests_pinned_at_their_heads(fw, capsys) -> None:
+    """Each version is an open pull request's head, found by name and listed by
+    `iscore presets --versions` with its status; an unknown name is refused."""
+    names = [version.name for version in fw.versions]
+    assert len(set(names)) == len(names)
+    for version in fw.versions:
+        assert re.fullmatch(r"[0-9a-f]{40}", version.upstream.commit), "a full commit hash"
+        assert fw.version(version.name) is version
+    assert fw.version(None) is None
+    with pytest.raises(ConfigError, match="`version`"):
+        fw.version("pr0")
+    assert main(["presets", "--framework", fw.name, "--versions"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"{fw.name}: pinned release {fw.upstream} (version: null)",
+        *(f"  {version}" for version in fw.versions),
+    ]
+
+
+@pytest.mark.parametrize("case", VERSIONED, ids=_id)
+def test_a_versioned_preset_is_its_pull_request_s(case, capsys) -> None:
+    """A preset of a version names it in its config and wherever its source is cited, is
+    listed by `iscore presets`, and without its `version:` its config is refused (naming the
+    version) or means another setting: the pinned release's."""
+    fw, name, spec = case
+    version = fw.version(spec.version)
+    config = spec.to_config()
+    assert config["version"] == version.name
+    assert fw.upstream_of(spec) == f"{version.upstream}, {version.state} PR #{version.pr}"
+    pinned = {key: value for key, value in config.items() if key != "version"}
+    try:
+        assert fw.parse(pinned) != spec
+    except ConfigError as error:
+        assert version.name in str(error), "the refusal names the version"
+    with pytest.raises(ConfigError, match="`version`"):
+        fw.parse({**config, "version": "pr0"})
+    assert main(["presets", "--framework", fw.name]) == 0
+    assert f"{fw.name}:{name}" in capsys.readouterr().out.splitlines()

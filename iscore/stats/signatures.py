@@ -9,8 +9,8 @@ gives the numbers of the dump read whole.
 - **A dummy rollout log-prob of 0** (verl#5229, SkyRL#354, rllm#503): the loss tokens whose
   rollout log-prob is exactly 0, counted by their train log-prob (`ZERO_TRAIN_EDGES`).
 - **A jump at one position** (sglang#25790): per position bin (`POSITION_EDGES`: every position
-  below 1024, then 16 and 128 wide), the loss tokens, the sums of |d| and d^2, and the tokens
-  whose |d| exceeds their own sequence's mean |d|: a share bounded by 1 per token, which one
+  below 1024, then 16 and 128 wide), the loss tokens, their sum of |d|, and the tokens whose
+  |d| exceeds their own sequence's median |d|: a share bounded by 1 per token, which one
   sequence's far-off span cannot move by more than its own weight, and which does not see
   the level of a sequence, only where in it the mismatch sits. `PositionScan` compares, at
   each bin edge c, the window [c - c/2, c) with [c, c + c/2).
@@ -52,7 +52,7 @@ POSITION_EDGES = np.concatenate(
 (where prefill chunks and KV-cache switches of a few tokens' precision sit), then 1/64 of the
 position or finer."""
 
-_POSITION_SUMS = 4  # tokens, |d|, d^2, above their sequence's mean |d|
+_POSITION_SUMS = 3  # tokens, |d|, above their sequence's median |d|
 
 FIRST_EDGE = 16
 """The first bin edge scanned: the first tokens of a response differ by nature (the prompt's
@@ -191,10 +191,11 @@ class SignatureStats:
         absd = np.abs(d)
         median = segment_medians(absd[m], ops.host_segment_sum(m, batch).astype(np.int64))
         above = absd > np.repeat(median, lengths)
-        index = np.searchsorted(POSITION_EDGES, batch.positions().cpu().numpy(), side="right") - 1
+        pos = batch.positions().cpu().numpy()
+        index = np.maximum(np.searchsorted(POSITION_EDGES, pos, side="right") - 1, 0)
         index, absd, above = index[m], absd[m], above[m]
         size = POSITION_EDGES.size
-        for column, weights in enumerate((None, absd, absd * absd, above)):
+        for column, weights in enumerate((None, absd, above)):
             self.by_position[:, column] += np.bincount(index, weights=weights, minlength=size)
 
     def merge(self, other: SignatureStats) -> None:
@@ -278,8 +279,8 @@ def position_scan(by_position: np.ndarray) -> PositionScan:
     `FIRST_EDGE` whose right window ends inside the bins, each snapped to bin edges.
 
     Args:
-        by_position: float64 [bins, 4]: per `POSITION_EDGES` bin, the loss tokens, the sums of
-            |d| and d^2, and the tokens above their sequence's mean |d|.
+        by_position: float64 [bins, 3]: per `POSITION_EDGES` bin, the loss tokens, their sum
+            of |d|, and those above their sequence's median |d|.
     """
     cum = np.vstack([np.zeros((1, by_position.shape[1])), np.cumsum(by_position, axis=0)])
     edges = POSITION_EDGES
@@ -295,8 +296,8 @@ def position_scan(by_position: np.ndarray) -> PositionScan:
     n_l, n_r = left[:, 0], right[:, 0]
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = [np.nan_to_num(side[:, 1] / side[:, 0]) for side in (left, right)]
-        share = [np.nan_to_num(side[:, 3] / side[:, 0]) for side in (left, right)]
-        pooled = (left[:, 3] + right[:, 3]) / (n_l + n_r)
+        share = [np.nan_to_num(side[:, 2] / side[:, 0]) for side in (left, right)]
+        pooled = (left[:, 2] + right[:, 2]) / (n_l + n_r)
         se = np.sqrt(pooled * (1.0 - pooled) * (1.0 / n_l + 1.0 / n_r))
         z = np.where((n_l > 0) & (n_r > 0) & (se > 0), (share[1] - share[0]) / se, 0.0)
     return PositionScan(

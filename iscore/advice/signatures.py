@@ -165,6 +165,8 @@ def _position_jump(found: SignatureSummary) -> list[Flag]:
         return []
     best = int(np.argmax(np.where(jump, np.abs(z), 0.0)))
     at = scan.split(best)
+    if at in scan.position:  # the windows at the change point itself, a few positions off
+        best = scan.position.index(at)
     c = scan.position[best]
     lo, hi = c - scan.width[0][best], c + scan.width[1][best]
     direction = "rises" if step[best] > 0 else "falls"

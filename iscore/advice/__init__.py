@@ -45,6 +45,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         ],
         "flags": ["FLAG_KINDS", "Flag", "NO_SEMANTICS_BUG", "find_flags", "flags_of"],
         "health": ["Floor", "Health", "assess", "assess_values", "floor_of", "whole_distribution"],
+        "metadata": ["Standout", "metadata_flags", "standouts"],
         "recommendation": ["Recommendation", "recommend"],
         "signatures": ["signature_flags"],
         "reference": ["point_dict", "points"],

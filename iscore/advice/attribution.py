@@ -29,6 +29,8 @@ rollout's log-prob) and from two small accumulators here:
   (trainer recompute to current policy); the lag grows with the off-policy lag, the engine
   part does not.
 - **drift** (`drift`): the engine's mismatch grows over the steps.
+- **one value stands out** (`metadata`), with a metadata column (`replica`, `rank`, `host`,
+  `device`, `weight_version`): one value's k3 is many times the others' (`standouts`).
 
 A finding is `{kind, title, evidence, summary, action}`: the numbers that support it, the
 same in words, and what to do about it.
@@ -49,6 +51,8 @@ import numpy as np
 import pyarrow as pa
 
 from iscore.advice.flags import Flag, flags_of
+from iscore.advice.metadata import standouts
+from iscore.errors import clip
 from iscore.stats import SPAN_RATIO, TURN_TOKENS, WINDOW, AttributionNumbers, MismatchSummary
 
 SPAN_SHARE = 0.01
@@ -89,7 +93,8 @@ class Finding:
     Attributes:
         kind: `broken`, `nucleus`, `biased_ratio`, `temperature`, `numerics`, `routing`,
             `retokenization`, `staleness` (the policy's lag outweighs the engine or grows),
-            `engine` (with a current policy, the engine's part outweighs the lag) or `drift`.
+            `engine` (with a current policy, the engine's part outweighs the lag), `drift` or
+            `metadata` (one value of a metadata column stands out).
         title: the source, in a few words.
         evidence: the numbers that support it (plain JSON values).
         summary: the evidence in words.
@@ -499,6 +504,29 @@ def _numerics(mismatch: MismatchSummary, flags: Sequence[Flag]) -> list[Finding]
     ]
 
 
+def _standout(mismatch: MismatchSummary) -> list[Finding]:
+    """The value of a metadata column that stands out most (`iscore.advice.metadata`), the
+    other columns' standouts in its evidence (one replica on one host is both)."""
+    found = standouts(mismatch.metadata)
+    if not found:
+        return []
+    top = found[0]
+    where = {"replica": "engine instance", "rank": "trainer rank", "host": "host"}
+    where |= {"device": "GPU model", "weight_version": "weight version"}
+    also = "; ".join(s.sentence() for s in found[1:])
+    return [
+        Finding(
+            "metadata",
+            f"One {where[top.column]} stands out",
+            {"standouts": [s.to_dict() for s in found]},
+            top.sentence() + (f". Also {also}" if also else "") + ".",
+            f"Look at {top.column} {clip(str(top.value), 60)}: its weight sync (the version it "
+            "loaded), its engine's version, kernels and precision, and the hardware it runs "
+            "on; drop or restart it, or mask its sequences until it scores as the others do.",
+        )
+    ]
+
+
 def attribute(
     numbers: AttributionNumbers, mismatch: MismatchSummary, flags: Sequence[Flag]
 ) -> Attribution:
@@ -508,6 +536,7 @@ def attribute(
     findings = [
         *_broken(mismatch, flags),
         *_semantics(mismatch, flags),
+        *_standout(mismatch),
         *_routing(numbers.span, numbers.steps, numbers.ids, numbers.broken, numbers.routing),
         *_retokenization(numbers.turns),
         *_staleness(by_step),

@@ -47,6 +47,8 @@ _FLAG_KIND: dict[str, FlagKind] = {
     "shifted_by_one": "semantics_bug",
     "zero_rollout_logprob": "semantics_bug",
     "position_jump": "semantics_bug",
+    "token_id_mismatch": "semantics_bug",
+    "engine_drift": "drift",
 }
 """The kind of each flag code: decided here, read by the app's pages and the report."""
 

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from iscore.advice import whole_distribution
     from iscore.frameworks import resolve
     from iscore.passes import SequenceTable, analyze, read_schema, write_rows
-    from iscore.present import setting_name, write_html
+    from iscore.present import metadata_cell, metadata_tables, setting_name, write_html
 
     options.distinct_outputs(args, "--json", "--html", "--sequences")
     specs = [resolve(s) for s in args.settings]
@@ -80,6 +80,13 @@ def run(args: argparse.Namespace) -> int:
     whole = whole_distribution(m)
     if whole is not None:
         print(f"  distribution: {whole}")
+    for column, rows, left in metadata_tables({} if m.metadata is None else m.metadata.to_dict()):
+        values = ", ".join(
+            f"{clip(metadata_cell(row, 'value', '{}'))}: k3 {metadata_cell(row, 'k3', '{:.3g}')} "
+            f"({row['sequences']:,} seq)"
+            for row in rows
+        )
+        print(f"  by {column}: {values}" + (f" (and {left:,} more)" if left else ""))
     for flag in result.flags:
         print(f"  ! {flag.code}: {flag.message}")
     for finding in result.attribution.findings:

@@ -118,8 +118,46 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "trainer's: adds the top-k columns (the whole distribution, docs/distribution.md); "
         "default 0 (none)",
     )
+    _add_metadata_options(p)
     p.add_argument("--list-regimes", action="store_true", help="list the regimes and exit")
     p.set_defaults(func=run)
+
+
+def _add_metadata_options(p: argparse.ArgumentParser) -> None:
+    """The metadata columns' options (docs/why.md#the-metadata-breakdown)."""
+    p.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="engine replicas sampling the prompt groups in turn: adds replica and "
+        "weight_version columns (the mismatch by each, docs/why.md); default 0 (none)",
+    )
+    p.add_argument(
+        "--noisy-replica",
+        metavar="R:FACTOR",
+        help="replica R's trainer noise FACTOR times the others' (e.g. 3:4)",
+    )
+    p.add_argument(
+        "--stale-share",
+        type=float,
+        metavar="SHARE",
+        help="share of each step's sequences sampled with the previous step's weights (their "
+        "weight_version is the step minus 1); default 0",
+    )
+    p.add_argument(
+        "--fixed-version",
+        action="store_const",
+        const=True,
+        help="every sequence's weight_version is 0 (a learning rate of 0): with --grow-from, "
+        "the engine drifts while the policy stays",
+    )
+    p.add_argument(
+        "--retokenized",
+        type=float,
+        metavar="SHARE",
+        help="share of sequences the trainer scored re-tokenized: adds a train_token_id column "
+        "with another id at the middle token of each; default 0 (none)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,8 +192,14 @@ def run(args: argparse.Namespace) -> int:
         "turn_scale",
         "floor_sigma",
         "topk",
+        "replicas",
+        "stale_share",
+        "fixed_version",
+        "retokenized",
     )
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.noisy_replica is not None:
+        overrides |= _noisy_replica(args.noisy_replica)
     if args.broken_from is not None and args.broken_share is None:
         overrides["broken_share"] = BROKEN_FROM_SHARE
     run = not Path(args.out).suffix and not os.path.exists(args.out)
@@ -186,3 +230,19 @@ def run(args: argparse.Namespace) -> int:
         where = args.out
     print(f"{where}: {truth.tokens:,} tokens in {truth.sequences:,} sequences ({args.regime})")
     return 0
+
+
+def _noisy_replica(text: str) -> dict[str, float]:
+    """`--noisy-replica R:FACTOR` as `SimConfig`'s fields.
+
+    >>> _noisy_replica("3:4")
+    {'noisy_replica': 3, 'noisy_factor': 4.0}
+    """
+    replica, _, factor = text.partition(":")
+    try:
+        return {"noisy_replica": int(replica), "noisy_factor": float(factor)}
+    except ValueError:
+        raise ConfigError(
+            f"Expected --noisy-replica R:FACTOR (a replica and a noise factor, e.g. 3:4), but "
+            f"got {text!r}"
+        ) from None

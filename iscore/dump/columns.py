@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from iscore import frameworks
 from iscore.errors import ConfigError, DumpError, quote
+from iscore.packed import META_COLUMNS
 
 REQUIRED = ("seq_id", "rollout_logprob", "train_logprob")
 """Columns every dump must have (in sequence layout `seq_id` defaults to the row number)."""
@@ -43,6 +44,7 @@ PER_TOKEN = (
     "floor_logprob",
     "loss_mask",
     "turn",
+    "train_token_id",
     *EXPERT_COLUMNS,
     *TOPK_COLUMNS,
 )
@@ -87,8 +89,9 @@ def dump_schema(seq_id: pa.DataType, extras: pa.Schema) -> pa.Schema:
     )
 
 
-EXTRA = ("advantage", "token_id", "group_id", "reward", "entropy")
-"""Optional columns recognized and reported; carried through by readers that need them."""
+EXTRA = ("advantage", "token_id", "group_id", "reward", "entropy", *META_COLUMNS)
+"""Optional columns recognized and reported; carried through by readers that need them (the
+metadata columns, `META_COLUMNS`, always: the mismatch is broken down by each)."""
 
 COMMON_NAMES: dict[str, tuple[str, ...]] = {
     "seq_id": ("seq_id", "sequence_id", "export_sequence_idx"),
@@ -108,6 +111,9 @@ COMMON_NAMES: dict[str, tuple[str, ...]] = {
     "floor_logprob": ("floor_logprob",),
     "loss_mask": ("loss_mask",),
     "turn": ("turn",),
+    # The id of the token the trainer scored at each position, beside `token_id` (the one the
+    # engine sampled): they differ where the trainer's input was re-tokenized.
+    "train_token_id": ("train_token_id", "train_token_ids"),
     "rollout_experts": ("rollout_experts",),
     "train_experts": ("train_experts",),
     "rollout_topk_ids": ("rollout_topk_ids",),
@@ -118,6 +124,13 @@ COMMON_NAMES: dict[str, tuple[str, ...]] = {
     "group_id": ("group_id", "prompt_id"),
     "reward": ("reward", "rewards", "score"),
     "entropy": ("entropy", "entropies"),
+    # Per sequence (docs/why.md#the-metadata-breakdown): the policy version the engine sampled
+    # with, the engine instance, the trainer's rank, the host and the GPU model.
+    "weight_version": ("weight_version", "policy_version", "model_version"),
+    "replica": ("replica", "replica_id", "engine_id"),
+    "rank": ("rank", "dp_rank", "trainer_rank"),
+    "host": ("host", "hostname"),
+    "device": ("device", "device_name", "gpu_name"),
 }
 """Each canonical column's own name first, then the spellings that belong to no registered
 framework (plurals, prime-rl's and open-instruct's exports); every framework adds the names

@@ -44,6 +44,7 @@ from iscore.dump.tensors import concat_batches, to_batch
 from iscore.dump.values import DEFAULT_CHUNK_TOKENS, DropReport, DumpFile, Extra, Layout, StepRange
 from iscore.dump.where import Judge, Where
 from iscore.errors import ConfigError, DumpError, DumpProblems, Problem, clip, quote
+from iscore.packed import META_COLUMNS
 from iscore.utils import Engine, check_engine, footer, ordered, storage
 
 if TYPE_CHECKING:
@@ -64,7 +65,8 @@ class Dump:
         where: only read sequences where this SQL predicate over the sequence table's dump
             and mismatch columns holds (`iscore.passes.sequences`), judged chunk by chunk as they
         are read. extras: carry every per-sequence column of the dump (`Extra`) into the batches'
-            `extra` table; without it only those `where` reads are carried.
+            `extra` table; without it only the metadata columns (`META_COLUMNS`) and those
+            `where` reads are carried.
         footers: footers known to pass `footer.check` (a results store's `footers`): a
             file's footer found there is not parsed again, one that passes is added.
 
@@ -189,7 +191,8 @@ class Dump:
         """The `where` predicate, checked against `sequence_schema`."""
         carried = {e.name for e in self._extras}
         if not extras:
-            carried &= set() if self.where is None else self.where.extras
+            # The metadata columns always: the mismatch is broken down by each.
+            carried &= set(META_COLUMNS) | (set() if self.where is None else self.where.extras)
         self.carried = (
             pa.schema([(e.name, e.type) for e in self._extras if e.name in carried])
             if piece is None

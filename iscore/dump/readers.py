@@ -30,7 +30,10 @@ _SHOW_ROWS = 5
 
 _INT64_MAX = 2**63 - 1
 
-_INT64_COLUMNS = ("step", "pos", "seq_id", "turn", "token_id", "rollout_topk_ids", *EXPERT_COLUMNS)
+_INT64_COLUMNS = (
+    "step", "pos", "seq_id", "turn", "token_id", "train_token_id", "rollout_topk_ids",
+    *EXPERT_COLUMNS,
+)  # fmt: skip
 """Integer columns read as int64: a uint64 value above its range is a problem."""
 
 
@@ -91,7 +94,8 @@ class Chunk:
 INVALID = "invalid log-prob"
 
 _PER_TOKEN_READ = (*PER_TOKEN, "token_id")
-"""The per-token columns a chunk holds: `token_id` only where the top-k columns are read."""
+"""The per-token columns a chunk holds: `token_id` only where the top-k columns or
+`train_token_id` are read."""
 
 
 def invalid_values(values: pa.Array) -> np.ndarray:
@@ -271,8 +275,10 @@ class _Reader:
         self.source = {
             k: v for k, v in info.columns.source.items() if k in PER_TOKEN + PER_SEQUENCE
         }
-        if "rollout_topk_ids" in self.source and "token_id" in info.columns:
-            self.source["token_id"] = info.columns.source["token_id"]  # is the sample in the k?
+        # Is the sample among the k? Did the trainer score the sampled token?
+        wanted = "rollout_topk_ids" in self.source or "train_token_id" in self.source
+        if wanted and "token_id" in info.columns:
+            self.source["token_id"] = info.columns.source["token_id"]
         self.source.update({e.name: e.source for e in extras})
 
     def _row_groups(self) -> list[int]:

@@ -8,12 +8,13 @@ import pyarrow as pa
 from iscore.dump.columns import COMPUTED, EXPERT_COLUMNS, PER_TOKEN, TOPK_COLUMNS, ColumnMap
 from iscore.dump.values import Extra, Layout
 from iscore.errors import DumpProblems, Problem, quote
+from iscore.packed import META_COLUMNS
 
-_CARRIED = ("group_id", "reward", "advantage", "entropy")
+_CARRIED = ("group_id", "reward", "advantage", "entropy", *META_COLUMNS)
 """The canonical extra columns the sequence table holds (token_id is per token)."""
 
 
-_PER_SEQUENCE_EXTRA = ("group_id", "reward")
+_PER_SEQUENCE_EXTRA = ("group_id", "reward", *META_COLUMNS)
 """Extra columns that hold one value per sequence (in token layout, repeated on its rows)."""
 
 
@@ -92,7 +93,13 @@ _COLUMN_KIND = {
     "loss_mask": "mask",
     "pos": "int",
     "turn": "int",
+    "train_token_id": "int",
     "step": "int",
+    "weight_version": "int",
+    "rank": "int",
+    "replica": "id",
+    "host": "id",
+    "device": "id",
     "seq_id": "id",
     "rollout_experts": "ids",
     "train_experts": "ids",
@@ -121,6 +128,12 @@ def check_types(path: str, schema: pa.Schema, columns: ColumnMap, layout: Layout
             f"their log-probs and the trainer's at them (leave it out with --column {present[0]}=)"
         )
         problems.append(Problem(path, column_label(columns, present[0]), message))
+    if "train_token_id" in columns and "token_id" not in columns:
+        message = (
+            "present without token_id; the trainer's token ids are compared with the sampled "
+            "ones, so a dump has token_id beside them (leave it out with --column train_token_id=)"
+        )
+        problems.append(Problem(path, column_label(columns, "train_token_id"), message))
     for name, kind in _COLUMN_KIND.items():
         if name not in columns:
             continue

@@ -280,6 +280,20 @@ class SimConfig:
             (docs/distribution.md): at most `vocab`, and not with a top-p regime (outside its
             nucleus the engine's log-prob is -inf, which a dump cannot hold). They describe
             the regime's distributions, before a broken sequence's shift.
+        replicas: above 0, each prompt group is sampled by one of this many engine replicas
+            (group g by replica g mod `replicas`): the dump gets `replica` and
+            `weight_version` columns (docs/why.md#the-metadata-breakdown).
+        noisy_replica: the replica whose trainer noise is `noisy_factor` times the others'
+            (an engine instance on other kernels or hardware); None: all alike.
+        noisy_factor: that multiplier, in [1, 30].
+        stale_share: the share of each step's sequences (after the first) sampled with the
+            previous step's weights: their `weight_version` is the step's minus one (the
+            version is the step's otherwise). Only the label changes.
+        fixed_version: every sequence's `weight_version` is 0: the policy never changes (a
+            learning rate of 0), so a mismatch that grows is the engine's (`engine_drift`).
+        retokenized: the share of sequences the trainer scored re-tokenized: the dump gets a
+            `train_token_id` column, another id than `token_id` at the middle token of each
+            of them (`token_id_mismatch`); 0 (the default) leaves the column out.
 
     Raises:
         ConfigError: a value is of the wrong type or out of range.
@@ -315,6 +329,12 @@ class SimConfig:
     turn_scale: float = 1.0
     floor_sigma: float = 0.0
     topk: int = 0
+    replicas: int = 0
+    noisy_replica: int | None = None
+    noisy_factor: float = 1.0
+    stale_share: float = 0.0
+    fixed_version: bool = False
+    retokenized: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.regime, str) or self.regime not in REGIMES:
@@ -334,6 +354,7 @@ class SimConfig:
             ("broken_from", 0),
             ("experts", 0),
             ("turns", 0),
+            ("replicas", 0),
         ):
             object.__setattr__(self, name, _check_int(name, getattr(self, name), low))
         if self.experts >= NUM_EXPERTS:
@@ -345,6 +366,9 @@ class SimConfig:
             ("routing_differ", 0.0, 1.0),
             ("routing_scale", 1.0, 30.0),
             ("turn_scale", 1.0, 30.0),
+            ("noisy_factor", 1.0, 30.0),
+            ("stale_share", 0.0, 1.0),
+            ("retokenized", 0.0, 1.0),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, Real) or not lo <= value <= hi:
@@ -399,6 +423,7 @@ class SimConfig:
             )
         object.__setattr__(self, "policy_growth", float(growth))
         object.__setattr__(self, "topk", _check_int("topk", self.topk, 0))
+        self._check_replicas()
         if self.topk > self.vocab:
             raise ConfigError(
                 f"Expected argument `topk` to be at most `vocab` ({self.vocab}), but got "
@@ -409,6 +434,28 @@ class SimConfig:
                 f"Expected no `topk` with the {self.regime} regime: its engine samples from a "
                 "top-p nucleus and reports -inf outside it, which a dump cannot hold"
             )
+
+    def _check_replicas(self) -> None:
+        """The metadata options need replicas to label (`replicas`)."""
+        if not isinstance(self.fixed_version, bool):
+            found = quote(self.fixed_version)
+            raise ConfigError(f"Expected argument `fixed_version` to be a bool, but got {found}")
+        needs = {"noisy_replica": self.noisy_replica is not None}
+        needs |= {"stale_share": self.stale_share > 0, "fixed_version": self.fixed_version}
+        for name, given in needs.items():
+            if given and not self.replicas:
+                raise ConfigError(
+                    f"Expected argument `replicas` >= 1 with `{name}` (the replicas and the "
+                    "weight versions are labelled together), but got 0"
+                )
+        if self.noisy_replica is not None:
+            value = _check_int("noisy_replica", self.noisy_replica, 0)
+            if value >= self.replicas:
+                raise ConfigError(
+                    f"Expected argument `noisy_replica` to be a replica, 0 to {self.replicas - 1}, "
+                    f"but got {value}"
+                )
+            object.__setattr__(self, "noisy_replica", value)
 
     def sigma(self, step: int) -> float:
         """The trainer noise's scale (nats) at `step`: the regime's, grown from `grow_from`.
@@ -581,6 +628,12 @@ def _config_dict(config: SimConfig) -> dict[str, Any]:
         "turn_scale",
         "floor_sigma",
         "topk",
+        "replicas",
+        "noisy_replica",
+        "noisy_factor",
+        "stale_share",
+        "fixed_version",
+        "retokenized",
     ):
         if fields[name] == defaults[name]:  # unset: written as before the field existed
             del fields[name]
@@ -826,6 +879,9 @@ class _Step:
     topk: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # [N, k], `SimConfig.topk`
     turn: np.ndarray | None = None  # int32 [N], with `SimConfig.turns`
     experts: tuple[np.ndarray, np.ndarray] | None = None  # int16 [N, k] each side's ids
+    # int64 [S] each, with `SimConfig.replicas`: the replica and the weight version.
+    metadata: tuple[np.ndarray, np.ndarray] | None = None
+    train_token_id: np.ndarray | None = None  # int32 [N], with `SimConfig.retokenized`
 
 
 def _lengths(rng: np.random.Generator, config: SimConfig) -> np.ndarray:
@@ -890,6 +946,36 @@ def _turns(config: SimConfig, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return turn, boundary
 
 
+def _replicas(config: SimConfig, step: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """int64 [S] each sequence's replica (its prompt group's, round robin) and weight version
+    (the step's; the previous step's for a `stale_share` drawn from a stream of its own; 0
+    with `fixed_version`), None without `replicas`."""
+    if not config.replicas:
+        return None
+    group = np.arange(config.sequences, dtype=np.int64) // config.group_size
+    replica = group % config.replicas
+    stale = np.random.default_rng([config.seed, step, 5]).random(config.sequences)
+    version = np.full(config.sequences, step, dtype=np.int64) - (stale < config.stale_share)
+    if config.fixed_version:
+        version[:] = 0
+    return replica, np.maximum(version, 0)
+
+
+def _retokenized(
+    config: SimConfig, step: int, lengths: np.ndarray, token_id: np.ndarray
+) -> np.ndarray | None:
+    """int32 [N] the ids the trainer scored: `token_id` but at the middle token of a
+    `retokenized` share of the sequences (drawn from a stream of their own), where it is the
+    next id; None without `retokenized`."""
+    if not config.retokenized:
+        return None
+    chosen = np.random.default_rng([config.seed, step, 6]).random(lengths.size)
+    at = (np.cumsum(lengths) - lengths + lengths // 2)[chosen < config.retokenized]
+    out = token_id.copy()
+    out[at] = (out[at] + 1) % config.vocab
+    return out
+
+
 def _logit_noise(
     rng: np.random.Generator | None, scale: float, vocab: int, n: int
 ) -> np.ndarray | None:
@@ -920,6 +1006,10 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
     flips = _flip_mask(rng, lengths, regime.flip_fraction)
     differ, experts = _routing(config, step, tokens)
     turn, boundary = _turns(config, lengths) if config.turns else (None, None)
+    metadata = _replicas(config, step)
+    noisy = None
+    if metadata is not None and config.noisy_replica is not None:
+        noisy = np.repeat(metadata[0] == config.noisy_replica, lengths)
 
     sigma = config.sigma(step)
     token_id = np.empty(tokens, dtype=np.int32)
@@ -947,6 +1037,8 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         noise[differ[lo:hi]] *= np.float32(config.routing_scale)
         if boundary is not None:
             noise[boundary[lo:hi]] *= np.float32(config.turn_scale)
+        if noisy is not None:
+            noise[noisy[lo:hi]] *= np.float32(config.noisy_factor)
         np.minimum(noise, np.float32(_MAX_NOISE), out=noise)
         scale = config.policy_sigma * config.policy_growth**step
         policy_noise = _logit_noise(policy_rng, scale, config.vocab, n)
@@ -1011,6 +1103,8 @@ def _simulate_step(config: SimConfig, regime: Regime, step: int) -> _Step:
         topk=topk,
         turn=turn,
         experts=experts,
+        metadata=metadata,
+        train_token_id=_retokenized(config, step, lengths, token_id),
     )
 
 
@@ -1049,7 +1143,8 @@ TOKEN_SCHEMA = pa.schema(
 def _schema(layout: str, config: SimConfig) -> pa.Schema:
     """The columns of a dump of `config` in `layout`: `SEQUENCE_SCHEMA` or `TOKEN_SCHEMA`, with
     `policy_logprob` and `floor_logprob` after `train_logprob` (of its type), then `turn`,
-    `rollout_experts` and `train_experts` where the config has them."""
+    `rollout_experts`, `train_experts`, the top-k columns, `train_token_id`, `replica` and
+    `weight_version` where the config has them."""
     schema = SEQUENCE_SCHEMA if layout == "sequence" else TOKEN_SCHEMA
     train = schema.get_field_index("train_logprob")
     for name, on in (
@@ -1070,6 +1165,11 @@ def _schema(layout: str, config: SimConfig) -> pa.Schema:
     if config.topk:
         for name, t in zip(TOPK_COLUMNS, (pa.int32(), pa.float32(), pa.float32()), strict=True):
             schema = schema.append(pa.field(name, per_token(pa.list_(t))))
+    if config.retokenized:
+        schema = schema.append(pa.field("train_token_id", per_token(pa.int32())))
+    if config.replicas:
+        for name in ("replica", "weight_version"):
+            schema = schema.append(pa.field(name, pa.int64()))
     return schema
 
 
@@ -1080,10 +1180,12 @@ def _ids(ids: np.ndarray) -> pa.Array:
 
 
 def _optional(s: _Step) -> list[pa.Array]:
-    """The step's `turn`, expert-id and top-k columns, per token (where it has them)."""
+    """The step's `turn`, expert-id, top-k and `train_token_id` columns, per token (where it
+    has them)."""
     out = [] if s.turn is None else [pa.array(s.turn)]
     out += [] if s.experts is None else [_ids(ids) for ids in s.experts]
-    return out + ([] if s.topk is None else [_ids(values) for values in s.topk])
+    out += [] if s.topk is None else [_ids(values) for values in s.topk]
+    return out + ([] if s.train_token_id is None else [pa.array(s.train_token_id)])
 
 
 def _sequence_batch(s: _Step) -> pa.RecordBatch:
@@ -1107,6 +1209,7 @@ def _sequence_batch(s: _Step) -> pa.RecordBatch:
         s.advantage,
         s.reward,
         *(pa.ListArray.from_arrays(offsets, column) for column in _optional(s)),
+        *(s.metadata or ()),
     ]
     schema = _schema("sequence", s.config)
     schema = schema.with_metadata({STEP_METADATA_KEY: json.dumps(_step_dict(s.truth))})
@@ -1136,6 +1239,7 @@ def _token_batch(s: _Step) -> pa.RecordBatch:
         per_token(s.advantage),
         per_token(s.reward),
         *_optional(s),
+        *(per_token(values) for values in s.metadata or ()),
     ]
     columns = [pa.array(c) if isinstance(c, np.ndarray) else c for c in columns]
     return pa.RecordBatch.from_arrays(columns, schema=_schema("token", s.config))

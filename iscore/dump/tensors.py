@@ -66,6 +66,7 @@ def to_batch(chunk: Chunk, carried: pa.Schema | None = None) -> TokenBatch:
         if "floor_logprob" in t
         else None,
         **_topk(t),
+        **_token_ids(t),
     )
 
 
@@ -87,9 +88,19 @@ def _topk(per_token: dict[str, pa.Array]) -> dict[str, torch.Tensor]:
         lists = per_token[column]
         flat = _tensor(pc.list_flatten(lists), dtype, torch_dtype)  # checked: k each
         out[name] = flat.reshape(len(lists), -1)
-    if "token_id" in per_token:
-        out["token_id"] = _tensor(per_token["token_id"], pa.int64(), torch.int64)
     return out
+
+
+def _token_ids(per_token: dict[str, pa.Array]) -> dict[str, torch.Tensor]:
+    """The sampled ids (`token_id`, read beside the top-k columns or the trainer's ids) and the
+    trainer's (`train_token_id`), of a chunk that has them."""
+    import torch
+
+    return {
+        name: _tensor(per_token[name], pa.int64(), torch.int64)
+        for name in ("token_id", "train_token_id")
+        if name in per_token
+    }
 
 
 def routing_agrees(rollout: pa.Array, train: pa.Array) -> np.ndarray:
@@ -155,7 +166,11 @@ def concat_batches(parts: list[TokenBatch]) -> TokenBatch:
         having = [getattr(p, name) is not None for p in parts]
         if any(having) and not all(having):
             raise DumpError(f"some files have {name}_logprob and others do not")
-    for name, column in (("topk_ids", "rollout_topk_ids"), ("token_id", "token_id")):
+    for name, column in (
+        ("topk_ids", "rollout_topk_ids"),
+        ("token_id", "token_id"),
+        ("train_token_id", "train_token_id"),
+    ):
         having = [getattr(p, name) is not None for p in parts]
         if any(having) and not all(having):
             raise DumpError(f"some files have {column} and others do not")
@@ -186,6 +201,7 @@ def concat_batches(parts: list[TokenBatch]) -> TokenBatch:
         routing_agrees=cat("routing_agrees"),
         floor=cat("floor"),
         token_id=cat("token_id"),
+        train_token_id=cat("train_token_id"),
         topk_ids=cat("topk_ids"),
         rollout_topk=cat("rollout_topk"),
         train_topk=cat("train_topk"),

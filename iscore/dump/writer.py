@@ -69,6 +69,7 @@ from iscore import frameworks
 from iscore.dump.stepfiles import StepFiles
 from iscore.errors import DumpError, quote
 from iscore.frameworks import BatchFields
+from iscore.packed import META_COLUMNS
 
 __all__ = [
     "COLUMN_ORDER",
@@ -95,12 +96,14 @@ COLUMN_ORDER = (
     "floor_logprob",
     "advantage",
     "token_id",
+    "train_token_id",
     "reward",
     "group_id",
     "entropy",
     "rollout_topk_ids",
     "rollout_topk_logprobs",
     "train_topk_logprobs",
+    *META_COLUMNS,
 )
 """The canonical columns a written dump may hold, in the order they are written."""
 
@@ -112,6 +115,7 @@ _TOKEN_TYPES = {
     "floor_logprob": pa.float32(),
     "advantage": pa.float32(),
     "token_id": pa.int32(),
+    "train_token_id": pa.int32(),
     "entropy": pa.float32(),
     "rollout_topk_ids": pa.int32(),
     "rollout_topk_logprobs": pa.float32(),
@@ -127,8 +131,26 @@ _TOPK = {
 }
 """The top-k columns by the argument that gives each (docs/distribution.md)."""
 
-_SEQUENCE_TYPES = {"advantage": pa.float32(), "reward": pa.float32(), "group_id": None}
+_SEQUENCE_TYPES = {
+    "advantage": pa.float32(),
+    "reward": pa.float32(),
+    "group_id": None,
+    "weight_version": pa.int64(),
+    "replica": None,
+    "rank": pa.int64(),
+    "host": None,
+    "device": None,
+}
 """Per-sequence columns; None: integers or strings, whichever the values are."""
+
+_META = {
+    "weight_version": "weight_versions",
+    "replica": "replicas",
+    "rank": "ranks",
+    "host": "hosts",
+    "device": "devices",
+}
+"""The metadata columns by the argument of `DumpWriter.add` that gives each."""
 
 _MAX_TOKENS = 2**31 - 1  # list offsets are int32
 
@@ -149,7 +171,8 @@ def canonical_table(
         lengths: [B] tokens per sequence.
         tokens: canonical per-token column -> flat values [sum(lengths)], sequences back to
             back; must hold `rollout_logprob` and `train_logprob`.
-        sequences: canonical per-sequence column (`advantage`, `reward`, `group_id`) -> [B].
+        sequences: canonical per-sequence column (`advantage`, `reward`, `group_id`, the
+            metadata columns `weight_version`, `replica`, `rank`, `host`, `device`) -> [B].
 
     Raises:
         DumpError: an unknown column, or values whose count does not match `lengths`.
@@ -540,7 +563,9 @@ class DumpWriter:
                 same tokens from a second recompute (the noise floor,
                 docs/compare.md#the-noise-floor); `rollout_topk_ids`, `rollout_topk_logprobs`,
                 `train_topk_logprobs`, the engine's top-k and the trainer's log-probs at them
-                (docs/distribution.md).
+                (docs/distribution.md); `train_token_ids`, the tokens the trainer scored; and
+                per sequence, or one value for every sequence of the object, `weight_versions`,
+                `replicas`, `ranks`, `hosts`, `devices` (`add`).
 
         Raises:
             DumpError: no `framework`, a framework without an adapter, or an object lacking
@@ -567,12 +592,18 @@ class DumpWriter:
             return
         parts = list(self._reader()(batch))
         given = {name: value for name, value in extra.items() if value is not None}
-        unknown = sorted(set(extra) - {"floor_logprobs", *_TOPK})
+        known = ("floor_logprobs", *_TOPK, "train_token_ids", *_META.values())
+        unknown = sorted(set(extra) - set(known))
         if unknown:
             raise DumpError(
-                f"Unknown argument `{unknown[0]}` of add_batch; expected floor_logprobs, "
-                f"{', '.join(_TOPK)}"
+                f"Unknown argument `{unknown[0]}` of add_batch; expected {', '.join(known)}"
             )
+        # One metadata value for the whole object goes to each of its blocks.
+        each = {k: v for k, v in given.items() if k in _META.values() and _is_one(v)}
+        given = {k: v for k, v in given.items() if k not in each}
+        parts = [
+            replace(part, **_metadata(_count(part.rollout_logprobs), **each)) for part in parts
+        ]
         if given:
             if len(parts) != 1:
                 raise DumpError(
@@ -602,6 +633,12 @@ class DumpWriter:
         entropy: object = None,
         rewards: object = None,
         group_ids: object = None,
+        train_token_ids: object = None,
+        weight_versions: object = None,
+        replicas: object = None,
+        ranks: object = None,
+        hosts: object = None,
+        devices: object = None,
     ) -> None:
         """Write one batch of sequences of one step.
 
@@ -630,6 +667,14 @@ class DumpWriter:
             entropy: per-token entropy.
             rewards: [B] per-sequence rewards.
             group_ids: [B] integer or string ids of each sequence's prompt group.
+            train_token_ids: the ids of the tokens the trainer scored, per token, beside
+                `token_ids` (they differ where the trainer's input was re-tokenized).
+            weight_versions: the policy version the engine sampled each sequence with
+                (integers), [B] or one for the whole call.
+            replicas: the engine instance that sampled each sequence (integers or strings),
+                [B] or one.
+            ranks: the trainer rank that scored each sequence (integers), [B] or one.
+            hosts, devices: the host and the GPU model (integers or strings), [B] or one.
 
         Raises:
             DumpError: an argument of the wrong shape or dtype (the message names it), an
@@ -657,6 +702,15 @@ class DumpWriter:
             rewards=rewards,
             group_ids=group_ids,
             seq_ids=seq_ids,
+            train_token_ids=train_token_ids,
+            **_metadata(
+                _count(rollout_logprobs),
+                weight_versions=weight_versions,
+                replicas=replicas,
+                ranks=ranks,
+                hosts=hosts,
+                devices=devices,
+            ),
         )
         self._add(int(step), fields)
 
@@ -724,6 +778,7 @@ class DumpWriter:
             "policy_logprob": ("policy_logprobs", f.policy_logprobs, _REAL),
             "floor_logprob": ("floor_logprobs", f.floor_logprobs, _REAL),
             "token_id": ("token_ids", f.token_ids, _INTEGER),
+            "train_token_id": ("train_token_ids", f.train_token_ids, _INTEGER),
             "entropy": ("entropy", f.entropy, _REAL),
         }
         sequences: dict[str, np.ndarray] = {}
@@ -769,6 +824,17 @@ class DumpWriter:
             _check_kind("rewards", sequences["reward"], _REAL)
         if f.group_ids is not None:
             sequences["group_id"] = _ids_argument("group_ids", f.group_ids, layout.count)
+        if f.train_token_ids is not None and f.token_ids is None:
+            raise DumpError("Expected `token_ids` with `train_token_ids` (they are compared)")
+        for column, name in _META.items():
+            value = getattr(f, name)
+            if value is None:
+                continue
+            if _SEQUENCE_TYPES[column] is None:
+                sequences[column] = _ids_argument(name, value, layout.count)
+                continue
+            sequences[column] = _per_sequence(name, value, layout.count)
+            _check_kind(name, sequences[column], _INTEGER)
         ids = _ids_argument("seq_ids", f.seq_ids, layout.count)
         if self._files is not None:  # the single file counts in write_table
             self.tokens += int(lengths.sum())
@@ -919,6 +985,7 @@ def _precheck(batch: BatchFields) -> None:
         "policy_logprobs",
         "floor_logprobs",
         "token_ids",
+        "train_token_ids",
         "entropy",
     ):
         found = getattr(getattr(batch, name), "shape", None)
@@ -927,6 +994,17 @@ def _precheck(batch: BatchFields) -> None:
                 f"Expected argument `{name}` to have shape {list(shape)} like "
                 f"`rollout_logprobs`, but got {list(found)}"
             )
+
+
+def _metadata(count: int, **given: object) -> dict[str, object]:
+    """The metadata arguments of `DumpWriter.add`, one value given for a whole call repeated
+    for each of its `count` sequences (a list or an array stays as it is)."""
+    return {name: [value] * count if _is_one(value) else value for name, value in given.items()}
+
+
+def _is_one(value: object) -> bool:
+    """Whether a metadata argument is one value (an integer or a string), not one a sequence."""
+    return isinstance(value, int | np.integer | str) and not isinstance(value, bool)
 
 
 def _ids_argument(name: str, value: object, count: int) -> pa.Array:

@@ -260,6 +260,10 @@ class BatchFields:
         rewards: [B].
         group_ids: [B] the prompt group of each sequence (integers or strings).
         seq_ids: [B] the framework's own sequence ids, unique within a step.
+        train_token_ids: the ids of the tokens the trainer scored, per token.
+        weight_versions, replicas, ranks, hosts, devices: [B] each sequence's metadata (the
+            policy version it was sampled with, the engine instance, the trainer's rank, the
+            host, the GPU model); given by the caller.
     """
 
     rollout_logprobs: Any
@@ -277,6 +281,12 @@ class BatchFields:
     rewards: Any = None
     group_ids: Any = None
     seq_ids: Any = None
+    train_token_ids: Any = None
+    weight_versions: Any = None
+    replicas: Any = None
+    ranks: Any = None
+    hosts: Any = None
+    devices: Any = None
 
 
 @dataclass(frozen=True, eq=False)

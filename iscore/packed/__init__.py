@@ -13,5 +13,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     submodules=["kernels", "ops"],
     submod_attrs={
         "batch": ["TokenBatch"],
+        "meta": ["META_COLUMNS"],
     },
 )

@@ -6,6 +6,8 @@ varlen kernels). A 9k-token sequence next to a hundred 200-token ones costs 29k 
 909k.
 
 >>> import torch
+
+from iscore.packed.meta import META_COLUMNS
 >>> b = TokenBatch(
 ...     rollout=torch.tensor([-0.1, -2.0, -0.5]),
 ...     train=torch.tensor([-0.1, -1.9, -0.6]),
@@ -25,11 +27,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from iscore.packed.meta import META_COLUMNS
+
 _PER_TOKEN = (
     "rollout", "train", "loss_mask", "policy", "pos", "turn", "routing_agrees", "floor",
-    "token_id", "topk_ids", "rollout_topk", "train_topk",
+    "token_id", "train_token_id", "topk_ids", "rollout_topk", "train_topk",
 )  # fmt: skip
 """The per-token tensors of a batch, [N] each ([N, k] for the top-k ones)."""
+
 
 _TOPK = ("topk_ids", "rollout_topk", "train_topk")
 
@@ -49,14 +54,18 @@ class TokenBatch:
         pos: int64 [N] or None, each token's position as given in the dump; None means
             0..T-1 within each sequence.
         extra: Arrow table [B rows] or None, the dump's other per-sequence columns (reward,
-            group_id, the mean advantage, ...) where reading was asked to carry them.
+            group_id, the mean advantage, ...) where reading was asked to carry them, and
+            the metadata columns (`META_COLUMNS`) wherever the dump has them.
         turn: int64 [N] or None, each token's turn in a multi-turn conversation (`turn`).
         routing_agrees: bool [N] or None, whether the rollout's and the trainer's routers
             picked the same experts for the token (`rollout_experts`, `train_experts`: the
             ids themselves are compared as they are read, and not kept).
         floor: float32 [N] or None, the trainer's log-prob of the token from a second
             recompute (`floor_logprob`): train - floor is the trainer's own noise.
-        token_id: int64 [N] or None, the sampled token's id, read beside the top-k columns.
+        token_id: int64 [N] or None, the sampled token's id, read beside the top-k columns
+            and beside `train_token_id`.
+        train_token_id: int64 [N] or None, the id of the token the trainer scored at each
+            position (`train_token_id`): a re-tokenized sequence scores other tokens.
         topk_ids: int64 [N, k] or None, the engine's k most likely ids at each token
             (`rollout_topk_ids`); rollout_topk, train_topk: float32 [N, k], the engine's and
             the trainer's log-probs of them (docs/distribution.md).
@@ -75,6 +84,7 @@ class TokenBatch:
     routing_agrees: torch.Tensor | None = None
     floor: torch.Tensor | None = None
     token_id: torch.Tensor | None = None
+    train_token_id: torch.Tensor | None = None
     topk_ids: torch.Tensor | None = None
     rollout_topk: torch.Tensor | None = None
     train_topk: torch.Tensor | None = None
@@ -240,6 +250,7 @@ class TokenBatch:
             routing_agrees=pick(self.routing_agrees),
             floor=pick(self.floor),
             token_id=pick(self.token_id),
+            train_token_id=pick(self.train_token_id),
             topk_ids=pick(self.topk_ids),
             rollout_topk=pick(self.rollout_topk),
             train_topk=pick(self.train_topk),
@@ -273,6 +284,7 @@ class TokenBatch:
             routing_agrees=part(self.routing_agrees),
             floor=part(self.floor),
             token_id=part(self.token_id),
+            train_token_id=part(self.train_token_id),
             topk_ids=part(self.topk_ids),
             rollout_topk=part(self.rollout_topk),
             train_topk=part(self.train_topk),
@@ -280,7 +292,8 @@ class TokenBatch:
 
     def to_arrow(self) -> pa.Table:
         """The batch as a canonical token-layout table, one row per token, in batch order
-        (the expert ids are not kept, so neither is routing agreement)."""
+        (the expert ids are not kept, so neither is routing agreement; of the `extra`
+        columns, the metadata ones are, repeated on their sequence's rows)."""
         lengths = self.lengths.cpu().numpy()
         seq_rows = np.repeat(np.arange(self.num_sequences), lengths)
         columns = {
@@ -295,8 +308,9 @@ class TokenBatch:
             columns["policy_logprob"] = pa.array(self.policy.cpu().numpy())
         if self.floor is not None:
             columns["floor_logprob"] = pa.array(self.floor.cpu().numpy())
-        if self.token_id is not None:
-            columns["token_id"] = pa.array(self.token_id.cpu().numpy())
+        for name in ("token_id", "train_token_id"):
+            if getattr(self, name) is not None:
+                columns[name] = pa.array(getattr(self, name).cpu().numpy())
         for name, column in zip(_TOPK, ("rollout_topk_ids", "rollout_topk_logprobs",
                                         "train_topk_logprobs"), strict=True):  # fmt: skip
             values = getattr(self, name)
@@ -306,6 +320,9 @@ class TokenBatch:
                 columns[column] = pa.ListArray.from_arrays(offsets, values.cpu().numpy().ravel())
         if self.turn is not None:
             columns["turn"] = pa.array(self.turn.cpu().numpy())
+        for name in META_COLUMNS:
+            if self.extra is not None and name in self.extra.column_names:
+                columns[name] = self.extra[name].combine_chunks().take(pa.array(seq_rows))
         return pa.table(columns)
 
     def to_parquet(self, path: str | Path) -> None:

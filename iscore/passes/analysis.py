@@ -20,7 +20,15 @@ from typing import Any
 
 import torch
 
-from iscore.advice import Targets, Trend, assess, attribute, find_flags, signature_flags
+from iscore.advice import (
+    Targets,
+    Trend,
+    assess,
+    attribute,
+    find_flags,
+    metadata_flags,
+    signature_flags,
+)
 from iscore.dump import (
     DEFAULT_CHUNK_TOKENS,
     Data,
@@ -105,6 +113,7 @@ def analyze(
     summary = total.mismatch.compute(numbers, broken)
     flags = find_flags(summary, numbers, broken, total.mismatch.regression, total.mismatch.signs)
     flags += tuple(signature_flags(summary.signatures))
+    flags += tuple(metadata_flags(summary.metadata))
     settings_done = [acc.compute(broken) for acc in total.settings]
     return Analysis(
         source={

@@ -52,7 +52,7 @@ from iscore.frameworks import Spec
 from iscore.stats import AttributionStats, MismatchStats, SettingStats
 from iscore.utils import Passed, storage
 
-FORMAT = 7
+FORMAT = 8
 """The layout of the entries; a store of another format is never read (1 had a SHA-256 per
 part's state, checked much more slowly than one checksum per entry; 2 lacked each sequence's
 spread against the noise, `iscore.stats.noise.deviations`; 3 held the d-on-rollout regression's
@@ -60,7 +60,8 @@ sums as torch's parallel dot products gave them, which a fresh analysis now sums
 sequence: they differ in the last bits; 4 was uncompressed, its checksum over the rows as Python
 values, which cost more than the analysis on a large entry; 5 read no `floor_logprob`, so its
 entries of a dump with one lack the noise floor; 6 lacked the bug signatures' sums,
-`iscore.stats.signatures`)."""
+`iscore.stats.signatures`; 7 lacked the metadata columns' values and the token-id comparison,
+`iscore.stats.metadata`)."""
 
 MISMATCH = "mismatch"
 """The `what` of the mismatch's accumulator (a setting's is its `setting_key`)."""

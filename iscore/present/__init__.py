@@ -25,6 +25,6 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "figures": ["color", "setting_name"],
         "report": ["render_html", "write_html"],
         "scalars": ["ScalarWriter"],
-        "tables": ["SUMMARY_COLUMNS"],
+        "tables": ["METADATA_COLUMNS", "SUMMARY_COLUMNS", "metadata_cell", "metadata_tables"],
     },
 )

@@ -31,7 +31,12 @@ from iscore.errors import IscoreError
 from iscore.frameworks import parse_config
 from iscore.passes import Analysis
 from iscore.present.figures import all_figures, color, setting_name
-from iscore.present.tables import SUMMARY_COLUMNS
+from iscore.present.tables import (
+    METADATA_COLUMNS,
+    SUMMARY_COLUMNS,
+    metadata_cell,
+    metadata_tables,
+)
 from iscore.stats import SettingSummary
 from iscore.utils import output_path
 
@@ -76,6 +81,7 @@ def render_html(analysis: Analysis, targets: Targets | None = None) -> str:
         _summary_table(analysis.settings, doc["settings"], targets or Targets()),
         _configs(analysis.settings),
         _mismatch_table(doc),
+        _metadata_tables(doc),
         _worst_table(doc),
     ]
     scripts = []
@@ -356,6 +362,26 @@ def _worst_table(doc: dict[str, Any]) -> str:
         for w in worst
     )
     return f"<h2>Worst sequences (largest summed k3)</h2><table><tr>{head}</tr>{rows}</table>"
+
+
+def _metadata_tables(doc: dict[str, Any]) -> str:
+    """The mismatch by each metadata column the dump has (`mismatch.by_replica`, ...); every
+    value escaped: they come from the dump."""
+    parts = []
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in METADATA_COLUMNS)
+    for column, rows, left in metadata_tables(doc["mismatch"]):
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f"<td>{html.escape(metadata_cell(row, key, pattern))}</td>"
+                for key, _, pattern in METADATA_COLUMNS
+            )
+            + "</tr>"
+            for row in rows
+        )
+        more = f"<p class='note'>{left:,} more values in the JSON document.</p>" if left else ""
+        parts.append(f"<h3>By {html.escape(column)}</h3><table><tr>{head}</tr>{body}</table>{more}")
+    return "<h2>The mismatch by metadata</h2>" + "".join(parts) if parts else ""
 
 
 def _mismatch_table(doc: dict[str, Any]) -> str:

@@ -42,6 +42,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
         "catalogue": ["BANDS", "DEFINITIONS", "METRIC_NAMES"],
         "columns": ["SETTING_STATISTICS", "setting_columns"],
         "histogram": ["BINS_PER_DECADE", "LOG10_RANGE"],
+        "metadata": ["MetadataStats", "MetadataSummary", "TokenIds"],
         "mix": [
             "FactorTable",
             "MixStats",

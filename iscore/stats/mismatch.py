@@ -55,6 +55,7 @@ from iscore.stats.histogram import (
     keyed_state,
     plot_resolution,
 )
+from iscore.stats.metadata import MetadataStats, MetadataSummary
 from iscore.stats.noise import (
     Noise,
     outside,
@@ -140,6 +141,8 @@ class MismatchStats:
     retained: list[np.ndarray] = field(default_factory=list)
     # The top-k columns' statistics; None for a dump without them.
     distribution: DistributionStats | None = None
+    # The metadata columns' values and the token-id comparison (`iscore.stats.metadata`).
+    metadata: MetadataStats = field(default_factory=MetadataStats)
     # The bug signatures' sums (`iscore.stats.signatures`).
     signatures: SignatureStats = field(default_factory=SignatureStats)
 
@@ -221,6 +224,7 @@ class MismatchStats:
                 self.seq[name].append(sums[name])
         self._add_floor(batch, None if every else m, buf)
         self._add_distribution(batch)
+        self.metadata.update(batch)
         self.signatures.update(batch)
         self.retained.append(_retained(batch, rho, None if every else m, buf))
         self.steps.append(batch.step.cpu().numpy())
@@ -307,6 +311,7 @@ class MismatchStats:
     def merge(self, other: MismatchStats) -> None:
         """Add another accumulator's chunks after these (order is kept)."""
         self.retained.extend(other.retained)
+        self.metadata.merge(other.metadata)
         self.signatures.merge(other.signatures)
         if other.steps and other.distribution is not None:
             if self.distribution is None and not self.steps:
@@ -375,6 +380,7 @@ class MismatchStats:
         out["retained"] = self._retained_columns()
         if self.distribution is not None:
             out |= {f"dist.{k}": v for k, v in self.distribution.state().items()}
+        out |= {f"meta.{k}": v for k, v in self.metadata.state().items()}
         out |= {f"sig.{k}": v for k, v in self.signatures.state().items()}
         return out
 
@@ -436,6 +442,7 @@ class MismatchStats:
         stats.retained = [checked(state, "retained", "f", (len(RETENTION_BANDS), b))]
         if "dist.seq" in state:
             stats.distribution = DistributionStats.from_state(_prefixed(state, "dist"), b)
+        stats.metadata = MetadataStats.from_state(_prefixed(state, "meta"), b)
         stats.signatures = SignatureStats.from_state(_prefixed(state, "sig"))
         return stats
 
@@ -505,6 +512,7 @@ class MismatchStats:
             floor={k.removeprefix("floor_"): v for k, v in floor.items()} if floor else None,
             retention=retention(numbers),
             distribution=None if self.distribution is None else self.distribution.compute(numbers),
+            metadata=self.metadata.compute(s | {"broken": numbers["broken"]}),
             signatures=self.signatures.compute(),
         )
 
@@ -642,6 +650,7 @@ class MismatchSummary:
     floor: dict[str, float | None] | None = None
     retention: dict[str, Any] | None = None
     distribution: dict[str, Any] | None = None
+    metadata: MetadataSummary | None = None
     # What the bug signatures are judged on (`iscore.advice.signatures`); not in the document.
     signatures: SignatureSummary | None = None
 
@@ -660,7 +669,8 @@ class MismatchSummary:
         floor = {"floor": self.floor} if self.floor is not None else {}
         kept = {"retention": self.retention} if self.tokens and self.retention else {}
         dist = {"distribution": self.distribution} if self.distribution is not None else {}
-        return counts | scalars | tables | relations | floor | kept | dist
+        meta = {} if self.metadata is None else self.metadata.to_dict()
+        return counts | scalars | tables | relations | floor | kept | dist | meta
 
     def value(self, statistic: str) -> float | None:
         """The overall statistic named `statistic` (a key of `iscore.stats.catalogue

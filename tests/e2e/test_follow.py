@@ -65,10 +65,15 @@ def _land(source: Path, folder: Path, step: int) -> None:
     os.replace(temporary, target)
 
 
+K3_CHART = "[class*=st-key-trends_k3_] .js-plotly-plot"
+"""The k3 chart (its key, `trends_k3_<clicks>`): the page's first plot outside the collapsed
+"Why did it change?" expander, whose figures come before it."""
+
+
 def _steps_drawn(page: Page) -> list[int]:
-    """The steps of the first figure's values (k3 per step), as the browser holds them."""
+    """The steps of the k3 chart's values, as the browser holds them."""
     return page.evaluate(
-        "() => Array.from(document.querySelector('.js-plotly-plot').data[0].x).map(Number)"
+        f"() => Array.from(document.querySelector('{K3_CHART}').data[0].x).map(Number)"
     )
 
 
@@ -95,7 +100,7 @@ def test_new_steps_appear_on_the_open_trends_page_without_a_reload(
     page.wait_for_url("**/trends")
     _idle(page)
     expect(page.get_by_test_id("stMetric").filter(has_text="Latest step")).to_contain_text("1")
-    page.locator(".js-plotly-plot").first.wait_for()
+    page.locator(K3_CHART).wait_for()
     assert _steps_drawn(page) == [0, 1]
     page.evaluate("() => { window.stillTheSamePage = true; }")  # gone with a reload
 
@@ -115,7 +120,7 @@ def test_new_steps_appear_on_the_open_trends_page_without_a_reload(
     )
     assert _metric(page, "Steps") == "3"
     page.wait_for_function(
-        "() => Array.from(document.querySelector('.js-plotly-plot').data[0].x).length === 3",
+        f"() => Array.from(document.querySelector('{K3_CHART}').data[0].x).length === 3",
         timeout=WAIT_MS,
     )
     assert _steps_drawn(page) == [0, 1, 2]
@@ -123,7 +128,7 @@ def test_new_steps_appear_on_the_open_trends_page_without_a_reload(
     _shoot(page, screens, "trends-followed")
 
     # A click on step 1's point opens its worst sequences on Explore.
-    point = page.locator(".js-plotly-plot").first.locator(".scatterlayer .trace").first
+    point = page.locator(K3_CHART).locator(".scatterlayer .trace").first
     point.locator("path.point").nth(1).click(force=True)
     page.wait_for_url("**/explore", timeout=WAIT_MS)
     _idle(page)

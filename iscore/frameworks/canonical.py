@@ -56,7 +56,9 @@ Level = Literal[
     "token", "sequence", "geometric", "geometric_unmasked", "max", "any_token", "sequence_all",
     "segment",
 ]  # fmt: skip
-Statistic = Literal["ratio", "log_ratio", "k2", "k3", "k3_reverse", "prob_diff", "binary_kl"]
+Statistic = Literal[
+    "ratio", "log_ratio", "k2", "k3", "k3_reverse", "prob_diff", "binary_kl", "mult_error"
+]  # fmt: skip
 Numerator = Literal["train", "policy", "rollout"]
 Numerics = Literal["exact", "clamp", "clamp_each", "float32", "overflow_zero"]
 Anchor = Literal["recompute", "rollout", "none"]
@@ -99,7 +101,9 @@ class Component:
             "prob_diff" the probability difference e^{numerator} - e^{rollout} (prime-rl's
             trust region); "binary_kl" max(B(p||q), B(q||p)), the binary KL of the two
             probabilities p = e^{numerator}, q = e^{rollout} both ways, each probability
-            clamped into [1e-6, 1 - 1e-6] (KPop, `ops.binary_kl`: verl #6800, prime-rl #3283).
+            clamped into [1e-6, 1 - 1e-6] (KPop, `ops.binary_kl`: verl #6800, prime-rl #3283);
+            "mult_error" e^{|d|}, the multiplicative probability error (NeMo-RL's
+            `seq_logprob_error_threshold` bounds its sequence mean: sign-blind, >= 1).
         numerator: whose log-probs the ratio's numerator holds: "train" (the trainer's
             recompute), "policy" (the current policy) or "rollout" (d = 0: no correction).
         numerics: how the ratio is computed: "exact" (float64, no clamp); "clamp" (the
@@ -169,9 +173,13 @@ def _symbol(level: str, statistic: str = "ratio", numerator: str = "train") -> s
         symbol = {"token": "rho", "any_token": "rho", "sequence": "e^S", "max": "e^max(d)"}
         symbol["segment"] = "e^segment_mean(d)"
         return prefix + symbol.get(level, "e^G")
-    name = {"log_ratio": "d", "prob_diff": "dp", "binary_kl": "max(B(p|q), B(q|p))"}.get(
-        statistic, statistic
-    )
+    names = {
+        "log_ratio": "d",
+        "prob_diff": "dp",
+        "binary_kl": "max(B(p|q), B(q|p))",
+        "mult_error": "e^|d|",
+    }
+    name = names.get(statistic, statistic)
     aggregate = {"sequence": "sum", "geometric": "mean", "geometric_unmasked": "mean"}
     aggregate |= {"max": "max", "segment": "segment_mean"}
     return prefix + (f"{aggregate[level]}({name})" if level in aggregate else name)
@@ -241,7 +249,7 @@ def mask_component(
         method = "binary-kl-mask"
     elif level == "any_token":
         method = "outlier-veto"
-    elif statistic in K_STATISTICS or level == "max":
+    elif statistic in (*K_STATISTICS, "mult_error") or level == "max":
         method = "kl-mask"
     else:
         method = {"token": "token-mask", "sequence": "sequence-mask"}.get(level, "geometric-mask")
@@ -515,7 +523,7 @@ def _round(x: float | None) -> float | None:
 def identity_at_zero(c: Component) -> bool:
     """Whether a component changes nothing when every log-ratio is 0 (ratio 1)."""
     if c.role == "mask":
-        value = 1.0 if c.statistic == "ratio" else 0.0
+        value = 1.0 if c.statistic in ("ratio", "mult_error") else 0.0
         low_ok = c.lower is None or (value > c.lower if c.strict else value >= c.lower)
         high_ok = c.upper is None or (value < c.upper if c.strict else value <= c.upper)
         return low_ok and high_ok

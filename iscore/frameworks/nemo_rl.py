@@ -28,22 +28,39 @@ recompute over the rollout engine's log-probs, both float32):
    otherwise NeMo computes w for its metrics and the loss uses 1. The loss mask never changes:
    zeroed weights stay in the token / sequence denominators.
 
+Before all of that, in the GRPO step (`compute_and_apply_seq_logprob_error_masking`,
+grpo.py:2513-2626, called at :3275, before the advantages at :3294), the sequence filter
+`grpo.seq_logprob_error_threshold` tau (default null; PR #1838): with m = token_mask *
+sample_mask, each sequence's multiplicative probability error
+E_i = sum_t e^{|d_t| m_t} m_t / sum_t m_t (the per-sequence form of `token_mult_prob_error`;
+0 for a sequence without loss tokens) is computed always, and with tau set a sequence is kept
+iff E_i <= tau: the others get sample_mask 0, so they leave the loss, its token and sequence
+denominators (`global_valid_toks`, `global_valid_seqs`) and the mask the advantage estimator
+receives. E is sign-blind (e^{|d|}: a token the trainer finds likelier counts as one it finds
+less likely) and >= 1 (1 only where every loss token agrees exactly), so tau < 1 drops every
+sequence with a loss token. A masked token whose |d| is not finite adds 0 * e^NaN = NaN, which
+fails the comparison: its whole sequence goes. NeMo logs `{max,mean,min}_seq_mult_prob_error`
+(over sequences with a loss token), the same `_after_mask` over the kept ones,
+`num_masked_seqs_by_logprob_error` and `masked_correct_pct` (the share of filtered sequences
+with reward 1).
+
 The replay computes in float64 and reproduces the float32 overflow explicitly (a weight whose
 float32 cast is infinite is set to 0). `raw` is NeMo's weight before step 2, i.e. after the
 overflow-to-0 (what NeMo's `sampling_importance_ratio` metric averages when the correction is
 off); `seq_raw` / `seq_weight` are the per-sequence weight before / after step 2 for the sequence
 levels, and e^{G} / 1[kept] for `seq-mask-tis`.
 
-Config keys, under `loss_fn`: `use_importance_sampling_correction`,
-`truncated_importance_sampling_type`, `truncated_importance_sampling_ratio`,
-`truncated_importance_sampling_ratio_min`, `sequence_level_importance_ratios`, `token_level_loss`,
-PR #2269's `is_correction_level`; and, type-checked with NeMo's own assertions but not changing
-the weight, every other `ClippedPGLossConfig` key: `disable_ppo_ratio`, `ratio_clip_min`,
-`ratio_clip_max`, `ratio_clip_c`, `reference_policy_kl_penalty`, `reference_policy_kl_type`,
-`kl_input_clamp_value`, `kl_output_clamp_value`, `use_kl_in_reward`,
-`use_on_policy_kl_approximation`, `force_on_policy_ratio`, `use_cispo`,
-`positive_example_nll_weight`. Values follow pydantic's lax parsing (bools from "true"/"1"/1,
-floats from numeric strings).
+Config keys, under `grpo`: `seq_logprob_error_threshold`; the other `GRPOConfig` keys are accepted
+and change nothing here (an unknown one is refused). Under `loss_fn`:
+`use_importance_sampling_correction`, `truncated_importance_sampling_type`,
+`truncated_importance_sampling_ratio`, `truncated_importance_sampling_ratio_min`,
+`sequence_level_importance_ratios`, `token_level_loss`, PR #2269's `is_correction_level`; and,
+type-checked with NeMo's own assertions but not changing the weight, every other
+`ClippedPGLossConfig` key: `disable_ppo_ratio`, `ratio_clip_min`, `ratio_clip_max`, `ratio_clip_c`,
+`reference_policy_kl_penalty`, `reference_policy_kl_type`, `kl_input_clamp_value`,
+`kl_output_clamp_value`, `use_kl_in_reward`, `use_on_policy_kl_approximation`,
+`force_on_policy_ratio`, `use_cispo`, `positive_example_nll_weight`. Values follow pydantic's lax
+parsing (bools from "true"/"1"/1, floats from numeric strings).
 
 Where NeMo-RL's documentation (docs/corrections.md#nemo-rl) and its code differ, or the spec is
 silent, the code wins:
@@ -63,7 +80,16 @@ silent, the code wins:
   as prev_logprobs; with the one update per rollout it requires, that is the dump's trainer
   log-prob, so the replay is unchanged.
 - NeMo compares float32 weights with the bounds; the float64 replay may decide a weight within one
-  float32 ulp of a bound differently.
+  float32 ulp of a bound differently. E likewise: NeMo sums e^{|d|} in float32 (overflowing to
+  inf, and dropping the sequence, above |d| = 88.7, as the float64 value above tau does).
+- "Applied before advantages" does not make a filtered sequence leave its group's baseline: the
+  GRPO and GDPO estimators (advantage_estimator.py:69-98, :117-190) take the baseline and std
+  over every sample of the prompt (`torch.ones_like(rewards)`) and use the mask only for the
+  shape; Reinforce++ and the raw-reward estimator normalize over the mask, so there a filtered
+  sequence leaves the batch statistics. A filtered sequence's own advantage is never used.
+- The dump adapter (`read_batch`) writes `sample_mask` as NeMo logs it, after the filter: such
+  a dump's loss mask has the filtered sequences out already (replaying tau again changes
+  nothing; replaying without it cannot bring them back).
 """
 
 from __future__ import annotations
@@ -79,7 +105,7 @@ import torch
 
 from iscore.errors import ConfigError, quote
 from iscore.frameworks import _batch, snippets
-from iscore.frameworks._config import Section, as_float, check_choice, top_level
+from iscore.frameworks._config import Section, as_float, check_choice, check_number, top_level
 from iscore.frameworks.base import (
     Aggregation,
     BatchFields,
@@ -119,6 +145,23 @@ _RATIO_MIN = f"{_LOSS_FN}.truncated_importance_sampling_ratio_min"
 _SEQ_LEVEL = f"{_LOSS_FN}.sequence_level_importance_ratios"
 _TOKEN_LOSS = f"{_LOSS_FN}.token_level_loss"
 _IS_LEVEL = f"{_LOSS_FN}.is_correction_level"
+_SEQ_ERROR = "grpo.seq_logprob_error_threshold"
+
+# `GRPOConfig` fields (grpo.py:241-355) that do not shape the weight or the keep mask.
+_GRPO_OTHER_KEYS = (
+    "num_prompts_per_step", "num_generations_per_prompt", "max_num_epochs", "max_num_steps",
+    "max_rollout_turns", "normalize_rewards", "advantage_clip_low", "advantage_clip_high",
+    "use_leave_one_out_baseline", "val_period", "val_start_at", "val_batch_size", "val_at_start",
+    "val_at_end", "max_val_samples", "val_num_generations_per_prompt",
+    "stop_at_validation_metric", "stop_at_validation_threshold",
+    "skip_reference_policy_logprobs_calculation", "seed", "async_grpo", "overlong_filtering",
+    "use_dynamic_sampling", "dynamic_sampling_max_gen_batches", "batch_multiplier",
+    "reward_shaping", "reward_scaling", "calculate_advantages_on_gpu",
+    "invalid_tool_call_advantage", "malformed_thinking_advantage", "adv_estimator",
+    "deduplicate_multimodal_data", "debug_payload_metrics", "consumed_samples", "current_step",
+    "current_epoch", "total_steps", "total_valid_tokens", "val_reward", "sampler_name",
+    "loaded_state", "num_val_samples_to_print",
+)  # fmt: skip
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -145,6 +188,8 @@ class NemoRLSpec:
         token_level_loss: token-mean loss (False: mean of per-sequence token means).
         is_correction_level: PR #2269 (not on main): the IS weight's level, overriding
             `sequence_level_importance_ratios` for the weight only; None derives it.
+        seq_logprob_error_threshold: `grpo.seq_logprob_error_threshold` tau: keep a sequence
+            iff its mean e^{|d|} over loss tokens is <= tau; None keeps every sequence.
 
     >>> spec = PRESETS["nemo_icepop"]
     >>> spec.level, spec.to_config()["loss_fn"]["truncated_importance_sampling_ratio_min"]
@@ -161,10 +206,12 @@ class NemoRLSpec:
     sequence_level_importance_ratios: bool = False
     token_level_loss: bool = True
     is_correction_level: Literal["sequence", "sequence_mean", "token"] | None = None
+    seq_logprob_error_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise ConfigError(f"Expected `name` to be a string, but got {quote(self.name)}")
+        check_number(_SEQ_ERROR, self.seq_logprob_error_threshold, nullable=True)
         for field, key in (
             ("use_importance_sampling_correction", _ENABLED),
             ("sequence_level_importance_ratios", _SEQ_LEVEL),
@@ -235,7 +282,8 @@ class NemoRLSpec:
 
     def to_config(self) -> dict[str, Any]:
         """The iscore config of this setting in NeMo's `loss_fn` keys, the inverse of `parse`
-        (`is_correction_level` only when set, as main does not know it)."""
+        (`is_correction_level` only when set, as main does not know it), and `grpo` with
+        `seq_logprob_error_threshold` when set."""
         loss_fn: dict[str, Any] = {
             "use_importance_sampling_correction": self.use_importance_sampling_correction,
             "truncated_importance_sampling_type": self.truncated_importance_sampling_type,
@@ -246,7 +294,10 @@ class NemoRLSpec:
         }
         if self.is_correction_level is not None:
             loss_fn["is_correction_level"] = self.is_correction_level
-        return {"framework": NAME, "name": self.name, "loss_fn": loss_fn}
+        config: dict[str, Any] = {"framework": NAME, "name": self.name}
+        if self.seq_logprob_error_threshold is not None:
+            config["grpo"] = {"seq_logprob_error_threshold": self.seq_logprob_error_threshold}
+        return config | {"loss_fn": loss_fn}
 
     def replay(self, batch: TokenBatch) -> Replay:
         """Per-token weight (and the unchanged keep mask) of this setting over `batch`."""
@@ -288,7 +339,14 @@ class NemoRLSpec:
             # NeMo still computes the weights (for its metrics) but multiplies the loss by 1.
             weight = torch.ones_like(raw)
             seq_weight = None if seq_weight is None else torch.ones_like(seq_weight)
-        return Replay.build(batch, weight, mask, raw, seq_raw=seq_raw, seq_weight=seq_weight)
+        keep = mask
+        if self.seq_logprob_error_threshold is not None:
+            # The GRPO step's filter: a rejected sequence leaves the loss mask (sample_mask).
+            error = seq_mult_prob_error(batch)
+            keep = mask & ops.broadcast(
+                ops.band(error, upper=self.seq_logprob_error_threshold), batch
+            )
+        return Replay.build(batch, weight, keep, raw, seq_raw=seq_raw, seq_weight=seq_weight)
 
     def _truncate(self, w: torch.Tensor) -> torch.Tensor:
         """`tis`: clamp into [L or 0, U]; `icepop`: zero outside [L, U]; else unchanged."""
@@ -299,6 +357,26 @@ class NemoRLSpec:
         if self.truncated_importance_sampling_type == "icepop":
             return torch.where(ops.band(w, lower, upper), w, 0.0)
         return w
+
+
+def seq_mult_prob_error(batch: TokenBatch) -> torch.Tensor:
+    """float64 [B]: NeMo-RL's per-sequence multiplicative probability error E, the mean of
+    e^{|d|} over each sequence's loss tokens (0 without any; NaN where a masked token's |d| is
+    not finite, as NeMo's e^{|d| * 0} * 0 is there).
+
+    >>> from iscore.packed.batch import TokenBatch
+    >>> b = TokenBatch(rollout=torch.tensor([-1.0, -1.0, -1.0]),
+    ...                train=torch.tensor([-1.5, -0.5, -1.0]), cu_seqlens=torch.tensor([0, 2, 3]))
+    >>> [round(e, 4) for e in seq_mult_prob_error(b).tolist()]  # sign-blind, >= 1
+    [1.6487, 1.0]
+    """
+    mask = batch.loss_mask
+    error = ops.log_ratio(batch).abs()
+    values = torch.where(mask, torch.exp(error), 0.0)
+    if not ops.all_finite(error):
+        values = torch.where(mask | torch.isfinite(error), values, math.nan)
+    count = ops.segment_count(batch, mask)
+    return torch.where(count > 0, ops.segment_sum(values, batch) / count.clamp(min=1.0), 0.0)
 
 
 def _float32_exp(x: torch.Tensor) -> torch.Tensor:
@@ -343,8 +421,18 @@ def parse(config: Mapping[str, Any]) -> NemoRLSpec:
             the message names the key.
     """
     top, name = top_level(config, NAME)
+    grpo = top.section("grpo")
     loss = top.section("loss_fn")
     top.done()
+    tau = grpo.float("seq_logprob_error_threshold", None)
+    grpo.done(ignore=_GRPO_OTHER_KEYS)
+    if tau is not None and tau < 1.0:
+        warnings.warn(
+            f"`{_SEQ_ERROR}` {tau:g} < 1 drops every sequence with a loss token: the mean of "
+            "e^|d| is at least 1",
+            UserWarning,
+            stacklevel=2,
+        )
 
     enabled = _lax_bool(loss, "use_importance_sampling_correction", False)
     kind = loss.choice("truncated_importance_sampling_type", None, _TRUNCATION_TYPES)
@@ -372,6 +460,7 @@ def parse(config: Mapping[str, Any]) -> NemoRLSpec:
         sequence_level_importance_ratios=seq_level,
         token_level_loss=token_level_loss,
         is_correction_level=is_level,
+        seq_logprob_error_threshold=tau,
     )
 
 
@@ -429,6 +518,9 @@ def _presets() -> dict[str, NemoRLSpec]:
         "nemo_seq_mask_tis": {kind: "seq-mask-tis", ratio: 1.002, ratio_min: 0.999},
         # GSPO's product weight e^S.
         "nemo_gspo_is": {"sequence_level_importance_ratios": True, "token_level_loss": False},
+        # The Nemotron-3-Nano recipe (examples/nemo_gym/grpo_nanov3.yaml, explained in
+        # docs/guides/nemotron-3-nano.md): raw weights, sequences with E > 2 filtered out.
+        "nemo_nanov3_seq_error_filter": {"seq_logprob_error_threshold": 2.0},
     }
     return {
         name: NemoRLSpec(name=name, use_importance_sampling_correction=True, **fields)
@@ -444,8 +536,10 @@ PRESETS: dict[str, NemoRLSpec] = _presets()
 
 
 def to_canonical(spec: NemoRLSpec) -> Canonical:
+    tau = spec.seq_logprob_error_threshold
+    extra = () if tau is None else (mask_component("geometric", upper=tau, statistic="mult_error"),)
     if not spec.use_importance_sampling_correction:
-        return Canonical()
+        return Canonical(extra)
     level: Level = {"token": "token", "sequence": "sequence", "sequence_mean": "geometric"}[
         spec.level
     ]
@@ -465,7 +559,7 @@ def to_canonical(spec: NemoRLSpec) -> Canonical:
         weight = weight_component(level, lower=lower, upper=upper, numerics=numerics)
     else:
         weight = weight_component(level, numerics=numerics)
-    return Canonical((weight,))
+    return Canonical((weight, *extra))
 
 
 def from_canonical(c: Canonical, name: str) -> list[Translation]:
@@ -473,6 +567,9 @@ def from_canonical(c: Canonical, name: str) -> list[Translation]:
     w = first_weight(c, notes, "NeMo-RL")
     masks = list(c.masks)
     fields: dict[str, Any] = {}
+    error = next((m for m in masks if m.statistic == "mult_error"), None)
+    if error is not None:
+        masks.remove(error)
     if w is not None:
         note_numerator(notes, w, "train", "NeMo-RL")
     zero = None if w is None else w.zero
@@ -516,7 +613,21 @@ def from_canonical(c: Canonical, name: str) -> list[Translation]:
     note_extras(notes, c, "NeMo-RL")
     if w is not None or fields:
         fields["use_importance_sampling_correction"] = True
+    if error is not None:
+        fields["seq_logprob_error_threshold"] = _seq_error_threshold(error, notes)
     return [(NemoRLSpec(name=name, **fields), tuple(notes))]
+
+
+def _seq_error_threshold(m: Component, notes: list[str]) -> float:
+    """`seq_logprob_error_threshold` for a band on e^{|d|}: NeMo's is the sequence mean's
+    inclusive upper bound (a lower bound at or below 1 decides nothing: the mean is >= 1)."""
+    if m.level != "geometric":
+        lost(notes, m, "NeMo-RL bounds the mean of e^|d| over the loss tokens")
+    if m.lower is not None and m.lower > 1.0:
+        lost(notes, m, "NeMo-RL bounds the mean of e^|d| from above only")
+    if m.strict:
+        lost(notes, m, "NeMo-RL's bound is inclusive")
+    return math.inf if m.upper is None else m.upper
 
 
 def _nemo_type(kind: str, lower: float | None, upper: float | None) -> dict[str, Any]:
@@ -598,7 +709,11 @@ def read_batch(train_data: Any) -> list[BatchFields]:
 
 
 def _aggregation(spec: NemoRLSpec) -> Aggregation:
-    return Aggregation("token-mean" if spec.token_level_loss else "seq-mean-token-mean")
+    # A filtered sequence leaves global_valid_toks and global_valid_seqs (its sample_mask is 0).
+    return Aggregation(
+        "token-mean" if spec.token_level_loss else "seq-mean-token-mean",
+        shrinks=spec.seq_logprob_error_threshold is not None,
+    )
 
 
 _FLOAT32_EXP_MAX = math.log(_FLOAT32_MAX)  # 88.72
@@ -714,6 +829,19 @@ FRAMEWORK = Framework(
             "NeMo-RL's sequence-level weight e^S overflows float32 above S = 88.7 and becomes 0 "
             "(not the cap): those sequences get no gradient.",
             _overflow,
+        ),
+        Trap(
+            "seq-logprob-error-sign-blind",
+            "NeMo-RL's grpo.seq_logprob_error_threshold filters on the sequence mean of e^|d|, "
+            "which is sign-blind (a token the trainer finds likelier counts as much as one it "
+            "finds less likely) and at least 1: a threshold below 1 drops every sequence.",
+        ),
+        Trap(
+            "seq-logprob-error-leaves-everything",
+            "NeMo-RL's seq_logprob_error_threshold takes a filtered sequence out of the loss, "
+            "both denominators and the advantage estimator's mask (before the advantages are "
+            "computed), yet GRPO's default estimator still counts it in its group's baseline "
+            "and std.",
         ),
     ),
     read_batch=read_batch,

@@ -142,6 +142,8 @@ def nemo_specs(draw) -> nemo_rl.NemoRLSpec:
         fields["is_correction_level"] = draw(st.sampled_from([None, "token", "sequence_mean"]))
         if draw(st.booleans()):
             fields |= {"sequence_level_importance_ratios": True, "token_level_loss": False}
+    tau = st.sampled_from([1.0, 1.05, 2.0]) | st.floats(1.0, 3.0)
+    fields["seq_logprob_error_threshold"] = draw(st.none() | tau)
     return nemo_rl.NemoRLSpec(**fields)
 
 
@@ -197,13 +199,17 @@ def areal_specs(draw) -> areal.ArealCorrection:
         else:
             upper, lower = draw(st.sampled_from([0.01, 0.5, 2.0])), None
         agg = draw(st.sampled_from(["sum", "mean", "max"])) if level == "sequence" else "mean"
-        rs = areal.RejectionSampling(level, action, metric, agg, upper, lower)
+        two_stage = (level, metric, action) == ("sequence", "ratio", "mask")
+        token_action = draw(st.sampled_from([None, "mask", "clamp"])) if two_stage else None
+        rs = areal.RejectionSampling(level, action, metric, agg, upper, lower, token_action)
+    pr1218 = rs is not None and rs.token_action is not None
     return areal.ArealCorrection(
         use_decoupled_loss=decoupled,
         recompute_logprob=draw(st.booleans()),
         prox_logp_method=draw(st.sampled_from(["recompute", "metrics"])),
         rejection_sampling=rs,
         importance_sampling_level=draw(st.sampled_from(["token", "sequence"])),
+        version="pr1218" if pr1218 else draw(st.sampled_from([None, "pr1218"])),
     )
 
 
@@ -219,6 +225,7 @@ def openrlhf_specs(draw) -> openrlhf.OpenRLHFCorrection:
         lower=lower,
         upper=draw(ratio_upper),
         policy_loss_type=draw(st.sampled_from(["ppo", "gspo"])),
+        version=None if lower is None else draw(st.sampled_from([None, "pr1298"])),
     )
 
 
@@ -322,13 +329,18 @@ SPECS = {
 
 
 def from_snippet(spec) -> dict:
-    """The iscore config a user gets by pasting `snippet(spec)` into the framework's config."""
+    """The iscore config a user gets by pasting `snippet(spec)` into the framework's config (at
+    the pull request a version names: the snippet names it in a comment, iscore's `version:`
+    key comes back with it)."""
     text = snippet(spec)
     config = {"framework": spec.framework, "name": spec.name}
+    if getattr(spec, "version", None) is not None:
+        config["version"] = spec.version
     if spec.framework not in ("slime", "openrlhf"):
         return config | (yaml.safe_load(text) or {})
     flags, _, custom = text.partition("\n\n")
-    config["args"] = "" if flags.startswith("#") else flags  # the lines, continuations and all
+    # The lines, continuations and all, without the comments (a version's pull request).
+    config["args"] = "\n".join(line for line in flags.splitlines() if not line.startswith("#"))
     if yaml.safe_load(custom):  # mis.yaml (comment lines alone are the numbers' meanings)
         config["custom_config"] = yaml.safe_load(custom)
     return config

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from iscore import frameworks
+from iscore.advice.conversion import snippet
 from iscore.errors import ConfigError
 from iscore.frameworks import nemo_rl
 from iscore.packed.batch import TokenBatch
@@ -26,11 +28,17 @@ DEFAULTS = {
     "sequence_level_importance_ratios": False,
     "token_level_loss": True,
     "is_correction_level": None,
+    "seq_logprob_error_threshold": None,
 }
+TAU = "seq_logprob_error_threshold"
 
 
 def config(**loss_fn) -> dict:
-    return {"framework": "nemo_rl", "loss_fn": loss_fn}
+    """A config document; `seq_logprob_error_threshold` goes under `grpo`, the rest `loss_fn`."""
+    out = {"framework": "nemo_rl"}
+    if TAU in loss_fn:
+        out["grpo"] = {TAU: loss_fn.pop(TAU)}
+    return out | {"loss_fn": loss_fn}
 
 
 def nemo_exp(x):
@@ -39,8 +47,19 @@ def nemo_exp(x):
     return np.where(w > FLOAT32_MAX, 0.0, w)
 
 
+def seq_error(d: np.ndarray, mask: np.ndarray) -> float:
+    """E = sum_t e^{|d_t| m_t} m_t / sum_t m_t, 0 without a loss token, as grpo.py:2541-2560
+    writes it (a masked token's inf * 0 is NaN there, and stays NaN here)."""
+    m = mask.astype(np.float64)
+    if not m.any():
+        return 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        return float((np.exp(np.abs(d) * m) * m).sum() / m.sum())
+
+
 def reference(batch: TokenBatch, options: dict):
-    """Per-token (weight, keep, raw) and per-sequence (seq_raw, seq_weight) in float64."""
+    """Per-token (weight, keep, raw) and per-sequence (seq_raw, seq_weight) in float64; with a
+    `seq_logprob_error_threshold` tau, a sequence with E > tau (or NaN) leaves the mask."""
     o = {**DEFAULTS, **options}
     level = o["is_correction_level"] or (
         "sequence" if o["sequence_level_importance_ratios"] else "token"
@@ -79,8 +98,10 @@ def reference(batch: TokenBatch, options: dict):
         if not o["use_importance_sampling_correction"]:
             weight = np.ones_like(d)
             seq_weight = None if seq_weight is None else 1.0
-        out["weight"].append(np.where(mask, weight, 0.0))
-        out["keep"].append(mask)
+        tau = o["seq_logprob_error_threshold"]
+        keep = mask & (tau is None or bool(seq_error(d, mask) <= tau))
+        out["weight"].append(np.where(keep, weight, 0.0))
+        out["keep"].append(keep)
         out["raw"].append(raw)
         out["seq_raw"].append(seq_raw)
         out["seq_weight"].append(seq_weight)
@@ -139,6 +160,14 @@ CASES = {
         U: 1.02,
         L: 0.98,
     },
+    # grpo.seq_logprob_error_threshold, alone and beside each truncation and level.
+    "seq_error": {**ON, TAU: 1.017},
+    "seq_error_off": {TAU: 1.017},
+    "seq_error_nanov3": {**ON, TAU: 2.0},
+    "seq_error_tis": {**ON, TIS: "tis", U: 1.05, TAU: 1.08},
+    "seq_error_icepop": {**ON, TIS: "icepop", U: 1.03, L: 0.97, TAU: 1.09},
+    "seq_error_seq_mask_tis": {**ON, TIS: "seq-mask-tis", U: 1.02, L: 0.98, TAU: 1.4},
+    "seq_error_gspo": {**ON, **GSPO, TIS: "tis", U: 1.2, L: 0.8, TAU: 1.35},
 }
 EDGE_CASES = {
     "tis_at_one": {**ON, TIS: "tis", U: 1.0, L: 1.0},
@@ -147,6 +176,8 @@ EDGE_CASES = {
     "gspo_tis_default_lower": {**ON, **GSPO, TIS: "tis", U: 5.0},
     "gspo_tis_lower": {**ON, **GSPO, TIS: "tis", U: 5.0, L: 0.5},
     "gspo_icepop_zero_lower": {**ON, **GSPO, TIS: "icepop", U: 5.0, L: 0.0},
+    "seq_error_at_one": {**ON, TAU: 1.0},  # E = 1 exactly where every loss token has d = 0
+    "seq_error_infinite": {**ON, TAU: math.inf},
 }
 
 
@@ -175,6 +206,88 @@ def test_random_cases_are_not_vacuous(random_batch):
     ):
         changed = reference(random_batch, CASES[case])["weight"]
         assert not np.allclose(changed, reference(random_batch, CASES[base])["weight"]), case
+    # On every seed some threshold drops some sequences, and not all of them.
+    total = random_batch.loss_mask.sum().item()
+    kept = [reference(random_batch, CASES[c])["keep"].sum() for c in CASES if TAU in CASES[c]]
+    assert any(0 < k < total for k in kept)
+
+
+def test_seq_error_filter_by_hand():
+    """E is the mean of e^|d| over the loss tokens: sign-blind and >= 1."""
+    ln3 = math.log(3.0)
+    batch = TokenBatch(
+        rollout=torch.tensor([-2.0, -2.0, -2.0, -2.0, -1.0]),
+        train=torch.tensor([-2.0 + ln3, -2.0 - ln3, -2.0, -2.0, -1.0]),
+        cu_seqlens=torch.tensor([0, 1, 2, 4, 5]),
+        loss_mask=torch.tensor([True, True, True, True, False]),
+    )
+    error = nemo_rl.seq_mult_prob_error(batch)
+    # e^{ln 3} and e^{|-ln 3|} alike; d = 0 gives exactly 1; no loss token: 0.
+    assert error.tolist() == pytest.approx([3.0, 3.0, 1.0, 0.0], rel=1e-6)
+    assert nemo_rl.parse(config(**ON, **{TAU: 2.9})).replay(batch).keep.tolist() == [
+        False, False, True, True, False
+    ]  # fmt: skip
+    assert nemo_rl.parse(config(**ON, **{TAU: 3.1})).replay(batch).keep.tolist() == [
+        True, True, True, True, False
+    ]  # fmt: skip
+    with pytest.warns(UserWarning, match="drops every sequence with a loss token"):
+        below = nemo_rl.parse(config(**ON, **{TAU: 0.99}))
+    assert not below.replay(batch).keep.any()
+
+
+def test_seq_error_filter_non_finite_and_overflow():
+    """A masked token with a non-finite |d| gives NeMo's e^{inf * 0} * 0 = NaN: its sequence
+    goes; |d| = 100 overflows NeMo's float32 e^|d| (inf > tau) and is > tau in float64 too; a
+    sequence without loss tokens keeps E = 0."""
+    batch = TokenBatch(
+        rollout=torch.tensor([-1.0, -float("inf"), -100.0, -1.0, -float("inf")]),
+        train=torch.tensor([-1.0, -2.0, 0.0, -1.0, -1.0]),
+        cu_seqlens=torch.tensor([0, 2, 3, 4, 5]),
+        loss_mask=torch.tensor([True, False, True, True, False]),
+    )
+    error = nemo_rl.seq_mult_prob_error(batch).tolist()
+    assert math.isnan(error[0]) and error[1] > 1e40 and error[2:] == [1.0, 0.0]
+    result = nemo_rl.parse(config(**ON, **{TAU: 2.0})).replay(batch)
+    assert result.keep.tolist() == [False, False, False, True, False]
+    expected = reference(batch, {**ON, TAU: 2.0})
+    assert_matches(result, expected)
+
+
+def test_seq_error_filter_leaves_the_denominators():
+    spec = nemo_rl.PRESETS["nemo_nanov3_seq_error_filter"]
+    assert spec.seq_logprob_error_threshold == 2.0 and spec.use_importance_sampling_correction
+    assert nemo_rl.FRAMEWORK.aggregation(spec).shrinks
+    assert not nemo_rl.FRAMEWORK.aggregation(nemo_rl.PRESETS["nemo_is"]).shrinks
+    gspo = nemo_rl.parse(config(**ON, **GSPO, **{TAU: 1.5}))
+    assert nemo_rl.FRAMEWORK.aggregation(gspo).mode == "seq-mean-token-mean"
+
+
+def test_seq_error_filter_config_canonical_and_snippet():
+    spec = nemo_rl.PRESETS["nemo_nanov3_seq_error_filter"]
+    config_ = spec.to_config()
+    assert config_["grpo"] == {TAU: 2.0} and nemo_rl.parse(config_) == spec
+    assert "grpo" not in nemo_rl.PRESETS["nemo_is"].to_config()
+    c = nemo_rl.to_canonical(spec)
+    assert c.describe() == (
+        "token TIS: w = rho; KL-estimator mask: drop sequences unless mean(e^|d|) <= 2"
+    )
+    assert nemo_rl.FRAMEWORK.closest(c, spec.name) == (spec, ())
+    off = nemo_rl.parse(config(**{TAU: 1.5}))
+    assert nemo_rl.FRAMEWORK.closest(nemo_rl.to_canonical(off), off.name) == (off, ())
+    assert snippet(spec) == (
+        "grpo:\n  seq_logprob_error_threshold: 2.0\nloss_fn:\n"
+        "  use_importance_sampling_correction: true\n"
+    )
+    # A pasted `grpo:` section: GRPOConfig's other keys change nothing here.
+    pasted = config(**ON) | {"grpo": {"num_prompts_per_step": 128, TAU: 2, "seed": 42}}
+    assert nemo_rl.parse(pasted | {"name": spec.name}) == spec
+
+
+def test_seq_error_filter_is_lost_where_no_framework_has_it():
+    c = nemo_rl.to_canonical(nemo_rl.PRESETS["nemo_nanov3_seq_error_filter"])
+    for name in ("verl", "areal", "openrlhf", "skyrl"):
+        _, notes = frameworks.get(name).closest(c, "x")
+        assert any("mean(e^|d|) <= 2" in note for note in notes), name
 
 
 def test_overflow_zeroes_weight_before_truncation(edges):
@@ -308,7 +421,12 @@ INVALID = {
         config(truncated_importance_sampling="tis"),
         "loss_fn.truncated_importance_sampling`",
     ),
-    "unknown_top_key": (config() | {"grpo": {}}, "`grpo`"),
+    "unknown_top_key": (config() | {"policy": {}}, "`policy`"),
+    "unknown_grpo_key": (config() | {"grpo": {"seq_logprob_threshold": 2}}, "grpo.seq_logprob"),
+    "tau_type": (config(**{TAU: "two"}), "grpo.seq_logprob_error_threshold"),
+    "tau_bool": (config(**{TAU: True}), "grpo.seq_logprob_error_threshold"),
+    "tau_nan": (config(**{TAU: float("nan")}), "grpo.seq_logprob_error_threshold"),
+    "grpo_not_mapping": (config() | {"grpo": 2.0}, "`grpo`"),
     "loss_fn_not_mapping": ({"framework": "nemo_rl", "loss_fn": [1]}, "loss_fn"),
     "ratio_without_type": (config(**ON, **{U: 2.0}), TIS),
     "ratio_without_type_disabled": (config(**{U: 2.0}), TIS),
@@ -374,6 +492,8 @@ EXTRA_SPECS = {
         "seq_mask_tis_wide",
         "gspo_tis",
         "pr_sequence_mean_tis",
+        "seq_error_icepop",
+        "seq_error_gspo",
     )
 }
 

@@ -148,6 +148,13 @@ KINDS = (
         ),
     ),
     Kind(
+        "mult_error_mask",
+        "sequence filter on the mean e^|d|",
+        lambda t: Canonical(
+            (mask_component("geometric", upper=t.mult_error, statistic="mult_error"),)
+        ),
+    ),
+    Kind(
         "geo_tis",
         "sequence (geometric-mean) TIS",
         lambda t: Canonical((_sequence_weight("geometric"),)),

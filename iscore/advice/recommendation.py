@@ -182,6 +182,7 @@ def _recommend(
         "token_cap": thresholds.token_cap,
         "geometric_band": list(thresholds.geo),
         "k3": thresholds.k3,
+        "mult_error": thresholds.mult_error,
         "broken_sequences": int(normal.broken.sum()),
         "global_offset": normal.d_center if normal.offset else None,
     }

@@ -30,6 +30,7 @@ class Normal:
     broken: np.ndarray  # bool [B]: sequences far outside the noise
     G: np.ndarray  # float64 [B], 0 where a sequence has no loss token
     k3: np.ndarray  # float64 [B]: mean per-token k3
+    mult_error: np.ndarray  # float64 [B]: mean per-token e^|d| (NeMo-RL's E), 0 without a token
     T: np.ndarray  # float64 [B]: loss tokens
     d: np.ndarray  # float64 [N loss tokens]
     token_broken: np.ndarray  # bool [N loss tokens]: tokens of broken sequences
@@ -56,10 +57,13 @@ class Normal:
         d_all = ops.log_ratio(batch).double()
         T = ops.segment_count(batch, m).double().cpu().numpy()
         S = ops.segment_sum(d_all, batch, m).cpu().numpy()
-        k3 = ops.segment_sum(ops.k3(d_all.clamp(-20.0, 20.0)), batch, m).cpu().numpy()
+        clamped = d_all.clamp(-20.0, 20.0)
+        k3 = ops.segment_sum(ops.k3(clamped), batch, m).cpu().numpy()
+        error = ops.segment_sum(clamped.abs().exp(), batch, m).cpu().numpy()
         has = T > 0
         G = np.where(has, S / np.maximum(T, 1.0), 0.0)
         k3 = np.where(has, k3 / np.maximum(T, 1.0), 0.0)
+        error = np.where(has, error / np.maximum(T, 1.0), 0.0)
         every = ops.mask_is_all(batch, m)  # then views, not copies (only ever read)
         d = (d_all if every else d_all[m]).cpu().numpy()
         d_center, d_spread = noise.median_mad(d)
@@ -86,6 +90,7 @@ class Normal:
             broken,
             G,
             k3,
+            error,
             T,
             d,
             token_broken,
@@ -169,6 +174,7 @@ class Thresholds:
     band: tuple[float, float]  # token ratio band
     geo: tuple[float, float]  # e^G band
     k3: float  # mean per-token k3 upper bound
+    mult_error: float  # upper bound on a sequence's mean e^|d| (NeMo-RL's E)
     normal: Normal
     # With a current policy: the cap and band placed likewise on its ratios over the rollout.
     policy_cap: float | None = None
@@ -188,6 +194,7 @@ class Thresholds:
             "geo_mask_token_tis": f"{geo}, token cap {self.token_cap:g}",
             "seq_mask_tis": geo,
             "k3_mask": f"mean k3 <= {self.k3:.3g}",
+            "mult_error_mask": f"mean e^|d| <= {self.mult_error:.6g}",
             "bypass_ppo": "no weight: the PPO ratio itself is e^(policy - rollout)",
             **self._describe_policy(),
         }.get(kind, "cap 2, the frameworks' usual sequence-level cap")
@@ -217,6 +224,8 @@ class Thresholds:
         # dropped by a bound on it without dropping them: it stays, and counts against it.
         g_half = _sequence_bound(np.abs(g_dev), healthy, normal.broken, 1e-4)
         k3_cap = _sequence_bound(normal.k3, healthy, normal.broken, 1e-6)
+        # E >= 1: the bound is placed on its excess over 1, as k3's on k3.
+        excess = _sequence_bound(normal.mult_error - 1.0, healthy, normal.broken, 1e-6)
         return cls(
             token_cap=cap,
             band=(_round_down(1.0 / cap), cap),
@@ -225,6 +234,7 @@ class Thresholds:
                 _round_up(ops.exp_of(normal.g_center + g_half), 5),
             ),
             k3=max(_round_up(k3_cap), 1e-9),  # frameworks take a positive bound
+            mult_error=1.0 + _round_up(excess),
             normal=normal,
             **_policy_thresholds(normal),
         )

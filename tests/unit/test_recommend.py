@@ -192,6 +192,41 @@ def test_broken_sequences_are_masked_where_the_framework_can(broken_replica, fra
         assert any("cannot express a setting that removes the broken" in r for r in rec.regimes)
 
 
+def _mean_mult_error(batch: TokenBatch) -> np.ndarray:
+    """Each sequence's mean e^|d| over its loss tokens (NeMo-RL's E), 0 without one."""
+    d = np.abs((batch.train - batch.rollout).double().numpy())
+    mask = batch.loss_mask.numpy()
+    bounds = batch.cu_seqlens.numpy()
+    return np.array(
+        [
+            np.exp(d[a:b][mask[a:b]]).mean() if mask[a:b].any() else 0.0
+            for a, b in itertools.pairwise(bounds)
+        ]
+    )
+
+
+def test_nemo_rls_sequence_filter_keeps_the_healthy_and_drops_the_broken_beyond(broken_replica):
+    """NeMo-RL's `seq_logprob_error_threshold` is a candidate there alone: its bound lies above
+    every healthy sequence's mean e^|d| and drops the broken sequences beyond them all."""
+    batch, _ = broken_replica
+    rec = recommend(batch, "nemo_rl")
+    found = next(c for c in rec.candidates if c.kind == "mult_error_mask")
+    tau = found.spec.seq_logprob_error_threshold
+    assert tau == rec.thresholds["mult_error"] and tau > 1.0
+    assert not found.spec.use_importance_sampling_correction  # the filter alone
+    error, called = _mean_mult_error(batch), broken_of(batch)
+    healthy = ~called & (error > 0)
+    assert error[healthy].max() <= tau
+    beyond = called & (error > error[healthy].max())
+    assert beyond.any() and (error[beyond] > tau).all()
+    keep = found.spec.replay(batch).keep.numpy()
+    seq = np.repeat(np.arange(error.size), batch.lengths.numpy())
+    assert not keep[beyond[seq]].any() and keep[healthy[seq] & batch.loss_mask.numpy()].all()
+    assert found.stats["healthy_seq_dropped"] == 0.0
+    for other in ("verl", "skyrl", "areal"):
+        assert all(c.kind != "mult_error_mask" for c in recommend(batch, other).candidates)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_context_dependent_offset_is_not_taken_for_broken_sequences(tmp_path_factory, seed):
     """Top-p processed rollout log-probs shift each sequence's median d by its own amount

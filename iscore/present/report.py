@@ -74,7 +74,7 @@ def render_html(analysis: Analysis, targets: Targets | None = None) -> str:
     (default: `Targets()`, those of `iscore recommend`)."""
     figures = all_figures(analysis)
     doc = analysis.to_dict()
-    parts = [
+    sections = [
         _header(doc),
         _health(doc),
         _flags(analysis.flags),
@@ -84,6 +84,7 @@ def render_html(analysis: Analysis, targets: Targets | None = None) -> str:
         _metadata_tables(doc),
         _worst_table(doc),
     ]
+    parts = [section for section in sections if section]  # a section that has nothing: no line
     scripts = []
     for title, keys in _SECTIONS:
         present = [k for k in keys if k in figures]

@@ -66,6 +66,17 @@ def test_build_a_setting_for_a_framework(loaded: AppTest) -> None:
     assert len(at.dataframe[0].value) == 1
 
 
+def test_a_framework_with_no_method_to_build_says_so(loaded: AppTest) -> None:
+    """prime-rl expresses no family of Tune's: the Build tab says to paste its config (it
+    raised a KeyError, the method box having nothing to offer)."""
+    at = _compare(loaded)
+    at.selectbox(key="build_framework").set_value("prime_rl").run()
+    no_exception(at)
+    assert not at.exception
+    assert any("paste its config instead" in plain(i.value) for i in at.info)
+    assert not [s for s in at.selectbox if s.key == "build_family"]
+
+
 def test_a_setting_the_dump_cannot_replay_is_removed_with_a_reason(loaded: AppTest) -> None:
     at = _compare(loaded, "verl:decoupled_geo_rs", "verl:bypass_pg_is")
     no_exception(at)

@@ -1,4 +1,5 @@
-"""`python -m testbed sweep`: train every regime's candidate settings and print the table."""
+"""`python -m testbed sweep`: train every regime's candidate settings and print the table;
+`python -m testbed leadtime`: the lead time of watch's default alerts on the mid-run regimes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from tqdm import tqdm
 from iscore import frameworks
 from iscore.errors import IscoreError
 from iscore.frameworks.resolve import load_config_text, parse_config, resolve
-from testbed.engine import NOISES, REGIMES
+from testbed import leadtime
+from testbed.engine import MIDRUN, NOISES, REGIMES
 from testbed.sweep import Cache, Candidate, Sweep, candidates, train_regime
 from testbed.table import markdown, summarize, to_json
 from testbed.training import Training
@@ -64,7 +66,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     sweep.add_argument("--no-cache", action="store_true", help="neither read nor write a cache")
     sweep.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    lead = commands.add_parser(
+        "leadtime",
+        help="when watch's default alerts fire on the mid-run regimes, against the damage",
+    )
+    lead.add_argument(
+        "--regimes",
+        default=",".join([*MIDRUN, "bf16"]),
+        help=f"comma separated, of {', '.join([*MIDRUN, *REGIMES])} (default %(default)s: "
+        "bf16, without a change, is where an alert is a false one)",
+    )
+    lead.add_argument(
+        "--seeds",
+        default=f"{leadtime.TUNE_SEEDS[0]}-{leadtime.TUNE_SEEDS[-1]}",
+        help="seeds FIRST-LAST (default %(default)s, those the default alerts were chosen on)",
+    )
+    lead.add_argument("--steps", type=int, default=leadtime.STEPS, help="updates per run")
+    lead.add_argument("--out", type=Path, help="write the Markdown table here too")
     args = parser.parse_args(argv)
+    if args.command == "leadtime":
+        return _leadtime(parser, args, argv)
     names = [n for n in args.regimes.split(",") if n]
     unknown = [n for n in names if n not in REGIMES]
     if unknown or not names or args.seeds < 2 or args.steps < Training().final_window:
@@ -107,6 +128,29 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(text)
     if args.json is not None:
         args.json.write_text(json.dumps(to_json(tables, config), indent=1) + "\n")
+    return 0
+
+
+def _leadtime(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str] | None
+) -> int:
+    """The `leadtime` command: measure each regime and print the table."""
+    known = {**MIDRUN, **REGIMES}
+    names = [n for n in args.regimes.split(",") if n]
+    first, _, last = args.seeds.partition("-")
+    if not names or any(n not in known for n in names) or not (first + last).isdigit():
+        parser.error(f"expected --regimes of {', '.join(known)} and --seeds FIRST-LAST")
+    seeds = list(range(int(first), int(last) + 1))
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    training = Training(steps=args.steps, curve_every=1)
+    lines = [leadtime.measure(known[n], seeds, training) for n in names]
+    minutes = (time.perf_counter() - start) / 60
+    command = shlex.join(["python", "-m", "testbed", *(sys.argv[1:] if argv is None else argv)])
+    text = leadtime.markdown(lines, f"Made by `{command}` in {minutes:.1f} min (1 thread).")
+    sys.stdout.write(text)
+    if args.out is not None:
+        args.out.write_text(text)
     return 0
 
 

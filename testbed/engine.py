@@ -16,10 +16,16 @@ of logits) plus noise: Gaussian on every logit (bf16-like), plus rare large outl
   rounding of weights that move by less than their bf16 step is; a stale replica gets the
   same table.
 
+Two regimes change mid-run (`MIDRUN`, for `testbed.leadtime`): a replica that stops syncing at
+a step, and noise that starts growing at a step (`Regime.scale`: every logit's noise, the table
+or the fresh draws, times 1 + `growth` per step from `grow_from`). Neither draws anything the
+others do not, so every regime's random streams are those of a regime without them.
+
 A share of the sequences may come from a stale replica, whose table is the policy of
-`Regime.stale_lag` steps ago (or the initial policy when it never syncs): each sample is its own
-request (verl's agent loop sends them one by one), so the replica serves single sequences, not
-whole prompt groups. Tokens are sampled from the engine's
+`Regime.stale_lag` steps ago (or the initial policy when it never syncs; or, from
+`Regime.stale_from` on, that step's policy: a replica that stops syncing mid-run): each sample
+is its own request (verl's agent loop sends them one by one), so the replica serves single
+sequences, not whole prompt groups. Tokens are sampled from the engine's
 distribution, and `rollout` holds the engine's log-prob of each: what vLLM or SGLang would
 report. The trainer's log-probs are the policy's own, gathered by the training loop.
 
@@ -53,6 +59,10 @@ class Regime:
         stale_lag: how many steps behind the stale replica is; None: it never syncs and
             samples from the initial policy.
         noise: `"fresh"` or `"per_context"` (module docstring).
+        stale_from: the stale replica syncs until this step and samples from this step's
+            policy after it; None: `stale_lag` says what it samples from.
+        grow_from: the noise starts growing at this step (`scale`); None: it never does.
+        growth: how much of its first size the noise adds per step from `grow_from`.
     """
 
     name: str
@@ -64,6 +74,9 @@ class Regime:
     stale_share: float = 0.0
     stale_lag: int | None = None
     noise: str = "fresh"
+    stale_from: int | None = None
+    grow_from: int | None = None
+    growth: float = 0.0
 
     def __post_init__(self) -> None:
         if self.noise not in NOISES:
@@ -77,6 +90,22 @@ class Regime:
             raise ValueError("Expected `tail_share` and `stale_share` to be fractions <= 1")
         if self.stale_lag is not None and self.stale_lag < 1:
             raise ValueError(f"Expected `stale_lag` >= 1 or None, but got {self.stale_lag!r}")
+        for name in ("stale_from", "grow_from"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"Expected `{name}` >= 0 or None, but got {getattr(self, name)!r}")
+        if self.growth < 0:
+            raise ValueError(f"Expected `growth` >= 0, but got {self.growth!r}")
+
+    def scale(self, step: int) -> float:
+        """The noise's size at `step`, as a multiple of its first: 1 before `grow_from`,
+        then 1 + `growth` more each step.
+
+        >>> MIDRUN["drift_mid"].scale(MIDRUN["drift_mid"].grow_from + 10)
+        4.0
+        """
+        if self.grow_from is None or step < self.grow_from:
+            return 1.0
+        return 1.0 + self.growth * (step - self.grow_from)
 
 
 REGIMES = {
@@ -116,6 +145,32 @@ REGIMES = {
 (docs/recommend.md: under fresh noise no correction beat every token-level one in long, an
 artefact of noise that averages out over steps)."""
 
+MIDRUN = {
+    r.name: r
+    for r in (
+        Regime(
+            "stale_mid",
+            "bf16 noise (fixed per context); from step 60 a replica serving 1 sequence in 8 "
+            "stops syncing",
+            sigma=0.05,
+            stale_share=0.125,
+            noise="per_context",
+            stale_from=60,
+        ),
+        Regime(
+            "drift_mid",
+            "bf16 noise (fixed per context) that grows from step 60 by 0.3 of its first size "
+            "a step",
+            sigma=0.05,
+            noise="per_context",
+            grow_from=60,
+            growth=0.3,
+        ),
+    )
+}
+"""The regimes whose mismatch starts mid-run (`testbed.leadtime`): the step the change begins
+at, and nothing before it that the bf16 regime lacks."""
+
 
 @dataclass(frozen=True, slots=True)
 class Rollouts:
@@ -142,6 +197,7 @@ def sample(
     groups: int,
     group_size: int,
     context: torch.Tensor | None = None,
+    scale: float = 1.0,
 ) -> Rollouts:
     """Sample a batch for every run through the perturbed engine.
 
@@ -159,6 +215,7 @@ def sample(
         group_size: sequences per group; B = groups x group_size.
         context: float32 [S, V, V + 1, V], each seed's `context_noise`: required with
             per-context noise, added to the tables of both the policy and the stale replica.
+        scale: the noise's size as a multiple of the regime's (`Regime.scale` of the step).
     """
     c, s, v, rows, _ = log_probs.shape
     length = regime.length
@@ -169,7 +226,7 @@ def sample(
     if regime.noise == "per_context":
         if context is None:
             raise ValueError("Expected the seeds' `context` noise with per-context noise")
-        table = table + context
+        table = table + (context if scale == 1.0 else context * scale)
     table = table.reshape(-1, v)
     run = torch.arange(c * s).view(c, s, 1, 1)
     # Row of each position's context in `table`, before adding its previous token; time
@@ -177,6 +234,8 @@ def sample(
     base = ((stale.long().unsqueeze(-1) * c * s + run) * v + inputs) * rows  # [C, S, B, L]
     base = base.movedim(-1, 0).contiguous()
     noise = noise.movedim(2, 0).contiguous()  # [L, S, B, V]
+    if scale != 1.0:
+        noise = noise * scale
     perturbed = noise + gumbel.movedim(2, 0)
     prev = torch.full((c, s, b), rows - 1)
     tokens = torch.empty(length, c, s, b, dtype=torch.int64)

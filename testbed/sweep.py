@@ -223,6 +223,9 @@ def _merge(found: Sequence[Candidate]) -> list[Candidate]:
 def run_key(sweep: Sweep, regime: Regime, candidate: Candidate, seed: int) -> str:
     """The cache key of one run: a digest of everything its result depends on."""
     regime_fields = {k: v for k, v in asdict(regime).items() if k not in ("name", "description")}
+    for name in _MIDRUN_FIELDS:  # at their defaults: the keys of the runs cached before them
+        if regime_fields[name] == Regime.__dataclass_fields__[name].default:
+            del regime_fields[name]
     what = {
         "version": CACHE_VERSION,
         "task": asdict(sweep.task),
@@ -232,6 +235,10 @@ def run_key(sweep: Sweep, regime: Regime, candidate: Candidate, seed: int) -> st
         "seed": seed,
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
+
+
+_MIDRUN_FIELDS = ("stale_from", "grow_from", "growth")
+"""The regime's fields of a change mid-run (`testbed.engine.MIDRUN`)."""
 
 
 class Cache:

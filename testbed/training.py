@@ -199,7 +199,12 @@ def train(
         current = log_probs.detach()
         history.append(current)
         stale = initial if regime.stale_lag is None else history[0]
-        batch = sample(regime, current, stale, gens, training.groups, training.group_size, context)
+        if regime.stale_from is not None:
+            if step <= regime.stale_from:
+                frozen = current
+            stale = frozen
+        size = training.groups, training.group_size
+        batch = sample(regime, current, stale, gens, *size, context, regime.scale(step))
         logp = _gather(log_probs, batch.inputs, batch.tokens)
         reward = rewards(batch.tokens, batch.inputs, rule)
         group = reward.unflatten(-1, (training.groups, training.group_size))

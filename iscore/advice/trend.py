@@ -12,7 +12,10 @@ setting's `by_step`), one row per training step; the events are found in it:
 - `offset`: the first step where the mean ratio <e^d> of the step's other sequences is not 1
   (`iscore.stats.noise.ratio_bias`, the test of the `ratio_mean_bias` flag);
 - `setting_degrades`: a setting that met the targets (`iscore.advice.targets.Targets`) on
-  every early step and misses them at every step from one on (`degrades_from`).
+  every early step and misses them at every step from one on (`degrades_from`);
+- `band_inert`: a setting whose mask rate does not rise while k3 does: over the steps that make
+  the growth, its token mask rate stays within the noise of its early level (`inert_from`), as
+  fixed IcePop bands mask fewer tokens while the gap widens.
 
 >>> trend = analyze("run/", ["verl:decoupled_geo_rs"]).trend  # doctest: +SKIP
 >>> [(e.kind, e.step) for e in trend.events]                  # doctest: +SKIP
@@ -72,15 +75,68 @@ SETTING_COLUMNS = (
 (`iscore.stats.columns.setting_columns`): its `by_step` values, `truncated_fraction` the sum of
 the high and low ones."""
 
-EventKind = Literal["growth", "broken_sequences", "offset", "setting_degrades"]
+EventKind = Literal["growth", "broken_sequences", "offset", "setting_degrades", "band_inert"]
 
 EVENT_KINDS: dict[str, str] = {
     "growth": "The mismatch began to grow",
     "broken_sequences": "Broken sequences appeared",
     "offset": "The two sides stopped scoring the same distribution",
     "setting_degrades": "A setting stopped meeting the targets",
+    "band_inert": "A setting's mask stopped following the mismatch",
 }
 """Each event kind's heading, in the order every surface shows them."""
+
+
+BROKEN_STEPS = 3
+"""Steps in a row with broken sequences before `default_alert` fires: a replica or rank that
+stays off breaks sequences at every step, where one step's few is what the broken test's false
+positives look like on small steps (tuned in docs/why.md#a-warning-before-the-damage)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultAlert:
+    """A default alert of `iscore watch` (`default_alert`): what holds, and from which step.
+
+    Attributes:
+        what: the condition, in words.
+        step: the first step it holds from (the alert is known some steps later: a growth
+            event and `BROKEN_STEPS` need the steps after it).
+    """
+
+    what: str
+    step: int
+
+
+def default_alert(trend: Trend, broken_steps: int = BROKEN_STEPS) -> DefaultAlert | None:
+    """The earliest of `iscore watch`'s default alerts to hold on the trend, or None: the
+    growth event (k3 above the early steps' band), or broken sequences on `broken_steps` steps
+    in a row. Chosen on the testbed's mid-run regimes, with no alert on its bf16 runs
+    (docs/why.md#a-warning-before-the-damage).
+
+    >>> rows = [{"step": s, "broken_sequences": int(s in (3, 6, 7, 8))} for s in range(10)]
+    >>> default_alert(Trend(tuple(rows), (), (), None, ()))
+    DefaultAlert(what='broken sequences on 3 steps in a row', step=6)
+    >>> default_alert(Trend(tuple(rows[:8]), (), (), None, ())) is None
+    True
+    """
+    found = [DefaultAlert("growth of k3", e.step) for e in trend.events if e.kind == "growth"]
+    step = broken_run(trend.rows, broken_steps)
+    if step is not None:
+        found.append(DefaultAlert(f"broken sequences on {broken_steps} steps in a row", step))
+    return min(found, key=lambda a: a.step, default=None)
+
+
+def broken_run(rows: Sequence[dict[str, Any]], steps: int) -> int | None:
+    """The first step of the trend's first `steps` steps in a row with broken sequences, or None.
+
+    >>> broken_run([{"step": s, "broken_sequences": int(s > 4)} for s in range(8)], 3)
+    5
+    """
+    broken = [bool(r["broken_sequences"]) for r in rows]
+    for t in range(len(broken) - steps + 1):
+        if all(broken[t : t + steps]):
+            return rows[t]["step"]
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +149,7 @@ class Event:
         metric: the per-step column it was found in (`k3`, `broken_sequences`,
             `healthy_ratio_mean`, or a setting's column).
         evidence: the numbers, in words.
-        setting: the setting's name, for `setting_degrades`.
+        setting: the setting's name, for `setting_degrades` and `band_inert`.
     """
 
     kind: EventKind
@@ -251,11 +307,13 @@ class GrowingTrend:
         table = tuple(self._rows[step] for step in self._steps)
         k3 = [r["healthy_k3"] for r in table if r["healthy_k3"] is not None]
         band = Baseline.of(k3) if len(k3) >= 3 else None
+        growth = _growth(table, band)
         events = [
-            *_growth(table, band),
+            *growth,
             *_broken(table),
             *_offset(table),
             *_degrades(self._judged, self.names, self.prefixes, self.targets),
+            *_inert(table, band, growth, self.names, self.prefixes),
         ]
         return Trend(
             table,
@@ -388,6 +446,75 @@ def _degrades(
                 f"{name} met the targets until step {before['step']} and misses "
                 f"them at every step from {row['step']} to {last['step']} (at step "
                 f"{row['step']}: {'; '.join(misses)})",
+                name,
+            )
+        )
+    return events
+
+
+INERT_Z = 2.0
+"""Binomial standard errors above its early level within which a mask rate has not risen."""
+
+
+def inert_from(masked: Sequence[float], tokens: Sequence[int], rise: int) -> bool:
+    """Whether a setting's token mask rate stayed at its early level while k3 rose: at the
+    latest `SUSTAIN_STEPS` steps of the rise (from index `rise` on), the median rate is at most
+    the early steps' median plus `INERT_Z` binomial standard errors of a step's tokens. A
+    setting that masks nothing at any step has no band to go inert.
+
+    >>> inert_from([0.01] * 8 + [0.05, 0.008, 0.012, 0.01], [1000] * 12, 8)
+    True
+    >>> inert_from([0.01] * 8 + [0.01, 0.05, 0.06, 0.07], [1000] * 12, 8)
+    False
+    """
+    if not any(masked):
+        return False
+    early = sorted(masked[: early_steps(len(masked))])
+    level = early[len(early) // 2]
+    latest = slice(max(rise, len(masked) - SUSTAIN_STEPS), len(masked))
+    after = sorted(masked[latest])
+    n = min(tokens[latest])
+    noise = math.sqrt(max(level, 1 / n) * (1 - level) / n)
+    return after[len(after) // 2] <= level + INERT_Z * noise
+
+
+def _inert(
+    rows: Sequence[dict[str, Any]],
+    band: Baseline | None,
+    growth: Sequence[Event],
+    names: Sequence[str],
+    prefixes: Sequence[str],
+) -> list[Event]:
+    """`band_inert` for each setting whose mask rate is at its early level at the latest steps,
+    where k3 is still above the early band: the event's step is the growth's."""
+    if not growth or band is None:
+        return []
+    step = growth[0].step
+    events = []
+    for name, prefix in zip(names, prefixes, strict=True):
+        column = f"{prefix}_token_masked_fraction"
+        measured = [
+            r for r in rows if r[column] is not None and r["tokens"] and r["healthy_k3"] is not None
+        ]
+        rise = next((i for i, r in enumerate(measured) if r["step"] >= step), None)
+        if rise is None or rise < early_steps(len(measured)):
+            continue
+        at = measured[max(rise, len(measured) - SUSTAIN_STEPS) :]
+        k3 = sorted(r["healthy_k3"] for r in at)[len(at) // 2]
+        masked = [r[column] for r in measured]
+        if k3 <= band.upper or not inert_from(masked, [r["tokens"] for r in measured], rise):
+            continue
+        early = sorted(masked[: early_steps(len(masked))])
+        events.append(
+            Event(
+                "band_inert",
+                step,
+                column,
+                f"{name} masks {', '.join(f'{r[column]:.2%}' for r in at)} of the tokens at "
+                f"steps {at[0]['step']}-{at[-1]['step']}, where k3 is {k3 / band.median:.3g}x "
+                f"the early median (median of those steps); it masked "
+                f"{early[len(early) // 2]:.2%} at {band.early}: its band does not follow the "
+                "mismatch",
                 name,
             )
         )

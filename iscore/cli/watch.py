@@ -19,8 +19,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Follow a run that is still writing: analyze each step file as it lands "
         "(whole files only; an empty folder is waited on), print one line per new step with "
         "its key figures and the events found (growth, broken sequences, offset, a setting "
-        "that stops meeting the targets; docs/runs.md). Exit 0, 3 for --exit-on-alert, 130 "
-        "on Ctrl-C.",
+        "that stops meeting the targets, a band that does not follow the mismatch; "
+        "docs/runs.md) and the default alerts: the mismatch's growth, or broken sequences "
+        "step after step (docs/why.md#a-warning-before-the-damage). Exit 0, 3 for "
+        "--exit-on-alert, 130 on Ctrl-C.",
     )
     p.add_argument(
         "folder",
@@ -52,7 +54,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "the first step where it holds (repeatable)",
     )
     p.add_argument(
-        "--exit-on-alert", action="store_true", help="exit with status 3 once an alert holds"
+        "--no-default-alerts",
+        dest="default_alerts",
+        action="store_false",
+        help="only the --alert rules: no alert on the mismatch's growth or on broken "
+        "sequences step after step",
+    )
+    p.add_argument(
+        "--exit-on-alert",
+        action="store_true",
+        help="exit with status 3 once an alert holds (a default one too)",
     )
     p.add_argument("--once", action="store_true", help="read what is there, print, and exit")
     p.add_argument(
@@ -89,6 +100,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
+    from iscore.advice.trend import default_alert
     from iscore.dump import parse_mapping
     from iscore.frameworks import resolve
     from iscore.passes import Alert, Follower
@@ -108,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     alerts = [Alert.compile(rule, follower.trend) for rule in args.alert]
     scalars = None if args.tensorboard is None else ScalarWriter(args.tensorboard)
     fired: set[str] = set()
+    warned = not args.default_alerts
     waiting = False
     try:
         while True:
@@ -126,6 +139,17 @@ def run(args: argparse.Namespace) -> int:
                     print(f"alert: {alert.rule} holds at step {step}", flush=True)
                     if args.exit_on_alert:
                         return 3
+            # The rules asked for first: where both hold at one poll, theirs is the line.
+            found = None if warned else default_alert(update.trend)
+            if found is not None:
+                warned = True
+                print(
+                    f"alert: {found.what} from step {found.step} (a default alert; "
+                    "--no-default-alerts turns them off)",
+                    flush=True,
+                )
+                if args.exit_on_alert:
+                    return 3
             if args.once:
                 return 0
             if not follower.files and not waiting:

@@ -183,6 +183,19 @@ def test_watch_exits_3_at_the_step_an_alert_first_holds(tmp_path):
     assert "  broken_sequences from step 6: " in out
 
 
+def test_watch_raises_its_default_alert_on_growth_unless_told_not_to(source, capsys):
+    """The source run's noise grows from step 5: the growth event is a default alert."""
+    assert main(["watch", str(source), "--once", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    (alert,) = [line for line in out.splitlines() if line.startswith("alert:")]
+    assert alert.startswith("alert: growth of k3 from step ") and "(a default alert;" in alert
+    assert main(["watch", str(source), "--once", "--no-cache", "--exit-on-alert"]) == 3
+    capsys.readouterr()
+    argv = ["watch", str(source), "--once", "--no-cache", "--exit-on-alert", "--no-default-alerts"]
+    assert main(argv) == 0
+    assert "alert:" not in capsys.readouterr().out
+
+
 def test_watch_once_prints_a_line_per_step_and_ctrl_c_stops_it(source, tmp_path, capsys):
     run = tmp_path / "run"
     for step in range(3):

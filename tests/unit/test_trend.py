@@ -206,3 +206,47 @@ def test_a_loaded_batch_judged_step_by_step_finds_what_the_analysis_reports(tmp_
     per_step = np.bincount(batch.step.numpy()[broken], minlength=8).tolist()
     assert per_step == [row["broken_sequences"] for row in a.mismatch.by_step]
     assert per_step[:5] == [0] * 5 and min(per_step[5:]) >= 1
+
+
+def _followed(masked: list[float], k3: list[float]):
+    """A trend built a step at a time from `by_step` rows: one IcePop setting masking
+    `masked` of 10,000 tokens a step, the mismatch's k3 `k3`."""
+    from iscore.advice.targets import Targets
+    from iscore.advice.trend import GrowingTrend
+
+    spec = resolve("verl:decoupled_token_is")
+    trend = GrowingTrend([spec], [spec.name], Targets())
+    for step, (m, k) in enumerate(zip(masked, k3, strict=True)):
+        mismatch = {"tokens": 10_000, "sequences": 50, "healthy_k3": k, "broken_sequences": 0}
+        setting = {"tokens": 10_000, "token_masked_fraction": m, "seq_masked_fraction": 0.0}
+        trend.set(step, mismatch, [setting | {"lr_scale": 1.0, "ess": 1.0}])
+    return trend.trend()
+
+
+@pytest.mark.parametrize("seed", [16, 17])
+def test_a_band_whose_mask_rate_stays_while_k3_rises_is_called_inert(seed):
+    rng = np.random.default_rng(seed)
+    k3 = [1e-4 * (1 + 0.1 * rng.random()) for _ in range(12)] + [1e-4 * 2**t for t in range(2, 8)]
+    flat = [0.01 + 0.0005 * rng.standard_normal() for _ in k3]
+    events = _followed(flat, k3).events
+    growth = next(e for e in events if e.kind == "growth")
+    (inert,) = [e for e in events if e.kind == "band_inert"]
+    assert inert.step == growth.step == 12 and inert.setting == "decoupled_token_is"
+    assert inert.metric == "decoupled_token_is_token_masked_fraction"
+    assert "steps 15-17" in inert.evidence and "its band does not follow" in inert.evidence
+    # A band whose mask rate rises with k3, or a setting that masks nothing, is not inert.
+    following = flat[:12] + [0.01 * 2**t for t in range(1, 7)]
+    for masked in (following, [0.0] * len(k3)):
+        assert not [e for e in _followed(masked, k3).events if e.kind == "band_inert"]
+    # Nor is a band that stays while k3 rises and falls back.
+    back = k3[:15] + k3[:3]
+    assert not [e for e in _followed(flat, back).events if e.kind == "band_inert"]
+
+
+def test_the_default_alert_is_the_earlier_of_growth_and_lasting_broken_sequences():
+    from iscore.advice.trend import default_alert
+
+    k3 = [1e-4] * 12 + [1e-3] * 6
+    trend = _followed([0.0] * 18, k3)
+    assert default_alert(trend).what == "growth of k3" and default_alert(trend).step == 12
+    assert default_alert(_followed([0.0] * 12, [1e-4] * 12)) is None

@@ -162,6 +162,22 @@ def test_expert_ids_and_turns_on_ray_equal_one_process(cluster, tmp_path):
     assert "routing" in {f["kind"] for f in ray_doc["attribution"]["findings"]}
 
 
+@pytest.mark.parametrize("layout", ["sequence", "token"])
+def test_metadata_columns_on_ray_equal_one_process(cluster, tmp_path, layout):
+    """The breakdown by replica and weight version, and the finding that names the noisy
+    replica, travel through the tasks' parts in both layouts."""
+    folder = tmp_path / layout
+    config = SimConfig(
+        sequences=32, steps=4, median_len=120, seed=6, replicas=4, noisy_replica=3, noisy_factor=6.0
+    )
+    write_run(folder, config, ranks=2, layout=layout)
+    ray_doc = _doc(Dump(folder), "ray")
+    _assert_same(ray_doc, _doc(Dump(folder)))
+    assert [row["value"] for row in ray_doc["mismatch"]["by_replica"]] == [0, 1, 2, 3]
+    findings = [f["summary"] for f in ray_doc["attribution"]["findings"]]
+    assert any(m.startswith("replica 3: k3 ") for m in findings), findings
+
+
 def test_a_selection_and_dropped_sequences_equal_one_process(cluster, run, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(run, bad)

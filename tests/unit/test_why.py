@@ -255,6 +255,10 @@ def test_a_column_of_the_dump_and_the_turn_are_factors(tmp_path):
     assert [s.factor for s in w.by] == ["replica", "prob", "turn"]
     assert w.best.factor == "replica" and w.composition > 0.9
     assert w.factor("replica").moved.where == "with replica = 1"
+    # The same tokens in token layout (a row a token, the replica on each) split the same.
+    tokens = why(_write(tmp_path / "replicas_tokens.parquet", *steps), 0, 1, by=["replica"])
+    assert tokens.by[0].composition == pytest.approx(w.by[0].composition, rel=1e-9)
+    assert [b.tokens for b in tokens.by[0].bins] == [b.tokens for b in w.by[0].bins]
     assert [s.factor for s in why(path, 0, 1).by] == ["prob", "length", "position", "turn"]
     with pytest.raises(ConfigError, match=r"integers, strings or booleans.*'reward' is double"):
         why(path, 0, 1, by=["reward"])

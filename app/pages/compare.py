@@ -8,7 +8,6 @@ import runs
 import session
 import streamlit as st
 
-from iscore import frameworks
 from iscore.advice import FAMILIES, family_spec, flags_of, frameworks_for
 from iscore.errors import IscoreError
 from iscore.frameworks import NAMES as FRAMEWORKS
@@ -68,12 +67,6 @@ def _add_your_own() -> None:
             key="build_framework",
         )
         methods = [k for k in FAMILIES if framework in frameworks_for(k)]
-        if not methods:  # prime-rl's losses are no family of Tune's
-            st.info(
-                f"{render.escape(frameworks.get(framework).title)} expresses none of the "
-                "methods built here: paste its config instead."
-            )
-            return
         family = cols[1].selectbox(
             "Method", methods, format_func=lambda k: FAMILIES[k].label, key="build_family"
         )

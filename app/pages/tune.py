@@ -28,8 +28,6 @@ st.caption(
 )
 session.notice()
 
-# Only frameworks that express a family exactly can be tuned (prime-rl bounds a probability
-# difference, not a ratio).
 tunable = [name for name in FRAMEWORKS if frameworks.get(name).families]
 if state.get("tune_framework", compare_list.framework()) not in tunable:
     state.tune_framework = tunable[0]
@@ -39,7 +37,9 @@ framework = cols[0].selectbox(
     help="Whose setting this is: the LR scale follows that framework's loss aggregation",
     **session.persist("tune_framework", compare_list.framework()),
 )  # fmt: skip
-choices = [k for k in FAMILIES if k in frameworks.get(framework).families]
+expressed = [k for k in FAMILIES if k in frameworks.get(framework).families]
+# DPPO picks its side by each sequence's advantage: a dump without one cannot place it.
+choices = [k for k in expressed if tuner.advantages or not FAMILIES[k].needs_advantage]
 if state.get("tune_family") not in choices:  # a family the framework cannot express
     state.tune_family = choices[0]
 family = cols[1].selectbox(
@@ -47,6 +47,9 @@ family = cols[1].selectbox(
     **session.persist("tune_family", choices[0]),
 )  # fmt: skip
 f = FAMILIES[family]
+if len(choices) < len(expressed):
+    missing = ", ".join(FAMILIES[k].label for k in expressed if k not in choices)
+    st.caption(f"{missing}: needs the dump's `advantage` column, which this dump lacks.")
 
 
 def _marks() -> list[tuple[str, tuple[float, ...]]]:

@@ -14,6 +14,13 @@ sum and mean of d over a sequence's loss tokens, T their count):
 - `product_mask(lower, upper)`: sequences kept iff lower <= e^clamp(S, +-20) <= upper, w = 1.
 - `k3_mask(threshold)`: sequences kept iff mean k3 of their tokens <= threshold (verl
   `seq_mean_k3`), w = 1.
+- `dppo(low, high)`: prime-rl's default trust region on dp = e^l_theta - e^l_r: a token whose
+  sequence's advantage A > 0 is dropped iff dp > high, any other iff dp < -low; w = rho,
+  unclamped, where kept, else 0. Needs the dump's `advantage`.
+- `ipo(threshold)`: prime-rl's IPO trust region: dropped iff |dp| > threshold; w as for DPPO.
+
+The last two compute dp and rho in float32 and compare the bounds in float32, as prime-rl does
+(`iscore.frameworks.prime_rl.prob_diff`), so their masks are the replay's token for token.
 
 Each returns a `TuneResult`; `lr_scale` is sum(w) / N (token-mean over loss tokens, rejected
 tokens keeping their place in the denominator, as most frameworks do), or under the
@@ -42,6 +49,7 @@ from iscore.frameworks import (
     Spec,
     check_choice,
     mask_component,
+    prime_rl,
     weight_component,
 )
 from iscore.packed import ops
@@ -100,6 +108,11 @@ class _Sorted:
         return float(self.prefix[name][stop] - self.prefix[name][start])
 
 
+def _float32(bound: float) -> float:
+    """`bound` as a float32 tensor compares with it (rounded to the nearest float32)."""
+    return float(np.float32(bound))
+
+
 def _prefix(values: np.ndarray) -> np.ndarray:
     """float64 [n + 1] running sums, from 0."""
     out = np.empty(values.size + 1, dtype=np.float64)
@@ -138,6 +151,7 @@ class Tuner:
         self._k3 = _Sorted(k3, T=T, one=np.ones_like(T))
         self._batch = batch
         self._per_sequence_rho: _Sorted | None = None
+        self._trust: dict[str, _Sorted] | None = None
 
     def _rho_by_sequence(self) -> _Sorted:
         """The token ratios sorted with each token's 1/T: what a sequence-mean aggregation
@@ -149,6 +163,60 @@ class Tuner:
             c = ops.broadcast(inv_t, batch)[m].cpu().numpy()
             self._per_sequence_rho = _Sorted(rho, c=c, wc=rho * c)
         return self._per_sequence_rho
+
+    def _trust_region(self) -> dict[str, _Sorted]:
+        """prime-rl's statistics over loss tokens, sorted on first use: |dp| ("abs"), and dp of
+        the tokens whose advantage is > 0 ("positive") and of the others ("other", NaN among
+        them: prime-rl's `A > 0` is false there), each with rho = e^d as weight. The last two
+        only where the batch carries the advantage."""
+        if self._trust is None:
+            batch, m = self._batch, self._batch.loss_mask
+            dp = prime_rl.prob_diff(batch)[m].double().cpu().numpy()
+            rho = prime_rl.ratio(batch)[m].double().cpu().numpy()
+            self._trust = {"abs": _Sorted(np.abs(dp), w=rho, w2=rho * rho)}
+            if self.advantages:
+                positive = (prime_rl.token_advantage(batch)[m] > 0).cpu().numpy()
+                for name, rows in (("positive", positive), ("other", ~positive)):
+                    self._trust[name] = _Sorted(dp[rows], w=rho[rows], w2=rho[rows] ** 2)
+        return self._trust
+
+    @property
+    def advantages(self) -> bool:
+        """Whether the batch carries each sequence's `advantage` (the DPPO family needs it)."""
+        extra = self._batch.extra
+        return extra is not None and "advantage" in extra.column_names
+
+    def _kept(self, w: float, w2: float, kept: int, aggregation: Aggregation) -> TuneResult:
+        """A trust region's result: `kept` tokens of weight sum `w`, the others dropped."""
+        if aggregation.mode != "token-mean" or aggregation.shrinks:
+            raise ConfigError(
+                "Expected prime-rl's own loss aggregation (the step's sum over its count of "
+                f"loss tokens) for a trust region, but got {aggregation.describe()}"
+            )
+        return self._result(w, w2, self.tokens - kept, None, 0.0)
+
+    def dppo(self, low: float, high: float, *, aggregation: Aggregation = _TOKEN) -> TuneResult:
+        """w = rho unless (A > 0 and dp > high) or (A <= 0 and dp < -low), then 0.
+
+        Raises:
+            ConfigError: the batch carries no advantage.
+        """
+        if not self.advantages:
+            prime_rl.token_advantage(self._batch)  # raises, saying what is missing
+        trust = self._trust_region()
+        positive, other = trust["positive"], trust["other"]
+        hi = positive.index(_float32(high), side="right")
+        lo = other.index(-_float32(low), side="left")
+        end = other.keys.size
+        w = positive.total("w", 0, hi) + other.total("w", lo, end)
+        w2 = positive.total("w2", 0, hi) + other.total("w2", lo, end)
+        return self._kept(w, w2, hi + end - lo, aggregation)
+
+    def ipo(self, threshold: float, *, aggregation: Aggregation = _TOKEN) -> TuneResult:
+        """w = rho where |dp| <= threshold, else 0."""
+        table = self._trust_region()["abs"]
+        hi = table.index(_float32(threshold), side="right")
+        return self._kept(table.total("w", 0, hi), table.total("w2", 0, hi), hi, aggregation)
 
     def _result(
         self, w: float, w2: float, masked: float, seq_masked: float | None, truncated: float
@@ -251,23 +319,35 @@ class Tuner:
 
     def quantiles(self, family: str, qs: Sequence[float]) -> dict[float, float]:
         """Quantiles (nearest rank) of the statistic a family thresholds (token ratio, e^G,
-        e^S, mean k3), read off the sorted table: where sliders should stop."""
-        table = {
-            "token": self._rho,
-            "geometric": self._geo,
-            "product": self._product,
-            "k3": self._k3,
-        }[family]
-        n = table.keys.size
+        e^S, mean k3; |dp|, dp of the A > 0 tokens, -dp of the others), read off the sorted
+        table: where sliders should stop."""
+        if family in ("abs_prob_diff", "dppo_high", "dppo_low"):
+            if family != "abs_prob_diff" and not self.advantages:
+                prime_rl.token_advantage(self._batch)  # raises, saying what is missing
+            trust = self._trust_region()
+            keys = {
+                "abs_prob_diff": lambda: trust["abs"].keys,
+                "dppo_high": lambda: trust["positive"].keys,
+                "dppo_low": lambda: -trust["other"].keys[::-1],  # -dp, increasing
+            }[family]()
+        else:
+            table = {
+                "token": self._rho,
+                "geometric": self._geo,
+                "product": self._product,
+                "k3": self._k3,
+            }[family]
+            keys = table.keys
+        n = keys.size
         if not n:
             return {q: float("nan") for q in qs}
-        at = table.keys[np.rint(np.asarray(qs, dtype=np.float64) * (n - 1)).astype(np.int64)]
+        at = keys[np.rint(np.asarray(qs, dtype=np.float64) * (n - 1)).astype(np.int64)]
         if family == "geometric":
             at = np.exp(at)
         return dict(zip(qs, at.tolist(), strict=True))
 
 
-Statistic = Literal["token", "geometric", "product", "k3"]
+Statistic = Literal["token", "geometric", "product", "k3", "abs_prob_diff", "dppo_low", "dppo_high"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +362,11 @@ class Family:
         defaults: a common setting, one value per bound.
         rule: the family's rule in one line.
         truncates: whether it clamps weights (else `TuneResult.truncated_fraction` is 0).
+        per_bound: where the bounds threshold different statistics, each bound's (else
+            `statistic` is every bound's).
+        needs_advantage: whether `Tuner` needs the dump's `advantage` for it.
+        ceiling: the largest threshold that can matter, where there is one (|dp| <= 1 for any
+            two probabilities: a threshold of 1 drops nothing), the sliders' end.
     """
 
     key: str
@@ -291,6 +376,13 @@ class Family:
     defaults: tuple[float, ...]
     rule: str
     truncates: bool = False
+    per_bound: tuple[Statistic, ...] = ()
+    needs_advantage: bool = False
+    ceiling: float | None = None
+
+    def statistic_of(self, bound: int) -> Statistic:
+        """What bound number `bound` thresholds (`Tuner.quantiles` family)."""
+        return self.per_bound[bound] if self.per_bound else self.statistic
 
 
 FAMILIES: dict[str, Family] = {
@@ -320,6 +412,18 @@ FAMILIES: dict[str, Family] = {
         Family(
             "k3_mask", "k3 sequence mask", "k3", ("threshold",), (0.01,),
             "keep a sequence iff its mean per-token k3 ≤ threshold; w = 1",
+        ),
+        Family(
+            "dppo", "DPPO trust region (prime-rl)", "abs_prob_diff", ("low", "high"),
+            (0.2, 0.2),
+            "drop a token iff A > 0 and Δp > high, or A ≤ 0 and Δp < -low, Δp = e^l_theta - "
+            "e^l_rollout; w = rho where kept, else 0",
+            per_bound=("dppo_low", "dppo_high"), needs_advantage=True, ceiling=1.0,
+        ),
+        Family(
+            "ipo", "IPO trust region (prime-rl)", "abs_prob_diff", ("threshold",), (0.1,),
+            "drop a token iff |Δp| > threshold, Δp = e^l_theta - e^l_rollout; w = rho where kept, "
+            "else 0", ceiling=1.0,
         ),
     )
 }  # fmt: skip
@@ -365,9 +469,9 @@ def grid(
     out = {}
     for i, (bound, default) in enumerate(zip(f.bounds, f.defaults, strict=True)):
         tail = np.geomspace(0.25, 1e-6, points)  # the share of the data beyond the bound
-        q = tuner.quantiles(f.statistic, tail if bound == "lower" else 1.0 - tail)
+        q = tuner.quantiles(f.statistic_of(i), tail if bound == "lower" else 1.0 - tail)
         data = np.array(list(q.values()), dtype=np.float64)
-        if bound == "threshold":
+        if bound not in RATIO_BOUNDS:
             values = _threshold_values(data[data > 0], default)
         else:
             sign = 1.0 if bound == "upper" else -1.0
@@ -375,8 +479,15 @@ def grid(
             delta = sign * np.log(data[(sign * np.log(np.maximum(data, 1e-300))) > 0])
             values = np.exp(sign * _distances(delta, abs(math.log(default))))
         chosen = {default, *(float(v[i]) for v in include)}
+        if f.ceiling is not None:
+            values = np.append(values[values < f.ceiling], f.ceiling)
         out[bound] = sorted({_round(float(v), bound) for v in values} | chosen)
     return out
+
+
+RATIO_BOUNDS = ("upper", "lower")
+"""The bounds on a ratio (around 1); every other bound is a threshold on a statistic >= 0
+(k3, |dp|, or one side of dp)."""
 
 
 def _distances(delta: np.ndarray, default: float) -> np.ndarray:
@@ -392,7 +503,7 @@ def _distances(delta: np.ndarray, default: float) -> np.ndarray:
 
 
 def _threshold_values(data: np.ndarray, default: float) -> np.ndarray:
-    """A k3 threshold's slider values: the data's quantiles (`data`, increasing), a few from
+    """A threshold's slider values: the data's quantiles (`data`, increasing), a few from
     the bulk towards 0 and a few past the largest, up to 3 times it."""
     if not data.size:
         data = np.array([default])
@@ -404,7 +515,7 @@ def _threshold_values(data: np.ndarray, default: float) -> np.ndarray:
 def _round(value: float, bound: str, digits: int = 3) -> float:
     """`value` to `digits` significant digits of what matters: its distance from 1 for a ratio
     bound near 1 (1.001234 -> 1.00123), itself for a threshold or a ratio far below 1."""
-    scale = value if bound == "threshold" else min(abs(value - 1.0), value)
+    scale = value if bound not in RATIO_BOUNDS else min(abs(value - 1.0), value)
     if scale == 0.0:
         return value
     return round(value, digits - 1 - math.floor(math.log10(scale)))
@@ -416,23 +527,17 @@ def family_of(spec: Spec) -> tuple[str, tuple[float, ...]] | None:
     >>> from iscore.frameworks.resolve import presets
     >>> family_of(presets()["verl:decoupled_token_is"])
     ('token_tis', (2.0,))
+    >>> family_of(presets()["prime_rl:prime_rl_ipo_eps03"])
+    ('ipo', (0.3,))
     """
     fw = frameworks.get(spec.framework)
     setting = fw.to_canonical(spec)
-    if len(setting.components) != 1:
-        return None
-    (c,) = setting.components
-    band = c.zero or c
-    in_ratio = band.statistic == "log_ratio"  # verl's k1 bounds are log-ratios
     for key in FAMILIES:
         if key not in fw.families:
             continue
-        bounds = FAMILIES[key].bounds
-        values = (band.lower, band.upper) if len(bounds) == 2 else (c.upper,)
-        if any(v is None for v in values):
+        values = _bound_values(key, setting)
+        if values is None or any(v is None for v in values):
             continue
-        if in_ratio and len(bounds) == 2:
-            values = tuple(float(f"{math.exp(v):.12g}") for v in values)
         try:
             candidate = fw.to_canonical(family_spec(key, values, spec.framework))
         except ConfigError:
@@ -440,6 +545,27 @@ def family_of(spec: Spec) -> tuple[str, tuple[float, ...]] | None:
         if candidate == setting or candidate.loosely_equals(setting):
             return key, tuple(float(v) for v in values)
     return None
+
+
+def _bound_values(family: str, setting: Canonical) -> tuple[float | None, ...] | None:
+    """The bound values `setting` would have as a setting of `family`, read off its
+    components (`family_of` checks that the family's setting of them is `setting`)."""
+    if family in ("dppo", "ipo"):
+        bands = [m for m in setting.masks if m.statistic == "prob_diff"]
+        if len(bands) != 1 or bands[0].lower is None:
+            return None
+        (band,) = bands
+        return (-band.lower, band.upper) if family == "dppo" else (band.upper,)
+    if len(setting.components) != 1:
+        return None
+    (c,) = setting.components
+    band = c.zero or c
+    if len(FAMILIES[family].bounds) == 1:
+        return (c.upper,)
+    if band.statistic == "log_ratio" and None not in (band.lower, band.upper):
+        # verl's k1 bounds are log-ratios
+        return tuple(float(f"{math.exp(v):.12g}") for v in (band.lower, band.upper))
+    return band.lower, band.upper
 
 
 def nearest(values: Sequence[float], target: float) -> float:
@@ -502,6 +628,12 @@ def family_setting(family: str, values: Sequence[float]) -> Canonical:
         return Canonical((mask_component("geometric", *values),))
     if family == "product_mask":
         return Canonical((mask_component("sequence", *values, numerics="clamp"),))
+    if family == "dppo":
+        low, high = values
+        return prime_rl.to_canonical(prime_rl.PrimeRLLoss(dppo_mask_low=low, dppo_mask_high=high))
+    if family == "ipo":
+        (threshold,) = values
+        return prime_rl.to_canonical(prime_rl.PrimeRLLoss(type="ipo", ipo_threshold=threshold))
     (threshold,) = values
     k3 = mask_component("geometric", upper=threshold, statistic="k3", numerics="clamp_each")
     return Canonical((k3,))

@@ -200,15 +200,14 @@ class PrimeRLLoss:
     def dropped(self, batch: TokenBatch) -> torch.Tensor:
         """bool [N]: the tokens the trust region drops from the policy-gradient term (over
         every token; the loss mask is applied by `replay`)."""
-        theta, rollout = _policy(batch), batch.rollout
         if self.type == "kpop":
-            threshold = self.kpop_threshold
+            theta, rollout, threshold = _policy(batch), batch.rollout, self.kpop_threshold
             forward, reverse = ops.binary_kl(theta, rollout), ops.binary_kl(rollout, theta)
             return (forward > threshold) | (reverse > threshold)
-        dp = torch.exp(theta) - torch.exp(rollout)  # float32, as prime-rl's
+        dp = prob_diff(batch)
         if self.type == "ipo":
             return dp.abs() > self.ipo_threshold
-        positive = _advantage(batch) > 0
+        positive = token_advantage(batch) > 0
         return torch.where(positive, dp > self.dppo_mask_high, dp < -self.dppo_mask_low)
 
     def replay(self, batch: TokenBatch) -> Replay:
@@ -217,9 +216,20 @@ class PrimeRLLoss:
         Raises:
             ConfigError: (default loss) the batch carries no advantage.
         """
-        rho = torch.exp(_policy(batch) - batch.rollout)  # float32; no clamp
+        rho = ratio(batch)
         weight = torch.where(self.dropped(batch), rho.new_zeros(()), rho * self.adv_tau)
         return Replay.build(batch, weight, batch.loss_mask, rho)
+
+
+def prob_diff(batch: TokenBatch) -> torch.Tensor:
+    """float32 [N]: dp = e^l_theta - e^l_r per token, in float32 as prime-rl computes it (its
+    thresholds compare in float32 too: a Python float against a float32 tensor)."""
+    return torch.exp(_policy(batch)) - torch.exp(batch.rollout)
+
+
+def ratio(batch: TokenBatch) -> torch.Tensor:
+    """float32 [N]: rho = e^(l_theta - l_r) per token, neither clamped nor detached."""
+    return torch.exp(_policy(batch) - batch.rollout)
 
 
 def _needs_version() -> ConfigError:
@@ -237,7 +247,7 @@ def _policy(batch: TokenBatch) -> torch.Tensor:
     return batch.train.float()
 
 
-def _advantage(batch: TokenBatch) -> torch.Tensor:
+def token_advantage(batch: TokenBatch) -> torch.Tensor:
     """float64 [N]: each token's copy of its sequence's advantage (null as NaN: low side)."""
     extra = batch.extra
     if extra is None or "advantage" not in extra.column_names:
@@ -531,4 +541,5 @@ FRAMEWORK = Framework(
     support="replays vLLM's sampling mask over the trainer's logits since #3431 (after this "
     "commit; no flag)",
     snippet_formats=("yaml", "flags"),
+    families=frozenset({"dppo", "ipo"}),
 )

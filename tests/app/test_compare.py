@@ -66,15 +66,21 @@ def test_build_a_setting_for_a_framework(loaded: AppTest) -> None:
     assert len(at.dataframe[0].value) == 1
 
 
-def test_a_framework_with_no_method_to_build_says_so(loaded: AppTest) -> None:
-    """prime-rl expresses no family of Tune's: the Build tab says to paste its config (it
-    raised a KeyError, the method box having nothing to offer)."""
+def test_build_a_prime_rl_trust_region(loaded: AppTest) -> None:
+    """prime-rl's DPPO band is built by its two bounds (the tab raised a KeyError while
+    prime-rl had no method to offer) and replays on the sample's advantages."""
     at = _compare(loaded)
     at.selectbox(key="build_framework").set_value("prime_rl").run()
     no_exception(at)
-    assert not at.exception
-    assert any("paste its config instead" in plain(i.value) for i in at.info)
-    assert not [s for s in at.selectbox if s.key == "build_family"]
+    assert at.selectbox(key="build_family").options == [
+        "DPPO trust region (prime-rl)",
+        "IPO trust region (prime-rl)",
+    ]
+    at.number_input(key="build_dppo_high").set_value(0.1).run()
+    next(b for b in at.button if b.label == "Add this setting").click().run()
+    no_exception(at)
+    assert at.multiselect[0].value == ["prime_rl:dppo_0.2_0.1"]
+    assert len(at.dataframe[0].value) == 1
 
 
 def test_a_setting_the_dump_cannot_replay_is_removed_with_a_reason(loaded: AppTest) -> None:

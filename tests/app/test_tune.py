@@ -123,9 +123,9 @@ def test_tune_reads_what_compare_shows(loaded: AppTest, framework: str) -> None:
     assert f"{row['ESS']:.1%}" == tuned["ESS"]
     if framework != "trl" or FAMILIES[family].statistic != "product":
         assert f"{row['tokens masked']:.2%}" == tuned["Tokens with weight 0"]
-    assert quick_stats(iscore.load(DATA / "fp8.parquet"), spec).lr_scale == pytest.approx(
-        float(tuned["LR scale"]), rel=1e-3
-    )
+    # With its per-sequence columns, as the app opens it: prime-rl's DPPO sides by the advantage.
+    batch = iscore.Dump(DATA / "fp8.parquet", extras=True).load()
+    assert quick_stats(batch, spec).lr_scale == pytest.approx(float(tuned["LR scale"]), rel=1e-3)
 
 
 def test_a_method_opens_on_its_recommended_setting(loaded: AppTest) -> None:
@@ -147,3 +147,23 @@ def test_a_method_opens_on_its_recommended_setting(loaded: AppTest) -> None:
     assert metric(at, "Tokens with weight 0") == "100.00%"
     assert "no gradient is left" in at.warning[0].value
     assert not any("divides by the tokens it keeps" in c.value for c in at.caption)
+
+
+def test_prime_rl_without_advantages_offers_ipo_and_says_why_not_dppo(at: AppTest) -> None:
+    import pyarrow.parquet as pq
+
+    from tests.app.conftest import parquet_bytes
+
+    table = pq.read_table(DATA / "fp8.parquet").drop_columns(["advantage"])
+    at.file_uploader[0].upload("fp8.parquet", parquet_bytes(table), "application/octet-stream")
+    at.run()
+    no_exception(at)
+    at = _tune(at)
+    at.selectbox(key="_w_tune_framework").set_value("prime_rl").run()
+    no_exception(at)
+    assert at.selectbox(key="_w_tune_family").options == ["IPO trust region (prime-rl)"]
+    assert any(
+        "DPPO trust region (prime-rl): needs the dump's `advantage` column" in plain(c.value)
+        for c in at.caption
+    )
+    assert metric(at, "Tokens with weight 0").endswith("%")

@@ -177,7 +177,8 @@ def test_sequence_tokens_by_step_and_id() -> None:
 
 @pytest.fixture(scope="module")
 def fp8() -> tuple[iscore.TokenBatch, Tuner]:
-    batch = iscore.load(DATA / "fp8.parquet")
+    # With its per-sequence columns: prime-rl's DPPO sides by the advantage.
+    batch = iscore.Dump(DATA / "fp8.parquet", extras=True).load()
     return batch, Tuner(batch)
 
 
@@ -212,12 +213,12 @@ def test_grids_cover_the_data_and_the_defaults(fp8) -> None:
     _, tuner = fp8
     for key, family in FAMILIES.items():
         values = grid(tuner, key, include=[[0.123456] * len(family.bounds)])
-        for bound, default in zip(family.bounds, family.defaults, strict=True):
+        for i, (bound, default) in enumerate(zip(family.bounds, family.defaults, strict=True)):
             xs = values[bound]
             assert default in xs and 0.123456 in xs
             assert xs == sorted(xs) and len(set(xs)) == len(xs)
-            ends = (0.75, 1.0) if bound in ("upper", "threshold") else (0.25, 0.0)
-            q = tuner.quantiles(family.statistic, ends)
+            ends = (0.25, 0.0) if bound == "lower" else (0.75, 1.0)
+            q = tuner.quantiles(family.statistic_of(i), ends)
             lo, hi = sorted(q.values())
             if bound == "upper":
                 lo = max(lo, 1.0)

@@ -168,6 +168,44 @@ KINDS = (
 """The candidates, in the order they are tried; each framework gets those it can express."""
 
 
+def _trust_region(t: Thresholds, by_advantage: bool) -> Canonical:
+    """The raw ratio, not clamped, on tokens inside a probability-difference band: DPPO's by
+    the advantage's sign, or IPO's symmetric one (none where it reaches |dp| = 1, beyond which no
+    token lies)."""
+    low, high = t.trust_region
+    weight = weight_component("token", numerator="train")
+    if not by_advantage:
+        low = high = max(low, high)
+        if high >= 1.0:
+            return Canonical((weight,), anchor="none")
+    band = mask_component(
+        "token",
+        -low,
+        high,
+        statistic="prob_diff",
+        numerator="train",
+        numerics="float32",
+        by_advantage=by_advantage,
+    )
+    return Canonical((weight, band), anchor="none")
+
+
+TRUST_REGION_KINDS = (
+    Kind(
+        "dppo_trust_region",
+        "probability trust region by the advantage's sign (DPPO)",
+        lambda t: _trust_region(t, by_advantage=True),
+    ),
+    Kind(
+        "ipo_trust_region",
+        "probability trust region (IPO)",
+        lambda t: _trust_region(t, by_advantage=False),
+    ),
+)
+"""The candidates on the probability difference dp = e^l_theta - e^l_r, placed from the token
+band (`Thresholds.trust_region`); DPPO's only where the dump has each sequence's advantage."""
+
+
 def _policy_weight(t: Thresholds, zero: bool = False) -> Component:
     """A token weight on the current policy's ratio over the rollout: capped, or (`zero`)
     zeroed outside the band."""

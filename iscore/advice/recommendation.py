@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iscore import frameworks
-from iscore.advice.candidates import KINDS, POLICY_KINDS, Candidate
+from iscore.advice.candidates import KINDS, POLICY_KINDS, TRUST_REGION_KINDS, Candidate
 from iscore.advice.explain import (
     elsewhere_words,
     reason_words,
@@ -146,7 +146,9 @@ def _recommend(
     framework = fw.name
     normal = Normal.of(batch)
     thresholds = Thresholds.of(normal)
-    kinds = KINDS + (POLICY_KINDS if normal.target is not None else ())
+    sides = batch.extra is not None and "advantage" in batch.extra.column_names
+    trust = TRUST_REGION_KINDS if sides else TRUST_REGION_KINDS[1:]  # DPPO needs the advantage
+    kinds = KINDS + trust + (POLICY_KINDS if normal.target is not None else ())
     expressed = [
         (kind.key, f"{kind.description}, {thresholds.describe(kind.key)}", spec)
         for kind in kinds

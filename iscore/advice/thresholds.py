@@ -180,6 +180,22 @@ class Thresholds:
     policy_cap: float | None = None
     policy_band: tuple[float, float] | None = None
 
+    @property
+    def trust_region(self) -> tuple[float, float]:
+        """(low, high): the probability-difference trust region that keeps every token the
+        ratio band keeps. Inside [L, U], dp = e^l_theta - e^l_r = p_r (rho - 1) lies in
+        [-(1 - L), U - 1] at any rollout probability p_r <= 1, so a DPPO band of
+        `dppo_mask_low` 1 - L, `dppo_mask_high` U - 1 (an IPO threshold of the larger) drops
+        only tokens the ratio band drops, and keeps the low-probability ones whose large
+        ratios move the probability little.
+
+        >>> from types import SimpleNamespace
+        >>> Thresholds.trust_region.fget(SimpleNamespace(band=(0.666, 1.5)))
+        (0.334, 0.5)
+        """
+        low, high = self.band
+        return float(f"{1.0 - low:.12g}"), float(f"{high - 1.0:.12g}")
+
     def describe(self, kind: str) -> str:
         """Where a kind's thresholds come from, in words."""
         band = f"band [{self.band[0]:g}, {self.band[1]:g}] on token ratios"
@@ -196,6 +212,10 @@ class Thresholds:
             "k3_mask": f"mean k3 <= {self.k3:.3g}",
             "mult_error_mask": f"mean e^|d| <= {self.mult_error:.6g}",
             "bypass_ppo": "no weight: the PPO ratio itself is e^(policy - rollout)",
+            "dppo_trust_region": f"dp band [-{self.trust_region[0]:g}, {self.trust_region[1]:g}] "
+            f"by the advantage's sign, the reach of the token {band}",
+            "ipo_trust_region": f"|dp| <= {max(self.trust_region):g}, the reach of the token "
+            f"{band}",
             **self._describe_policy(),
         }.get(kind, "cap 2, the frameworks' usual sequence-level cap")
 

@@ -313,11 +313,14 @@ def progress_bar(dump: Dump, desc: str, args: argparse.Namespace) -> tqdm:
 
 
 def load_dump(
-    args: argparse.Namespace, outputs: tuple[str, ...] = (), engine: str = "local"
+    args: argparse.Namespace,
+    outputs: tuple[str, ...] = (),
+    engine: str = "local",
+    extras: bool = False,
 ) -> TokenBatch:
     """The whole dump the arguments name (read here, or by Ray tasks with `--engine ray`),
-    with a progress bar while it is read."""
-    dump = open_dump(args, outputs=outputs)
+    with a progress bar while it is read; with `extras`, its per-sequence columns too."""
+    dump = open_dump(args, outputs=outputs, extras=extras)
     with progress_bar(dump, "load", args) as bar:
         batch = dump.load(progress=bar.update, engine=engine)
     report_dropped(dump)

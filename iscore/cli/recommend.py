@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from iscore.advice import RULE_SYMBOLS, Targets, recommend, snippet
+    from iscore.frameworks import get as framework_of
     from iscore.frameworks import resolve
 
     lo, _, hi = args.lr_scale.partition(":")
@@ -105,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
             f"{args.framework} settings against one of its own (or leave --config out for "
             "its default)"
         )
-    batch = options.load_dump(args, outputs=("--json",), engine=args.engine)
+    # A framework whose settings read the advantage (prime-rl's DPPO) gets it where the dump
+    # has it: its candidates include that loss.
+    presets = framework_of(args.framework).presets().values()
+    extras = options.needs_extras([*presets, *([] if own is None else [own])])
+    batch = options.load_dump(args, outputs=("--json",), engine=args.engine, extras=extras)
     with tqdm(desc="recommend", unit="setting", disable=args.quiet or None, leave=False) as bar:
 
         def replayed(done: int, total: int) -> None:

@@ -227,6 +227,32 @@ def test_nemo_rls_sequence_filter_keeps_the_healthy_and_drops_the_broken_beyond(
         assert all(c.kind != "mult_error_mask" for c in recommend(batch, other).candidates)
 
 
+def test_prime_rls_trust_regions_keep_what_the_token_band_keeps(tmp_path):
+    """prime-rl's DPPO and IPO candidates sit at the token band's reach in dp: every token
+    whose ratio lies in the band is kept; DPPO only where the dump has the advantage."""
+    from iscore.dump import Dump
+
+    path = tmp_path / "fp8.parquet"
+    write_simulated(path, SimConfig(regime="fp8", sequences=96, median_len=300, seed=4))
+    plain = {c.kind for c in recommend(load(path), "prime_rl").candidates}
+    assert plain == {"default", "ipo_trust_region"}
+    batch = Dump(path, extras=True).load()
+    rec = recommend(batch, "prime_rl")
+    low, high = rec.thresholds["token_band"]
+    rho = torch.exp(batch.train.double() - batch.rollout.double()).numpy()
+    in_band = (rho >= low) & (rho <= high) & batch.loss_mask.numpy()
+    for kind in ("dppo_trust_region", "ipo_trust_region"):
+        found = next(c for c in rec.candidates if c.kind == kind)
+        keep = found.spec.replay(batch).weight.numpy() > 0
+        assert keep[in_band].all(), kind
+        assert 0 < found.stats["token_masked_fraction"] < 0.05, kind
+    dppo = next(c for c in rec.candidates if c.kind == "dppo_trust_region").spec
+    assert (dppo.dppo_mask_low, dppo.dppo_mask_high) == pytest.approx((1 - low, high - 1))
+    for other in ("verl", "skyrl", "roll"):
+        kinds = {c.kind for c in recommend(batch, other).candidates}
+        assert not kinds & {"dppo_trust_region", "ipo_trust_region"}, other
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_context_dependent_offset_is_not_taken_for_broken_sequences(tmp_path_factory, seed):
     """Top-p processed rollout log-probs shift each sequence's median d by its own amount

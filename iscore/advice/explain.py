@@ -4,6 +4,7 @@ runner-up and the setting to beat, what each candidate does, and the traps that 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from iscore.advice.candidates import KINDS, Candidate
 from iscore.advice.objective import TERMS, broken_kept_words, measure, preference
 from iscore.advice.targets import Targets
 from iscore.advice.thresholds import VARIANCE_WEIGHT, Normal, Thresholds
-from iscore.frameworks import Framework
+from iscore.frameworks import Framework, Spec
 from iscore.packed import TokenBatch
 from iscore.stats import noise, quick_stats
 
@@ -178,8 +179,11 @@ def reason_words(description: str, stats: dict[str, float], missed: tuple[str, .
     return f"{description}: meets the targets; {effect}"
 
 
-def trap_warnings(batch: TokenBatch, framework: Framework, normal: Normal) -> list[str]:
-    """The traps that bite this data: sequence-weight collapse, and the framework's own."""
+def trap_warnings(
+    batch: TokenBatch, framework: Framework, normal: Normal, specs: Sequence[Spec]
+) -> list[str]:
+    """The traps that bite this data: sequence-weight collapse, and the framework's own that
+    are about one of `specs` (`Trap.about`: the pick and the setting to beat)."""
     warnings = []
     long = _long_weight(normal)
     if long is not None and long[2] < 0.5:
@@ -190,6 +194,8 @@ def trap_warnings(batch: TokenBatch, framework: Framework, normal: Normal) -> li
             "token-level or geometric-mean weights."
         )
     for trap in framework.traps:
+        if trap.about is not None and not any(trap.about(spec) for spec in specs):
+            continue
         warning = trap.warning(batch, lambda spec: quick_stats(batch, spec).numbers())
         if warning is not None:
             warnings.append(warning)

@@ -188,7 +188,7 @@ def _recommend(
         "broken_sequences": int(normal.broken.sum()),
         "global_offset": normal.d_center if normal.offset else None,
     }
-    warnings = trap_warnings(batch, fw, normal)
+    warnings = trap_warnings(batch, fw, normal, (ranked[0].spec, chosen.spec))
     if normal.offset:
         warnings.insert(
             0,

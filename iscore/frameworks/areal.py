@@ -1009,6 +1009,7 @@ FRAMEWORK = Framework(
             "AReaL PR #1218's token_action reuses the sequence mask's upper (and lower) for the "
             "tokens: with the default upper 5 the geometric mean hardly ever rejects a "
             "sequence, while a tight bound such as 1.01 masks or clamps nearly every token.",
+            about=lambda spec: spec.version == PR1218.name,
         ),
     ),
     comments=_comments,

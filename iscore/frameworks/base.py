@@ -222,11 +222,15 @@ class Trap:
         text: the trap in a sentence or two.
         check: given a dump and a way to measure a setting on it, the warning with that dump's
             numbers, or None where the trap does not bite it; None means it always applies.
+        about: whether a setting of the framework is one the trap is about (a version's, a
+            loss type's, a key's); None: every setting. A recommendation names the trap only
+            where its pick or the setting to beat is one.
     """
 
     name: str
     text: str
     check: Callable[[TokenBatch, Measure], str | None] | None = None
+    about: Callable[[Any], bool] | None = None
 
     def warning(self, batch: TokenBatch, measure: Measure) -> str | None:
         """The warning for `batch`, or None where the trap does not bite it."""

@@ -835,6 +835,7 @@ FRAMEWORK = Framework(
             "NeMo-RL's grpo.seq_logprob_error_threshold filters on the sequence mean of e^|d|, "
             "which is sign-blind (a token the trainer finds likelier counts as much as one it "
             "finds less likely) and at least 1: a threshold below 1 drops every sequence.",
+            about=lambda spec: spec.seq_logprob_error_threshold is not None,
         ),
         Trap(
             "seq-logprob-error-leaves-everything",
@@ -842,6 +843,7 @@ FRAMEWORK = Framework(
             "both denominators and the advantage estimator's mask (before the advantages are "
             "computed), yet GRPO's default estimator still counts it in its group's baseline "
             "and std.",
+            about=lambda spec: spec.seq_logprob_error_threshold is not None,
         ),
     ),
     read_batch=read_batch,

@@ -622,6 +622,7 @@ FRAMEWORK = Framework(
             "OpenRLHF PR #1298's seq-mask-tis clamps token weights with the same LOW HIGH pair "
             "that gates e^G: a tight gate such as 0.999 1.002 also clamps every token weight "
             "into it, a loose one such as the default 0.5 5 gates almost nothing.",
+            about=lambda spec: spec.version == PR1298.name,
         ),
     ),
     comments=_comments,

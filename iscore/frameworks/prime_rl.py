@@ -505,6 +505,7 @@ TRAPS = (
         "prime-rl's default loss holds A = 0 tokens to the low side of its trust region "
         "(dp < -dppo_mask_low drops them), and logs them in is_masked but in neither "
         "is_masked_low nor masked_advantage_negative.",
+        about=lambda spec: spec.type == "default",
     ),
     Trap(
         "defaults-moved",

@@ -84,6 +84,25 @@ def test_traps_are_named():
 
 
 @pytest.mark.parametrize(
+    ("framework", "preset", "words"),
+    [
+        ("areal", "areal_two_stage_mask_pr1218", "PR #1218's token_action"),
+        ("openrlhf", "openrlhf_seq_mask_tis_pr1298", "PR #1298's seq-mask-tis"),
+        ("nemo_rl", "nemo_nanov3_seq_error_filter", "sign-blind"),
+        ("nemo_rl", "nemo_nanov3_seq_error_filter", "yet GRPO's default estimator"),
+    ],
+)
+def test_a_trap_of_one_version_or_key_is_named_only_for_a_setting_with_it(
+    short_fp8, framework, preset, words
+):
+    """A version's trap (or a key's) is named where the pick or the setting to beat uses it,
+    not in every recommendation for the framework."""
+    assert not any(words in w for w in recommend(short_fp8, framework).warnings)
+    own = recommend(short_fp8, framework, default=f"{framework}:{preset}")
+    assert any(words in w for w in own.warnings)
+
+
+@pytest.mark.parametrize(
     ("kwargs", "key"),
     [
         ({"max_token_drop": 1.5}, "max_token_drop"),

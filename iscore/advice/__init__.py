@@ -59,7 +59,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
             "split_sentence",
         ],
         "targets": ["Targets"],
-        "trend": ["EVENT_KINDS", "Event", "GrowingTrend", "Trend"],
+        "trend": ["EVENT_KINDS", "Event", "GrowingTrend", "Trend", "default_alert"],
         "tuning": [
             "FAMILIES",
             "TuneResult",

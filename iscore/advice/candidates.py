@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from iscore.advice.flags import Flag, flags_of
 from iscore.advice.thresholds import Thresholds
+from iscore.advice.tuning import trust_region_setting
 from iscore.frameworks import Canonical, Component, Spec, mask_component, weight_component
 
 RULE_SYMBOLS = (
@@ -169,25 +170,12 @@ KINDS = (
 
 
 def _trust_region(t: Thresholds, by_advantage: bool) -> Canonical:
-    """The raw ratio, not clamped, on tokens inside a probability-difference band: DPPO's by
-    the advantage's sign, or IPO's symmetric one (none where it reaches |dp| = 1, beyond which no
-    token lies)."""
+    """A probability trust region at the token band's reach (`Thresholds.trust_region`):
+    DPPO's by the advantage's sign, or IPO's symmetric one at the larger side."""
     low, high = t.trust_region
-    weight = weight_component("token", numerator="train")
     if not by_advantage:
         low = high = max(low, high)
-        if high >= 1.0:
-            return Canonical((weight,), anchor="none")
-    band = mask_component(
-        "token",
-        -low,
-        high,
-        statistic="prob_diff",
-        numerator="train",
-        numerics="float32",
-        by_advantage=by_advantage,
-    )
-    return Canonical((weight, band), anchor="none")
+    return trust_region_setting(low, high, by_advantage=by_advantage)
 
 
 TRUST_REGION_KINDS = (

@@ -14,13 +14,14 @@ sum and mean of d over a sequence's loss tokens, T their count):
 - `product_mask(lower, upper)`: sequences kept iff lower <= e^clamp(S, +-20) <= upper, w = 1.
 - `k3_mask(threshold)`: sequences kept iff mean k3 of their tokens <= threshold (verl
   `seq_mean_k3`), w = 1.
-- `dppo(low, high)`: prime-rl's default trust region on dp = e^l_theta - e^l_r: a token whose
-  sequence's advantage A > 0 is dropped iff dp > high, any other iff dp < -low; w = rho,
-  unclamped, where kept, else 0. Needs the dump's `advantage`.
-- `ipo(threshold)`: prime-rl's IPO trust region: dropped iff |dp| > threshold; w as for DPPO.
+- `dppo(low, high)`: a probability trust region by the advantage's sign (DPPO), on dp =
+  e^l_theta - e^l_r: a token whose sequence's advantage A > 0 is dropped iff dp > high, any
+  other iff dp < -low; w = rho, unclamped, where kept, else 0. Needs the dump's `advantage`.
+- `ipo(threshold)`: the symmetric one (IPO): dropped iff |dp| > threshold; w as for DPPO.
 
-The last two compute dp and rho in float32 and compare the bounds in float32, as prime-rl does
-(`iscore.frameworks.prime_rl.prob_diff`), so their masks are the replay's token for token.
+The last two compute dp and rho in float32 and compare the bounds in float32
+(`iscore.packed.ops.prob_diff`), as the framework that has them does, so their masks are its
+replay's token for token.
 
 Each returns a `TuneResult`; `lr_scale` is sum(w) / N (token-mean over loss tokens, rejected
 tokens keeping their place in the denominator, as most frameworks do), or under the
@@ -49,7 +50,6 @@ from iscore.frameworks import (
     Spec,
     check_choice,
     mask_component,
-    prime_rl,
     weight_component,
 )
 from iscore.packed import ops
@@ -165,17 +165,18 @@ class Tuner:
         return self._per_sequence_rho
 
     def _trust_region(self) -> dict[str, _Sorted]:
-        """prime-rl's statistics over loss tokens, sorted on first use: |dp| ("abs"), and dp of
-        the tokens whose advantage is > 0 ("positive") and of the others ("other", NaN among
-        them: prime-rl's `A > 0` is false there), each with rho = e^d as weight. The last two
+        """The trust regions' statistics over loss tokens, sorted on first use: |dp| ("abs"),
+        and dp of the tokens whose advantage is > 0 ("positive") and of the others ("other",
+        NaN among them: `A > 0` is false there), each with rho = e^d as weight. The last two
         only where the batch carries the advantage."""
         if self._trust is None:
             batch, m = self._batch, self._batch.loss_mask
-            dp = prime_rl.prob_diff(batch)[m].double().cpu().numpy()
-            rho = prime_rl.ratio(batch)[m].double().cpu().numpy()
+            dp = ops.prob_diff(batch)[m].double().cpu().numpy()
+            rho = ops.raw_ratio(batch)[m].double().cpu().numpy()
             self._trust = {"abs": _Sorted(np.abs(dp), w=rho, w2=rho * rho)}
-            if self.advantages:
-                positive = (prime_rl.token_advantage(batch)[m] > 0).cpu().numpy()
+            advantage = ops.sequence_values(batch, "advantage")
+            if advantage is not None:
+                positive = (advantage[m] > 0).cpu().numpy()
                 for name, rows in (("positive", positive), ("other", ~positive)):
                     self._trust[name] = _Sorted(dp[rows], w=rho[rows], w2=rho[rows] ** 2)
         return self._trust
@@ -186,12 +187,21 @@ class Tuner:
         extra = self._batch.extra
         return extra is not None and "advantage" in extra.column_names
 
+    def _need_advantages(self) -> None:
+        if not self.advantages:
+            raise ConfigError(
+                "The DPPO trust region picks each token's side by its sequence's advantage, so "
+                "it needs the dump's `advantage` column carried with the batch (open the dump "
+                "with extras, as the app and `iscore sequences` do), which this batch lacks"
+            )
+
     def _kept(self, w: float, w2: float, kept: int, aggregation: Aggregation) -> TuneResult:
         """A trust region's result: `kept` tokens of weight sum `w`, the others dropped."""
         if aggregation.mode != "token-mean" or aggregation.shrinks:
             raise ConfigError(
-                "Expected prime-rl's own loss aggregation (the step's sum over its count of "
-                f"loss tokens) for a trust region, but got {aggregation.describe()}"
+                "Expected a token-mean aggregation that keeps the dropped tokens in its count "
+                f"(the sum over the step's loss tokens) for a trust region, but got "
+                f"{aggregation.describe()}"
             )
         return self._result(w, w2, self.tokens - kept, None, 0.0)
 
@@ -201,8 +211,7 @@ class Tuner:
         Raises:
             ConfigError: the batch carries no advantage.
         """
-        if not self.advantages:
-            prime_rl.token_advantage(self._batch)  # raises, saying what is missing
+        self._need_advantages()
         trust = self._trust_region()
         positive, other = trust["positive"], trust["other"]
         hi = positive.index(_float32(high), side="right")
@@ -322,8 +331,8 @@ class Tuner:
         e^S, mean k3; |dp|, dp of the A > 0 tokens, -dp of the others), read off the sorted
         table: where sliders should stop."""
         if family in ("abs_prob_diff", "dppo_high", "dppo_low"):
-            if family != "abs_prob_diff" and not self.advantages:
-                prime_rl.token_advantage(self._batch)  # raises, saying what is missing
+            if family != "abs_prob_diff":
+                self._need_advantages()
             trust = self._trust_region()
             keys = {
                 "abs_prob_diff": lambda: trust["abs"].keys,
@@ -414,14 +423,14 @@ FAMILIES: dict[str, Family] = {
             "keep a sequence iff its mean per-token k3 ≤ threshold; w = 1",
         ),
         Family(
-            "dppo", "DPPO trust region (prime-rl)", "abs_prob_diff", ("low", "high"),
+            "dppo", "DPPO trust region (by the advantage's sign)", "abs_prob_diff", ("low", "high"),
             (0.2, 0.2),
             "drop a token iff A > 0 and Δp > high, or A ≤ 0 and Δp < -low, Δp = e^l_theta - "
             "e^l_rollout; w = rho where kept, else 0",
             per_bound=("dppo_low", "dppo_high"), needs_advantage=True, ceiling=1.0,
         ),
         Family(
-            "ipo", "IPO trust region (prime-rl)", "abs_prob_diff", ("threshold",), (0.1,),
+            "ipo", "IPO trust region", "abs_prob_diff", ("threshold",), (0.1,),
             "drop a token iff |Δp| > threshold, Δp = e^l_theta - e^l_rollout; w = rho where kept, "
             "else 0", ceiling=1.0,
         ),
@@ -629,14 +638,36 @@ def family_setting(family: str, values: Sequence[float]) -> Canonical:
     if family == "product_mask":
         return Canonical((mask_component("sequence", *values, numerics="clamp"),))
     if family == "dppo":
-        low, high = values
-        return prime_rl.to_canonical(prime_rl.PrimeRLLoss(dppo_mask_low=low, dppo_mask_high=high))
+        return trust_region_setting(*values, by_advantage=True)
     if family == "ipo":
         (threshold,) = values
-        return prime_rl.to_canonical(prime_rl.PrimeRLLoss(type="ipo", ipo_threshold=threshold))
+        return trust_region_setting(threshold, threshold, by_advantage=False)
     (threshold,) = values
     k3 = mask_component("geometric", upper=threshold, statistic="k3", numerics="clamp_each")
     return Canonical((k3,))
+
+
+def trust_region_setting(low: float, high: float, *, by_advantage: bool) -> Canonical:
+    """The raw ratio, not clamped, on tokens with -low <= dp <= high (dp = e^l_theta - e^l_r),
+    anchored on the rollout (no PPO ratio): DPPO's band by the advantage's sign, or the symmetric
+    IPO one, which removes nothing from |dp| = 1 on (no |dp| is larger) and is then no band.
+
+    >>> trust_region_setting(1.0, 1.0, by_advantage=False).describe()
+    'token TIS: w = rho; REINFORCE-style loss, no PPO ratio'
+    """
+    weight = weight_component("token", numerator="train")
+    if not by_advantage and max(low, high) >= 1.0:
+        return Canonical((weight,), anchor="none")
+    band = mask_component(
+        "token",
+        -low,
+        high,
+        statistic="prob_diff",
+        numerator="train",
+        numerics="float32",
+        by_advantage=by_advantage,
+    )
+    return Canonical((weight, band), anchor="none")
 
 
 def frameworks_for(family: str) -> list[str]:

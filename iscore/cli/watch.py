@@ -100,7 +100,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from iscore.advice.trend import default_alert
+    from iscore.advice import default_alert
     from iscore.dump import parse_mapping
     from iscore.frameworks import resolve
     from iscore.passes import Alert, Follower

@@ -204,10 +204,10 @@ class PrimeRLLoss:
             theta, rollout, threshold = _policy(batch), batch.rollout, self.kpop_threshold
             forward, reverse = ops.binary_kl(theta, rollout), ops.binary_kl(rollout, theta)
             return (forward > threshold) | (reverse > threshold)
-        dp = prob_diff(batch)
+        dp = ops.prob_diff(batch)  # float32, as prime-rl's
         if self.type == "ipo":
             return dp.abs() > self.ipo_threshold
-        positive = token_advantage(batch) > 0
+        positive = _advantage(batch) > 0
         return torch.where(positive, dp > self.dppo_mask_high, dp < -self.dppo_mask_low)
 
     def replay(self, batch: TokenBatch) -> Replay:
@@ -216,20 +216,9 @@ class PrimeRLLoss:
         Raises:
             ConfigError: (default loss) the batch carries no advantage.
         """
-        rho = ratio(batch)
+        rho = ops.raw_ratio(batch)  # float32; no clamp
         weight = torch.where(self.dropped(batch), rho.new_zeros(()), rho * self.adv_tau)
         return Replay.build(batch, weight, batch.loss_mask, rho)
-
-
-def prob_diff(batch: TokenBatch) -> torch.Tensor:
-    """float32 [N]: dp = e^l_theta - e^l_r per token, in float32 as prime-rl computes it (its
-    thresholds compare in float32 too: a Python float against a float32 tensor)."""
-    return torch.exp(_policy(batch)) - torch.exp(batch.rollout)
-
-
-def ratio(batch: TokenBatch) -> torch.Tensor:
-    """float32 [N]: rho = e^(l_theta - l_r) per token, neither clamped nor detached."""
-    return torch.exp(_policy(batch) - batch.rollout)
 
 
 def _needs_version() -> ConfigError:
@@ -247,17 +236,16 @@ def _policy(batch: TokenBatch) -> torch.Tensor:
     return batch.train.float()
 
 
-def token_advantage(batch: TokenBatch) -> torch.Tensor:
+def _advantage(batch: TokenBatch) -> torch.Tensor:
     """float64 [N]: each token's copy of its sequence's advantage (null as NaN: low side)."""
-    extra = batch.extra
-    if extra is None or "advantage" not in extra.column_names:
+    values = ops.sequence_values(batch, "advantage")
+    if values is None:
         raise ConfigError(
             "prime-rl's default loss (DPPO) picks the trust region's side by the advantage's "
             "sign, so it needs the dump's `advantage` column carried with the batch (open the "
             "dump with extras, as the app and `iscore sequences` do), which this batch lacks"
         )
-    values = extra["advantage"].cast("float64").to_numpy(zero_copy_only=False)
-    return ops.broadcast(torch.tensor(values, device=batch.device), batch)
+    return values
 
 
 def parse(config: Mapping[str, Any]) -> PrimeRLLoss:

@@ -555,6 +555,27 @@ def segment_all(x: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
     return torch.from_numpy(_reduceat(np.logical_and, _host(x.bool()), batch, True, np.bool_))
 
 
+def prob_diff(batch: TokenBatch) -> torch.Tensor:
+    """[N] dp = e^train - e^rollout per token, in the log-probs' float32 (a probability
+    trust region's statistic; a Python float bound compares with it in float32 too)."""
+    return torch.exp(batch.train.float()) - torch.exp(batch.rollout)
+
+
+def raw_ratio(batch: TokenBatch) -> torch.Tensor:
+    """[N] rho = e^(train - rollout) per token in float32, not clamped."""
+    return torch.exp(batch.train.float() - batch.rollout)
+
+
+def sequence_values(batch: TokenBatch, column: str) -> torch.Tensor | None:
+    """float64 [N]: each token's copy of its sequence's `column` of the batch's `extra` (null
+    as NaN), or None where the batch does not carry it."""
+    extra = batch.extra
+    if extra is None or column not in extra.column_names:
+        return None
+    values = extra[column].cast("float64").to_numpy(zero_copy_only=False)
+    return broadcast(torch.tensor(values, device=batch.device), batch)
+
+
 def broadcast(values: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
     """[N] per-token copy of per-sequence `values` [B]."""
     return _cached(batch, ("broadcast", id(values)), (values,), lambda: _broadcast(values, batch))

@@ -73,8 +73,8 @@ def test_build_a_prime_rl_trust_region(loaded: AppTest) -> None:
     at.selectbox(key="build_framework").set_value("prime_rl").run()
     no_exception(at)
     assert at.selectbox(key="build_family").options == [
-        "DPPO trust region (prime-rl)",
-        "IPO trust region (prime-rl)",
+        "DPPO trust region (by the advantage's sign)",
+        "IPO trust region",
     ]
     at.number_input(key="build_dppo_high").set_value(0.1).run()
     next(b for b in at.button if b.label == "Add this setting").click().run()

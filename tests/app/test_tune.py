@@ -161,9 +161,7 @@ def test_prime_rl_without_advantages_offers_ipo_and_says_why_not_dppo(at: AppTes
     at = _tune(at)
     at.selectbox(key="_w_tune_framework").set_value("prime_rl").run()
     no_exception(at)
-    assert at.selectbox(key="_w_tune_family").options == ["IPO trust region (prime-rl)"]
-    assert any(
-        "DPPO trust region (prime-rl): needs the dump's `advantage` column" in plain(c.value)
-        for c in at.caption
-    )
+    assert at.selectbox(key="_w_tune_family").options == ["IPO trust region"]
+    why = "DPPO trust region (by the advantage's sign): needs the dump's `advantage` column"
+    assert any(why in plain(c.value) for c in at.caption)
     assert metric(at, "Tokens with weight 0").endswith("%")

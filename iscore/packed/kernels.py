@@ -32,6 +32,9 @@ values:
 - `js_argument`, `token_sums`: the mismatch's twelve per-token terms summed per sequence
   (`stats.token_terms.token_sums`), in two passes around torch's log1p.
 - `window_means`: the attribution's largest window mean per sequence.
+- `topk_terms`: the whole distribution's per-token sums over the k ids, the two argmaxes and
+  the sampled token's membership (`distribution.token_terms`), in one pass over the k columns
+  instead of a dozen torch passes over [N, k].
 
 The sums add as `np.add.reduceat` does (the first value, then numpy's pairwise summation of the
 rest), so they too are the same to the last bit.
@@ -401,6 +404,31 @@ def token_sums(
     mask = np.empty(0, np.bool_) if mask is None else mask
     k.token_sums(d, rho, em1, lg, rollout, mask, cu[:-1], np.diff(cu), *clamp, out)
     return out
+
+
+def topk_terms(
+    rollout_topk: np.ndarray,
+    train_topk: np.ndarray,
+    mu: np.ndarray,
+    pi: np.ndarray,
+    ids: np.ndarray,
+    token: np.ndarray | None,
+    rollout: np.ndarray,
+) -> np.ndarray | None:
+    """float64 [N, 5] per token of the top-k log-probs (float32 [N, k], k >= 1; `mu`, `pi`
+    their exp in float64, from torch): sum mu (log mu - log pi), sum mu and sum pi (each in the
+    ids' order), whether the engine's and the trainer's first largest log-probs share an id, and
+    whether the sampled `token` (None: the token whose `rollout` log-prob is an entry) is among
+    the `ids`, as `distribution.token_terms`' reference gives them; None where it must answer
+    (a log-prob not finite, another dtype)."""
+    if rollout_topk.dtype != np.float32 or train_topk.dtype != np.float32 or not _wanted():
+        return None
+    out = np.empty((rollout_topk.shape[0], 5))
+    empty = np.empty(0, ids.dtype)
+    found = _ready().topk_terms(
+        rollout_topk, train_topk, mu, pi, ids, empty if token is None else token, rollout, out
+    )
+    return out if found else None
 
 
 SPLIT = 1 << 16

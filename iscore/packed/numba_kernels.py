@@ -700,3 +700,42 @@ def token_sums(d, rho, em1, lg, rl, mask, starts, counts, low, high, out):
             positive += ds[t] > 0.0
         out[TERMS, s] = negative
         out[TERMS + 1, s] = positive
+
+
+@_jit(parallel=True)
+def topk_terms(r, t, mu, pi, ids, token, rollout, out):
+    """Per token (row) of the engine's top-k log-probs `r` and the trainer's `t` (float32 [N, k]),
+    their probabilities `mu` and `pi` (float64, torch's exp), the k `ids` and the sampled
+    `token` (an empty `token`: the sampled one is found by its `rollout` log-prob instead), into
+    the columns of `out` [N, 5]: sum mu (log mu - log pi), sum mu, sum pi (each added in the
+    ids' order, as `distribution._row_sums`), whether the two argmaxes (the first largest)
+    coincide, and whether the sampled token is among the k. False where a log-prob is not
+    finite (the reference answers)."""
+    n, k = r.shape
+    bad = 0
+    by_id = token.size > 0
+    for i in prange(n):
+        known = mass_mu = mass_pi = 0.0
+        best_r = best_t = 0
+        inside = 0.0
+        for j in range(k):
+            a, b = r[i, j], t[i, j]
+            if a - a != 0.0 or b - b != 0.0:
+                bad += 1
+            m = mu[i, j]
+            term = m * (np.float64(a) - np.float64(b))
+            known = term if j == 0 else known + term
+            mass_mu = m if j == 0 else mass_mu + m
+            mass_pi = pi[i, j] if j == 0 else mass_pi + pi[i, j]
+            if a > r[i, best_r]:
+                best_r = j
+            if b > t[i, best_t]:
+                best_t = j
+            if (ids[i, j] == token[i]) if by_id else (a == rollout[i]):
+                inside = 1.0
+        out[i, 0] = known
+        out[i, 1] = mass_mu
+        out[i, 2] = mass_pi
+        out[i, 3] = 1.0 if best_r == best_t else 0.0
+        out[i, 4] = inside
+    return bad == 0

@@ -38,8 +38,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from iscore.packed import TokenBatch, ops
-from iscore.stats.buckets import PROB_EDGES
+from iscore.packed import TokenBatch, kernels, ops
+from iscore.stats.buckets import (
+    PROB_EDGES,
+    bucket_sums,
+    position_sums,
+    prob_bucket,
+    prob_thresholds,
+)
 from iscore.stats.histogram import LogHistogram, checked, from_keyed_state, keyed_state
 
 MASS_MARGIN = 1e-6
@@ -60,30 +66,65 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 def token_terms(batch: TokenBatch) -> dict[str, torch.Tensor]:
     """float64 [N] per token: `lower`, `estimate`, `top1` (0/1), `rollout_mass` and
-    `train_mass` (the module's docstring says what each is)."""
-    r = batch.rollout_topk.double()
-    t = batch.train_topk.double()
-    mu, pi = torch.exp(r), torch.exp(t)
-    known = (mu * (r - t)).sum(dim=1)
-    rollout_mass, train_mass = mu.sum(dim=1), pi.sum(dim=1)
+    `train_mass` (the module's docstring says what each is). The sums over the k ids add in
+    the ids' order (`_row_sums`), on both paths: the compiled pass (`kernels.topk_terms`) where
+    the kernels run, else torch's operations."""
+    r, t = batch.rollout_topk, batch.train_topk
+    mu, pi = _scratch("mu", r).copy_(r).exp_(), _scratch("pi", t).copy_(t).exp_()
+    found = None
+    if r.device.type == "cpu" and r.shape[1]:
+        found = kernels.topk_terms(
+            r.numpy(),
+            t.numpy(),
+            mu.numpy(),
+            pi.numpy(),
+            batch.topk_ids.numpy(),
+            None if batch.token_id is None else batch.token_id.numpy(),
+            batch.rollout.numpy(),
+        )
+    if found is not None:
+        terms = torch.from_numpy(found)
+        known, rollout_mass, train_mass, top1 = (terms[:, i] for i in range(4))
+        inside = terms[:, 4] > 0
+    else:
+        known = _row_sums(_scratch("known", r).copy_(r).sub_(t).mul_(mu))  # in float64
+        rollout_mass, train_mass = _row_sums(mu), _row_sums(pi)
+        if batch.token_id is not None:
+            inside = (batch.topk_ids == batch.token_id[:, None]).any(dim=1)
+        else:  # the sampled token's log-prob is its entry: the same number reported twice
+            inside = (r == batch.rollout[:, None]).any(dim=1)
+        # max's indices: the first largest, as argmax's, in half its time
+        top1 = (r.max(dim=1).indices == t.max(dim=1).indices).double()
     rest_mu = torch.clamp(1.0 - rollout_mass, min=0.0)
     rest_pi = torch.clamp(1.0 - train_mass, min=0.0) + MASS_MARGIN
     tail = torch.where(rest_mu > 0, rest_mu * torch.log(rest_mu / rest_pi), torch.zeros_like(known))
-    if batch.token_id is not None:
-        inside = (batch.topk_ids == batch.token_id[:, None]).any(dim=1)
-    else:  # the sampled token's log-prob is its entry: the same number reported twice
-        inside = (batch.rollout_topk == batch.rollout[:, None]).any(dim=1)
     d = batch.train.double() - batch.rollout.double()
     k3 = torch.special.expm1(d) - d
     estimate = known + (train_mass - rollout_mass) + torch.where(inside, torch.zeros_like(k3), k3)
-    top1 = torch.argmax(batch.rollout_topk, dim=1) == torch.argmax(batch.train_topk, dim=1)
     return {
         "lower": known + tail,
         "estimate": estimate,
-        "top1": top1.double(),
+        "top1": top1,
         "rollout_mass": rollout_mass,
         "train_mass": train_mass,
     }
+
+
+def _scratch(name: str, like: torch.Tensor) -> torch.Tensor:
+    """A float64 tensor of `like`'s shape from `ops.scratch` (reused while a pass streams:
+    [N, k] fresh each step costs its page faults, 5x the exp's own time)."""
+    buf = ops.scratch(f"distribution.{name}", like.numel(), torch.float64, like.device)
+    return buf.view(like.shape)
+
+
+def _row_sums(x: torch.Tensor) -> torch.Tensor:
+    """[N] of float64 [N, k]: each row's k values added one after the other, in the ids' order
+    (`torch.sum` adds in an order of its own, which a compiled pass cannot follow); 0 for
+    k = 0."""
+    if not x.shape[1]:
+        return torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    # A scan: each sum the one before plus the next value.
+    return torch.cumsum(x, dim=1, out=_scratch("sums", x))[:, -1].clone()
 
 
 @dataclass(slots=True)
@@ -99,24 +140,25 @@ class DistributionStats:
         """Add one chunk of whole sequences (with top-k columns)."""
         terms = token_terms(batch)
         m = batch.loss_mask
-        loss = {k: torch.where(m, v, torch.zeros_like(v)) for k, v in terms.items()}
+        every = ops.mask_is_all(batch, m)
+        loss = dict(terms) if every else {k: torch.where(m, v, 0.0) for k, v in terms.items()}
         loss["tokens"] = m.double()
         sums = ops.segment_sums_on_host(batch, loss)
         self.seq.append(np.stack([sums[name] for name in SEQ_FIELDS]))
-        lower = terms["lower"][m].clamp(min=0.0)
-        estimate = terms["estimate"][m]
-        steps = torch.repeat_interleave(batch.step, batch.lengths)[m]
-        for step in torch.unique(steps).tolist():
-            self.step_hists.setdefault(int(step), LogHistogram()).update(lower[steps == step])
-        values = np.stack([np.ones(lower.numel()), lower.cpu().numpy(), estimate.cpu().numpy()])
-        prob = np.exp(batch.rollout[m].double().cpu().numpy())
-        bucket = np.clip(
-            np.searchsorted(PROB_EDGES, prob, side="right") - 1, 0, len(PROB_EDGES) - 2
-        )
-        self.by_prob += _bucketed(bucket, values, self.by_prob.shape[0])
-        pos = batch.positions()[m].cpu().numpy()
-        place = np.minimum(np.floor(np.log2(pos + 1.0)).astype(np.int64), POS_BUCKETS - 1)
-        self.by_pos += _bucketed(place, values, POS_BUCKETS)
+        # The per-token KL binned and tabled: `lower` at 0 where rounding took it below.
+        lower = loss["lower"].clamp(min=0.0)
+        lower_loss = lower if every else lower[m]
+        if torch.unique(batch.step).numel() == 1:  # a step's part, as an analysis makes
+            self.step_hists.setdefault(int(batch.step[0]), LogHistogram()).update(lower_loss)
+        else:
+            steps = torch.repeat_interleave(batch.step, batch.lengths)[m]
+            for step in torch.unique(steps).tolist():
+                hist = self.step_hists.setdefault(int(step), LogHistogram())
+                hist.update(lower_loss[steps == step])
+        masked_out = None if every else torch.logical_not(m)
+        fields = (lower, loss["estimate"])  # 0 outside the loss
+        self.by_prob += _by_prob(batch, masked_out, fields, self.by_prob.shape[0])
+        self.by_pos += position_sums(batch, masked_out, (None, *fields), POS_BUCKETS)
 
     def merge(self, other: DistributionStats) -> None:
         """Add another accumulator's chunks after these."""
@@ -200,9 +242,29 @@ def distribution_scalars(s: Mapping[str, np.ndarray]) -> dict[str, Any]:
     }
 
 
-def _bucketed(index: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
-    """[size, fields]: each field of `values` [fields, n] summed per `index` [n]."""
-    return np.stack([np.bincount(index, weights=v, minlength=size) for v in values], axis=1)
+def _by_prob(
+    batch: TokenBatch, masked_out: torch.Tensor | None, fields: tuple[torch.Tensor, ...], size: int
+) -> np.ndarray:
+    """[size, 1 + fields] per bucket of the sampled token's rollout probability (`PROB_EDGES`,
+    as the mismatch buckets it): its loss tokens and the sum of each field over them; one
+    compiled pass where the kernels run."""
+    if batch.device.type == "cpu":
+        found = kernels.bucket_sums(
+            batch.rollout.numpy(),
+            prob_thresholds(),
+            None if masked_out is None else masked_out.numpy(),
+            [f.numpy() for f in fields],
+            size,
+        )
+        if found is not None:
+            return found
+    n = batch.num_tokens
+
+    def buf(name: str, dtype: torch.dtype) -> torch.Tensor:
+        return ops.scratch(f"distribution.{name}", n, dtype, batch.device)
+
+    index, counts = prob_bucket(batch.rollout, masked_out, buf)
+    return bucket_sums(index, fields if counts is not None else (None, *fields), size, counts)
 
 
 def _rows(table: np.ndarray, labels: list[str]) -> list[dict[str, Any]]:

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -721,6 +723,8 @@ def test_two_threads_take_turns_on_any_threading_layer() -> None:
     code = """
 import threading
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from iscore.packed import kernels
 
 rng = np.random.default_rng(0)
@@ -745,3 +749,98 @@ print(kernels.threading_layer(), len(found), all(f == alone for f in found))
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["workqueue", "200", "True"]
+
+
+def _topk_batch(rng: np.random.Generator, n: int, k: int, token_id: bool) -> TokenBatch:
+    """n one-token sequences with top-k columns: log-probs from -30 to 0 with ties (a row's
+    largest entry repeated), rows whose engine's and trainer's orders differ, sampled ids
+    inside and outside the k."""
+    rollout = np.sort(-rng.exponential(2.0, (n, k)), axis=1)[:, ::-1].astype(np.float32)
+    rollout[rng.random(n) < 0.1] = np.float32(-1.5)  # every entry tied
+    train = (rollout + rng.normal(0, 0.3, (n, k))).astype(np.float32)
+    train = np.minimum(train, 0.0).astype(np.float32)
+    ties = rng.random(n) < 0.2
+    train[ties, -1] = train[ties].max(axis=1)  # the trainer's largest twice
+    ids = np.argsort(rng.random((n, k + 4)), axis=1)[:, :k].astype(np.int32)
+    token = np.where(rng.random(n) < 0.7, ids[:, 0], k + 3).astype(np.int64)
+    sampled = np.where(token == ids[:, 0], rollout[:, 0], np.float32(-40.0))
+    return TokenBatch(
+        rollout=torch.from_numpy(sampled.astype(np.float32)),
+        train=torch.from_numpy((sampled + rng.normal(0, 0.1, n)).astype(np.float32)),
+        cu_seqlens=torch.arange(n + 1),
+        token_id=torch.from_numpy(token) if token_id else None,
+        topk_ids=torch.from_numpy(ids),
+        rollout_topk=torch.from_numpy(np.ascontiguousarray(rollout)),
+        train_topk=torch.from_numpy(train),
+    )
+
+
+@pytest.mark.parametrize("token_id", [True, False])
+@pytest.mark.parametrize("k", [1, 2, 20])
+def test_topk_terms_equal_the_reference_and_the_definitions(token_id, k) -> None:
+    """The whole distribution's per-token terms, byte for byte as the torch reference (sums in
+    the ids' order, the first largest of ties), and each as its definition in float64 numpy."""
+    from iscore.stats.distribution import token_terms
+
+    rng = np.random.default_rng(k)
+    batch = _topk_batch(rng, 5000, k, token_id)
+    compiled, reference = token_terms(batch), _reference(token_terms, batch)
+    assert compiled.keys() == reference.keys()
+    for name in compiled:
+        assert compiled[name].numpy().tobytes() == reference[name].numpy().tobytes(), name
+    r, t = batch.rollout_topk.double().numpy(), batch.train_topk.double().numpy()
+    mu, pi = np.exp(r), np.exp(t)
+    assert np.allclose(compiled["rollout_mass"].numpy(), mu.sum(axis=1), rtol=1e-14)
+    assert np.allclose(compiled["train_mass"].numpy(), pi.sum(axis=1), rtol=1e-14)
+    top1 = np.argmax(r, axis=1) == np.argmax(t, axis=1)
+    assert np.array_equal(compiled["top1"].numpy(), top1.astype(np.float64))
+    assert k == 1 or 0 < top1.mean() < 1
+    if token_id:
+        inside = (batch.topk_ids.numpy() == batch.token_id.numpy()[:, None]).any(axis=1)
+    else:
+        inside = (batch.rollout_topk.numpy() == batch.rollout.numpy()[:, None]).any(axis=1)
+    assert 0 < inside.mean() < 1
+    d = batch.train.double().numpy() - batch.rollout.double().numpy()
+    known = (mu * (r - t)).sum(axis=1)
+    tail = np.where(inside, 0.0, np.expm1(d) - d)
+    estimate = known + pi.sum(axis=1) - mu.sum(axis=1) + tail
+    assert np.allclose(compiled["estimate"].numpy(), estimate, rtol=1e-12, atol=1e-15)
+
+
+def test_topk_terms_with_a_value_not_finite_are_left_to_the_reference() -> None:
+    rng = np.random.default_rng(0)
+    batch = _topk_batch(rng, 10, 3, True)
+    r, t = batch.rollout_topk.numpy(), batch.train_topk.numpy()
+    ids, token, rollout = batch.topk_ids.numpy(), batch.token_id.numpy(), batch.rollout.numpy()
+    mu, pi = np.exp(r.astype(np.float64)), np.exp(t.astype(np.float64))
+    assert kernels.topk_terms(r, t, mu, pi, ids, token, rollout) is not None
+    for bad in (np.nan, -np.inf):
+        r2 = r.copy()
+        r2[4, 1] = bad
+        assert kernels.topk_terms(r2, t, mu, pi, ids, token, rollout) is None
+    assert kernels.topk_terms(r.astype(np.float64), t, mu, pi, ids, token, rollout) is None
+
+
+def test_an_analysis_with_top_k_columns_is_the_same_on_both_paths(tmp_path) -> None:
+    """Every number of the distribution (per-sequence sums, each step's KL histogram, the
+    tables by probability and by position) and of the rest of the analysis, byte for byte on
+    both paths, with prompt tokens outside the loss."""
+    from iscore.dump import SimConfig, write_simulated
+
+    path = tmp_path / "topk.parquet"
+    write_simulated(path, SimConfig(sequences=48, median_len=300, steps=3, vocab=24, topk=8))
+    table = pq.read_table(path)
+    masks = [np.asarray(m) for m in table["loss_mask"].to_pylist()]
+    for m in masks:
+        m[: len(m) // 5] = False
+    column = pa.array(masks, pa.list_(pa.bool_()))
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("loss_mask"), "loss_mask", column), path
+    )
+    documents = []
+    for mode in ("numba", "reference"):
+        os.environ[kernels.ENV] = mode
+        documents.append(json.dumps(analyze(str(path), store=None).to_dict(), sort_keys=True))
+    os.environ[kernels.ENV] = "numba"
+    assert '"distribution"' in documents[0]
+    assert documents[0] == documents[1]

@@ -324,7 +324,9 @@ class Dump:
         """Yield whole sequences in batches of about `max_tokens` tokens each.
 
         A batch overshoots `max_tokens` by at most one read (256k tokens) or one sequence
-        longer than that; `None` yields one batch per file. With `whole_steps`, a training step
+        longer than that; `None` yields one batch per file. A file whose tokens list top-k
+        log-probs counts each of its k entries as a quarter of a token (`readers.TOPK_WEIGHT`:
+        at k = 20 a batch holds a sixth of the tokens). With `whole_steps`, a training step
         is never split across batches (a batch then holds at least one whole step): settings
         that normalize over a step's batch need all of it at once. With `part`, this dump is
         part of a larger one (one of its files, or a piece: `piece`), and sequences with no

@@ -24,6 +24,14 @@ READ_TOKENS = 262_144
 """Tokens per Parquet read (rows in token layout); chunks are assembled from these."""
 
 
+TOPK_WEIGHT = 0.25
+"""What a chunk's token budget counts for each top-k entry of a token, beside the token itself:
+its 3 values (12 bytes) and their float64 temporaries weigh about a quarter of a token's share
+of an analysis. At k = 20 a chunk holds a sixth of the tokens: on the bench's top-k dump
+(docs/performance.md) analyze took 1.7-1.9 s in chunks of about one step against 2.0-2.4 s in
+2M-token chunks, since the next chunk's read then overlaps this one's analysis, at a lower
+peak memory (1.48 GB against 1.66 GB)."""
+
 _SHOW_ROWS = 5
 """How many offending rows a problem names."""
 
@@ -281,6 +289,19 @@ class _Reader:
             self.source["token_id"] = info.columns.source["token_id"]
         self.source.update({e.name: e.source for e in extras})
 
+    def _budget(self, max_tokens: int | None) -> int | None:
+        """`max_tokens` less for a file whose tokens list top-k entries (`TOPK_WEIGHT`), k
+        read from the footer of its first row group with tokens."""
+        if max_tokens is None or "rollout_topk_logprobs" not in self.source:
+            return max_tokens
+        meta = self.parquet.metadata
+        for group in range(meta.num_row_groups):
+            tokens = leaf(meta, group, self.source["rollout_logprob"]).num_values
+            if tokens:
+                entries = leaf(meta, group, self.source["rollout_topk_logprobs"]).num_values
+                return max(1, int(max_tokens / (1 + TOPK_WEIGHT * entries / tokens)))
+        return max_tokens
+
     def _row_groups(self) -> list[int]:
         """Row groups that can hold selected steps, judged by their statistics."""
         groups = list(range(self.parquet.num_row_groups))
@@ -473,6 +494,7 @@ class _TokenReader(_Reader):
     """Token layout: one row per token; a sequence is a run of rows with one (step, seq_id)."""
 
     def chunks(self, max_tokens: int | None) -> Iterator[Chunk]:
+        max_tokens = self._budget(max_tokens)
         pending: list[pa.Table] = []
         pending_rows: list[np.ndarray] = []
         count = 0
@@ -616,6 +638,7 @@ class _SequenceReader(_Reader):
     """Sequence layout: one row per sequence, per-token values in equal-length lists."""
 
     def chunks(self, max_tokens: int | None) -> Iterator[Chunk]:
+        max_tokens = self._budget(max_tokens)
         pending: list[Chunk] = []
         count = 0
         for row, table in self._record_batches():
@@ -635,8 +658,9 @@ class _SequenceReader(_Reader):
                         pending = [chunk]
                         continue
                 yield chunk.sequences(0, cut)
-                pending = [chunk.sequences(cut, chunk.lengths.size)]
-                count = int(pending[0].lengths.sum())
+                rest = chunk.sequences(cut, chunk.lengths.size)
+                pending = [rest] if rest.lengths.size else []  # none: the next read not copied
+                count = int(rest.lengths.sum())
         pending = [c for c in pending if c.lengths.size]
         if pending:
             yield _concat_chunks(pending)

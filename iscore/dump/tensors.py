@@ -77,8 +77,10 @@ def _topk(per_token: dict[str, pa.Array]) -> dict[str, torch.Tensor]:
     if "rollout_topk_ids" not in per_token:
         return {}
     out = {}
+    # int32 ids (the writer's) stay int32: a cast of k ids a token costs more than their read.
+    ids = pc.list_flatten(per_token["rollout_topk_ids"]).type
     kinds = (
-        (pa.int64(), torch.int64),
+        (pa.int32(), torch.int32) if ids == pa.int32() else (pa.int64(), torch.int64),
         (pa.float32(), torch.float32),
         (pa.float32(), torch.float32),
     )

@@ -51,20 +51,20 @@ def topk_problems(
         found.append(("rollout_topk_ids", (ids < 0).any(axis=1), "token with a negative id"))
     for name in TOPK_COLUMNS[1:]:
         x = _values(per_token, name, k)
-        if not (np.isfinite(x.max()) and x.max() <= 0 and np.isfinite(x.min())):
+        if not (x.max() <= 0 and np.isfinite(x.min())):  # a NaN fails the first
             bad = ~(np.isfinite(x) & (x <= 0)).all(axis=1)
             what = "token with a NaN, infinite or positive log-prob (a log-prob is finite, <= 0)"
             found.append((name, bad, what))
     token = per_token.get("token_id")
     if token is not None and not found:
         sampled = token.to_numpy(zero_copy_only=False)[:, None] == ids
-        where = np.flatnonzero(sampled.any(axis=1))
-        entry = _values(per_token, "rollout_topk_logprobs", k)[where, sampled[where].argmax(axis=1)]
-        rollout = per_token["rollout_logprob"].to_numpy(zero_copy_only=False)[where]
+        # Each token's entry at its sampled id's place where it is among the k (else at 0).
+        flat = np.arange(len(token)) * k + sampled.argmax(axis=1)
+        entry = _values(per_token, "rollout_topk_logprobs", k).reshape(-1)[flat]
+        rollout = per_token["rollout_logprob"].to_numpy(zero_copy_only=False)
         far = np.abs(entry.astype(np.float64) - rollout) > SAMPLED_TOLERANCE
-        if far.any():
-            bad = np.zeros(len(token), dtype=bool)
-            bad[where[far]] = True
+        bad = sampled.reshape(-1)[flat] & far
+        if bad.any():
             what = (
                 f"token whose sampled id is among its k but whose rollout_logprob differs from "
                 f"its entry by more than {SAMPLED_TOLERANCE:g} (are the ids and log-probs "

@@ -66,7 +66,7 @@ class TokenBatch:
             and beside `train_token_id`.
         train_token_id: int64 [N] or None, the id of the token the trainer scored at each
             position (`train_token_id`): a re-tokenized sequence scores other tokens.
-        topk_ids: int64 [N, k] or None, the engine's k most likely ids at each token
+        topk_ids: int32 or int64 [N, k] or None, the engine's k most likely ids at each token
             (`rollout_topk_ids`); rollout_topk, train_topk: float32 [N, k], the engine's and
             the trainer's log-probs of them (docs/distribution.md).
     """

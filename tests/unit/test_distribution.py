@@ -150,11 +150,8 @@ def test_without_the_sampled_id_membership_is_by_the_reported_log_prob(tmp_path)
     assert without.mismatch.distribution["kl"] == pytest.approx(with_ids.distribution["kl"])
 
 
-def test_token_and_sequence_layouts_agree(tmp_path):
-    v = _vocabulary(3, 1500)
-    token = _table(v, length=30)
-    path = _write(tmp_path, token, "token.parquet")
-    # The same data one row per sequence: list columns, the top-k as lists of lists.
+def _by_sequence(token: pa.Table) -> pa.Table:
+    """The same data one row per sequence: list columns, the top-k as lists of lists."""
     seq = token["seq_id"].to_numpy()
     starts = np.flatnonzero(np.r_[True, seq[1:] != seq[:-1]])
     offsets = pa.array(np.r_[starts, seq.size].astype(np.int32))
@@ -167,7 +164,14 @@ def test_token_and_sequence_layouts_agree(tmp_path):
             if name not in ("step", "seq_id")
         },
     }
-    other = _write(tmp_path, pa.table(rows), "sequence.parquet")
+    return pa.table(rows)
+
+
+def test_token_and_sequence_layouts_agree(tmp_path):
+    v = _vocabulary(3, 1500)
+    token = _table(v, length=30)
+    path = _write(tmp_path, token, "token.parquet")
+    other = _write(tmp_path, _by_sequence(token), "sequence.parquet")
     a = analyze(path, store=None).mismatch.distribution
     b = analyze(other, store=None).mismatch.distribution
     assert a == b
@@ -198,6 +202,32 @@ def test_the_statistics_survive_the_store_and_the_workers(tmp_path):
     workers = analyze(source, store=None, jobs=2).mismatch.distribution
     assert again == alone
     assert workers["kl"] == pytest.approx(alone["kl"], rel=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["token", "sequence"])
+def test_a_chunk_of_top_k_tokens_holds_fewer_and_changes_no_number(tmp_path, layout):
+    """A chunk's budget counts each of a token's k entries as a quarter of a token
+    (`TOPK_WEIGHT`), and the analysis is the same whatever the chunks."""
+    from iscore.dump import Dump
+    from iscore.dump.readers import TOPK_WEIGHT
+
+    v = _vocabulary(4, 6000)  # k = 8: a token counts 3
+    table = _table(v, length=20)
+    table = table.set_column(0, "step", pa.array(np.arange(6000) // 2000))  # 3 steps in order
+    table = table if layout == "token" else _by_sequence(table)
+    path = str(tmp_path / "d.parquet")
+    pq.write_table(table, path, row_group_size=100 if layout == "token" else 5)  # 100 tokens
+    budget = 1200
+    sizes = [b.num_tokens for b in Dump(path).batches(max_tokens=budget)]
+    assert sum(sizes) == 6000
+    # A chunk holds a third of the budget's tokens, overshot by at most one read.
+    assert budget / (1 + TOPK_WEIGHT * 8) == 400
+    assert max(sizes) <= 400 + 100
+    assert len(sizes) >= 6000 // 500
+    documents = {
+        budget: analyze(path, store=None, max_tokens=budget).to_dict() for budget in (600, 100_000)
+    }
+    assert documents[600] == documents[100_000]
 
 
 def test_masked_and_one_token_sequences(tmp_path):

@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(
     __name__,
     submodules=["importers"],
     submod_attrs={
-        "columns": ["dump_schema", "parse_mapping"],
+        "columns": ["TOPK_COLUMNS", "dump_schema", "parse_mapping"],
         "facade": ["Data", "Dump", "Piece", "check_unique", "load", "load_data", "open_data"],
         "files": ["Location", "is_framework_dump", "resolve_files"],
         "importers": ["FORMATS", "PICKLED", "SUFFIXES", "convert"],

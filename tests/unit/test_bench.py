@@ -79,6 +79,7 @@ ROWS = {
     f"cores: {max(2, cores())} workers, cold (a command)",
     "whole distribution: without top-k columns",
     "whole distribution: with top-20 columns",
+    "whole distribution: the top-20 columns read alone (pyarrow)",
 } | (
     {
         "ray: start a local cluster, or join one",

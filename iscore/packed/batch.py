@@ -6,8 +6,6 @@ varlen kernels). A 9k-token sequence next to a hundred 200-token ones costs 29k 
 909k.
 
 >>> import torch
-
-from iscore.packed.meta import META_COLUMNS
 >>> b = TokenBatch(
 ...     rollout=torch.tensor([-0.1, -2.0, -0.5]),
 ...     train=torch.tensor([-0.1, -1.9, -0.6]),
@@ -19,6 +17,8 @@ from iscore.packed.meta import META_COLUMNS
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -213,10 +213,16 @@ class TokenBatch:
         """
         return self.take(torch.nonzero(keep.to(self.device)).flatten())
 
-    def take(self, order: torch.Tensor) -> TokenBatch:
+    def take(
+        self,
+        order: torch.Tensor,
+        copy_runs: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], bool] | None = None,
+    ) -> TokenBatch:
         """The sequences at the indices `order` [K] (int64), in that order: one gather of
         every per-token tensor (a step's sequences of a chunk whose steps interleave, gathered
-        once where a `select` per step would read every tensor each time).
+        once where a `select` per step would read every tensor each time). `copy_runs(x,
+        starts, lengths, out)` (`kernels.gather_runs`), where it answers True, copies a host
+        tensor's sequences run by run instead.
 
         >>> b = TokenBatch(rollout=torch.arange(3.0), train=torch.zeros(3),
         ...                cu_seqlens=torch.tensor([0, 2, 3]))
@@ -228,17 +234,31 @@ class TokenBatch:
         lengths = self.lengths[order]
         cu = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(lengths, 0, out=cu[1:])
-        # Token j of the result is token j - cu[k] of sequence order[k], k its sequence.
-        shift = torch.repeat_interleave(self.cu_seqlens[:-1][order] - cu[:-1], lengths)
-        tokens = torch.arange(int(cu[-1]), device=self.device) + shift
+        starts = self.cu_seqlens[:-1][order]
         rows = pa.array(order.cpu().numpy())
+        index: list[torch.Tensor] = []
+
+        def tokens() -> torch.Tensor:
+            """Token j of the result is token j - cu[k] of sequence order[k], k its sequence."""
+            if not index:
+                shift = torch.repeat_interleave(starts - cu[:-1], lengths)
+                index.append(torch.arange(int(cu[-1]), device=self.device) + shift)
+            return index[0]
 
         def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[tokens]
+            if t is None:
+                return None
+            if copy_runs is not None and t.device.type == "cpu" and t.is_contiguous():
+                out = torch.empty((int(cu[-1]), *t.shape[1:]), dtype=t.dtype)
+                width = math.prod(t.shape[1:])  # a top-k tensor's k values a token
+                runs = (starts.numpy() * width, lengths.numpy() * width)
+                if copy_runs(t.reshape(-1).numpy(), *runs, out.reshape(-1).numpy()):
+                    return out
+            return t[tokens()]
 
         return TokenBatch(
-            rollout=self.rollout[tokens],
-            train=self.train[tokens],
+            rollout=pick(self.rollout),
+            train=pick(self.train),
             cu_seqlens=cu,
             loss_mask=pick(self.loss_mask),
             policy=pick(self.policy),

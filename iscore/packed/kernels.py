@@ -32,6 +32,8 @@ values:
 - `js_argument`, `token_sums`: the mismatch's twelve per-token terms summed per sequence
   (`stats.token_terms.token_sums`), in two passes around torch's log1p.
 - `window_means`: the attribution's largest window mean per sequence.
+- `gather_runs`: whole sequences taken in another order (a chunk's steps grouped where they
+  interleave), copied run by run instead of gathered by a 2M-value index per column.
 - `topk_terms`: the whole distribution's per-token sums over the k ids, the two argmaxes and
   the sampled token's membership (`distribution.token_terms`), in one pass over the k columns
   instead of a dozen torch passes over [N, k].
@@ -429,6 +431,17 @@ def topk_terms(
         rollout_topk, train_topk, mu, pi, ids, empty if token is None else token, rollout, out
     )
     return out if found else None
+
+
+def gather_runs(x: np.ndarray, starts: np.ndarray, lengths: np.ndarray, out: np.ndarray) -> bool:
+    """Into `out` (1-d), the runs of the 1-d `x` (`lengths[k]` values from `starts[k]`, int64)
+    one after the other, as a gather of their values' indices gives them; False (nothing
+    written) where the reference must answer."""
+    if not _wanted():
+        return False
+    offsets = np.cumsum(lengths) - lengths
+    _ready().gather_runs(x, starts, lengths, offsets, out)
+    return True
 
 
 SPLIT = 1 << 16

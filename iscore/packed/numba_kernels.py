@@ -739,3 +739,13 @@ def topk_terms(r, t, mu, pi, ids, token, rollout, out):
         out[i, 3] = 1.0 if best_r == best_t else 0.0
         out[i, 4] = inside
     return bad == 0
+
+
+@_jit(parallel=True)
+def gather_runs(x, starts, lengths, offsets, out):
+    """Into `out`, each run of `x` (`lengths[k]` values from `starts[k]`) at `offsets[k]`: a
+    take of whole sequences, copied run by run instead of gathered value by value."""
+    for k in prange(starts.size):
+        a, o = starts[k], offsets[k]
+        for j in range(lengths[k]):
+            out[o + j] = x[a + j]

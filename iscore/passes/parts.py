@@ -14,7 +14,7 @@ from iscore.dump import (
     Dump,
 )
 from iscore.frameworks import Spec
-from iscore.packed import TokenBatch, ops
+from iscore.packed import TokenBatch, kernels, ops
 from iscore.passes.replay import replay
 from iscore.passes.results_store import (
     StoredPart,
@@ -111,7 +111,7 @@ def step_runs(batch: TokenBatch) -> Iterator[tuple[int, TokenBatch]]:
     _, first, inverse = np.unique(steps, return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))[inverse]
     order = np.argsort(rank, kind="stable")
-    grouped = batch.take(torch.from_numpy(order))
+    grouped = batch.take(torch.from_numpy(order), kernels.gather_runs)
     counts = np.bincount(rank)
     bounds = np.concatenate([[0], np.cumsum(counts)])
     for k in range(counts.size):

@@ -844,3 +844,35 @@ def test_an_analysis_with_top_k_columns_is_the_same_on_both_paths(tmp_path) -> N
     os.environ[kernels.ENV] = "numba"
     assert '"distribution"' in documents[0]
     assert documents[0] == documents[1]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_take_by_runs_equals_the_gather(seed) -> None:
+    """Sequences taken in another order, copied run by run (`kernels.gather_runs`): every
+    tensor the same as the gather's, the top-k rows and the masks too, with empty sequences,
+    a sequence taken twice and none."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 50, 40)
+    lengths[[3, 17]] = 0
+    n = int(lengths.sum())
+    k = 5
+    batch = TokenBatch(
+        rollout=torch.from_numpy(rng.normal(size=n).astype(np.float32)),
+        train=torch.from_numpy(rng.normal(size=n).astype(np.float32)),
+        cu_seqlens=torch.from_numpy(np.r_[0, np.cumsum(lengths)]),
+        loss_mask=torch.from_numpy(rng.random(n) < 0.7),
+        step=torch.from_numpy(rng.integers(0, 3, 40)),
+        token_id=torch.from_numpy(rng.integers(0, 99, n)),
+        topk_ids=torch.from_numpy(rng.integers(0, 99, (n, k)).astype(np.int32)),
+        rollout_topk=torch.from_numpy(rng.normal(size=(n, k)).astype(np.float32)),
+        train_topk=torch.from_numpy(rng.normal(size=(n, k)).astype(np.float32)),
+    )
+    for order in (rng.permutation(40), np.array([5, 5, 3, 0]), np.array([], np.int64)):
+        index = torch.from_numpy(order.astype(np.int64))
+        copied, gathered = batch.take(index, kernels.gather_runs), batch.take(index)
+        for name in ("rollout", "train", "loss_mask", "token_id", "topk_ids", "train_topk"):
+            a, b = getattr(copied, name), getattr(gathered, name)
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+        assert torch.equal(copied.cu_seqlens, gathered.cu_seqlens)
+        assert copied.seq_id.equals(gathered.seq_id)
+    assert not _reference(kernels.gather_runs, *(np.zeros(1),) * 4)

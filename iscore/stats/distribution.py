@@ -149,7 +149,8 @@ class DistributionStats:
         lower = loss["lower"].clamp(min=0.0)
         lower_loss = lower if every else lower[m]
         if torch.unique(batch.step).numel() == 1:  # a step's part, as an analysis makes
-            self.step_hists.setdefault(int(batch.step[0]), LogHistogram()).update(lower_loss)
+            if lower_loss.numel():  # a step without loss tokens has no histogram, as below
+                self.step_hists.setdefault(int(batch.step[0]), LogHistogram()).update(lower_loss)
         else:
             steps = torch.repeat_interleave(batch.step, batch.lengths)[m]
             for step in torch.unique(steps).tolist():
